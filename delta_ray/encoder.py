@@ -1,0 +1,53 @@
+"""The encoder seam: whatever turns a piece of text into token IDs.
+
+Every fast path in delta-ray (chunks, repair tails, short texts) asks an ``Encoder`` for the IDs of
+pieces of text *without post-processing*; post-processing (BOS, templates) is applied once to the
+assembled sequence by :mod:`delta_ray.assembly`. The planner, the repair, the store, the pool and the
+batch pipeline never care which encoder ran, so a faster engine can replace the reference one piece
+at a time as long as it returns the same IDs.
+"""
+from __future__ import annotations
+
+from typing import Protocol, Sequence, runtime_checkable
+
+import numpy as np
+from tokenizers import Tokenizer
+
+
+@runtime_checkable
+class Encoder(Protocol):
+    """Encodes pieces of text to int32 IDs with no post-processing."""
+
+    name: str
+
+    def encode_pieces(self, texts: Sequence[str]) -> list[np.ndarray]:
+        """Return one int32 array per text, equal to the reference's IDs with add_special_tokens=False."""
+        ...
+
+
+class ReferenceEncoder:
+    """The reference ``tokenizers`` pipeline, used through its GIL-releasing batch form.
+
+    ``encode_batch_fast`` skips offsets and releases the GIL, so other threads (an event loop, a
+    Serve replica) keep running while it encodes; with several inputs it spreads them over the
+    tokenizers thread pool.
+    """
+
+    name = "reference"
+
+    def __init__(self, tokenizer: Tokenizer):
+        self.tokenizer = tokenizer
+
+    def encode_pieces(self, texts: Sequence[str]) -> list[np.ndarray]:
+        """Encode each text with the reference, no special tokens; reject what it rejects with ValueError."""
+        if not texts:
+            return []
+        try:
+            encs = self.tokenizer.encode_batch_fast(list(texts), add_special_tokens=False)
+        except Exception as exc:  # the reference's own refusal (e.g. lone surrogates)
+            raise ValueError(f"the reference tokenizer rejected the text: {exc}") from exc
+        out = []
+        for enc in encs:
+            out.append(np.asarray(enc.ids, dtype=np.int32))
+        del encs  # Encoding objects are heavy; free them before the caller goes on
+        return out
