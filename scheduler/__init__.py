@@ -1,0 +1,50 @@
+"""Ray-free queue policy for the delta-ray actor pool: routing, estimates, queues, dispatch.
+
+Pure Python and stdlib only, so it can be tested with a fake clock and no Ray, and reused by any
+pool. See :class:`Dispatcher` for how a pool drives it.
+"""
+from .chunking import chunk_count as chunk_count
+from .clock import Clock as Clock
+from .clock import FakeClock as FakeClock
+from .clock import MonotonicClock as MonotonicClock
+from .dispatcher import Assignment as Assignment
+from .dispatcher import Dispatcher as Dispatcher
+from .estimates import Estimator as Estimator
+from .estimates import nonascii_share as nonascii_share
+from .policies import POLICIES as POLICIES
+from .policies import FifoPolicy as FifoPolicy
+from .policies import Policy as Policy
+from .policies import ShortestFirstPolicy as ShortestFirstPolicy
+from .policies import make_policy as make_policy
+from .queues import TaskQueue as TaskQueue
+from .queues import better_queue as better_queue
+from .routing import Route as Route
+from .routing import content_key as content_key
+from .routing import home_worker as home_worker
+from .routing import route_request as route_request
+from .tasks import Task as Task
+from .tasks import TaskKind as TaskKind
+
+__all__ = [
+    "Assignment",
+    "Clock",
+    "Dispatcher",
+    "Estimator",
+    "FakeClock",
+    "FifoPolicy",
+    "MonotonicClock",
+    "POLICIES",
+    "Policy",
+    "Route",
+    "ShortestFirstPolicy",
+    "Task",
+    "TaskKind",
+    "TaskQueue",
+    "better_queue",
+    "chunk_count",
+    "content_key",
+    "home_worker",
+    "make_policy",
+    "nonascii_share",
+    "route_request",
+]
