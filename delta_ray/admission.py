@@ -1,0 +1,143 @@
+"""Admission: which tokenizer configurations the exactness argument covers.
+
+Everything not admitted still works: every request goes to the reference encode, and
+``Admission.reason`` says why. The flags are read from the loaded configuration, never assumed.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from .families import Family, family_for_patterns
+from .loading import LoadedTokenizer
+
+
+@dataclass(frozen=True)
+class Admission:
+    """Whether the fast paths may serve a tokenizer, and why (or why not)."""
+
+    admitted: bool
+    reason: str
+    family: str | None = None
+    normalizer: str | None = None  # None (identity) or "nfc"
+    prefix_ids: tuple[int, ...] = ()  # post-processing: added before the sequence
+    suffix_ids: tuple[int, ...] = ()  # and after it
+    added_tokens: tuple[str, ...] = field(default=(), repr=False)
+    engine: str = "reference"
+
+    def __bool__(self) -> bool:
+        return self.admitted
+
+
+class NotAdmitted(Exception):
+    """Raised internally with the reason a configuration is refused."""
+
+
+def _normalizer_kind(cfg: Any) -> str | None:
+    if cfg is None:
+        return None
+    t = cfg.get("type")
+    if t == "Sequence" and not cfg.get("normalizers"):
+        return None
+    if t == "NFC":
+        return "nfc"
+    if t == "Sequence" and len(cfg["normalizers"]) == 1:
+        return _normalizer_kind(cfg["normalizers"][0])
+    raise NotAdmitted(f"normalizer {t!r} is not covered (only none, an empty Sequence or NFC)")
+
+
+def _pre_tokenizer_family(cfg: Any) -> Family:
+    if not cfg or cfg.get("type") != "Sequence":
+        raise NotAdmitted("pre-tokenizer must be a Sequence of Split(s) followed by ByteLevel")
+    steps = cfg.get("pretokenizers") or []
+    if len(steps) < 2 or steps[-1].get("type") != "ByteLevel":
+        raise NotAdmitted("pre-tokenizer must end with ByteLevel")
+    bl = steps[-1]
+    if bl.get("add_prefix_space"):
+        raise NotAdmitted("ByteLevel add_prefix_space would add a space to every chunk")
+    if bl.get("use_regex", True):
+        raise NotAdmitted("ByteLevel with its own regex is not a known family")
+    patterns, behaviors = [], []
+    for step in steps[:-1]:
+        if step.get("type") != "Split":
+            raise NotAdmitted(f"pre-tokenizer step {step.get('type')!r} is not covered")
+        pat = step.get("pattern") or {}
+        if "Regex" not in pat:
+            raise NotAdmitted("Split with a plain string pattern is not a known family")
+        patterns.append(pat["Regex"])
+        behaviors.append((str(step.get("behavior", "")).lower(), bool(step.get("invert", False))))
+    fam = family_for_patterns(tuple(patterns))
+    if fam is None:
+        raise NotAdmitted("pre-tokenizer pattern(s) belong to no family with a known transition table")
+    allowed = set(fam.split_behaviors)
+    if any(b not in allowed for b in behaviors):
+        raise NotAdmitted(f"Split behavior {behaviors} is not covered for family {fam.name}")
+    return fam
+
+
+def _template_ids(cfg: Any, loaded: LoadedTokenizer) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    if cfg is None:
+        return (), ()
+    t = cfg.get("type")
+    if t == "ByteLevel":
+        return (), ()  # offsets only; IDs unchanged
+    if t == "Sequence":
+        pre: tuple[int, ...] = ()
+        suf: tuple[int, ...] = ()
+        for proc in cfg.get("processors", []):
+            p, s = _template_ids(proc, loaded)
+            pre, suf = p + pre, suf + s
+        return pre, suf
+    if t == "TemplateProcessing":
+        single = cfg.get("single") or []
+        specials = cfg.get("special_tokens") or {}
+        seq_at = [i for i, item in enumerate(single) if "Sequence" in item]
+        if len(seq_at) != 1 or single[seq_at[0]]["Sequence"].get("id") != "A":
+            raise NotAdmitted("TemplateProcessing single template must hold sequence A once")
+        ids: list[list[int]] = [[], []]
+        for i, item in enumerate(single):
+            if "SpecialToken" in item:
+                name = item["SpecialToken"]["id"]
+                if name not in specials:
+                    raise NotAdmitted(f"template special token {name!r} has no ids")
+                ids[0 if i < seq_at[0] else 1].extend(specials[name]["ids"])
+        return tuple(ids[0]), tuple(ids[1])
+    raise NotAdmitted(f"post-processor {t!r} may do more than add special tokens")
+
+
+def admit(loaded: LoadedTokenizer) -> Admission:
+    """Decide admission from the configuration, then confirm the template against the reference."""
+    cfg = loaded.config
+    try:
+        model = cfg.get("model") or {}
+        if model.get("type") != "BPE":
+            raise NotAdmitted(f"model {model.get('type')!r} is not byte-level BPE")
+        if model.get("dropout") not in (None, 0, 0.0):
+            raise NotAdmitted("BPE dropout makes encodes random")
+        if model.get("byte_fallback"):
+            raise NotAdmitted("byte_fallback is not a byte-level configuration")
+        if cfg.get("truncation") is not None or loaded.tokenizer.truncation is not None:
+            raise NotAdmitted("truncation is set")
+        if cfg.get("padding") is not None or loaded.tokenizer.padding is not None:
+            raise NotAdmitted("padding is set")
+        norm = _normalizer_kind(cfg.get("normalizer"))
+        fam = _pre_tokenizer_family(cfg.get("pre_tokenizer"))
+        added = cfg.get("added_tokens") or []
+        for tok in added:
+            if tok.get("lstrip") or tok.get("rstrip") or tok.get("single_word"):
+                raise NotAdmitted(f"added token {tok['content']!r} uses lstrip/rstrip/single_word")
+            if tok.get("normalized") and norm is not None:
+                raise NotAdmitted(f"added token {tok['content']!r} is matched after a non-identity normalizer")
+        prefix, suffix = _template_ids(cfg.get("post_processor"), loaded)
+    except NotAdmitted as exc:
+        return Admission(False, str(exc))
+    # The template must be exactly "prefix + sequence + suffix" on the reference itself.
+    ref = loaded.tokenizer
+    for probe in ("", "Hello world", " a\n\n b 12345 é"):
+        whole = ref.encode(probe, add_special_tokens=True).ids
+        bare = ref.encode(probe, add_special_tokens=False).ids
+        if whole != list(prefix) + bare + list(suffix):
+            return Admission(False, "post-processing is not a fixed prefix/suffix on this tokenizer")
+    return Admission(True, f"admitted: byte-level BPE, family {fam.name}, normalizer {norm or 'none'}",
+                     family=fam.name, normalizer=norm, prefix_ids=prefix, suffix_ids=suffix,
+                     added_tokens=tuple(t["content"] for t in added))

@@ -1,0 +1,39 @@
+"""Assembling IDs: pieces in input order into one Arrow int32 array, post-processing once."""
+from __future__ import annotations
+
+from typing import Sequence
+
+import numpy as np
+import pyarrow as pa
+
+EMPTY = np.zeros(0, dtype=np.int32)
+
+
+def concat_ids(parts: Sequence[np.ndarray]) -> np.ndarray:
+    """Concatenate int32 ID arrays (no copy for a single part)."""
+    if not parts:
+        return EMPTY
+    if len(parts) == 1:
+        return np.asarray(parts[0], dtype=np.int32)
+    return np.concatenate(parts).astype(np.int32, copy=False)
+
+
+def with_template(ids: np.ndarray, prefix: Sequence[int], suffix: Sequence[int]) -> np.ndarray:
+    """Apply the post-processor's fixed prefix/suffix once to the assembled sequence."""
+    if not prefix and not suffix:
+        return ids
+    return np.concatenate([np.asarray(prefix, dtype=np.int32), ids, np.asarray(suffix, dtype=np.int32)])
+
+
+def to_arrow(ids: np.ndarray) -> pa.Int32Array:
+    """Wrap an int32 buffer as a pyarrow array (zero-copy)."""
+    return pa.array(np.ascontiguousarray(ids, dtype=np.int32), type=pa.int32())
+
+
+def list_array(rows: Sequence[np.ndarray]) -> pa.ListArray:
+    """Build a list<int32> array from per-row ID buffers via one values buffer plus offsets."""
+    lengths = np.fromiter((len(r) for r in rows), dtype=np.int64, count=len(rows))
+    offsets = np.zeros(len(rows) + 1, dtype=np.int32)
+    np.cumsum(lengths, out=offsets[1:])
+    values = concat_ids(list(rows)) if rows else EMPTY
+    return pa.ListArray.from_arrays(pa.array(offsets, type=pa.int32()), to_arrow(values))

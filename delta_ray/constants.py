@@ -1,0 +1,21 @@
+"""Defaults in one place (all configurable through the public constructors)."""
+
+CHUNK_SIZE = 65536  # target characters per chunk of a stateless text
+CUT_THRESHOLD = 131072  # texts shorter than this are never cut
+MAX_CHUNKS = 16
+MIN_CUT_TEXT = 256  # never cut a text shorter than this
+SCAN_NEAR = 48  # characters scanned backward from a tentative cut first
+SCAN_FAR = 4096  # then up to this many
+MIN_CHUNK_FLOOR = 16
+MIN_CHUNK_CAP = 1024
+
+REPAIR_WINDOW = 512  # first search window for a session's tail checkpoint
+REPAIR_DOUBLINGS = 5  # the window doubles at most this many times
+MIN_MARGIN = 8  # a session cut stays at least max(8, longest added token) before the stored end
+MAX_CHECKPOINTS = 1024
+
+MAX_SESSION_BYTES = 128 * 1024 * 1024  # resident session text and IDs
+MAX_SESSIONS = 4096
+
+CONTENT_MIN_BYTES = 4096  # keyless content reuse starts at this size
+CONTENT_MAX_ENTRIES = 1024

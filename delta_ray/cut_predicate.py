@@ -1,0 +1,118 @@
+"""The safe-cut predicate: one test serves the planner's chunks and the session repair.
+
+A position b of a text S is a *safe cut* when the reference's encoding of S equals the encoding of
+S[:b] followed by the encoding of S[b:] (both without post-processing). Three guards, in pipeline
+order (docs/design.md gives the argument for each):
+
+1. added tokens: no occurrence of an added-token string crosses b (:mod:`special_tokens`);
+2. normalizer (NFC only): anchors a < b < c within ``NFC_WINDOW`` code points (or the text's ends)
+   before which NFC always splits, no added-token occurrence in [a, c), and
+   NFC(S[a:c]) == NFC(S[a:b]) + NFC(S[b:c]); the transition is then checked on the normalized
+   characters on either side of b;
+3. pre-tokenizer: the family accepts the class transition (x, y) at b (:mod:`families`).
+
+BPE and the byte-level mapping act per pre-tokenized piece, so equal pieces give equal IDs.
+
+``check`` returns the *evidence span* (lo, ext) of a safe cut: the decision read only
+``text[lo:ext]`` (ext == len(text) + 1 when it relied on the text's end). The cut is then safe in
+every text that holds the same characters at [lo, ext) and does not start after lo: a session
+checkpoint stays valid while its ext lies inside the stored text (``open_end=True`` forbids using
+the end as an anchor), and neighbouring cuts compose when each one's evidence lies between its
+neighbours (docs/design.md, "Composing cuts").
+"""
+from __future__ import annotations
+
+from typing import Callable
+
+import numpy as np
+
+from .families import Family
+from .special_tokens import SpecialTokenIndex
+
+NFC_WINDOW = 256
+
+
+class CutPredicate:
+    """Decides safe cuts for one admitted tokenizer configuration."""
+
+    def __init__(self, family: Family, specials: SpecialTokenIndex,
+                 normalize: Callable[[str], str] | None = None,
+                 anchors: np.ndarray | None = None):
+        self.family = family
+        self.specials = specials
+        self.normalize = normalize  # the reference NFC, or None for an identity normalizer
+        self.anchors = anchors
+        if normalize is not None and anchors is None:
+            raise ValueError("an NFC predicate needs the anchor table")
+        self._cls = family.class_table()
+        self._acc = family.accept_matrix
+
+    def transition_ok(self, x: str, y: str) -> bool:
+        """Whether the family accepts a cut between characters x and y."""
+        return bool(self._acc[self._cls[ord(x)], self._cls[ord(y)]])
+
+    def check(self, text: str, b: int, open_end: bool = False) -> tuple[int, int] | None:
+        """The evidence span (lo, ext) if b is a safe cut of text, else None."""
+        n = len(text)
+        if b <= 0 or b >= n:
+            return None
+        x, y = text[b - 1], text[b]
+        if not self._acc[self._cls[ord(x)], self._cls[ord(y)]]:
+            return None
+        if self.specials.crosses(text, b):
+            return None
+        # Uncapped: an extent past the end means the decision could not see a whole occurrence.
+        extent = b + max(1, self.specials.max_len - 1)
+        if self.normalize is None:
+            return b - 1, max(extent, b + 1)
+        # NFC guard. ASCII fast path: ASCII characters never compose backward and S[b+1] is an
+        # anchor, so normalization is the identity on x and y and cannot cross b.
+        anchors = self.anchors
+        if ord(x) < 128 and ord(y) < 128:
+            if b + 1 < n and anchors[ord(text[b + 1])]:
+                return b - 1, max(extent, b + 2)
+            if b + 1 == n and not open_end:
+                return b - 1, n + 1
+        a = b - 1
+        lo = max(0, b - NFC_WINDOW)
+        while a > lo and not anchors[ord(text[a])]:
+            a -= 1
+        if not anchors[ord(text[a])] and a != 0:
+            return None
+        c = b + 1
+        hi = min(n, b + NFC_WINDOW)
+        while c < hi and not anchors[ord(text[c])]:
+            c += 1
+        if c >= n:
+            if open_end:
+                return None
+            c_extent = n + 1
+        elif anchors[ord(text[c])]:
+            # text[c] was read, and so was every added-token occurrence starting before c.
+            c_extent = c + max(1, self.specials.max_len - 1)
+        else:
+            return None
+        c = min(c, n)
+        if self.specials.overlaps(text, a, c):
+            return None
+        left = self.normalize(text[a:b])
+        right = self.normalize(text[b:c])
+        if not left or not right or self.normalize(text[a:c]) != left + right:
+            return None
+        if not self._acc[self._cls[ord(left[-1])], self._cls[ord(right[0])]]:
+            return None
+        return a, max(extent, c_extent)
+
+    def scan_back(self, text: str, start: int, stop: int, open_end: bool = False,
+                  min_lo: int = 0, max_ext: int | None = None) -> tuple[int, int, int] | None:
+        """The largest safe cut b in [stop, start] whose evidence lies in [min_lo, max_ext]: (b, lo, ext)."""
+        cls, acc = self._cls, self._acc
+        b = min(start, len(text) - 1)
+        stop = max(stop, 1)
+        while b >= stop:
+            if acc[cls[ord(text[b - 1])], cls[ord(text[b])]]:
+                span = self.check(text, b, open_end)
+                if span is not None and span[0] >= min_lo and (max_ext is None or span[1] <= max_ext):
+                    return b, span[0], span[1]
+            b -= 1
+        return None

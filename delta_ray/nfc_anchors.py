@@ -1,0 +1,87 @@
+"""NFC anchors: code points before which the reference NFC normalizer always splits.
+
+A cut inside an NFC tokenizer's text is only safe if normalization cannot reach across it. An
+*anchor* is a code point ``c`` with ``NFC(X + c + Y) == NFC(X) + NFC(c + Y)`` for every X and Y: a
+starter (canonical combining class 0) that is unchanged when normalized alone and that never
+composes with what precedes it. The NFC inside ``tokenizers`` uses Unicode 9.0 tables and Python's
+``unicodedata`` does not, so every fact is derived from the installed reference normalizer:
+
+* not a mark by the reference's regex engine (``\\p{M}``);
+* ``NFC(c) == c``;
+* not reordered by probe marks: ``NFC(U+0301 c) == U+0301 c`` (catches ccc in 1..229) and
+  ``NFC(c U+0335) == c U+0335`` (catches ccc > 1), so its combining class is 0;
+* no composition with a preceding Hangul probe (U+1100 for vowel jamo, U+AC00 for trailing jamo);
+* never a non-first character of any code point's canonical decomposition (``NFD``), which is a
+  superset of the characters that can compose with a preceding one.
+
+The table is cached on disk keyed by the ``tokenizers`` version.
+"""
+from __future__ import annotations
+
+import os
+from functools import lru_cache
+from pathlib import Path
+
+import numpy as np
+import tokenizers
+from tokenizers import normalizers
+
+from .charclass import M, N_CODEPOINTS, all_codepoints_text, class_table
+
+TABLE_VERSION = 1
+_SEP = "\n"  # a starter that composes with nothing; the probes are joined with it and split back
+
+
+def _cache_path() -> Path:
+    base = os.environ.get("DELTA_RAY_CACHE") or os.path.join(
+        os.environ.get("XDG_CACHE_HOME", os.path.expanduser("~/.cache")), "delta_ray")
+    return Path(base) / f"nfc-anchors-v{TABLE_VERSION}-tokenizers-{tokenizers.__version__}.npy"
+
+
+def _probe_unchanged(norm, chars: list[str], before: str, after: str) -> np.ndarray:
+    """For each char c, whether norm(before + c + after) == before + c + after, in one batched call."""
+    probes = [before + c + after for c in chars]
+    out = norm.normalize_str(_SEP + _SEP.join(probes) + _SEP).split(_SEP)[1:-1]
+    if len(out) != len(probes):  # a probe's output contained the separator: answer one by one
+        out = [norm.normalize_str(p) for p in probes]
+    return np.fromiter((o == p for o, p in zip(out, probes)), dtype=bool, count=len(probes))
+
+
+def derive_anchor_table() -> np.ndarray:
+    """Compute the anchor flag of every code point from the installed reference normalizer."""
+    nfc, nfd = normalizers.NFC(), normalizers.NFD()
+    text, cps = all_codepoints_text()
+    chars = [c for c in text if c != _SEP]
+    cp_of = np.fromiter((ord(c) for c in chars), dtype=np.int64, count=len(chars))
+    ok = ~((class_table()[cp_of] & M) > 0)
+    for before, after in (("", ""), ("\u0301", ""), ("", "\u0335"), ("\u1100", ""), ("\uac00", "")):
+        ok &= _probe_unchanged(nfc, chars, before, after)
+    anchors = np.zeros(N_CODEPOINTS, dtype=bool)
+    anchors[cp_of[ok]] = True
+    # Characters that appear after the first position of any canonical decomposition may compose
+    # with a preceding character: never anchors.
+    decomposed = nfd.normalize_str(_SEP + _SEP.join(chars) + _SEP).split(_SEP)[1:-1]
+    seconds = {ord(ch) for d in decomposed if len(d) > 1 for ch in d[1:]}
+    for cp in seconds:
+        anchors[cp] = False
+    anchors[ord(_SEP)] = True  # LF: a control starter, no decomposition, composes with nothing
+    return anchors
+
+
+@lru_cache(maxsize=1)
+def anchor_table() -> np.ndarray:
+    """The cached anchor flags (bool per code point) of the installed reference NFC."""
+    path = _cache_path()
+    if path.exists():
+        try:
+            table = np.load(path)
+            if table.shape == (N_CODEPOINTS,) and table.dtype == np.bool_:
+                return table
+        except Exception:
+            pass
+    table = derive_anchor_table()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(f".tmp{os.getpid()}.npy")
+    np.save(tmp, table)
+    os.replace(tmp, path)
+    return table

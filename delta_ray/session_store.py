@@ -1,0 +1,104 @@
+"""The session store: each session's text, IDs and checkpoints, bounded and LRU-evicted.
+
+A state is immutable once stored; an update installs a new state object, so a failed call can
+never leave a session half-updated, and eviction only ever costs a re-encode, never IDs.
+"""
+from __future__ import annotations
+
+import sys
+import threading
+from collections import OrderedDict
+from dataclasses import dataclass
+
+import numpy as np
+
+from . import constants as C
+
+
+class SessionNotFound(KeyError):
+    """``extend`` on a session the store does not hold (never created, or evicted)."""
+
+    def __str__(self) -> str:  # KeyError would print the repr of its argument
+        return str(self.args[0]) if self.args else "session not found"
+
+
+@dataclass(frozen=True)
+class SessionState:
+    """What a session keeps: its text, its IDs (no post-processing) and checkpoints.
+
+    A checkpoint (pos, tok, ext) says: pos is a safe cut of ``text`` decided from ``text[:ext]``
+    alone, and the IDs of ``text[:pos]`` are ``ids[:tok]``. It therefore holds for every text that
+    shares at least ``ext`` leading characters with ``text``.
+    """
+
+    text: str
+    ids: np.ndarray
+    cp_pos: np.ndarray
+    cp_tok: np.ndarray
+    cp_ext: np.ndarray
+
+    @property
+    def nbytes(self) -> int:
+        return sys.getsizeof(self.text) + self.ids.nbytes + 3 * 8 * len(self.cp_pos)
+
+    def best_checkpoint(self, lcp: int) -> tuple[int, int]:
+        """The last checkpoint valid for a text sharing ``lcp`` leading characters: (pos, tok)."""
+        ok = np.nonzero(self.cp_ext <= lcp)[0]
+        if len(ok) == 0:
+            return 0, 0
+        i = ok[np.argmax(self.cp_pos[ok])]
+        return int(self.cp_pos[i]), int(self.cp_tok[i])
+
+
+class SessionStore:
+    """Thread-safe LRU map from session key to state, bounded by bytes and count."""
+
+    def __init__(self, max_bytes: int = C.MAX_SESSION_BYTES, max_sessions: int = C.MAX_SESSIONS):
+        if max_bytes < 1 or max_sessions < 1:
+            raise ValueError("session store bounds must be positive")
+        self.max_bytes = max_bytes
+        self.max_sessions = max_sessions
+        self._data: OrderedDict[str, SessionState] = OrderedDict()
+        self._bytes = 0
+        self._lock = threading.Lock()
+        self.evictions = 0
+
+    def get(self, key: str) -> SessionState | None:
+        """The state of a session (marking it recently used), or None."""
+        with self._lock:
+            st = self._data.get(key)
+            if st is not None:
+                self._data.move_to_end(key)
+            return st
+
+    def put(self, key: str, state: SessionState) -> None:
+        """Install a new state, evicting least recently used sessions beyond the bounds."""
+        with self._lock:
+            old = self._data.pop(key, None)
+            if old is not None:
+                self._bytes -= old.nbytes
+            self._data[key] = state
+            self._bytes += state.nbytes
+            while self._data and (self._bytes > self.max_bytes or len(self._data) > self.max_sessions):
+                k, st = self._data.popitem(last=False)
+                self._bytes -= st.nbytes
+                self.evictions += 1
+
+    def pop(self, key: str) -> SessionState | None:
+        """Remove a session (a client that ends its conversation)."""
+        with self._lock:
+            st = self._data.pop(key, None)
+            if st is not None:
+                self._bytes -= st.nbytes
+            return st
+
+    def __contains__(self, key: str) -> bool:
+        with self._lock:
+            return key in self._data
+
+    def __len__(self) -> int:
+        return len(self._data)
+
+    @property
+    def resident_bytes(self) -> int:
+        return self._bytes

@@ -1,0 +1,51 @@
+"""Where the added-token split could move a boundary: occurrences of any added-token string.
+
+The reference first splits the raw text on added tokens, matched leftmost-longest. If no
+occurrence of any added-token string (selected or not, overlapping ones included) crosses a cut,
+the matches on each side are exactly the matches of the whole text, so the split commutes with the
+cut. This module finds such occurrences in a small window with one compiled pattern.
+"""
+from __future__ import annotations
+
+import re
+from typing import Iterable
+
+
+class SpecialTokenIndex:
+    """All added-token strings of a tokenizer, searchable for occurrences near a position."""
+
+    def __init__(self, contents: Iterable[str]):
+        tokens = sorted({t for t in contents if t}, key=len, reverse=True)
+        self.tokens = tokens
+        self.max_len = max((len(t) for t in tokens), default=0)
+        # A lookahead alternation finds, at every start position, the longest token starting there
+        # (alternatives are ordered longest first), overlapping occurrences included.
+        self._rx = re.compile("(?=(" + "|".join(map(re.escape, tokens)) + "))") if tokens else None
+
+    def crosses(self, text: str, b: int) -> bool:
+        """Whether some occurrence [s, e) of an added-token string has s < b < e."""
+        if self._rx is None:
+            return False
+        lo = max(0, b - self.max_len + 1)
+        hi = min(len(text), b + self.max_len - 1)
+        for m in self._rx.finditer(text, lo, hi):
+            s = m.start()
+            if s >= b:
+                break
+            if s + len(m.group(1)) > b:
+                return True
+        return False
+
+    def overlaps(self, text: str, lo: int, hi: int) -> bool:
+        """Whether some occurrence [s, e) of an added-token string intersects [lo, hi)."""
+        if self._rx is None or hi <= lo:
+            return False
+        start = max(0, lo - self.max_len + 1)
+        end = min(len(text), hi + self.max_len - 1)
+        for m in self._rx.finditer(text, start, end):
+            s = m.start()
+            if s >= hi:
+                break
+            if s + len(m.group(1)) > lo:
+                return True
+        return False

@@ -1,0 +1,243 @@
+"""``DeltaTokenizer``: the in-process exact tokenizer (sessions, safe-cut chunking, content reuse)."""
+from __future__ import annotations
+
+import itertools
+import os
+import threading
+from collections import Counter
+from typing import Iterable, Sequence
+
+import numpy as np
+import pyarrow as pa
+from tokenizers import normalizers
+
+from . import constants as C
+from .admission import Admission, admit
+from .assembly import concat_ids, to_arrow, with_template
+from .content_index import ContentIndex
+from .cut_predicate import CutPredicate
+from .encoder import Encoder, ReferenceEncoder
+from .families import FAMILIES
+from .loading import LoadedTokenizer, TokenizerLike, load_tokenizer
+from .nfc_anchors import anchor_table
+from .planner import PlannerConfig, plan_cuts
+from .repair import common_prefix_len, encode_with_base
+from .session_store import SessionNotFound, SessionState, SessionStore
+from .special_tokens import SpecialTokenIndex
+
+REUSE_MODES = ("session", "content", "none")
+
+
+def _check_text(text: object, what: str = "text") -> str:
+    if not isinstance(text, str):
+        raise TypeError(f"{what} must be str, not {type(text).__name__}")
+    return text
+
+
+def build_predicate(loaded: LoadedTokenizer, admission: Admission) -> CutPredicate:
+    """The cut predicate of an admitted configuration."""
+    fam = FAMILIES[admission.family]
+    specials = SpecialTokenIndex(admission.added_tokens)
+    if admission.normalizer == "nfc":
+        nfc = normalizers.NFC()
+        return CutPredicate(fam, specials, nfc.normalize_str, anchor_table())
+    return CutPredicate(fam, specials)
+
+
+class DeltaTokenizer:
+    """Exactly the reference's IDs, computed incrementally and in parallel where provably safe.
+
+    ``encode(text, session=key)`` re-encodes only the tail after the session's last checkpoint that
+    the new text still shares; keyless texts from ``cut_threshold`` characters are cut at safe cuts
+    and the chunks encoded in parallel by the tokenizer's GIL-releasing batch encode. A
+    configuration the exactness argument does not cover is served by the reference alone
+    (``admission`` says why).
+    """
+
+    def __init__(self, tokenizer: TokenizerLike, *, chunk_size: int = C.CHUNK_SIZE,
+                 cut_threshold: int = C.CUT_THRESHOLD, max_chunks: int = C.MAX_CHUNKS,
+                 threads: int | None = None, reuse: str = "session",
+                 max_session_bytes: int = C.MAX_SESSION_BYTES, max_sessions: int = C.MAX_SESSIONS,
+                 encoder: Encoder | None = None):
+        if reuse not in REUSE_MODES:
+            raise ValueError(f"reuse must be one of {REUSE_MODES}, got {reuse!r}")
+        if threads is not None and (not isinstance(threads, int) or threads < 1):
+            raise ValueError(f"threads must be a positive int or None, got {threads!r}")
+        self._loaded = load_tokenizer(tokenizer)
+        self._tok = self._loaded.tokenizer
+        self.config = PlannerConfig(chunk_size=chunk_size, cut_threshold=cut_threshold, max_chunks=max_chunks)
+        self.threads = threads or os.cpu_count() or 1
+        self.reuse = reuse
+        self.admission = admit(self._loaded)
+        self._reference = ReferenceEncoder(self._tok)
+        self.encoder: Encoder = encoder or self._reference
+        self._predicate = build_predicate(self._loaded, self.admission) if self.admission else None
+        longest = max((len(t) for t in self.admission.added_tokens), default=0)
+        self.margin = max(C.MIN_MARGIN, longest)
+        self._store = SessionStore(max_session_bytes, max_sessions)
+        self._content = ContentIndex() if reuse == "content" else None
+        self._entry_ids = itertools.count()
+        self._lock = threading.Lock()
+        self.stats: Counter[str] = Counter()
+
+    # -- public API -------------------------------------------------------------------------
+    @property
+    def digest(self) -> str:
+        """SHA-256 of the tokenizer configuration bytes."""
+        return self._loaded.digest
+
+    @property
+    def loaded(self) -> LoadedTokenizer:
+        return self._loaded
+
+    def encode(self, text: str, *, session: str | None = None, add_special_tokens: bool = True) -> pa.Int32Array:
+        """The reference IDs of ``text``; with ``session``, reuse what that session already encoded."""
+        _check_text(text)
+        if session is not None:
+            _check_text(session, "session")
+        return to_arrow(self.encode_ids(text, session=session, add_special_tokens=add_special_tokens))
+
+    def extend(self, session: str, delta: str, *, add_special_tokens: bool = True) -> pa.Int32Array:
+        """IDs of the session's stored text plus ``delta``, without resending the transcript.
+
+        Raises :class:`SessionNotFound` when the session is unknown or was evicted: the caller must
+        then send the whole text with ``encode(text, session=...)``.
+        """
+        _check_text(session, "session")
+        _check_text(delta, "delta")
+        state = self._store.get(session)
+        if state is None:
+            raise SessionNotFound(f"session {session!r} is not held (unknown or evicted): "
+                                  "send the whole text with encode(text, session=...)")
+        return to_arrow(self._finish(self._session_ids(session, state.text + delta, state), add_special_tokens))
+
+    def encode_batch(self, texts: Sequence[str], *, add_special_tokens: bool = True) -> list[pa.Int32Array]:
+        """Reference IDs of many stateless texts, all pieces encoded in one parallel batch."""
+        if isinstance(texts, str) or not isinstance(texts, Iterable):
+            raise TypeError("texts must be a sequence of str")
+        texts = list(texts)
+        for t in texts:
+            _check_text(t)
+        return [to_arrow(a) for a in self.encode_batch_ids(texts, add_special_tokens=add_special_tokens)]
+
+    def cuts(self, text: str) -> list[int]:
+        """The character offsets the planner would cut ``text`` at with this instance's settings."""
+        _check_text(text)
+        if self._predicate is None:
+            return []
+        return [c.pos for c in plan_cuts(text, self._predicate, self.config, self.threads)]
+
+    def decode(self, ids, *, skip_special_tokens: bool = True) -> str:
+        """The reference decode of IDs (list, numpy or Arrow)."""
+        if isinstance(ids, (pa.Array, pa.ChunkedArray)):
+            ids = ids.to_numpy(zero_copy_only=False)
+        return self._tok.decode([int(i) for i in np.asarray(ids).ravel()], skip_special_tokens=skip_special_tokens)
+
+    def drop_session(self, session: str) -> bool:
+        """Forget a session; returns whether it was held."""
+        return self._store.pop(session) is not None
+
+    def has_session(self, session: str) -> bool:
+        return session in self._store
+
+    @property
+    def store(self) -> SessionStore:
+        return self._store
+
+    # -- IDs as numpy (used by the pool and the batch pipeline) -----------------------------------
+    def encode_ids(self, text: str, *, session: str | None = None, add_special_tokens: bool = True) -> np.ndarray:
+        """Like :meth:`encode`, returning an int32 numpy array."""
+        if session is not None:
+            ids = self._session_ids(session, text, self._store.get(session))
+        elif self._content is not None and self.admission:
+            ids = self._content_ids(text)
+        else:
+            ids = self._stateless_ids(text)
+        return self._finish(ids, add_special_tokens)
+
+    def encode_batch_ids(self, texts: list[str], *, add_special_tokens: bool = True) -> list[np.ndarray]:
+        """Stateless IDs for many texts through one batch encode of all their pieces."""
+        if self._predicate is None:
+            return [self._reference_full(t, add_special_tokens) for t in texts]
+        bounds_per_text, pieces = [], []
+        for t in texts:
+            cuts = [c.pos for c in plan_cuts(t, self._predicate, self.config, self.threads)]
+            bounds = [0] + cuts + [len(t)]
+            bounds_per_text.append(len(bounds) - 1)
+            pieces.extend(t[s:e] for s, e in zip(bounds, bounds[1:]))
+        arrays = self.encoder.encode_pieces(pieces)
+        out, i = [], 0
+        for count in bounds_per_text:
+            out.append(self._finish(concat_ids(arrays[i:i + count]), add_special_tokens))
+            i += count
+        self.stats["batch_texts"] += len(texts)
+        return out
+
+    # -- internals --------------------------------------------------------------------------
+    def _finish(self, ids: np.ndarray | tuple, add_special_tokens: bool) -> np.ndarray:
+        if isinstance(ids, tuple):  # a non-admitted configuration: ids from the reference itself
+            return ids[1] if add_special_tokens else ids[0]
+        if not add_special_tokens:
+            return ids
+        return with_template(ids, self.admission.prefix_ids, self.admission.suffix_ids)
+
+    def _reference_full(self, text: str, add_special_tokens: bool) -> np.ndarray:
+        try:
+            enc = self._tok.encode_batch_fast([text], add_special_tokens=add_special_tokens)[0]
+        except Exception as exc:
+            raise ValueError(f"the reference tokenizer rejected the text: {exc}") from exc
+        self.stats["reference"] += 1
+        return np.asarray(enc.ids, dtype=np.int32)
+
+    def _reference_pair(self, text: str) -> tuple:
+        return (self._reference_full(text, False), self._reference_full(text, True))
+
+    def _stateless_ids(self, text: str):
+        if self._predicate is None:
+            return self._reference_pair(text)
+        cuts = plan_cuts(text, self._predicate, self.config, self.threads)
+        if not cuts:
+            self.stats["whole"] += 1
+            return self.encoder.encode_pieces([text])[0]
+        bounds = [0] + [c.pos for c in cuts] + [len(text)]
+        self.stats["chunked"] += 1
+        return concat_ids(self.encoder.encode_pieces([text[s:e] for s, e in zip(bounds, bounds[1:])]))
+
+    def _session_ids(self, key: str, text: str, state: SessionState | None):
+        if self._predicate is None:
+            ids = self._reference_pair(text)
+            self._store.put(key, SessionState(text, np.zeros(0, np.int32), *(np.zeros(0, np.int64),) * 3))
+            return ids
+        if state is not None and state.text == text:
+            self.stats["replay"] += 1
+            return state.ids
+        lcp = common_prefix_len(state.text, text) if state is not None else 0
+        res = encode_with_base(text, state, lcp, self._predicate, self.encoder, self.config,
+                               self.threads, self.margin)
+        self.stats["repair" if res.reused_tokens else "init"] += 1
+        self._store.put(key, res.state)
+        return res.state.ids
+
+    def _content_ids(self, text: str) -> np.ndarray:
+        try:
+            data = text.encode("utf-8")
+        except UnicodeEncodeError as exc:
+            raise ValueError(f"the reference tokenizer rejects this text (not valid Unicode): {exc}") from exc
+        if len(data) < self._content.min_bytes:
+            return self._stateless_ids(text)
+        entry = self._content.lookup(data)
+        base = self._store.get("content:" + entry) if entry is not None else None
+        lcp = common_prefix_len(base.text, text) if base is not None else 0
+        if base is not None and lcp == len(text) == len(base.text):
+            self.stats["content_hit"] += 1
+            return base.ids
+        res = encode_with_base(text, base if lcp else None, lcp, self._predicate, self.encoder,
+                               self.config, self.threads, self.margin)
+        self.stats["content_hit" if res.reused_tokens else "content_miss"] += 1
+        # A request that extends a stored text replaces it (the conversation grew); others add one.
+        if base is None or lcp < len(base.text):
+            entry = f"{next(self._entry_ids)}"
+        self._store.put("content:" + entry, res.state)
+        for dropped in self._content.add(entry, data):
+            self._store.pop("content:" + dropped)
+        return res.state.ids
