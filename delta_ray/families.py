@@ -22,8 +22,8 @@ import numpy as np
 from . import charclass as cc
 
 # Family class ids (small ints indexing the accept matrix).
-LET, NUM, CRLF, WS, APOS, OTH, CJK, PS, GAP = range(9)
-CLASS_NAMES = ["L", "N", "CRLF", "W", "APOS", "O", "K", "PS", "G"]
+LET, NUM, CRLF, WS, APOS, OTH, CJK, PS, GAP, MARK = range(10)
+CLASS_NAMES = ["L", "N", "CRLF", "W", "APOS", "O", "K", "PS", "G", "M"]
 N_CLASSES = len(CLASS_NAMES)
 
 _QWEN3 = ("(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}| ?[^\\s\\p{L}\\p{N}]+[\\r\\n]*"
@@ -79,7 +79,10 @@ _QWEN3_ACCEPT = (_pairs(LET, (NUM, CRLF, WS, OTH)) + _pairs(NUM, (LET, NUM, CRLF
 _LLAMA3_ACCEPT = (_pairs(LET, (NUM, CRLF, WS, OTH)) + _pairs(NUM, (LET, CRLF, WS, OTH))
                   + _pairs(OTH, (NUM, WS)) + _pairs(APOS, (NUM, WS)))
 # o200k (MiniMax, gpt-oss): case-aware letter runs with an attached contraction, \p{N}{1,3}.
-_O200K_ACCEPT = _LLAMA3_ACCEPT
+# Marks belong to both the letter runs and the punctuation run ([^\s\p{L}\p{N}]+), so a mark
+# only borders digits and non-CR/LF whitespace safely.
+_O200K_ACCEPT = (_pairs(LET, (NUM, CRLF, WS, OTH)) + _pairs(NUM, (LET, CRLF, WS, OTH, MARK))
+                 + _pairs(OTH, (NUM, WS)) + _pairs(APOS, (NUM, WS)) + _pairs(MARK, (NUM, WS)))
 # DeepSeek-V3: three splits; a boundary made at level 1 (digits) or 2 (CJK/kana) is final.
 _DSV3_ACCEPT = tuple(
     (x, y) for x in range(N_CLASSES) for y in range(N_CLASSES)
@@ -113,7 +116,7 @@ def _family_class_table(name: str) -> np.ndarray:
     bits = cc.class_table()
     out = np.full(cc.N_CODEPOINTS, OTH, dtype=np.uint8)
     letter = (bits & cc.L) > 0
-    if fam.marks_are_letters:
+    if fam.marks_are_letters and name != "o200k":
         letter |= (bits & cc.M) > 0
     if name == "deepseek-v3":
         out[:] = GAP
@@ -125,6 +128,8 @@ def _family_class_table(name: str) -> np.ndarray:
             out[lo:hi + 1] = CJK
     else:
         out[letter] = LET
+        if name == "o200k":
+            out[(bits & cc.M) > 0] = MARK
         out[(bits & cc.W) > 0] = WS
         out[(bits & cc.N) > 0] = NUM
         out[ord("'")] = APOS

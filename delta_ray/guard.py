@@ -69,8 +69,7 @@ ALL_CODE_POINTS = np.concatenate([np.arange(0, 0xD800), np.arange(0xE000, 0x1100
 # Contexts; "{}" is the probed code point (kept as templates so the docs above stay true).
 CONTEXTS: tuple[str, ...] = (
     "{c}",
-    "{c}a{c}1{c} {c}'{c}\n{c}\u0301{c}",
-    "{c}{c}\r\n{c}\r{c}<|{c}.{c}9{c}",
+    "{c}a{c}1{c} {c}'{c}\r\n{c}\u0301{c}{c}\n{c}\r{c}",
 )
 
 # Blocks (start, end) whose canonical compositions are newer than the reference's Unicode 9.0 NFC
@@ -213,6 +212,8 @@ def _composition_pairs() -> list[tuple[int, int]]:
 
 @dataclass
 class ProbeResult:
+    """What one probe run found and what it cost."""
+
     disagreeing: set[int]
     seconds: float
     probes: int
@@ -220,15 +221,40 @@ class ProbeResult:
     differing_chunks: int
     separator: str
     one_by_one: int
+    timings: dict = field(default_factory=dict)
+
+
+def _workers() -> int:
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except AttributeError:  # pragma: no cover - not Linux
+        return max(1, os.cpu_count() or 1)
 
 
 def _encode_ref(ref_tokenizer, texts: list[str]) -> list[np.ndarray]:
+    if not texts:
+        return []
     encs = ref_tokenizer.encode_batch_fast(texts, add_special_tokens=False)
-    return [np.asarray(e.ids, dtype=np.int32) for e in encs]
+    out = [np.asarray(e.ids, dtype=np.int32) for e in encs]
+    del encs
+    return out
+
+
+def _encode_ref_parallel(ref_tokenizer, texts: list[str], pool) -> list[np.ndarray]:
+    """The reference on every core, whatever TOKENIZERS_PARALLELISM says (its batch call drops the GIL)."""
+    n = _workers()
+    if pool is None or n == 1 or len(texts) < 2 * n:
+        return _encode_ref(ref_tokenizer, texts)
+    step = -(-len(texts) // (4 * n))
+    futs = [pool.submit(_encode_ref, ref_tokenizer, texts[i:i + step]) for i in range(0, len(texts), step)]
+    out: list[np.ndarray] = []
+    for fu in futs:
+        out.extend(fu.result())
+    return out
 
 
 def _compare_chunk(r: np.ndarray, f: np.ndarray, nseg: int, sep_id: int) -> list[int] | None:
-    """Indices of the differing segments, or None when the chunk's split cannot be trusted."""
+    """Indices of the differing probes of a chunk, or None when its split cannot be trusted."""
     pr = np.flatnonzero(r == sep_id)
     if len(pr) != nseg - 1:
         return None
@@ -238,70 +264,97 @@ def _compare_chunk(r: np.ndarray, f: np.ndarray, nseg: int, sep_id: int) -> list
     if len(r) == len(f) and np.array_equal(pr, pf):
         bad_pos = np.flatnonzero(r != f)
         return sorted(set(np.searchsorted(pr, bad_pos).tolist()))
-    bad = []
-    rs = np.split(r, pr)
-    fs = np.split(f, pf)
-    for i, (a, b) in enumerate(zip(rs, fs)):
-        if not np.array_equal(a, b):
-            bad.append(i)
-    return bad
+    return [i for i, (a, b) in enumerate(zip(np.split(r, pr), np.split(f, pf))) if not np.array_equal(a, b)]
+
+
+def _probe_texts(code_points: list[int], contexts: Sequence[str], pairs: Sequence[tuple[int, int]]):
+    """Yield (probe texts, owners) batches: one batch per context, then the pairs."""
+    for tmpl in contexts:
+        if tmpl == "{c}":
+            yield [chr(c) for c in code_points], [(c,) for c in code_points]
+        else:
+            fmt = tmpl.replace("{c}", "%s")
+            n = tmpl.count("{c}")
+            yield [fmt % ((chr(c),) * n) for c in code_points], [(c,) for c in code_points]
+    texts, owners = [], []
+    for a, b in pairs:
+        ab = chr(a) + chr(b)
+        texts.append(ab)
+        texts.append("a" + ab + "\u0301")
+        owners.append((a, b))
+        owners.append((a, b))
+    yield texts, owners
 
 
 def probe_disagreements(ref_tokenizer, fast: FastEncoder | Callable[[list[str]], list[np.ndarray]],
                         tokenizer_json: dict, *, code_points: Sequence[int] | np.ndarray | None = None,
                         contexts: Sequence[str] = CONTEXTS, pairs: Sequence[tuple[int, int]] | None = None,
                         chunk_probes: int = 2048) -> ProbeResult:
-    """Probe code points (default: all but surrogates) in ``contexts`` and return where the engines differ."""
+    """Probe code points (default: all but surrogates) in ``contexts`` and return where the engines differ.
+
+    ``fast`` is a :class:`FastEncoder` or any callable mapping a list of texts to int32 arrays.
+    The reference runs on every core (``encode_batch_fast`` on slices, from a thread pool); the
+    fast engine runs on the calling thread.
+    """
+    from concurrent.futures import ThreadPoolExecutor
+
     t0 = time.perf_counter()
     fast_encode = fast.encode_pieces if hasattr(fast, "encode_pieces") else fast
     sep, sep_id = _pick_separator(tokenizer_json)
     risky = _added_token_chars(tokenizer_json)
-    if code_points is None:
-        code_points = ALL_CODE_POINTS
+    cps = [int(c) for c in (ALL_CODE_POINTS if code_points is None else code_points)]
     if pairs is None:
         pairs = _composition_pairs()
-
-    # probes: (text, owners) where owners are the code points blamed when the probe differs
-    joined: list[tuple[str, tuple[int, ...]]] = []
-    alone: list[tuple[str, tuple[int, ...]]] = []
-    cps = [int(c) for c in code_points]
-    for tmpl in contexts:
-        if tmpl == "{c}":
-            texts = [chr(c) for c in cps]
-        else:
-            texts = [tmpl.format(c=chr(c)) for c in cps]
-        for c, t in zip(cps, texts):
-            (alone if c in risky else joined).append((t, (c,)))
-    for a, b in pairs:
-        for t in (chr(a) + chr(b), "a" + chr(a) + chr(b) + "\u0301"):
-            (alone if (a in risky or b in risky) else joined).append((t, (a, b)))
+    timings = {"build": 0.0, "reference": 0.0, "fast": 0.0, "compare": 0.0}
 
     disagreeing: set[int] = set()
-    chunks_txt, chunks_own = [], []
-    for i in range(0, len(joined), chunk_probes):
-        part = joined[i:i + chunk_probes]
-        chunks_txt.append(sep.join(t for t, _ in part))
-        chunks_own.append([o for _, o in part])
-    ref_ids = _encode_ref(ref_tokenizer, chunks_txt)
-    fast_ids = fast_encode(chunks_txt)
-    differing = 0
-    for j, (r, f, owners) in enumerate(zip(ref_ids, fast_ids, chunks_own)):
-        if len(r) == len(f) and np.array_equal(r, f) and np.count_nonzero(r == sep_id) == len(owners) - 1:
-            continue
-        differing += 1
-        bad = _compare_chunk(r, f, len(owners), sep_id)
-        if bad is None:  # cannot trust the split: every probe of the chunk goes one by one
-            alone.extend(zip(chunks_txt[j].split(sep), owners))
-            continue
-        for i in bad:
-            disagreeing.update(owners[i])
-    if alone:
-        texts = [t for t, _ in alone]
-        for (t, o), r, f in zip(alone, _encode_ref(ref_tokenizer, texts), fast_encode(texts)):
-            if not np.array_equal(r, f):
-                disagreeing.update(o)
-    return ProbeResult(disagreeing, time.perf_counter() - t0, len(joined) + len(alone), len(chunks_txt),
-                       differing, sep, len(alone))
+    alone: list[tuple[str, tuple[int, ...]]] = []
+    n_probes = n_chunks = differing = 0
+    with ThreadPoolExecutor(max_workers=_workers()) as pool:
+        for texts, owners in _probe_texts(cps, contexts, pairs):
+            t = time.perf_counter()
+            n_probes += len(texts)
+            keep_t, keep_o = [], []
+            for txt, own in zip(texts, owners):
+                if any(c in risky for c in own):
+                    alone.append((txt, own))
+                else:
+                    keep_t.append(txt)
+                    keep_o.append(own)
+            del texts, owners
+            chunks_txt = [sep.join(keep_t[i:i + chunk_probes]) for i in range(0, len(keep_t), chunk_probes)]
+            chunks_own = [keep_o[i:i + chunk_probes] for i in range(0, len(keep_o), chunk_probes)]
+            del keep_t, keep_o
+            n_chunks += len(chunks_txt)
+            timings["build"] += time.perf_counter() - t
+            t = time.perf_counter()
+            ref_ids = _encode_ref_parallel(ref_tokenizer, chunks_txt, pool)
+            timings["reference"] += time.perf_counter() - t
+            t = time.perf_counter()
+            fast_ids = fast_encode(chunks_txt)
+            timings["fast"] += time.perf_counter() - t
+            t = time.perf_counter()
+            for j, (r, f, own) in enumerate(zip(ref_ids, fast_ids, chunks_own)):
+                if len(r) == len(f) and np.array_equal(r, f) and np.count_nonzero(r == sep_id) == len(own) - 1:
+                    continue
+                differing += 1
+                bad = _compare_chunk(r, f, len(own), sep_id)
+                if bad is None:  # cannot trust the split: every probe of the chunk goes one by one
+                    alone.extend(zip(chunks_txt[j].split(sep), own))
+                    continue
+                for i in bad:
+                    disagreeing.update(own[i])
+            timings["compare"] += time.perf_counter() - t
+            del ref_ids, fast_ids, chunks_txt, chunks_own
+        if alone:
+            t = time.perf_counter()
+            texts = [txt for txt, _ in alone]
+            for (txt, own), r, f in zip(alone, _encode_ref_parallel(ref_tokenizer, texts, pool), fast_encode(texts)):
+                if not np.array_equal(r, f):
+                    disagreeing.update(own)
+            timings["one_by_one"] = time.perf_counter() - t
+    return ProbeResult(disagreeing, time.perf_counter() - t0, n_probes, n_chunks, differing, sep, len(alone),
+                       {k: round(v, 2) for k, v in timings.items()})
 
 
 def check_probe_isolation(ref_tokenizer, tokenizer_json: dict, probes: Sequence[str]) -> bool:
@@ -315,3 +368,270 @@ def check_probe_isolation(ref_tokenizer, tokenizer_json: dict, probes: Sequence[
             expect.append(np.array([sep_id], dtype=np.int32))
         expect.append(p)
     return np.array_equal(whole, np.concatenate(expect) if expect else whole)
+
+
+# ----------------------------------------------------------------------------------------------
+# The guard set, cached per (tokenizer, versions)
+# ----------------------------------------------------------------------------------------------
+
+def guard_key(tokenizer_json_bytes: bytes, fast: FastEncoder) -> dict:
+    """What a guard set depends on: the tokenizer's bytes, the reference's and the engine's versions."""
+    return {"format": GUARD_FORMAT,
+            "tokenizer_sha256": hashlib.sha256(tokenizer_json_bytes).hexdigest(),
+            "tokenizers": fast_engine_versions()["tokenizers"],
+            "backend": fast.backend,
+            "backend_version": fast.backend_version,
+            "python_unicodedata": unicodedata.unidata_version}
+
+
+def _cache_file(key: dict) -> Path:
+    name = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:32]
+    return _cache_root() / f"{key['tokenizer_sha256'][:16]}-{key['backend']}-{name}.json"
+
+
+def _load_cached(key: dict) -> GuardSet | None:
+    path = _cache_file(key)
+    try:
+        doc = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    if doc.get("key") != key:
+        return None
+    cps = [c for lo, hi in doc["ranges"] for c in range(lo, hi + 1)]
+    return GuardSet(frozenset(cps), key=key, stats={**doc.get("stats", {}), "cached": True})
+
+
+def _store(guard: GuardSet) -> None:
+    path = _cache_file(guard.key)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(f".tmp{os.getpid()}")
+        tmp.write_text(json.dumps({"key": guard.key, "ranges": guard.ranges(), "stats": guard.stats}, indent=1))
+        os.replace(tmp, path)
+    except OSError:  # a read-only cache only costs a re-probe next time
+        pass
+
+
+def _as_bytes(tokenizer_json) -> bytes:
+    if isinstance(tokenizer_json, (bytes, bytearray, memoryview)):
+        return bytes(tokenizer_json)
+    return Path(tokenizer_json).read_bytes()
+
+
+def guard_set_for(tokenizer_json_bytes: bytes | str | os.PathLike, backend: str | FastEncoder = "auto", *,
+                  ref_tokenizer=None, use_cache: bool = True) -> GuardSet:
+    """The guard set of ``backend`` (a name or a loaded :class:`FastEncoder`) for this tokenizer.json.
+
+    Loaded from the on-disk cache when an entry with the same key exists, else probed (all code
+    points, ~30 s on 2 cores) and stored. Raises :class:`FastEngineUnavailable` when the engine
+    cannot load the tokenizer.
+    """
+    data = _as_bytes(tokenizer_json_bytes)
+    fast = backend if isinstance(backend, FastEncoder) else FastEncoder(data, backend)
+    if fast.digest != hashlib.sha256(data).hexdigest():
+        raise ValueError("the FastEncoder was loaded from another tokenizer.json")
+    key = guard_key(data, fast)
+    if use_cache:
+        hit = _load_cached(key)
+        if hit is not None:
+            return hit
+    if ref_tokenizer is None:
+        from tokenizers import Tokenizer
+        ref_tokenizer = Tokenizer.from_str(data.decode("utf-8"))
+    res = probe_disagreements(ref_tokenizer, fast, json.loads(data))
+    guard = GuardSet(frozenset(res.disagreeing), key=key,
+                     stats={"probe_seconds": round(res.seconds, 2), "probes": res.probes, "chunks": res.chunks,
+                            "differing_chunks": res.differing_chunks, "separator": res.separator,
+                            "one_by_one": res.one_by_one, "timings": res.timings, "cached": False})
+    if use_cache:
+        _store(guard)
+    return guard
+
+
+# ----------------------------------------------------------------------------------------------
+# The verification battery
+# ----------------------------------------------------------------------------------------------
+
+_REAL_TEXT = (
+    "The quick brown fox jumps over the lazy dog. It's 12:45 and we've got 3,000,000 reasons to "
+    "stay -- don't we? Mr. O'Neil's café served crème brûlée in Zürich.\n\n"
+    "def encode(self, text: str) -> list[int]:\n    return [ord(c) for c in text]  # TODO\r\n"
+    "\tif (x != 0 && y >= 10) { return -1; }\n"
+    "Москва — столица России. Ελληνικά γράμματα. עברית מימין לשמאל. العربية ١٢٣.\n"
+    "日本語のテキストと English が混ざる。中文句子，还有标点！한국어 문장입니다.\n"
+    "हिन्दी में लिखा गया वाक्य। ภาษาไทยไม่มีช่องว่าง Tiếng Việt có dấu.\n"
+)
+
+_ALPHABETS: dict[str, list[str]] = {
+    "decomposed": ["e\u0301", "a\u0300", "o\u0308", "n\u0303", "c\u0327", "A\u030a", "u\u0308\u0301",
+                   "a\u0327\u0301", "a\u0301\u0327", "e\u0323\u0302", "i\u0307", "\u0301", "\u0345"],
+    "exclusions": ["\u0958", "\u0959", "\u095f", "\u09dc", "\u0a33", "\u0b5c", "\u0f43", "\u0f73", "\ufb1d",
+                   "\ufb2a", "\u2126", "\u212b", "\u0340", "\u0341", "\u0374", "\u037e", "\u0387", "\u1f71",
+                   "\u0915\u093c", "\u0915", "\u093c", "\uf900", "\U0002f800"],
+    "hangul": ["\u1100", "\u1161", "\u11a8", "\u1100\u1161", "\u1100\u1161\u11a8", "\uac00", "\uac00\u11a8",
+               "\ud55c", "\uad6d", "\uc5b4", "\u3131", "\u314f", "\u115f", "\u1160", "\u3164"],
+    "marks": ["\u0300", "\u0301", "\u0302", "\u0303", "\u0308", "\u030a", "\u0327", "\u0328", "\u0336",
+              "\u20dd", "\u20e3", "\ufe0f", "\ufe0e", "\u200d", "\u200c", "\u093f", "\u0e31", "\u0650",
+              "\u05b7", "\u1ab0", "\u1dc0", "\u302a", "\u3099", "\u309a"],
+    "space": [" ", "  ", "\t", "\n", "\r\n", "\r", "\n\n", " \n", "\u00a0", "\u2009", "\u3000", "\u200b",
+              "\x0b", "\x0c", "\x85", "\u2028", "\u2029", "\u1680", "\u180e"],
+    "contraction": ["'s", "'t", "'re", "'ve", "'m", "'ll", "'d", "'S", "'T", "'RE", "'LL", "'", "''",
+                    "\u2019s", "n't", "I'm", "don't", "rock'n'roll"],
+    "digits": ["0", "1", "12", "123", "1234", "12345", "3.14", "1,000", "\u0663", "\u0664", "\uff11",
+               "\u2460", "\u00b2", "\u00bd", "\u0e51", "\u096a", "\u216b", "\U0001d7d8"],
+    "punct": ["!", "!!!", "...", "?!", "---", ":)", "\u3002", "\uff01", "\u00bf", "\u2014", "\u2026",
+              "###", "```", "//", "/*", "*/", "->", "=>", "<", ">", "|", "<|", "|>", "[", "]", "~"],
+    "cjk": ["\u65e5", "\u672c", "\u8a9e", "\u4e2d\u6587", "\u3042", "\u30c6\u30b9\u30c8", "\u30fc",
+            "\uff21", "\uff41", "\u3400", "\U00020000", "\U0002a700", "\u3005", "\u3007"],
+    "latin": ["a", "b", "Z", "word", "Hello", "WORLD", "camelCase", "x", "\u00e9", "\u00df", "\u0131",
+              "\u0130", "\u01c5", "\u1e9e", "\u00c5", "\u2c65"],
+    "emoji": ["\U0001f468\u200d\U0001f469\u200d\U0001f467\u200d\U0001f466", "\U0001f3f3\ufe0f\u200d\U0001f308",
+              "\U0001f44d\U0001f3fd", "\u2764\ufe0f", "\U0001f1fa\U0001f1f8", "1\ufe0f\u20e3",
+              "\U0001f600", "\U0001f9d1\u200d\U0001f4bb", "\u263a", "\U0001faf6"],
+    "other": ["\x00", "\x01", "\x7f", "\u00ad", "\ufeff", "\ufffd", "\ue000", "\U000f0000", "\U0010ffff",
+              "\U000e0041", "\u202e", "\u0600", "\U00011a00"],
+}
+
+
+def _special_strings(ref_tokenizer) -> list[str]:
+    try:
+        dec = ref_tokenizer.get_added_tokens_decoder()
+        return sorted({tok.content for tok in dec.values()})
+    except Exception:  # noqa: BLE001 - older tokenizers
+        return []
+
+
+def adversarial_battery(ref_tokenizer, *, seed: int = 0, n_random: int = 1500) -> list[str]:
+    """Deterministic adversarial texts for this tokenizer (special-token strings included)."""
+    import random
+
+    rng = random.Random(seed)
+    specials = _special_strings(ref_tokenizer)
+    alph = dict(_ALPHABETS)
+    sp_frag = []
+    for s in specials[:64]:
+        sp_frag += [s, s[:-1], s[1:], s[: len(s) // 2], s + s, s[:-1] + s, s + s[1:]]
+    alph["special"] = sp_frag or ["<|", "|>"]
+    out: list[str] = []
+    # every element alone, and next to each other class's first element
+    firsts = [v[0] for v in alph.values()]
+    for vals in alph.values():
+        for v in vals:
+            out.append(v)
+            for f in firsts:
+                out.append(f + v)
+                out.append(v + f)
+    out += [s + "\n" for s in specials] + [" " + s + " " for s in specials] + ["x" + s + "y" for s in specials]
+    out += _REAL_TEXT.splitlines(keepends=True) + [_REAL_TEXT]
+    out += ["a" + " " * n + "b" for n in (1, 2, 3, 7, 16, 33)] + [" " * n for n in (1, 2, 5, 40)]
+    out += ["x" + "\r\n" * 3 + "  \n \r\n\t\n" + "y", "word!!!\n\nnext", "end...\r\n", "a?\n", "ok:)\n\n\n"]
+    out += ["1" * n for n in (1, 2, 3, 4, 5, 6, 7, 10, 31)] + ["v1.2.3-rc4", "0x7fffffff", "2024-01-01T00:00:00Z"]
+    out += ["\u0958\u093f\u0928\u093e", "\u0915\u093c\u093f\u0928\u093e", "\u1100\u1161\u11a8\u1100\u1161\u11a8\uac00",
+            "Cafe\u0301 re\u0301sume\u0301 na\u0308i\u0308ve", "\u0301\u0301\u0301abc", "\u00e9\u0301\u0327"]
+    keys = list(alph)
+    for _ in range(n_random):
+        k = rng.randint(1, 12)
+        parts = []
+        for _ in range(k):
+            cls = keys[rng.randrange(len(keys))]
+            parts.append(rng.choice(alph[cls]))
+        out.append("".join(parts))
+    # long inputs: shapes that cross engine-internal thresholds (chunking, prefix reuse)
+    filler = (_REAL_TEXT * 40)[:5000]
+    out += [filler + " " * 700 + "x" + filler[:2000], filler + " " * 701, filler + " " * 700 + "\n",
+            filler + " " * 700 + "\tx", "a" * 3000, " " * 5000 + "b", ("ab1 " * 6000), (_REAL_TEXT * 30)]
+    return out
+
+
+def verify_fast_engine(ref_tokenizer, fast_encoder, texts: Iterable[str] = (), *,
+                       guard: GuardSet | None = None, seed: int = 0) -> tuple[bool, str]:
+    """Admission battery: ``fast_encoder`` must equal the reference on real + adversarial texts.
+
+    ``texts`` (e.g. a sample of the workload) come first, then :func:`adversarial_battery`. With
+    ``guard``, texts it does not allow are skipped (they will never reach the engine). The battery is
+    encoded as one batch, then again one text at a time in reverse order, so an engine whose answer
+    depends on what it encoded before is caught. Returns ``(ok, reason)``.
+    """
+    battery = [t for t in texts] + adversarial_battery(ref_tokenizer, seed=seed)
+    skipped = 0
+    if guard is not None:
+        kept = [t for t in battery if guard.allows(t)]
+        skipped = len(battery) - len(kept)
+        battery = kept
+    try:
+        expected = _encode_ref(ref_tokenizer, battery)
+    except Exception as exc:  # noqa: BLE001
+        return False, f"the reference rejected a battery text: {exc}"
+    try:
+        got_batch = fast_encoder.encode_pieces(battery)
+        got_single = [None] * len(battery)
+        for i in range(len(battery) - 1, -1, -1):
+            got_single[i] = fast_encoder.encode_pieces([battery[i]])[0]
+    except Exception as exc:  # noqa: BLE001
+        return False, f"the fast engine failed: {type(exc).__name__}: {exc}"
+    for how, got in (("batch", got_batch), ("one by one", got_single)):
+        for i, (e, g) in enumerate(zip(expected, got)):
+            if g.dtype != np.int32:
+                return False, f"text #{i} ({how}): dtype {g.dtype}, expected int32"
+            if not np.array_equal(e, g):
+                at = int(np.argmax(e[:min(len(e), len(g))] != g[:min(len(e), len(g))])) if min(len(e), len(g)) else 0
+                return False, (f"text #{i} ({how}) differs from the reference at token {at}: "
+                               f"text={battery[i][:80]!r} reference={e[at:at + 6].tolist()} fast={g[at:at + 6].tolist()}")
+    return True, f"{len(battery)} texts equal to the reference ({skipped} skipped by the guard)"
+
+
+# ----------------------------------------------------------------------------------------------
+# A guarded encoder: the fast engine where the guard allows it, the reference elsewhere
+# ----------------------------------------------------------------------------------------------
+
+class GuardedEncoder:
+    """``Encoder`` that sends each text to the fast engine when the guard allows it, else to the reference."""
+
+    name = "fast"
+
+    def __init__(self, fast: FastEncoder, guard: GuardSet, fallback):
+        self.fast = fast
+        self.guard = guard
+        self.fallback = fallback  # an Encoder, e.g. delta_ray.encoder.ReferenceEncoder
+        self.fast_texts = 0
+        self.fallback_texts = 0
+
+    def encode_pieces(self, texts: Sequence[str]) -> list[np.ndarray]:
+        texts = list(texts)
+        if not texts:
+            return []
+        ok = [self.guard.allows(t) for t in texts]
+        if all(ok):
+            self.fast_texts += len(texts)
+            return self.fast.encode_pieces(texts)
+        out: list[np.ndarray | None] = [None] * len(texts)
+        fast_idx = [i for i, k in enumerate(ok) if k]
+        slow_idx = [i for i, k in enumerate(ok) if not k]
+        for i, ids in zip(fast_idx, self.fast.encode_pieces([texts[i] for i in fast_idx]) if fast_idx else []):
+            out[i] = ids
+        for i, ids in zip(slow_idx, self.fallback.encode_pieces([texts[i] for i in slow_idx])):
+            out[i] = ids
+        self.fast_texts += len(fast_idx)
+        self.fallback_texts += len(slow_idx)
+        return out  # type: ignore[return-value]
+
+
+def guarded_fast_encoder(tokenizer_json: bytes | str | os.PathLike, backend: str = "auto", *,
+                         sample_texts: Iterable[str] = (), ref_tokenizer=None) -> GuardedEncoder:
+    """Load the fast engine, derive (or load) its guard set, run the battery, and wrap it.
+
+    Raises :class:`FastEngineUnavailable` when the engine is missing, refuses the tokenizer, or fails
+    the battery; callers then keep the reference encoder.
+    """
+    from tokenizers import Tokenizer
+
+    from delta_ray.encoder import ReferenceEncoder
+
+    data = _as_bytes(tokenizer_json)
+    ref = ref_tokenizer or Tokenizer.from_str(data.decode("utf-8"))
+    fast = FastEncoder(data, backend)
+    guard = guard_set_for(data, fast, ref_tokenizer=ref)
+    ok, reason = verify_fast_engine(ref, fast, sample_texts, guard=guard)
+    if not ok:
+        raise FastEngineUnavailable(f"{fast.backend} {fast.backend_version} failed the battery: {reason}")
+    return GuardedEncoder(fast, guard, ReferenceEncoder(ref))

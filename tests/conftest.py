@@ -1,0 +1,66 @@
+"""Shared fixtures: the six test tokenizers (SHA-256 checked) and real text that ships with Python."""
+from __future__ import annotations
+
+import inspect
+import os
+import pathlib
+
+import pytest
+from tokenizers import Tokenizer
+
+from delta_ray.bundled import TEST_TOKENIZERS, bundled_tokenizer_path
+
+DATA = pathlib.Path(__file__).parent / "data"
+
+
+def pytest_collection_modifyitems(config, items):
+    """The slow tier runs with -m slow or DELTA_RAY_SLOW=1; CI runs the default tier."""
+    if os.environ.get("DELTA_RAY_SLOW") == "1" or "slow" in (config.getoption("-m") or ""):
+        return
+    skip = pytest.mark.skip(reason="slow tier: run with -m slow or DELTA_RAY_SLOW=1")
+    for item in items:
+        if "slow" in item.keywords:
+            item.add_marker(skip)
+
+
+@pytest.fixture(scope="session")
+def tokenizer_paths() -> dict[str, str]:
+    """name -> path of each bundled tokenizer.json, checked by SHA-256 when unpacked."""
+    return {name: bundled_tokenizer_path(name) for name in TEST_TOKENIZERS}
+
+
+@pytest.fixture(scope="session")
+def references(tokenizer_paths) -> dict[str, Tokenizer]:
+    """The reference tokenizers, loaded exactly as the contract states."""
+    return {name: Tokenizer.from_file(p) for name, p in tokenizer_paths.items()}
+
+
+@pytest.fixture(scope="session", params=TEST_TOKENIZERS)
+def name(request) -> str:
+    return request.param
+
+
+def _python_code() -> str:
+    import argparse, collections, json, textwrap  # noqa: E401 - stable stdlib sources
+    return "\n\n".join(inspect.getsource(m) for m in (json, textwrap, argparse, collections))
+
+
+def _english() -> str:
+    import argparse, collections, json, textwrap  # noqa: E401
+    docs = []
+    for mod in (json, textwrap, argparse, collections, inspect, pathlib):
+        for obj in vars(mod).values():
+            doc = getattr(obj, "__doc__", None)
+            if isinstance(doc, str) and len(doc) > 80:
+                docs.append(inspect.cleandoc(doc))
+    return "\n\n".join(docs)
+
+
+@pytest.fixture(scope="session")
+def real_texts() -> dict[str, str]:
+    """English prose (stdlib docstrings), code (stdlib sources) and multilingual UI messages."""
+    return {
+        "english": _english(),
+        "code": _python_code(),
+        "multilingual": (DATA / "multilingual.txt").read_text(encoding="utf-8"),
+    }

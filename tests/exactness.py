@@ -1,0 +1,97 @@
+"""Differential checking against the reference: every fast-path test funnels through here."""
+from __future__ import annotations
+
+import itertools
+from typing import Iterable, Sequence
+
+from tokenizers import Tokenizer
+
+from delta_ray.cut_predicate import CutPredicate
+
+# Fragments that stress each guard: normalization (decomposed accents, U+0958, Hangul jamo,
+# reordering marks), the regex families (contractions, digit runs, whitespace and CR/LF runs,
+# punctuation before newlines, case changes, CJK/kana next to Latin), and emoji with ZWJ.
+ADVERSARIAL = [
+    "a", "Z", "é", "e\u0301", "\u0301", "\u0335", "\u0301\u0335", "\u093c", "\u0958", "\u0958/",
+    "\u0915\u093f", "\u1100", "\u1161", "\u11a8", "\uac00", "\u1100\u1161\u11a8", " ", "  ", "   ",
+    "\t", "\n", "\n\n", "\r\n", "\r", " \n", "\n  ", "'", "'s", "'LL", "n't", "don't", "5", "12",
+    "1234", "12345", ".", "...", "!?", ".\n", "},\r\n", "中", "文字", "あ", "カタカナ", "ー", "😀",
+    "\u200d", "👩\u200d💻", "\u00a0", "ſ", "Hello", "WORLD", "helloWorld", "x", "-", "_", "(",
+    "\u3000", "\u2028", "١٢", "ـ", "ا", "\u0644\u0627", "\uff5c", "\u2581", "[", "]", "<", ">",
+    "|", "/", "//", "ǅ", "ʰ", "\u0345", "\U0001F3FB", "\ufeff", "\u00ad", "Å", "A\u030a", "\u212b",
+    "\u0d4c", "\u0d46\u0d57", "\u0b47\u0b3e", "\u30ab\u3099", "\u304b\u3099", "\u2000", "\u1e9b\u0323",
+]
+
+# Class representatives for the exhaustive tier.
+REPRESENTATIVES = ["a", "B", "ǅ", "ʰ", "中", "カ", "5", "٣", " ", "\t", "\n", "\r", "'", ".", "/",
+                   "\u0301", "\u0958", "\u1161", "😀", "\u200d", "<", "\u00a0", "\uac00", "\u0915"]
+
+
+def special_fragments(ref: Tokenizer, limit: int = 6) -> list[str]:
+    """Added-token strings whole, truncated, overlapping and adjacent."""
+    added = [t.content for t in ref.get_added_tokens_decoder().values()]
+    added.sort(key=len, reverse=True)
+    picks = added[:limit // 2] + added[-(limit // 2):]
+    out = []
+    for t in picks:
+        out += [t, t[:-1], t[1:], t[: len(t) // 2], t[len(t) // 2:], t + t, t[:-1] + t, t[0] + t]
+    return out
+
+
+class Battery:
+    """Collects (text, cut) checks and runs them against the reference in batches.
+
+    Besides the IDs it compares the pre-tokenized pieces (the reference's word ids): a cut that
+    moves a piece boundary is a predicate bug even where BPE happens to give equal IDs.
+    """
+
+    def __init__(self, ref: Tokenizer):
+        self.ref = ref
+        self._cache: dict[str, tuple[list[int], list[int]]] = {}
+
+    def signatures(self, texts: Iterable[str]) -> list[tuple[list[int], list[int]]]:
+        texts = list(texts)
+        missing = [t for t in dict.fromkeys(texts) if t not in self._cache]
+        for i in range(0, len(missing), 4096):
+            batch = missing[i:i + 4096]
+            for t, enc in zip(batch, self.ref.encode_batch(batch, add_special_tokens=False)):
+                w = enc.word_ids
+                starts = [j for j in range(len(w)) if j == 0 or w[j] != w[j - 1]]
+                self._cache[t] = (enc.ids, starts)
+        return [self._cache[t] for t in texts]
+
+    def ids(self, texts: Iterable[str]) -> list[list[int]]:
+        return [sig[0] for sig in self.signatures(texts)]
+
+    def clear(self):
+        self._cache.clear()
+
+    def _joined_equal(self, whole: str, left: str, right: str) -> bool:
+        (iw, sw), (il, sl), (ir, sr) = self._cache[whole], self._cache[left], self._cache[right]
+        return iw == il + ir and sw == sl + [len(il) + j for j in sr]
+
+    def cut_failures(self, pairs: Sequence[tuple[str, int]]) -> list[tuple[str, int]]:
+        """Pairs (text, b) where the encoding of text is not that of text[:b] then text[b:]."""
+        self.signatures(t for text, b in pairs for t in (text, text[:b], text[b:]))
+        return [(text, b) for text, b in pairs if not self._joined_equal(text, text[:b], text[b:])]
+
+    def continuation_failures(self, triples: Sequence[tuple[str, int, str]]) -> list[tuple[str, int, str]]:
+        """(stored, b, delta) where stored+delta does not encode as stored[:b] then (stored+delta)[b:]."""
+        self.signatures(t for s, b, d in triples for t in (s + d, s[:b], (s + d)[b:]))
+        return [(s, b, d) for s, b, d in triples if not self._joined_equal(s + d, s[:b], (s + d)[b:])]
+
+
+def accepted_cuts(pred: CutPredicate, text: str, open_end: bool = False) -> list[int]:
+    """Every position the predicate accepts (for continuations: with evidence inside the text)."""
+    out = []
+    for b in range(1, len(text)):
+        span = pred.check(text, b, open_end)
+        if span is not None and (not open_end or span[1] <= len(text)):
+            out.append(b)
+    return out
+
+
+def all_strings(alphabet: Sequence[str], max_len: int) -> Iterable[str]:
+    for n in range(2, max_len + 1):
+        for combo in itertools.product(alphabet, repeat=n):
+            yield "".join(combo)
