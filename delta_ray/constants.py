@@ -13,6 +13,8 @@ REPAIR_WINDOW = 512  # first search window for a session's tail checkpoint
 REPAIR_DOUBLINGS = 5  # the window doubles at most this many times
 MIN_MARGIN = 8  # a session cut stays at least max(8, longest added token) before the stored end
 MAX_CHECKPOINTS = 1024
+CHECKPOINT_EVERY = 16384  # a session span this long gets intermediate checkpoints
+MAX_CHECKPOINT_PIECES = 64
 
 MAX_SESSION_BYTES = 128 * 1024 * 1024  # resident session text and IDs
 MAX_SESSIONS = 4096

@@ -68,6 +68,12 @@ def encode_with_base(text: str, base: SessionState | None, lcp: int, predicate: 
         keep_pos = keep_tok = keep_ext = np.zeros(0, dtype=np.int64)
         b, k, b_ext, kept_ids = 0, 0, 0, None
     cuts: list[Cut] = plan_cuts(text, predicate, cfg, workers, start=b, start_ext=b_ext)
+    span = n - b
+    if not cuts and span >= 2 * C.CHECKPOINT_EVERY:
+        # Checkpoints every CHECKPOINT_EVERY characters let a later text that diverges inside this
+        # span (a chat template dropping an old block) reuse everything before the divergence.
+        n_pieces = min(span // C.CHECKPOINT_EVERY, C.MAX_CHECKPOINT_PIECES)
+        cuts = plan_cuts(text, predicate, cfg, workers, start=b, start_ext=b_ext, k=n_pieces)
     last_pos, last_ext = (cuts[-1].pos, cuts[-1].ext) if cuts else (b, b_ext)
     tc = tail_cut(text, predicate, margin, after=last_pos, after_ext=last_ext)
     if tc is not None:

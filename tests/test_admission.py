@@ -1,0 +1,74 @@
+"""Admission reads the configuration; anything not covered is served by the reference alone."""
+from __future__ import annotations
+
+import json
+
+import pytest
+from tokenizers import Tokenizer
+
+from delta_ray import DeltaTokenizer, load_tokenizer
+
+
+def _variant(path: str, edit) -> Tokenizer:
+    cfg = json.load(open(path, encoding="utf-8"))
+    edit(cfg)
+    return Tokenizer.from_str(json.dumps(cfg))
+
+
+EDITS = {
+    "prefix space": (lambda c: c["pre_tokenizer"]["pretokenizers"][-1].update(add_prefix_space=True), "add_prefix_space"),
+    "unknown regex": (lambda c: c["pre_tokenizer"]["pretokenizers"][0]["pattern"].update(Regex="\\w+|\\s+"), "no family"),
+    "lstrip token": (lambda c: c["added_tokens"][0].update(lstrip=True), "lstrip"),
+    "lowercase": (lambda c: c.update(normalizer={"type": "Lowercase"}), "normalizer"),
+    "normalized token under NFC": (lambda c: c["added_tokens"][0].update(normalized=True), "non-identity normalizer"),
+    "truncation": (lambda c: c.update(truncation={"direction": "Right", "max_length": 5, "strategy": "LongestFirst", "stride": 0}), "truncation"),
+}
+
+
+@pytest.mark.parametrize("edit", sorted(EDITS))
+def test_not_admitted_falls_back_to_reference(edit, tokenizer_paths):
+    fn, reason = EDITS[edit]
+    tok = _variant(tokenizer_paths["qwen-3"], fn)
+    dt = DeltaTokenizer(tok, chunk_size=64, cut_threshold=256)
+    assert not dt.admission.admitted and reason in dt.admission.reason
+    text = "Hello   World 12345 don't\n\n" * 40
+    for special in (True, False):
+        assert dt.encode(text, add_special_tokens=special).to_pylist() == tok.encode(text, add_special_tokens=special).ids
+    assert dt.encode(text, session="s").to_pylist() == tok.encode(text).ids
+    assert dt.extend("s", " more").to_pylist() == tok.encode(text + " more").ids
+    assert [a.to_pylist() for a in dt.encode_batch([text, "x"])] == [e.ids for e in tok.encode_batch([text, "x"])]
+    assert dt.cuts(text) == []
+
+
+def test_admission_of_the_six(tokenizer_paths):
+    families = {}
+    for name, path in tokenizer_paths.items():
+        dt = DeltaTokenizer(path)
+        assert dt.admission.admitted, dt.admission.reason
+        families[name] = (dt.admission.family, dt.admission.normalizer)
+    assert families["qwen-3"] == ("qwen3", "nfc")
+    assert families["llama3.2"] == ("llama3", None)
+    assert families["deepseek-v3"] == ("deepseek-v3", None)
+    assert families["minimax-m3"] == ("o200k", "nfc")
+    assert DeltaTokenizer(tokenizer_paths["llama3.2"]).admission.prefix_ids == (128000,)
+
+
+def test_loading_forms(tokenizer_paths, tmp_path):
+    import hashlib
+    path = tokenizer_paths["glm-4"]
+    a = load_tokenizer(path)
+    assert a.digest == hashlib.sha256(open(path, "rb").read()).hexdigest()
+    b = load_tokenizer(str(__import__("pathlib").Path(path).parent))
+    assert b.digest == a.digest
+    c = load_tokenizer(Tokenizer.from_file(path))
+    assert c.tokenizer.encode("x y").ids == a.tokenizer.encode("x y").ids
+    with pytest.raises(FileNotFoundError):
+        load_tokenizer(tmp_path / "missing.json")
+    with pytest.raises(TypeError):
+        load_tokenizer(42)
+    bad = tmp_path / "tokenizer.json"
+    bad.write_text("{not json")
+    with pytest.raises(ValueError):
+        load_tokenizer(bad)
+    with pytest.raises(ValueError):
+        DeltaTokenizer(path, reuse="sometimes")
