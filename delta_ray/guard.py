@@ -32,11 +32,9 @@ differs, the IDs are cut at the separator and compared probe by probe.
 Contexts per code point ``c`` (``|`` marks the separator, a special-token string):
 
 * ``|c|`` -- alone, i.e. next to a special-token string on both sides;
-* ``|c a c 1 c ␠ c ' c \\n c \\u0301 c|`` (no spaces meant except ␠): every code point instance has a
-  different left and right neighbour, so ``c`` is seen after and before a letter, a digit, a space, an
-  apostrophe, LF, a combining mark (U+0301) and a special token;
-* ``|c c \\r\\n c \\r c <| c . c 9 c|`` -- doubled, before and after CR/LF and CR, after a truncated
-  special-token string, next to punctuation and a digit;
+* ``|c a c 1 c ␠ c ' c \r\n c \u0301 c c \r c|`` (␠ is a space): a chain whose 9 instances of ``c``
+  each have a different left and right neighbour, so ``c`` is seen after and before a letter, a digit,
+  a space, an apostrophe, CR/LF, a combining mark (U+0301), itself (doubled) and a special token;
 * pair probes ``|x y|`` and ``|a x y \\u0301|`` for every canonical composition pair known to Python's
   ``unicodedata``, for Hangul L+V and LV+T jamo, and for every pair of code points inside the blocks
   whose compositions were added after Unicode 9.0 (Dives Akuru, Tulu-Tigalari, Gurung Khema, Kirat Rai,
@@ -69,7 +67,7 @@ ALL_CODE_POINTS = np.concatenate([np.arange(0, 0xD800), np.arange(0xE000, 0x1100
 # Contexts; "{}" is the probed code point (kept as templates so the docs above stay true).
 CONTEXTS: tuple[str, ...] = (
     "{c}",
-    "{c}a{c}1{c} {c}'{c}\r\n{c}\u0301{c}{c}\n{c}\r{c}",
+    "{c}a{c}1{c} {c}'{c}\r\n{c}\u0301{c}{c}\r{c}",
 )
 
 # Blocks (start, end) whose canonical compositions are newer than the reference's Unicode 9.0 NFC
@@ -267,15 +265,19 @@ def _compare_chunk(r: np.ndarray, f: np.ndarray, nseg: int, sep_id: int) -> list
     return [i for i, (a, b) in enumerate(zip(np.split(r, pr), np.split(f, pf))) if not np.array_equal(a, b)]
 
 
-def _probe_texts(code_points: list[int], contexts: Sequence[str], pairs: Sequence[tuple[int, int]]):
-    """Yield (probe texts, owners) batches: one batch per context, then the pairs."""
+def _probe_texts(code_points: list[int], contexts: Sequence[str], pairs: Sequence[tuple[int, int]],
+                 batch: int = 1 << 17):
+    """Yield (probe texts, owners) in batches of at most ``batch`` probes: each context, then the pairs."""
     for tmpl in contexts:
-        if tmpl == "{c}":
-            yield [chr(c) for c in code_points], [(c,) for c in code_points]
-        else:
-            fmt = tmpl.replace("{c}", "%s")
-            n = tmpl.count("{c}")
-            yield [fmt % ((chr(c),) * n) for c in code_points], [(c,) for c in code_points]
+        fmt = tmpl.replace("{c}", "%s")
+        n = tmpl.count("{c}")
+        for i in range(0, len(code_points), batch):
+            part = code_points[i:i + batch]
+            if tmpl == "{c}":
+                texts = [chr(c) for c in part]
+            else:
+                texts = [fmt % ((chr(c),) * n) for c in part]
+            yield texts, [(c,) for c in part]
     texts, owners = [], []
     for a, b in pairs:
         ab = chr(a) + chr(b)
@@ -283,7 +285,8 @@ def _probe_texts(code_points: list[int], contexts: Sequence[str], pairs: Sequenc
         texts.append("a" + ab + "\u0301")
         owners.append((a, b))
         owners.append((a, b))
-    yield texts, owners
+    for i in range(0, len(texts), batch):
+        yield texts[i:i + batch], owners[i:i + batch]
 
 
 def probe_disagreements(ref_tokenizer, fast: FastEncoder | Callable[[list[str]], list[np.ndarray]],
@@ -305,6 +308,9 @@ def probe_disagreements(ref_tokenizer, fast: FastEncoder | Callable[[list[str]],
     cps = [int(c) for c in (ALL_CODE_POINTS if code_points is None else code_points)]
     if pairs is None:
         pairs = _composition_pairs()
+        if code_points is not None:
+            wanted = set(cps)
+            pairs = [(a, b) for a, b in pairs if a in wanted or b in wanted]
     timings = {"build": 0.0, "reference": 0.0, "fast": 0.0, "compare": 0.0}
 
     disagreeing: set[int] = set()
@@ -419,18 +425,24 @@ def _as_bytes(tokenizer_json) -> bytes:
 
 
 def guard_set_for(tokenizer_json_bytes: bytes | str | os.PathLike, backend: str | FastEncoder = "auto", *,
-                  ref_tokenizer=None, use_cache: bool = True) -> GuardSet:
+                  ref_tokenizer=None, use_cache: bool = True,
+                  code_points: Sequence[int] | None = None) -> GuardSet:
     """The guard set of ``backend`` (a name or a loaded :class:`FastEncoder`) for this tokenizer.json.
 
-    Loaded from the on-disk cache when an entry with the same key exists, else probed (all code
-    points, ~30 s on 2 cores) and stored. Raises :class:`FastEngineUnavailable` when the engine
-    cannot load the tokenizer.
+    Loaded from the on-disk cache when an entry with the same key exists, else probed (every code
+    point but the surrogates; 20-40 s on 2 cores) and stored. ``code_points`` restricts the probe to
+    a subset (tests, diagnostics); the subset is part of the cache key, and a guard set derived from
+    a subset only covers that subset. Raises :class:`FastEngineUnavailable` when the engine cannot
+    load the tokenizer.
     """
     data = _as_bytes(tokenizer_json_bytes)
     fast = backend if isinstance(backend, FastEncoder) else FastEncoder(data, backend)
     if fast.digest != hashlib.sha256(data).hexdigest():
         raise ValueError("the FastEncoder was loaded from another tokenizer.json")
     key = guard_key(data, fast)
+    if code_points is not None:
+        code_points = sorted({int(c) for c in code_points if not 0xD800 <= int(c) < 0xE000})
+        key["code_points"] = hashlib.sha256(np.asarray(code_points, dtype=np.int64).tobytes()).hexdigest()[:32]
     if use_cache:
         hit = _load_cached(key)
         if hit is not None:
@@ -438,7 +450,7 @@ def guard_set_for(tokenizer_json_bytes: bytes | str | os.PathLike, backend: str 
     if ref_tokenizer is None:
         from tokenizers import Tokenizer
         ref_tokenizer = Tokenizer.from_str(data.decode("utf-8"))
-    res = probe_disagreements(ref_tokenizer, fast, json.loads(data))
+    res = probe_disagreements(ref_tokenizer, fast, json.loads(data), code_points=code_points)
     guard = GuardSet(frozenset(res.disagreeing), key=key,
                      stats={"probe_seconds": round(res.seconds, 2), "probes": res.probes, "chunks": res.chunks,
                             "differing_chunks": res.differing_chunks, "separator": res.separator,
@@ -488,6 +500,11 @@ _ALPHABETS: dict[str, list[str]] = {
     "emoji": ["\U0001f468\u200d\U0001f469\u200d\U0001f467\u200d\U0001f466", "\U0001f3f3\ufe0f\u200d\U0001f308",
               "\U0001f44d\U0001f3fd", "\u2764\ufe0f", "\U0001f1fa\U0001f1f8", "1\ufe0f\u20e3",
               "\U0001f600", "\U0001f9d1\u200d\U0001f4bb", "\u263a", "\U0001faf6"],
+    # assigned in Unicode 14-17: where engines' tables and the reference's (Oniguruma 16, NFC 9.0) part
+    "recent": ["\u0899", "\u08cf", "\u0c3c", "\u1abf", "\u1ac3", "\u1acf", "\u1aeb", "\u1df6", "\u1dfa",
+               "\ua7cf", "\U00010efd", "\U00011f00", "\U00011f41", "\U0001e4d0", "\U0001e4ec",
+               "\U00016d67\U00016d67", "\U0001611e\U0001611e", "\U000113c2\U000113c2", "\U00031350",
+               "\U0002ebf0", "\U0001fae8", "\U00011de0", "\U00016ff4"],
     "other": ["\x00", "\x01", "\x7f", "\u00ad", "\ufeff", "\ufffd", "\ue000", "\U000f0000", "\U0010ffff",
               "\U000e0041", "\u202e", "\u0600", "\U00011a00"],
 }
