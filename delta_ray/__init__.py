@@ -1,7 +1,29 @@
-"""delta-ray: the reference tokenizer's exact IDs, incrementally and in parallel on Ray."""
+"""delta-ray: the reference tokenizer's exact IDs, incrementally and in parallel on Ray.
+
+The core (everything imported eagerly here) never imports Ray; the Ray-backed entry points
+(``TokenizerPool``, ``serve_app``, ``tokenize_dataset``) are loaded on first use.
+"""
 from delta_ray.admission import Admission as Admission
 from delta_ray.loading import load_tokenizer as load_tokenizer
 from delta_ray.session_store import SessionNotFound as SessionNotFound
 from delta_ray.tokenizer import DeltaTokenizer as DeltaTokenizer
 
-__all__ = ["Admission", "DeltaTokenizer", "SessionNotFound", "load_tokenizer"]
+__all__ = ["Admission", "DeltaTokenizer", "SessionNotFound", "TokenizerPool", "load_tokenizer",
+           "serve_app", "tokenize_dataset"]
+
+_LAZY = {
+    "TokenizerPool": ("actors.pool", "TokenizerPool"),
+    "serve_app": ("actors.serve", "serve_app"),
+    "tokenize_dataset": ("actors.data", "tokenize_dataset"),
+}
+
+
+def __getattr__(name: str):
+    if name in _LAZY:
+        import importlib
+
+        module, attr = _LAZY[name]
+        value = getattr(importlib.import_module(module), attr)
+        globals()[name] = value
+        return value
+    raise AttributeError(f"module 'delta_ray' has no attribute {name!r}")

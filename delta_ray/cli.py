@@ -1,8 +1,15 @@
-"""The ``delta-ray`` command line."""
+"""The ``delta-ray`` command line: ``demo``, ``serve``, ``tokenize``."""
 from __future__ import annotations
 
 import argparse
+import importlib
 import sys
+
+# Subcommands that need Ray live in actors/; each module offers add_arguments(parser) and run(args).
+_RAY_COMMANDS = {
+    "serve": ("actors.serve_cli", "start the HTTP tokenization service (vLLM/SGLang-compatible /tokenize)"),
+    "tokenize": ("actors.tokenize_job", "tokenize text/JSONL/Parquet files into Parquet with Ray Data"),
+}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -11,11 +18,23 @@ def main(argv: list[str] | None = None) -> int:
     demo = sub.add_parser("demo", help="run the main job on a bundled tokenizer and check every result")
     demo.add_argument("--tokenizer", help="path to tokenizer.json (default: the bundled qwen-3)")
     demo.add_argument("--in-process", action="store_true", help="skip the Ray part")
+    modules = {}
+    for name, (module, help_text) in _RAY_COMMANDS.items():
+        p = sub.add_parser(name, help=help_text)
+        try:
+            modules[name] = importlib.import_module(module)
+            modules[name].add_arguments(p)
+        except ImportError as exc:  # not built yet or Ray missing: say so when it is used
+            modules[name] = exc
     args = parser.parse_args(argv)
     if args.cmd == "demo":
         from .demo import main as demo_main
         return demo_main(args)
-    return 2
+    mod = modules[args.cmd]
+    if isinstance(mod, Exception):
+        print(f"delta-ray {args.cmd} is unavailable: {mod}", file=sys.stderr)
+        return 2
+    return mod.run(args)
 
 
 if __name__ == "__main__":

@@ -64,3 +64,19 @@ def real_texts() -> dict[str, str]:
         "code": _python_code(),
         "multilingual": (DATA / "multilingual.txt").read_text(encoding="utf-8"),
     }
+
+
+@pytest.fixture(scope="session")
+def ray_session():
+    """One local Ray instance for the whole test session (ray.init costs seconds); shut down after."""
+    os.environ.setdefault("RAY_ENABLE_AUTO_CONNECT", "0")
+    import ray
+
+    started = False
+    if not ray.is_initialized():
+        ray.init(num_cpus=4, include_dashboard=False, log_to_driver=False,
+                 configure_logging=False, runtime_env={"env_vars": {"RAYON_NUM_THREADS": "1"}})
+        started = True
+    yield ray
+    if started:
+        ray.shutdown()
