@@ -51,9 +51,24 @@ class RepairResult:
     pieces: int
 
 
-def encode_with_base(text: str, base: SessionState | None, lcp: int, predicate: CutPredicate,
-                     encoder: Encoder, cfg: PlannerConfig, workers: int, margin: int) -> RepairResult:
-    """Encode ``text`` reusing ``base``'s IDs up to its last valid checkpoint; return the new state."""
+@dataclass
+class RepairPlan:
+    """What to encode for a new text: the kept prefix and the pieces after it."""
+
+    text: str
+    start: int  # the reused checkpoint's position (0: nothing reused)
+    kept_tokens: int
+    kept_ids: np.ndarray | None
+    cuts: list[Cut]
+    pieces: list[str]
+    keep_pos: np.ndarray
+    keep_tok: np.ndarray
+    keep_ext: np.ndarray
+
+
+def plan_repair(text: str, base: SessionState | None, lcp: int, predicate: CutPredicate,
+                cfg: PlannerConfig, workers: int, margin: int) -> RepairPlan:
+    """Choose the last checkpoint of ``base`` valid for ``text`` and cut what follows it."""
     n = len(text)
     if base is not None and lcp > 0:
         valid = base.cp_ext <= lcp
@@ -80,15 +95,30 @@ def encode_with_base(text: str, base: SessionState | None, lcp: int, predicate: 
         cuts.append(tc)
     bounds = [b] + [c.pos for c in cuts] + [n]
     pieces = [text[s:e] for s, e in zip(bounds, bounds[1:]) if e > s]
-    arrays = encoder.encode_pieces(pieces) if pieces else []
-    parts = ([kept_ids] if kept_ids is not None and len(kept_ids) else []) + arrays
+    return RepairPlan(text, b, k, kept_ids, cuts, pieces, keep_pos, keep_tok, keep_ext)
+
+
+def finish_repair(plan: RepairPlan, arrays: list[np.ndarray]) -> RepairResult:
+    """Splice the pieces' IDs onto the kept prefix and record the new checkpoints."""
+    if len(arrays) != len(plan.pieces):
+        raise ValueError("one ID array per piece is required")
+    k, cuts = plan.kept_tokens, plan.cuts
+    parts = ([plan.kept_ids] if plan.kept_ids is not None and len(plan.kept_ids) else []) + list(arrays)
     ids = concat_ids(parts)
-    # New checkpoints: each cut's token index is the kept prefix plus the pieces before it.
+    # Each cut's token index is the kept prefix plus the pieces before it.
     counts = np.cumsum([len(a) for a in arrays[:len(cuts)]], dtype=np.int64) + k
-    cp_pos = np.concatenate([keep_pos, np.array([c.pos for c in cuts], dtype=np.int64)])
-    cp_tok = np.concatenate([keep_tok, counts])
-    cp_ext = np.concatenate([keep_ext, np.array([c.ext for c in cuts], dtype=np.int64)])
+    cp_pos = np.concatenate([plan.keep_pos, np.array([c.pos for c in cuts], dtype=np.int64)])
+    cp_tok = np.concatenate([plan.keep_tok, counts])
+    cp_ext = np.concatenate([plan.keep_ext, np.array([c.ext for c in cuts], dtype=np.int64)])
     if len(cp_pos) > C.MAX_CHECKPOINTS:  # keep the newest: the next turn wants those near the end
         cp_pos, cp_tok, cp_ext = cp_pos[-C.MAX_CHECKPOINTS:], cp_tok[-C.MAX_CHECKPOINTS:], cp_ext[-C.MAX_CHECKPOINTS:]
-    state = SessionState(text, ids, cp_pos.astype(np.int64), cp_tok.astype(np.int64), cp_ext.astype(np.int64))
-    return RepairResult(state, k, n - b, len(pieces))
+    state = SessionState(plan.text, ids, cp_pos.astype(np.int64), cp_tok.astype(np.int64), cp_ext.astype(np.int64))
+    return RepairResult(state, k, len(plan.text) - plan.start, len(plan.pieces))
+
+
+def encode_with_base(text: str, base: SessionState | None, lcp: int, predicate: CutPredicate,
+                     encoder: Encoder, cfg: PlannerConfig, workers: int, margin: int) -> RepairResult:
+    """Encode ``text`` reusing ``base``'s IDs up to its last valid checkpoint; return the new state."""
+    plan = plan_repair(text, base, lcp, predicate, cfg, workers, margin)
+    arrays = encoder.encode_pieces(plan.pieces) if plan.pieces else []
+    return finish_repair(plan, arrays)
