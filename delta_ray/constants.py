@@ -21,3 +21,12 @@ MAX_SESSIONS = 4096
 
 CONTENT_MIN_BYTES = 4096  # keyless content reuse starts at this size
 CONTENT_MAX_ENTRIES = 1024
+
+# The Ray pool.
+LOCAL_MAX_BYTES = 4096  # stateless texts under this many UTF-8 bytes are encoded in the caller
+REQUEST_TIMEOUT_S = 60.0  # no answer this long after first dispatch: encode in-process instead
+STARTUP_TIMEOUT_S = 300.0
+WORKER_CPUS = 0.5  # Ray CPU reservation of a worker actor (see actors/pool.py: no starvation)
+TASK_CPUS = 0.5  # and of a chunk task
+NAMESPACE = "delta_ray"
+KNOWN_SESSIONS = 100_000  # sessions the pool remembers as initialized on some worker

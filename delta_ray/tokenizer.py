@@ -144,6 +144,16 @@ class DeltaTokenizer:
     def store(self) -> SessionStore:
         return self._store
 
+    @property
+    def predicate(self):
+        """The cut predicate (None when the configuration is not admitted)."""
+        return self._predicate
+
+    def install_session(self, session: str, state: SessionState) -> None:
+        """Adopt a state computed elsewhere (a pool's chunked initialization)."""
+        _check_text(session, "session")
+        self._store.put(session, state)
+
     # -- IDs as numpy (used by the pool and the batch pipeline) -----------------------------------
     def encode_ids(self, text: str, *, session: str | None = None, add_special_tokens: bool = True) -> np.ndarray:
         """Like :meth:`encode`, returning an int32 numpy array."""

@@ -1,0 +1,450 @@
+"""``TokenizerPool``: sticky session workers and chunk tasks on Ray, every result exact.
+
+The pool runs an asyncio loop in a background thread. Every request becomes one or more tasks in a
+:class:`scheduler.Dispatcher`, which keeps the queues (so the policy decides what starts next) and
+hands a task to Ray only when a worker or the shared task pool has a free slot. Results come back
+as numpy int32 buffers and are assembled, in input order, into one ``pyarrow.Int32Array``.
+
+Resources: a worker actor reserves ``worker_cpus`` (0.5) and a chunk task ``task_cpus`` (0.5) of
+Ray's CPUs, so with one worker per core half the CPUs stay free for tasks: actors and tasks can
+never starve each other of reservations, while the dispatcher's in-flight limits decide how much
+actually runs at once.
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import threading
+import time
+from collections import OrderedDict
+from typing import Any, Sequence
+
+import numpy as np
+import pyarrow as pa
+import ray
+
+from delta_ray import constants as C
+from delta_ray.assembly import concat_ids, to_arrow
+from delta_ray.loading import TokenizerLike, load_tokenizer
+from delta_ray.planner import plan_cuts
+from delta_ray.repair import finish_repair, plan_repair
+from delta_ray.session_store import SessionNotFound
+from delta_ray.tokenizer import DeltaTokenizer, _check_text
+from scheduler import Dispatcher, content_key, nonascii_share
+
+from .chunk_task import encode_chunks
+from .worker import TokenizerWorker
+
+log = logging.getLogger("delta_ray.pool")
+
+
+class PoolStartupError(RuntimeError):
+    """The workers did not load within the start-up timeout."""
+
+
+class PoolClosed(RuntimeError):
+    """The pool was closed."""
+
+
+def _ensure_ray() -> bool:
+    """Join a running cluster, or start a local Ray; returns whether this call started it."""
+    if ray.is_initialized():
+        return False
+    os.environ.setdefault("RAY_ENABLE_AUTO_CONNECT", "0")
+    if os.environ.get("RAY_ADDRESS"):
+        ray.init(address=os.environ["RAY_ADDRESS"])
+        return False
+    ray.init(include_dashboard=False, log_to_driver=False, configure_logging=False,
+             runtime_env={"env_vars": {"RAYON_NUM_THREADS": "1", "RAY_ENABLE_AUTO_CONNECT": "0"}})
+    return True
+
+
+@ray.remote(num_cpus=0)
+class _PoolRegistry:
+    """Named actor through which other processes find a named pool's configuration and workers."""
+
+    def __init__(self, info: dict):
+        self._info = info
+
+    def info(self) -> dict:
+        return self._info
+
+
+class _Request:
+    """A future and the time its first task was handed to Ray (for the fail-over timeout)."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop):
+        self.future: asyncio.Future = loop.create_future()
+        self.dispatched = asyncio.Event()
+
+
+class TokenizerPool:
+    """A Ray actor pool that returns exactly the reference's IDs.
+
+    ``encode(text, session=key)`` goes to the session's home worker (CRC-32 of the key over the
+    live workers), which repairs only the tail; long stateless texts are cut at safe cuts and the
+    chunks run in parallel; stateless texts under 4,096 bytes are encoded in the caller's process.
+    Thread-safe and coroutine-safe; use ``close()`` or a ``with`` block.
+    """
+
+    def __init__(self, tokenizer: TokenizerLike, *, num_workers: int | None = None,
+                 policy: str = "shortest_first", chunk_size: int = C.CHUNK_SIZE,
+                 cut_threshold: int = C.CUT_THRESHOLD, max_chunks: int = C.MAX_CHUNKS,
+                 name: str | None = None, worker_cpus: float = C.WORKER_CPUS, task_cpus: float = C.TASK_CPUS,
+                 max_inflight_tasks: int | None = None, request_timeout_s: float = C.REQUEST_TIMEOUT_S,
+                 startup_timeout_s: float = C.STARTUP_TIMEOUT_S,
+                 max_session_bytes: int = C.MAX_SESSION_BYTES, max_sessions: int = C.MAX_SESSIONS,
+                 _attach: dict | None = None):
+        self._started_ray = _ensure_ray()
+        self._closed = False
+        self.name = name
+        self.request_timeout_s = request_timeout_s
+        if _attach is not None:  # TokenizerPool.connect
+            info = _attach
+            loaded = load_tokenizer(info["loaded"])
+            self._owner = False
+            self._workers = dict(info["workers"])
+            opts = info["options"]
+        else:
+            loaded = load_tokenizer(tokenizer)
+            self._owner = True
+            n_cpus = int(ray.cluster_resources().get("CPU", os.cpu_count() or 1))
+            num_workers = num_workers or max(1, n_cpus)
+            if num_workers < 1:
+                raise ValueError("num_workers must be >= 1")
+            opts = {"chunk_size": chunk_size, "cut_threshold": cut_threshold, "max_chunks": max_chunks,
+                    "policy": policy, "task_cpus": task_cpus,
+                    "max_inflight_tasks": max_inflight_tasks if max_inflight_tasks is not None else max(1, n_cpus),
+                    "worker": {"chunk_size": chunk_size, "cut_threshold": cut_threshold, "max_chunks": max_chunks,
+                               "threads": 1, "max_session_bytes": max_session_bytes, "max_sessions": max_sessions}}
+            self._workers = self._start_workers(loaded, num_workers, worker_cpus, opts["worker"], name, startup_timeout_s)
+        self._opts = opts
+        self._loaded = loaded
+        self._config_ref = ray.put(loaded.config_bytes)
+        # The caller-side tokenizer: short texts, planning, and the fail-over path.
+        self._local = DeltaTokenizer(loaded, chunk_size=opts["chunk_size"], cut_threshold=opts["cut_threshold"],
+                                     max_chunks=opts["max_chunks"], threads=max(1, len(self._workers)))
+        self.admission = self._local.admission
+        self._dispatcher = Dispatcher(opts["policy"], workers=list(self._workers),
+                                      max_inflight_tasks=opts["max_inflight_tasks"])
+        self._lock = threading.Lock()  # guards the dispatcher against the loop and callers
+        self._requests: dict[int, _Request] = {}
+        self._session_locks: dict[str, asyncio.Lock] = {}
+        self._known: OrderedDict[str, str] = OrderedDict()  # session -> worker believed to hold it
+        self.stats: dict[str, int] = {}
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._loop.run_forever, name="delta-ray-pool", daemon=True)
+        self._thread.start()
+        self._registry = None
+        if self._owner and name:
+            info = {"loaded": loaded, "workers": self._workers, "options": opts}
+            self._registry = _PoolRegistry.options(name=f"{name}:registry", namespace=C.NAMESPACE).remote(info)
+
+    # -- construction ------------------------------------------------------------------------
+    @staticmethod
+    def _start_workers(loaded, n, cpus, options, name, timeout) -> dict[str, Any]:
+        config_ref = ray.put(loaded.config_bytes)
+        workers = {}
+        for i in range(n):
+            wid = f"w{i:03d}"
+            opts = {"num_cpus": cpus, "scheduling_strategy": "SPREAD",
+                    "runtime_env": {"env_vars": {"RAYON_NUM_THREADS": "1"}}}
+            if name:
+                opts.update(name=f"{name}:worker:{wid}", namespace=C.NAMESPACE)
+            workers[wid] = TokenizerWorker.options(**opts).remote(config_ref, loaded.digest, options)
+        try:
+            ray.get([w.ready.remote() for w in workers.values()], timeout=timeout)
+        except ray.exceptions.GetTimeoutError as exc:
+            for w in workers.values():
+                ray.kill(w)
+            raise PoolStartupError(f"{n} workers did not load the tokenizer within {timeout:.0f} s") from exc
+        return workers
+
+    @classmethod
+    def connect(cls, name: str) -> "TokenizerPool":
+        """Attach this process (a Serve replica, a Data worker, another driver) to a named pool."""
+        _ensure_ray()
+        try:
+            registry = ray.get_actor(f"{name}:registry", namespace=C.NAMESPACE)
+        except ValueError as exc:
+            raise LookupError(f"no delta-ray pool named {name!r} is running") from exc
+        return cls(None, name=name, _attach=ray.get(registry.info.remote()))
+
+    # -- public API --------------------------------------------------------------------------
+    @property
+    def num_workers(self) -> int:
+        return len(self._dispatcher.workers)
+
+    def encode(self, text: str, *, session: str | None = None, add_special_tokens: bool = True) -> pa.Int32Array:
+        """Reference IDs of ``text`` (a session reuses what its worker already encoded)."""
+        _check_text(text)
+        if session is not None:
+            _check_text(session, "session")
+        if session is None and self._is_local(text):
+            return self._local.encode(text, add_special_tokens=add_special_tokens)
+        return self._call(self._encode(text, session, add_special_tokens))
+
+    def extend(self, session: str, delta: str, *, add_special_tokens: bool = True) -> pa.Int32Array:
+        """IDs of the session's stored text plus ``delta``; SessionNotFound if its worker lacks it."""
+        _check_text(session, "session")
+        _check_text(delta, "delta")
+        return self._call(self._extend(session, delta, add_special_tokens))
+
+    def encode_batch(self, texts: Sequence[str], *, add_special_tokens: bool = True) -> list[pa.Int32Array]:
+        """Reference IDs of many stateless texts, spread over the workers and tasks."""
+        texts = self._check_batch(texts)
+        return self._call(self._encode_batch(texts, add_special_tokens))
+
+    async def encode_async(self, text: str, *, session: str | None = None,
+                           add_special_tokens: bool = True) -> pa.Int32Array:
+        _check_text(text)
+        if session is not None:
+            _check_text(session, "session")
+        if session is None and self._is_local(text):
+            return await asyncio.to_thread(self._local.encode, text, add_special_tokens=add_special_tokens)
+        return await self._call_async(self._encode(text, session, add_special_tokens))
+
+    async def extend_async(self, session: str, delta: str, *, add_special_tokens: bool = True) -> pa.Int32Array:
+        _check_text(session, "session")
+        _check_text(delta, "delta")
+        return await self._call_async(self._extend(session, delta, add_special_tokens))
+
+    async def encode_batch_async(self, texts: Sequence[str], *, add_special_tokens: bool = True) -> list[pa.Int32Array]:
+        texts = self._check_batch(texts)
+        return await self._call_async(self._encode_batch(texts, add_special_tokens))
+
+    def decode(self, ids, *, skip_special_tokens: bool = True) -> str:
+        return self._local.decode(ids, skip_special_tokens=skip_special_tokens)
+
+    def cuts(self, text: str) -> list[int]:
+        return self._local.cuts(text)
+
+    def worker_stats(self) -> dict[str, dict]:
+        """Per-worker session counts and paths taken (for metrics and tests)."""
+        refs = {wid: w.stats.remote() for wid, w in self._live_workers().items()}
+        return {wid: ray.get(r) for wid, r in refs.items()}
+
+    def close(self) -> None:
+        """Stop the loop; kill the workers if this process created them; stop Ray if it started it."""
+        if self._closed:
+            return
+        self._closed = True
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join(timeout=10)
+        if self._owner:
+            for w in self._workers.values():
+                try:
+                    ray.kill(w)
+                except Exception:
+                    pass
+            if self._registry is not None:
+                ray.kill(self._registry)
+        if self._started_ray:
+            ray.shutdown()
+
+    def __enter__(self) -> "TokenizerPool":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    # -- plumbing ----------------------------------------------------------------------------
+    @staticmethod
+    def _check_batch(texts) -> list[str]:
+        if isinstance(texts, str):
+            raise TypeError("texts must be a sequence of str, not a str")
+        texts = list(texts)
+        for t in texts:
+            _check_text(t)
+        return texts
+
+    def _is_local(self, text: str) -> bool:
+        if len(text) >= C.LOCAL_MAX_BYTES:
+            return False
+        return text.isascii() or len(text.encode("utf-8", "surrogatepass")) < C.LOCAL_MAX_BYTES
+
+    def _call(self, coro):
+        if self._closed:
+            coro.close()
+            raise PoolClosed("the pool is closed")
+        return asyncio.run_coroutine_threadsafe(coro, self._loop).result()
+
+    async def _call_async(self, coro):
+        if self._closed:
+            coro.close()
+            raise PoolClosed("the pool is closed")
+        return await asyncio.wrap_future(asyncio.run_coroutine_threadsafe(coro, self._loop))
+
+    def _count(self, path: str) -> None:
+        self.stats[path] = self.stats.get(path, 0) + 1
+
+    def _live_workers(self) -> dict[str, Any]:
+        return {wid: self._workers[wid] for wid in self._dispatcher.workers}
+
+    def _finish(self, ids: np.ndarray, add_special_tokens: bool) -> pa.Int32Array:
+        return to_arrow(self._local._finish(ids, add_special_tokens))
+
+    # -- request coroutines (run on the pool's loop) ------------------------------------------------
+    async def _encode(self, text: str, session: str | None, add: bool) -> pa.Int32Array:
+        if session is None:
+            if len(text) >= self._opts["cut_threshold"] and self.admission:
+                return await self._stateless_chunked(text, add)
+            session = "content:" + content_key(text)  # keyless: sticky by content, reusable
+        return await self._session(session, text, add)
+
+    async def _session(self, key: str, text: str, add: bool) -> pa.Int32Array:
+        lock = self._session_locks.setdefault(key, asyncio.Lock())
+        async with lock:
+            try:
+                home = self._dispatcher.home_of(key)
+                if (self.admission and len(text) >= self._opts["cut_threshold"]
+                        and self._known.get(key) != home):
+                    ids = await self._chunked_init(key, text, home)
+                    self._count("chunked_init")
+                    return self._finish(ids, add)
+                ids = await self._run("session", len(text), key, ("encode_session", key, text, add),
+                                      fallback=lambda: self._local.encode_ids(text, session=key, add_special_tokens=add),
+                                      share_of=text)
+                self._remember(key, self._dispatcher.home_of(key))
+                self._count("session")
+                return to_arrow(ids)
+            finally:
+                if not lock._waiters:
+                    self._session_locks.pop(key, None)
+
+    async def _extend(self, key: str, delta: str, add: bool) -> pa.Int32Array:
+        lock = self._session_locks.setdefault(key, asyncio.Lock())
+        async with lock:
+            try:
+                def no_fallback():
+                    raise SessionNotFound(f"session {key!r} timed out on its worker: send the whole text "
+                                          "with encode(text, session=...)")
+                ids = await self._run("session", len(delta), key, ("extend", key, delta, add), fallback=no_fallback,
+                                      share_of=delta)
+                self._count("extend")
+                return to_arrow(ids)
+            finally:
+                if not lock._waiters:
+                    self._session_locks.pop(key, None)
+
+    async def _stateless_chunked(self, text: str, add: bool) -> pa.Int32Array:
+        cuts = plan_cuts(text, self._local.predicate, self._local.config, max(1, self.num_workers))
+        bounds = [0] + [c.pos for c in cuts] + [len(text)]
+        arrays = await self._pieces([text[s:e] for s, e in zip(bounds, bounds[1:])])
+        self._count("chunked" if cuts else "whole")
+        return self._finish(concat_ids(arrays), add)
+
+    async def _chunked_init(self, key: str, text: str, home: str) -> np.ndarray:
+        """A long session's first encode: chunks in parallel, then the home worker adopts the state."""
+        plan = plan_repair(text, None, 0, self._local.predicate, self._local.config,
+                           max(1, self.num_workers), self._local.margin)
+        arrays = await self._pieces(plan.pieces)
+        res = finish_repair(plan, arrays)
+        try:
+            await self._run("session", 0, key, ("install", key, res.state), fallback=lambda: True)
+            self._remember(key, self._dispatcher.home_of(key))
+        except Exception:  # the next request re-initializes on whichever worker is home then
+            log.warning("installing session %r failed; it will re-initialize", key, exc_info=True)
+        return res.state.ids
+
+    async def _pieces(self, pieces: list[str]) -> list[np.ndarray]:
+        async def one(piece: str) -> np.ndarray:
+            out = await self._run("chunk", len(piece), None, ("pieces", piece),
+                                  fallback=lambda: self._local.encoder.encode_pieces([piece]), share_of=piece)
+            return out[0]
+        return list(await asyncio.gather(*(one(p) for p in pieces)))
+
+    async def _encode_batch(self, texts: list[str], add: bool) -> list[pa.Int32Array]:
+        async def one(t: str) -> pa.Int32Array:
+            if self._is_local(t) or not self.admission:
+                return await asyncio.to_thread(self._local.encode, t, add_special_tokens=add)
+            if len(t) >= self._opts["cut_threshold"]:
+                return await self._stateless_chunked(t, add)
+            arrays = await self._pieces([t])
+            return self._finish(arrays[0], add)
+        return list(await asyncio.gather(*(one(t) for t in texts)))
+
+    def _remember(self, key: str, wid: str) -> None:
+        self._known[key] = wid
+        self._known.move_to_end(key)
+        while len(self._known) > C.KNOWN_SESSIONS:
+            self._known.popitem(last=False)
+
+    # -- dispatch ----------------------------------------------------------------------------------
+    async def _run(self, kind: str, n_chars: int, key: str | None, call: tuple, *, fallback, share_of: str = ""):
+        """Queue one task, wait for it; past the timeout after dispatch, run ``fallback`` in-process."""
+        req = _Request(self._loop)
+        with self._lock:
+            task = self._dispatcher.submit(kind, max(1, n_chars), session_key=key,
+                                           nonascii_share=nonascii_share(share_of) if share_of else 0.0,
+                                           payload=call)
+            self._requests[task.id] = req
+        self._pump()
+        await req.dispatched.wait()
+        try:
+            return await asyncio.wait_for(asyncio.shield(req.future), self.request_timeout_s)
+        except asyncio.TimeoutError:
+            self._count("timeout_fallback")
+            log.warning("task %s had no answer after %.0f s; encoding in-process", task.id, self.request_timeout_s)
+            self._requests.pop(task.id, None)
+            return await asyncio.to_thread(fallback)
+
+    def _pump(self) -> None:
+        with self._lock:
+            assignments = self._dispatcher.dispatch()
+        for wid, task in assignments:
+            self._launch(wid, task)
+
+    def _launch(self, wid: str | None, task) -> None:
+        method, *args = task.payload
+        try:
+            if wid is None:
+                ref = encode_chunks.options(num_cpus=self._opts["task_cpus"]).remote(
+                    self._config_ref, self._loaded.digest, [args[0]], self._opts["worker"])
+            elif method == "pieces":
+                ref = self._workers[wid].encode_pieces.remote([args[0]])
+            else:
+                ref = getattr(self._workers[wid], method).remote(*args)
+        except Exception as exc:  # e.g. a handle to an actor already known dead
+            self._on_done(task, wid, time.perf_counter(), exc)
+            return
+        t0 = time.perf_counter()
+        req = self._requests.get(task.id)
+        if req is not None:
+            req.dispatched.set()
+        fut = asyncio.wrap_future(ref.future(), loop=self._loop)
+        fut.add_done_callback(lambda f: self._on_done(task, wid, t0, f.exception() or f.result()))
+
+    def _on_done(self, task, wid: str | None, t0: float, outcome) -> None:
+        ms = (time.perf_counter() - t0) * 1e3
+        req = self._requests.get(task.id)
+        if isinstance(outcome, (ray.exceptions.RayActorError, ray.exceptions.ActorUnavailableError)) and wid is not None:
+            # The worker died: retire it, re-route its queue, retry what it was running.
+            log.warning("worker %s died; retiring it and retrying its tasks", wid)
+            self._count("worker_retired")
+            with self._lock:
+                if wid in self._dispatcher.workers:
+                    for t in self._dispatcher.retire_worker(wid):
+                        self._dispatcher.requeue(t)
+                elif self._dispatcher.fail(task.id, requeue=True) is None:
+                    self._dispatcher.requeue(task)
+            if not self._dispatcher.workers:
+                if req is not None and not req.future.done():
+                    req.future.set_exception(RuntimeError("every worker of the pool has died"))
+                return
+            self._pump()
+            return
+        with self._lock:
+            if isinstance(outcome, BaseException):
+                self._dispatcher.fail(task.id)
+            else:
+                self._dispatcher.complete(task.id, ms)
+        self._requests.pop(task.id, None)
+        if req is not None and not req.future.done():  # later answers for a failed request are dropped
+            if isinstance(outcome, BaseException):
+                cause = getattr(outcome, "cause", None)
+                req.future.set_exception(cause if isinstance(cause, BaseException) else outcome)
+            else:
+                req.future.set_result(outcome)
+        self._pump()

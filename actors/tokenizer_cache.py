@@ -1,0 +1,26 @@
+"""Per-process cache of loaded tokenizers, keyed by the configuration's SHA-256.
+
+Configuration bytes travel through Ray's object store; every process checks the digest once and
+then reuses the loaded tokenizer for every task it runs.
+"""
+from __future__ import annotations
+
+import threading
+
+from delta_ray.loading import LoadedTokenizer
+from delta_ray.tokenizer import DeltaTokenizer
+
+_CACHE: dict[tuple, DeltaTokenizer] = {}
+_LOCK = threading.Lock()
+
+
+def get_tokenizer(config_bytes: bytes, digest: str, **options) -> DeltaTokenizer:
+    """The process's DeltaTokenizer for these bytes (digest-checked on first load)."""
+    key = (digest, tuple(sorted(options.items())))
+    with _LOCK:
+        dt = _CACHE.get(key)
+        if dt is None:
+            loaded = LoadedTokenizer.from_bytes(config_bytes, expected_digest=digest)
+            dt = DeltaTokenizer(loaded, **options)
+            _CACHE[key] = dt
+        return dt

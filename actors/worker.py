@@ -1,0 +1,57 @@
+"""The worker actor: one loaded tokenizer and one session store, serving its sessions.
+
+Workers hold sticky session state (text, IDs, checkpoints); the pool routes each session to its
+home worker by CRC-32 of the key. An idle worker also runs stateless chunks from the shared queue.
+"""
+from __future__ import annotations
+
+import os
+import time
+
+import numpy as np
+import ray
+
+from delta_ray.session_store import SessionState
+
+from .tokenizer_cache import get_tokenizer
+
+
+@ray.remote(max_restarts=0, max_concurrency=1)
+class TokenizerWorker:
+    """Ray actor: session continuations, extends, installs, and chunk encodes."""
+
+    def __init__(self, config_bytes: bytes, digest: str, options: dict):
+        self._options = dict(options)
+        self._dt = get_tokenizer(config_bytes, digest, **self._options)
+        self._started = time.time()
+
+    def ready(self) -> dict:
+        """Loaded and serving: the process id and node, for placement checks."""
+        return {"pid": os.getpid(), "node": ray.get_runtime_context().get_node_id(),
+                "digest": self._dt.digest, "admitted": self._dt.admission.admitted}
+
+    def encode_session(self, key: str, text: str, add_special_tokens: bool) -> np.ndarray:
+        return self._dt.encode_ids(text, session=key, add_special_tokens=add_special_tokens)
+
+    def extend(self, key: str, delta: str, add_special_tokens: bool) -> np.ndarray:
+        return self._dt.extend(key, delta, add_special_tokens=add_special_tokens).to_numpy()
+
+    def install(self, key: str, state: SessionState) -> bool:
+        self._dt.install_session(key, state)
+        return True
+
+    def encode_pieces(self, pieces: list[str]) -> list[np.ndarray]:
+        return self._dt.encoder.encode_pieces(pieces)
+
+    def encode_stateless(self, text: str, add_special_tokens: bool) -> np.ndarray:
+        return self._dt.encode_ids(text, add_special_tokens=add_special_tokens)
+
+    def has_session(self, key: str) -> bool:
+        return self._dt.has_session(key)
+
+    def drop_session(self, key: str) -> bool:
+        return self._dt.drop_session(key)
+
+    def stats(self) -> dict:
+        return {"paths": dict(self._dt.stats), "sessions": len(self._dt.store),
+                "resident_bytes": self._dt.store.resident_bytes, "pid": os.getpid()}
