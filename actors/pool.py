@@ -79,6 +79,54 @@ class _Request:
         self.dispatched = asyncio.Event()
 
 
+class _KeyLock:
+    """Serializes one session's requests (extend order matters); forgets idle keys."""
+
+    def __init__(self, locks: dict, key: str):
+        self._locks, self._key = locks, key
+
+    async def __aenter__(self):
+        entry = self._locks.setdefault(self._key, [asyncio.Lock(), 0])
+        entry[1] += 1
+        self._entry = entry
+        await entry[0].acquire()
+
+    async def __aexit__(self, *exc):
+        self._entry[0].release()
+        self._entry[1] -= 1
+        if self._entry[1] == 0:
+            self._locks.pop(self._key, None)
+
+
+class _IdMirror:
+    """The IDs this pool last returned per session, bounded by bytes (LRU)."""
+
+    def __init__(self, max_bytes: int):
+        self.max_bytes = max_bytes
+        self._data: OrderedDict[str, tuple[int, np.ndarray]] = OrderedDict()
+        self._bytes = 0
+
+    def get(self, key: str):
+        item = self._data.get(key)
+        if item is not None:
+            self._data.move_to_end(key)
+        return item
+
+    def pop(self, key: str, default=None):
+        item = self._data.pop(key, None)
+        if item is not None:
+            self._bytes -= item[1].nbytes
+        return item if item is not None else default
+
+    def put(self, key: str, version: int, ids: np.ndarray) -> None:
+        self.pop(key)
+        self._data[key] = (version, ids)
+        self._bytes += ids.nbytes
+        while self._bytes > self.max_bytes and self._data:
+            _, (_, old) = self._data.popitem(last=False)
+            self._bytes -= old.nbytes
+
+
 class TokenizerPool:
     """A Ray actor pool that returns exactly the reference's IDs.
 
@@ -132,6 +180,7 @@ class TokenizerPool:
         self._requests: dict[int, _Request] = {}
         self._session_locks: dict[str, asyncio.Lock] = {}
         self._known: OrderedDict[str, str] = OrderedDict()  # session -> worker believed to hold it
+        self._mirror = _IdMirror(C.MIRROR_BYTES)  # session -> (state version, IDs) last returned
         self.stats: dict[str, int] = {}
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, name="delta-ray-pool", daemon=True)
@@ -294,39 +343,56 @@ class TokenizerPool:
         return await self._session(session, text, add)
 
     async def _session(self, key: str, text: str, add: bool) -> pa.Int32Array:
-        lock = self._session_locks.setdefault(key, asyncio.Lock())
-        async with lock:
-            try:
-                home = self._dispatcher.home_of(key)
-                if (self.admission and len(text) >= self._opts["cut_threshold"]
-                        and self._known.get(key) != home):
-                    ids = await self._chunked_init(key, text, home)
-                    self._count("chunked_init")
-                    return self._finish(ids, add)
-                ids = await self._run("session", len(text), key, ("encode_session", key, text, add),
+        async with self._session_lock(key):
+            if not self.admission:
+                ids = await self._run("session", len(text), key, ("encode_reference", key, text, add),
                                       fallback=lambda: self._local.encode_ids(text, session=key, add_special_tokens=add),
                                       share_of=text)
-                self._remember(key, self._dispatcher.home_of(key))
-                self._count("session")
+                self._count("reference")
                 return to_arrow(ids)
-            finally:
-                if not lock._waiters:
-                    self._session_locks.pop(key, None)
+            home = self._dispatcher.home_of(key)
+            if len(text) >= self._opts["cut_threshold"] and self._known.get(key) != home:
+                ids = await self._chunked_init(key, text)
+                self._count("chunked_init")
+                return self._finish(ids, add)
+            known = self._mirror.get(key)
+            call = ("encode_session", key, text, known[0] if known else None)
+            ids = await self._run("session", len(text), key, call, share_of=text,
+                                  fallback=lambda: self._local.encode_ids(text, session=key, add_special_tokens=False))
+            self._count("session")
+            return self._finish(ids, add)
 
     async def _extend(self, key: str, delta: str, add: bool) -> pa.Int32Array:
-        lock = self._session_locks.setdefault(key, asyncio.Lock())
-        async with lock:
-            try:
-                def no_fallback():
-                    raise SessionNotFound(f"session {key!r} timed out on its worker: send the whole text "
-                                          "with encode(text, session=...)")
-                ids = await self._run("session", len(delta), key, ("extend", key, delta, add), fallback=no_fallback,
-                                      share_of=delta)
-                self._count("extend")
+        def no_fallback():
+            raise SessionNotFound(f"session {key!r} timed out on its worker: send the whole text "
+                                  "with encode(text, session=...)")
+        async with self._session_lock(key):
+            if not self.admission:
+                ids = await self._run("session", len(delta), key, ("extend_reference", key, delta, add),
+                                      fallback=no_fallback, share_of=delta)
                 return to_arrow(ids)
-            finally:
-                if not lock._waiters:
-                    self._session_locks.pop(key, None)
+            known = self._mirror.get(key)
+            ids = await self._run("session", len(delta), key, ("extend", key, delta, known[0] if known else None),
+                                  fallback=no_fallback, share_of=delta)
+            self._count("extend")
+            return self._finish(ids, add)
+
+    def _session_lock(self, key: str) -> "_KeyLock":
+        return _KeyLock(self._session_locks, key)
+
+    def _splice(self, key: str, answer) -> np.ndarray:
+        """Turn a worker's (version, k, tail) into the session's full IDs and remember them."""
+        version, k, tail = answer
+        known = self._mirror.pop(key, None)
+        if k:
+            if known is None:  # cannot happen: k > 0 only answers a version we sent
+                raise RuntimeError("worker answered a delta for IDs this pool does not hold")
+            ids = np.concatenate([known[1][:k], tail])
+        else:
+            ids = np.asarray(tail, dtype=np.int32)
+        self._mirror.put(key, version, ids)
+        self._remember(key, self._dispatcher.home_of(key))
+        return ids
 
     async def _stateless_chunked(self, text: str, add: bool) -> pa.Int32Array:
         cuts = plan_cuts(text, self._local.predicate, self._local.config, max(1, self.num_workers))
@@ -335,15 +401,17 @@ class TokenizerPool:
         self._count("chunked" if cuts else "whole")
         return self._finish(concat_ids(arrays), add)
 
-    async def _chunked_init(self, key: str, text: str, home: str) -> np.ndarray:
+    async def _chunked_init(self, key: str, text: str) -> np.ndarray:
         """A long session's first encode: chunks in parallel, then the home worker adopts the state."""
         plan = plan_repair(text, None, 0, self._local.predicate, self._local.config,
                            max(1, self.num_workers), self._local.margin)
         arrays = await self._pieces(plan.pieces)
         res = finish_repair(plan, arrays)
+        self._mirror.pop(key, None)
         try:
             await self._run("session", 0, key, ("install", key, res.state), fallback=lambda: True)
             self._remember(key, self._dispatcher.home_of(key))
+            self._mirror.put(key, res.state.version, res.state.ids)
         except Exception:  # the next request re-initializes on whichever worker is home then
             log.warning("installing session %r failed; it will re-initialize", key, exc_info=True)
         return res.state.ids
@@ -388,6 +456,9 @@ class TokenizerPool:
             self._count("timeout_fallback")
             log.warning("task %s had no answer after %.0f s; encoding in-process", task.id, self.request_timeout_s)
             self._requests.pop(task.id, None)
+            if key is not None:
+                self._mirror.pop(key, None)  # the worker's state is unknown now
+                self._known.pop(key, None)
             return await asyncio.to_thread(fallback)
 
     def _pump(self) -> None:
@@ -435,6 +506,11 @@ class TokenizerPool:
                 return
             self._pump()
             return
+        if not isinstance(outcome, BaseException) and task.payload[0] in ("encode_session", "extend"):
+            try:
+                outcome = self._splice(task.payload[1], outcome)
+            except Exception as exc:  # noqa: BLE001 - surfaced to the caller
+                outcome = exc
         with self._lock:
             if isinstance(outcome, BaseException):
                 self._dispatcher.fail(task.id)

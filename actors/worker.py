@@ -2,6 +2,8 @@
 
 Workers hold sticky session state (text, IDs, checkpoints); the pool routes each session to its
 home worker by CRC-32 of the key. An idle worker also runs stateless chunks from the shared queue.
+Session answers are *deltas* when the caller already holds the previous IDs (same state version):
+returning a 100K-token transcript every turn would cost more than the repair itself.
 """
 from __future__ import annotations
 
@@ -30,10 +32,19 @@ class TokenizerWorker:
         return {"pid": os.getpid(), "node": ray.get_runtime_context().get_node_id(),
                 "digest": self._dt.digest, "admitted": self._dt.admission.admitted}
 
-    def encode_session(self, key: str, text: str, add_special_tokens: bool) -> np.ndarray:
+    def encode_session(self, key: str, text: str, known_version: int | None) -> tuple[int, int, np.ndarray]:
+        """(version, k, tail): IDs (no post-processing) = caller's IDs of known_version[:k] + tail."""
+        return self._dt.encode_session_delta(key, text, known_version)
+
+    def extend(self, key: str, delta: str, known_version: int | None) -> tuple[int, int, np.ndarray]:
+        """Like encode_session for the stored text plus delta; SessionNotFound if not held."""
+        return self._dt.encode_session_delta(key, "", known_version, delta=delta)
+
+    def encode_reference(self, key: str | None, text: str, add_special_tokens: bool) -> np.ndarray:
+        """Non-admitted configurations: the reference's own IDs (session text kept for extend)."""
         return self._dt.encode_ids(text, session=key, add_special_tokens=add_special_tokens)
 
-    def extend(self, key: str, delta: str, add_special_tokens: bool) -> np.ndarray:
+    def extend_reference(self, key: str, delta: str, add_special_tokens: bool) -> np.ndarray:
         return self._dt.extend(key, delta, add_special_tokens=add_special_tokens).to_numpy()
 
     def install(self, key: str, state: SessionState) -> bool:
@@ -42,9 +53,6 @@ class TokenizerWorker:
 
     def encode_pieces(self, pieces: list[str]) -> list[np.ndarray]:
         return self._dt.encoder.encode_pieces(pieces)
-
-    def encode_stateless(self, text: str, add_special_tokens: bool) -> np.ndarray:
-        return self._dt.encode_ids(text, add_special_tokens=add_special_tokens)
 
     def has_session(self, key: str) -> bool:
         return self._dt.has_session(key)

@@ -30,3 +30,4 @@ WORKER_CPUS = 0.5  # Ray CPU reservation of a worker actor (see actors/pool.py: 
 TASK_CPUS = 0.5  # and of a chunk task
 NAMESPACE = "delta_ray"
 KNOWN_SESSIONS = 100_000  # sessions the pool remembers as initialized on some worker
+MIRROR_BYTES = 256 * 1024 * 1024  # session IDs the pool keeps to splice workers delta answers

@@ -53,6 +53,7 @@ import hashlib
 import json
 import os
 import re
+import sys
 import time
 import unicodedata
 from dataclasses import dataclass, field
@@ -119,13 +120,38 @@ def _class_pattern(cps: Iterable[int]) -> re.Pattern | None:
     return re.compile("[" + "".join(parts) + "]")
 
 
+def _str_header() -> int | None:
+    """Bytes of a compact non-ASCII str object besides its characters (CPython), or None."""
+    try:
+        h = sys.getsizeof("\u00e9") - 2
+        if (sys.getsizeof("\u0101\u0101") == h + 3 * 2 and sys.getsizeof("\U0001f600") == h + 2 * 4
+                and sys.getsizeof("\u00e9" * 9) == h + 10):
+            return h
+    except TypeError:  # pragma: no cover - no getsizeof (PyPy)
+        pass
+    return None  # pragma: no cover
+
+
+_STR_HEADER = _str_header()
+
+
+def _str_kind(text: str) -> int:
+    """1, 2 or 4: bytes per character of a non-ASCII str (its widest character fits), 0 if unknown."""
+    if _STR_HEADER is None:  # pragma: no cover
+        return 0
+    k, r = divmod(sys.getsizeof(text) - _STR_HEADER, len(text) + 1)
+    return k if r == 0 and k in (1, 2, 4) else 0
+
+
 @dataclass(frozen=True)
 class GuardSet:
     """The code points on which a fast engine may disagree with the reference, for one tokenizer.
 
-    ``allows(text)`` is True when the text holds none of them: ASCII texts are decided from the
-    string's own flag in O(1) when no ASCII code point is guarded, others by one precompiled
-    character-class search.
+    ``allows(text)`` is True when the text holds none of them. It costs nothing when the set is empty
+    or the text is ASCII (the str's own flag, O(1)), and nothing more than a width check when the text's
+    widest character is below every guarded one (CPython stores a str with 1, 2 or 4 bytes per
+    character, which ``sys.getsizeof`` reveals); otherwise one pass: a precompiled character class
+    (``re``) over 1- and 2-byte strings, a numpy lookup table over the UTF-32 form of 4-byte ones.
     """
 
     code_points: frozenset[int]
@@ -133,23 +159,39 @@ class GuardSet:
     stats: dict = field(default_factory=dict, compare=False)
 
     def __post_init__(self):
-        object.__setattr__(self, "_pattern", _class_pattern(self.code_points))
-        object.__setattr__(self, "_ascii_ok", not any(cp < 0x80 for cp in self.code_points))
+        cps = sorted(self.code_points)
+        bmp = [c for c in cps if c < 0x10000]
+        lut = np.zeros(0x110000, dtype=bool)
+        if cps:
+            lut[np.asarray(cps, dtype=np.int64)] = True
+        setattr_ = object.__setattr__
+        setattr_(self, "_empty", not cps)
+        setattr_(self, "_ascii_ok", not cps or cps[0] >= 0x80)
+        setattr_(self, "_latin1_ok", not cps or cps[0] >= 0x100)
+        setattr_(self, "_ucs2_ok", not bmp)
+        setattr_(self, "_bmp_pattern", _class_pattern(bmp))
+        setattr_(self, "_lut", lut)
 
     def allows(self, text: str) -> bool:
         """True when ``text`` contains no guarded code point (the fast engine may encode it)."""
-        if self._ascii_ok and text.isascii():
+        if self._empty:
             return True
-        pat = self._pattern
-        return pat is None or pat.search(text) is None
+        if text.isascii():
+            return self._ascii_ok or self._bmp_pattern.search(text) is None
+        kind = _str_kind(text)
+        if kind == 1:
+            return self._latin1_ok or self._bmp_pattern.search(text) is None
+        if kind == 2:
+            return self._ucs2_ok or self._bmp_pattern.search(text) is None
+        return not self._lut.take(np.frombuffer(text.encode("utf-32-le", "surrogatepass"), dtype=np.uint32)).any()
 
     def first_guarded(self, text: str) -> int | None:
         """Index of the first guarded code point in ``text``, or None."""
-        pat = self._pattern
-        if pat is None:
+        if self._empty or not text:
             return None
-        m = pat.search(text)
-        return None if m is None else m.start()
+        hits = np.flatnonzero(self._lut.take(np.frombuffer(text.encode("utf-32-le", "surrogatepass"),
+                                                            dtype=np.uint32)))
+        return int(hits[0]) if len(hits) else None
 
     def __contains__(self, cp: object) -> bool:
         if isinstance(cp, str):
@@ -163,7 +205,7 @@ class GuardSet:
         return _ranges(self.code_points)
 
     def __repr__(self) -> str:
-        return f"GuardSet({len(self.code_points)} code points, key={self.key.get('backend')})"
+        return f"GuardSet({len(self.code_points)} code points, backend={self.key.get('backend')})"
 
 
 # ----------------------------------------------------------------------------------------------

@@ -5,10 +5,12 @@ never leave a session half-updated, and eviction only ever costs a re-encode, ne
 """
 from __future__ import annotations
 
+import itertools
+import os
 import sys
 import threading
 from collections import OrderedDict
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -20,6 +22,14 @@ class SessionNotFound(KeyError):
 
     def __str__(self) -> str:  # KeyError would print the repr of its argument
         return str(self.args[0]) if self.args else "session not found"
+
+
+_VERSIONS = itertools.count(int.from_bytes(os.urandom(6), "little") << 16)
+
+
+def new_version() -> int:
+    """A process-unique, randomly based state version (lets a client splice IDs it already holds)."""
+    return next(_VERSIONS)
 
 
 @dataclass(frozen=True)
@@ -36,6 +46,7 @@ class SessionState:
     cp_pos: np.ndarray
     cp_tok: np.ndarray
     cp_ext: np.ndarray
+    version: int = field(default_factory=new_version)
 
     @property
     def nbytes(self) -> int:

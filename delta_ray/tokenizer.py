@@ -149,6 +149,27 @@ class DeltaTokenizer:
         """The cut predicate (None when the configuration is not admitted)."""
         return self._predicate
 
+    def encode_session_delta(self, session: str, text: str, known_version: int | None = None,
+                             delta: str | None = None) -> tuple[int, int, np.ndarray]:
+        """Session encode for a remote caller that may hold the previous IDs already.
+
+        Returns (version, k, tail): the new state's IDs (no post-processing) are the IDs of the
+        state ``known_version`` cut to ``k`` tokens followed by ``tail``; k is 0 (tail = all IDs)
+        unless the reused state is the one the caller holds. With ``delta``, ``text`` is ignored
+        and the stored text plus ``delta`` is encoded (:meth:`extend`).
+        """
+        if self._predicate is None:
+            raise RuntimeError("delta encodes need an admitted configuration")
+        state = self._store.get(session)
+        if delta is not None:
+            if state is None:
+                raise SessionNotFound(f"session {session!r} is not held (unknown or evicted): "
+                                      "send the whole text with encode(text, session=...)")
+            text = state.text + delta
+        new, reused = self._session_encode(session, text, state)
+        k = reused if state is not None and known_version is not None and state.version == known_version else 0
+        return new.version, k, new.ids[k:]
+
     def install_session(self, session: str, state: SessionState) -> None:
         """Adopt a state computed elsewhere (a pool's chunked initialization)."""
         _check_text(session, "session")
@@ -218,15 +239,19 @@ class DeltaTokenizer:
             ids = self._reference_pair(text)
             self._store.put(key, SessionState(text, np.zeros(0, np.int32), *(np.zeros(0, np.int64),) * 3))
             return ids
+        return self._session_encode(key, text, state)[0].ids
+
+    def _session_encode(self, key: str, text: str, state: SessionState | None) -> tuple[SessionState, int]:
+        """Encode a session's new text; returns the installed state and how many IDs it kept."""
         if state is not None and state.text == text:
             self.stats["replay"] += 1
-            return state.ids
+            return state, len(state.ids)
         lcp = common_prefix_len(state.text, text) if state is not None else 0
         res = encode_with_base(text, state, lcp, self._predicate, self.encoder, self.config,
                                self.threads, self.margin)
         self.stats["repair" if res.reused_tokens else "init"] += 1
         self._store.put(key, res.state)
-        return res.state.ids
+        return res.state, res.reused_tokens
 
     def _content_ids(self, text: str) -> np.ndarray:
         try:

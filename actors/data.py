@@ -1,0 +1,222 @@
+"""Ray Data batch pipeline: ``tokenize_dataset`` adds the reference tokenizer's IDs to a dataset.
+
+Every row gets exactly ``Tokenizer.from_file(p).encode(text, add_special_tokens=...).ids`` as a
+``list<int32>`` column (plus an ``int32`` count column). The work runs on an actor pool
+(``map_batches`` with a callable class, ``batch_format="pyarrow"``): each actor builds one
+:class:`~delta_ray.tokenizer.DeltaTokenizer` from the tokenizer configuration *bytes* (checked by
+SHA-256, so no worker needs the driver's file system), encodes each batch with
+``encode_batch_ids`` -- long documents cut at safe cuts, all pieces of all texts in one
+GIL-releasing batch encode -- and assembles the output column from one values buffer plus offsets,
+without a Python object per token.
+"""
+from __future__ import annotations
+
+import inspect
+import os
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+
+from delta_ray import constants as C
+from delta_ray.assembly import list_array
+from delta_ray.loading import LoadedTokenizer, load_tokenizer
+from delta_ray.tokenizer import DeltaTokenizer
+
+__all__ = ["tokenize_dataset", "TokenizeBatch"]
+
+_INT32_MAX = 2**31 - 1
+
+
+def _is_text_type(t: Any) -> bool:
+    return pa.types.is_string(t) or pa.types.is_large_string(t) or (
+        hasattr(pa.types, "is_string_view") and pa.types.is_string_view(t))
+
+
+def _null_error(column: str, count: int) -> ValueError:
+    return ValueError(
+        f"column {column!r} has {count} null text(s); the reference tokenizer has no IDs for a "
+        f"missing text. Drop or fill them first, e.g. ds.filter(expr=\"{column} IS NOT NULL\") "
+        f"or map_batches(...) replacing None with \"\"")
+
+
+class TokenizeBatch:
+    """The actor-side callable: one DeltaTokenizer per actor, one batch encode per Arrow batch."""
+
+    def __init__(self, config: Any, digest: str, *, text_column: str, output_column: str,
+                 count_column: str | None, add_special_tokens: bool, chunk_size: int,
+                 cut_threshold: int, threads: int | None, engine: str | None):
+        if not isinstance(config, (bytes, bytearray, memoryview)):  # a list holding an ObjectRef
+            import ray
+
+            config = ray.get(config[0])
+        loaded = LoadedTokenizer.from_bytes(bytes(config), expected_digest=digest, source="<tokenize_dataset>")
+        kwargs: dict[str, Any] = {}
+        if engine is not None and "engine" in inspect.signature(DeltaTokenizer).parameters:
+            kwargs["engine"] = engine
+        self.tokenizer = DeltaTokenizer(loaded, chunk_size=chunk_size, cut_threshold=cut_threshold,
+                                        threads=threads, reuse="none", **kwargs)
+        self.text_column = text_column
+        self.output_column = output_column
+        self.count_column = count_column
+        self.add_special_tokens = add_special_tokens
+
+    def encode(self, texts: list[str]) -> list[np.ndarray]:
+        tok = self.tokenizer
+        if not tok.admission:
+            # Not admitted: every text goes to the reference anyway; one batch call for all of them
+            # (DeltaTokenizer.encode_batch_ids would make one call per text).
+            encs = tok.loaded.tokenizer.encode_batch_fast(texts, add_special_tokens=self.add_special_tokens)
+            out = [np.asarray(e.ids, dtype=np.int32) for e in encs]
+            del encs
+            return out
+        return tok.encode_batch_ids(texts, add_special_tokens=self.add_special_tokens)
+
+    def __call__(self, batch: pa.Table) -> pa.Table:
+        if self.text_column not in batch.column_names:
+            raise ValueError(f"text column {self.text_column!r} not in batch columns {batch.column_names}")
+        col = batch.column(self.text_column)
+        if col.null_count:
+            raise _null_error(self.text_column, col.null_count)
+        if not _is_text_type(col.type):
+            raise TypeError(f"text column {self.text_column!r} must hold strings, got {col.type}")
+        texts = col.to_pylist()
+        ids = self.encode(texts)
+        del texts
+        total = sum(len(a) for a in ids)
+        if total > _INT32_MAX:
+            raise ValueError(f"a batch of {len(ids)} rows has {total} tokens, more than list<int32> offsets "
+                             "hold: lower batch_size")
+        lists = list_array(ids)
+        del ids
+        out = _put_column(batch, self.output_column, lists)
+        if self.count_column is not None:
+            out = _put_column(out, self.count_column, lists.value_lengths().cast(pa.int32()))
+        return out
+
+
+def _put_column(table: pa.Table, name: str, values: pa.Array) -> pa.Table:
+    idx = table.schema.get_field_index(name)
+    if idx >= 0:
+        return table.set_column(idx, name, values)
+    return table.append_column(name, values)
+
+
+def _as_loaded(tokenizer: Any) -> LoadedTokenizer:
+    if isinstance(tokenizer, DeltaTokenizer):
+        return tokenizer.loaded
+    return load_tokenizer(tokenizer)
+
+
+def _default_concurrency() -> int:
+    import ray
+
+    if ray.is_initialized():
+        cpus = ray.cluster_resources().get("CPU", 0)
+    else:
+        cpus = os.cpu_count() or 1
+    return max(1, int(cpus))
+
+
+def _check_schema(dataset, text_column: str) -> None:
+    schema = dataset.schema()
+    if schema is None:  # an empty dataset: nothing to check (and nothing to tokenize)
+        return
+    names = list(schema.names)
+    if text_column not in names:
+        raise ValueError(f"dataset has no text column {text_column!r}; its columns are {names}. "
+                         "Pass text_column=... to name the column holding the texts.")
+    t = schema.types[names.index(text_column)]
+    if isinstance(t, pa.DataType):
+        if pa.types.is_null(t):
+            raise ValueError(f"text column {text_column!r} holds only nulls")
+        if not _is_text_type(t):
+            hint = " (decode the bytes to str first)" if pa.types.is_binary(t) or pa.types.is_large_binary(t) else ""
+            raise TypeError(f"text column {text_column!r} must hold strings, not {t}{hint}")
+    # Other schema types (e.g. pandas object columns) are checked per batch by the actors.
+
+
+def tokenize_dataset(dataset, tokenizer, *, text_column: str = "text", output_column: str = "input_ids",
+                     count_column: str | None = "num_tokens", add_special_tokens: bool = True,
+                     batch_size: int = 256, concurrency: int | tuple[int, int] | None = None,
+                     num_cpus: float = 0.5, chunk_size: int = C.CHUNK_SIZE,
+                     cut_threshold: int = C.CUT_THRESHOLD, engine: str | None = "auto",
+                     threads: int | None = None):
+    """Return ``dataset`` with the reference token IDs of ``text_column`` added (lazily, like Ray Data).
+
+    Args:
+        dataset: a ``ray.data.Dataset`` with a string column ``text_column``.
+        tokenizer: a path to tokenizer.json, a directory holding one, a ``tokenizers.Tokenizer``, a
+            :class:`~delta_ray.loading.LoadedTokenizer` or a :class:`~delta_ray.DeltaTokenizer`. Its
+            configuration bytes (not a path) travel to the actors, which check their SHA-256.
+        output_column: the ``list<int32>`` column of IDs (replaced if it exists).
+        count_column: an ``int32`` column with the number of IDs per row; ``None`` for none.
+        add_special_tokens: as in the reference ``encode`` (BOS/templates applied once per row).
+        batch_size: rows per batch handed to one actor call.
+        concurrency: actors in the pool (an int, or ``(min, max)`` for an autoscaling pool);
+            default: the cluster's CPU count, at least 1.
+        num_cpus: CPUs reserved per actor. Keep it fractional on small machines: actors holding
+            every CPU leave none for the read tasks and the pipeline stalls.
+        chunk_size, cut_threshold: a text from ``cut_threshold`` characters is cut at safe cuts into
+            chunks of about ``chunk_size`` characters, so one huge document does not stall a block.
+        engine: passed to :class:`DeltaTokenizer` when it accepts an ``engine`` keyword.
+        threads: the planner's chunk count per long text (DeltaTokenizer ``threads``; default its own).
+
+    Validation happens before anything runs: a missing text column raises ``ValueError``, a
+    non-string one ``TypeError``. Null texts are only seen while the dataset executes: the first
+    batch holding one fails with a ``ValueError`` naming the column, which the consuming call
+    (``materialize``, ``write_parquet``, ...) raises wrapped as Ray Data does for any UDF error
+    (``ray.exceptions.UserCodeException``, or the ``ValueError`` itself with
+    ``DataContext.raise_original_map_exception``). Filter or fill nulls first.
+    """
+    import ray
+    import ray.data
+
+    for name, value in (("text_column", text_column), ("output_column", output_column)):
+        if not isinstance(value, str) or not value:
+            raise TypeError(f"{name} must be a non-empty str, got {value!r}")
+    if count_column is not None and (not isinstance(count_column, str) or not count_column):
+        raise TypeError(f"count_column must be a non-empty str or None, got {count_column!r}")
+    if output_column == text_column or count_column in (text_column, output_column):
+        raise ValueError("text_column, output_column and count_column must be distinct, got "
+                         f"{text_column!r}, {output_column!r}, {count_column!r}")
+    if not isinstance(batch_size, int) or batch_size < 1:
+        raise ValueError(f"batch_size must be a positive int, got {batch_size!r}")
+    if not isinstance(num_cpus, (int, float)) or num_cpus <= 0:
+        raise ValueError(f"num_cpus must be > 0, got {num_cpus!r}")
+    if concurrency is None:
+        concurrency = _default_concurrency()
+    elif isinstance(concurrency, tuple):
+        if len(concurrency) != 2 or not all(isinstance(c, int) and c >= 1 for c in concurrency) \
+                or concurrency[0] > concurrency[1]:
+            raise ValueError(f"concurrency must be an int >= 1 or a (min, max) pair, got {concurrency!r}")
+    elif not isinstance(concurrency, int) or isinstance(concurrency, bool) or concurrency < 1:
+        raise ValueError(f"concurrency must be an int >= 1 or a (min, max) pair, got {concurrency!r}")
+    for name, value in (("chunk_size", chunk_size), ("cut_threshold", cut_threshold)):
+        if not isinstance(value, int) or value < 1:
+            raise ValueError(f"{name} must be a positive int, got {value!r}")
+    if threads is not None and (not isinstance(threads, int) or threads < 1):
+        raise ValueError(f"threads must be a positive int or None, got {threads!r}")
+
+    loaded = _as_loaded(tokenizer)
+    _check_schema(dataset, text_column)
+    # The configuration (~10 MB) goes to the object store once; the actors get a small reference
+    # (wrapped in a list so it reaches them unresolved) and check the SHA-256 of what they fetch.
+    config: Any = [ray.put(loaded.config_bytes)] if ray.is_initialized() else loaded.config_bytes
+    if isinstance(concurrency, tuple):
+        compute = ray.data.ActorPoolStrategy(min_size=concurrency[0], max_size=concurrency[1])
+    else:
+        compute = ray.data.ActorPoolStrategy(size=concurrency)
+    return dataset.map_batches(
+        TokenizeBatch,
+        fn_constructor_args=(config, loaded.digest),
+        fn_constructor_kwargs=dict(text_column=text_column, output_column=output_column,
+                                   count_column=count_column, add_special_tokens=bool(add_special_tokens),
+                                   chunk_size=chunk_size, cut_threshold=cut_threshold,
+                                   threads=threads, engine=engine),
+        batch_size=batch_size,
+        batch_format="pyarrow",
+        zero_copy_batch=True,
+        compute=compute,
+        num_cpus=num_cpus,
+    )

@@ -1,0 +1,221 @@
+"""The Ray Data batch pipeline (``tokenize_dataset``) and ``delta-ray tokenize``: every row's IDs equal
+the reference ``Tokenizer.from_file(p).encode(text, add_special_tokens=...).ids``."""
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.dataset as pds
+import pytest
+from tokenizers import Tokenizer
+
+from delta_ray import DeltaTokenizer
+
+pytestmark = pytest.mark.ray
+
+LONG_CHARS = 300_000
+SMALL = dict(chunk_size=16_384, cut_threshold=32_768, threads=16)  # many cuts per long text
+
+
+def _repeat(text: str, n: int) -> str:
+    return (text * (n // max(1, len(text)) + 1))[:n]
+
+
+def _short_texts(real_texts: dict[str, str]) -> list[str]:
+    out = ["", " ", "\n\n", "a", "1234567", "e\u0301\u0301 caf\u00e9", "\U0001F600\U0001F468\u200d\U0001F469",
+           "<|begin_of_text|>hello<|end_of_text|>", "<|endoftext|><|im_start|>user\nhi<|im_end|>",
+           "[gMASK]<sop> x", "  leading and trailing  ", "\u4f60\u597d\uff0c\u4e16\u754c\u3002\u3053\u3093\u306b\u3061\u306f"]
+    for kind, text in real_texts.items():
+        paras = [p for p in text.split("\n\n") if p.strip()]
+        out += paras[:120]
+        out += [text[i:i + 1500] for i in range(0, min(len(text), 40_000), 3_001)]
+    return out
+
+
+@pytest.fixture(scope="module")
+def mixed_texts(real_texts) -> list[str]:
+    """Many short texts with a few long ones (>= 300K characters) spread among them."""
+    short = _short_texts(real_texts)
+    longs = [_repeat(real_texts["english"], LONG_CHARS + 123),
+             _repeat(real_texts["code"], LONG_CHARS + 4_567),
+             _repeat(real_texts["multilingual"], LONG_CHARS + 89)]
+    texts = list(short)
+    for i, t in enumerate(longs):
+        texts.insert((i + 1) * len(texts) // (len(longs) + 1), t)
+    return texts
+
+
+def _table(ds) -> pa.Table:
+    import ray
+
+    return pa.concat_tables(ray.get(ds.to_arrow_refs()))
+
+
+def _check_rows(table: pa.Table, texts: list[str], ref: Tokenizer, ids_col: str, count_col: str,
+                add_special_tokens: bool) -> None:
+    assert table.schema.field(ids_col).type == pa.list_(pa.int32())
+    assert table.schema.field(count_col).type == pa.int32()
+    table = table.sort_by("id")
+    assert table.column("id").to_pylist() == list(range(len(texts)))
+    ids, counts = table.column(ids_col), table.column(count_col).to_numpy()
+    bad = []
+    for i, text in enumerate(texts):
+        want = ref.encode(text, add_special_tokens=add_special_tokens).ids
+        got = ids[i].values.to_numpy(zero_copy_only=False)
+        if got.tolist() != want or counts[i] != len(want):
+            bad.append((i, len(text)))
+    assert not bad, f"rows differing from the reference (row, chars): {bad[:10]} of {len(bad)}"
+
+
+@pytest.mark.parametrize("name", ["llama3.2", "qwen-3"])
+def test_every_row_matches_reference(ray_session, name, tokenizer_paths, references, mixed_texts):
+    ray = ray_session
+    from actors.data import tokenize_dataset
+
+    path, ref = tokenizer_paths[name], references[name]
+    longs = [t for t in mixed_texts if len(t) >= LONG_CHARS]
+    assert len(longs) == 3
+    # Not vacuous: the long texts are cut with both settings the pipeline uses below.
+    assert all(DeltaTokenizer(path, reuse="none").cuts(t) for t in longs)
+    assert all(len(DeltaTokenizer(path, reuse="none", **SMALL).cuts(t)) >= 10 for t in longs)
+
+    ds = ray.data.from_items([{"id": i, "text": t} for i, t in enumerate(mixed_texts)], override_num_blocks=6)
+    # One execution, two pools: with special tokens (a path, default settings) and without them
+    # (a tokenizers.Tokenizer object, small chunks so every long text is cut many times).
+    ds = tokenize_dataset(ds, path, concurrency=2, batch_size=64)
+    ds = tokenize_dataset(ds, Tokenizer.from_file(path), add_special_tokens=False, output_column="ids_plain",
+                          count_column="n_plain", concurrency=2, batch_size=48, **SMALL)
+    table = _table(ds)
+    assert table.column_names == ["id", "text", "input_ids", "num_tokens", "ids_plain", "n_plain"]
+    _check_rows(table, mixed_texts, ref, "input_ids", "num_tokens", True)
+    _check_rows(table, mixed_texts, ref, "ids_plain", "n_plain", False)
+
+
+def test_bad_input_raises_before_running(ray_session, tokenizer_paths):
+    ray = ray_session
+    from actors.data import tokenize_dataset
+
+    path = tokenizer_paths["qwen-3"]
+    ds = ray.data.from_items([{"id": 1, "body": "x", "raw": b"y"}])
+    with pytest.raises(ValueError, match="no text column 'text'"):
+        tokenize_dataset(ds, path)
+    with pytest.raises(TypeError, match="must hold strings"):
+        tokenize_dataset(ds, path, text_column="id")
+    with pytest.raises(TypeError, match="decode the bytes"):
+        tokenize_dataset(ds, path, text_column="raw")
+    with pytest.raises(ValueError, match="distinct"):
+        tokenize_dataset(ds, path, text_column="body", output_column="body")
+    with pytest.raises(ValueError, match="concurrency"):
+        tokenize_dataset(ds, path, text_column="body", concurrency=0)
+    with pytest.raises(FileNotFoundError):
+        tokenize_dataset(ds, path + ".missing", text_column="body")
+
+
+def test_null_text_fails_clearly(ray_session, tokenizer_paths):
+    ray = ray_session
+    from actors.data import tokenize_dataset
+
+    tok = DeltaTokenizer(tokenizer_paths["qwen-3"], reuse="none")  # a DeltaTokenizer is accepted too
+    ds = ray.data.from_items([{"text": "fine"}, {"text": None}])
+    with pytest.raises(Exception, match="null text") as info:
+        tokenize_dataset(ds, tok, concurrency=1).materialize()
+    assert "'text'" in str(info.value)
+
+
+# -- delta-ray tokenize ----------------------------------------------------------------------------
+
+def _read_output(out_dir) -> pa.Table:
+    return pds.dataset(str(out_dir), format="parquet").to_table()
+
+
+def _compare_by_text(table: pa.Table, texts: list[str], ref: Tokenizer, text_col: str,
+                     add_special_tokens: bool) -> None:
+    assert table.schema.field("input_ids").type == pa.list_(pa.int32())
+    assert table.schema.field("num_tokens").type == pa.int32()
+    got = sorted(zip(table.column(text_col).to_pylist(), table.column("input_ids").to_pylist(),
+                     table.column("num_tokens").to_pylist()))
+    want = sorted((t, ref.encode(t, add_special_tokens=add_special_tokens).ids) for t in texts)
+    assert [g[0] for g in got] == [w[0] for w in want]
+    for (text, ids, n), (_, want_ids) in zip(got, want):
+        assert ids == want_ids, f"IDs differ for a text of {len(text)} characters"
+        assert n == len(want_ids)
+
+
+def test_cli_jsonl_and_txt(ray_session, tokenizer_paths, references, real_texts, tmp_path, capsys):
+    from delta_ray.cli import main
+
+    name = "llama3.2"
+    docs = [p for p in real_texts["multilingual"].split("\n") if p.strip()][:60]
+    docs.append(_repeat(real_texts["english"], 150_000))  # long enough to be cut
+    jsonl = tmp_path / "docs.jsonl"
+    jsonl.write_text("".join(json.dumps({"text": t, "source": f"d{i}"}) + "\n" for i, t in enumerate(docs)),
+                     encoding="utf-8")
+    lines = [ln for ln in real_texts["code"].split("\n")[:400] if ln]
+    txt = tmp_path / "lines.txt"
+    txt.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    out = tmp_path / "out"
+    rc = main(["tokenize", "--tokenizer", tokenizer_paths[name], str(jsonl), str(txt), "--output", str(out),
+               "--concurrency", "2"])
+    assert rc == 0
+    printed = capsys.readouterr().out
+    assert "tokens/s" in printed
+    table = _read_output(out)
+    assert table.num_rows == len(docs) + len(lines)
+    total = sum(table.column("num_tokens").to_pylist())
+    assert f"{total:,} tokens" in printed
+    _compare_by_text(table, docs + lines, references[name], "text", True)
+
+
+def test_cli_text_column_no_special_tokens(ray_session, tokenizer_paths, references, real_texts, tmp_path):
+    from actors import tokenize_job
+    import argparse
+
+    name = "qwen-3"
+    docs = [p for p in real_texts["english"].split("\n\n") if p.strip()][:80] + ["<|im_start|>x<|im_end|>"]
+    src = tmp_path / "docs.jsonl"
+    src.write_text("".join(json.dumps({"body": t, "n": i}) + "\n" for i, t in enumerate(docs)), encoding="utf-8")
+    parser = argparse.ArgumentParser()
+    tokenize_job.add_arguments(parser)
+    args = parser.parse_args(["--tokenizer", tokenizer_paths[name], str(src), "--output", str(tmp_path / "o"),
+                              "--text-column", "body", "--no-special-tokens", "--concurrency", "1"])
+    assert tokenize_job.run(args) == 0
+    table = _read_output(tmp_path / "o")
+    assert set(table.column_names) == {"body", "n", "input_ids", "num_tokens"}
+    _compare_by_text(table, docs, references[name], "body", False)
+
+
+def test_cli_usage_errors(tokenizer_paths, tmp_path, capsys):
+    from delta_ray.cli import main
+
+    tok = tokenizer_paths["qwen-3"]
+    (tmp_path / "a.csv").write_text("text\nx\n")
+    (tmp_path / "ok.txt").write_text("x\n")
+    busy = tmp_path / "busy"
+    busy.mkdir()
+    (busy / "old.parquet").write_bytes(b"")
+    cases = [
+        ([str(tmp_path / "missing.jsonl")], str(tmp_path / "o1"), "no such input file"),
+        ([str(tmp_path / "a.csv")], str(tmp_path / "o2"), "unknown input type"),
+        ([str(tmp_path / "ok.txt")], str(busy), "new or empty directory"),
+    ]
+    for inputs, out, message in cases:
+        assert main(["tokenize", "--tokenizer", tok, *inputs, "--output", out]) == 2
+        assert message in capsys.readouterr().err
+    assert main(["tokenize", "--tokenizer", str(tmp_path / "nope.json"), str(tmp_path / "ok.txt"),
+                 "--output", str(tmp_path / "o3")]) == 2
+    assert "--tokenizer" in capsys.readouterr().err
+
+
+def test_count_column_none_and_empty_rows(ray_session, tokenizer_paths, references):
+    ray = ray_session
+    from actors.data import tokenize_dataset
+
+    texts = ["", "x", ""]
+    ds = ray.data.from_items([{"id": i, "text": t} for i, t in enumerate(texts)])
+    table = _table(tokenize_dataset(ds, tokenizer_paths["llama3.2"], count_column=None, concurrency=1))
+    assert "num_tokens" not in table.column_names
+    table = table.sort_by("id")
+    ref = references["llama3.2"]
+    assert [np.asarray(r).tolist() for r in table.column("input_ids").to_pylist()] == \
+        [ref.encode(t).ids for t in texts]

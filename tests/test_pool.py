@@ -1,0 +1,154 @@
+"""The Ray pool against the reference: sessions, extend, chunks, batches, faults, named pools."""
+from __future__ import annotations
+
+import asyncio
+import random
+import threading
+
+import pytest
+import ray
+
+from delta_ray import SessionNotFound, TokenizerPool
+
+pytestmark = pytest.mark.ray
+
+
+@pytest.fixture(scope="module")
+def pool(ray_session, tokenizer_paths):
+    p = TokenizerPool(tokenizer_paths["llama3.2"], num_workers=3, chunk_size=8192, cut_threshold=20_000,
+                      name="test-pool")
+    yield p
+    p.close()
+
+
+def _stream(real_texts, n_sessions=4, turns=6, seed=0):
+    rnd = random.Random(seed)
+    src = real_texts["code"] + real_texts["multilingual"]
+    texts = {f"s{i}": src[rnd.randrange(50_000):][:5_000 + 4_000 * i] for i in range(n_sessions)}
+    for t in range(turns):
+        for key in list(texts):
+            start = rnd.randrange(len(src) - 3000)
+            texts[key] += src[start:start + rnd.randint(1, 2600)]
+            yield key, texts[key]
+
+
+def test_sessions_stateless_and_batches_are_exact(pool, references, real_texts):
+    ref = references["llama3.2"]
+    for key, text in _stream(real_texts):
+        assert pool.encode(text, session=key).to_pylist() == ref.encode(text).ids
+    long_text = (real_texts["english"] * 2)[:150_000]
+    for special in (True, False):
+        assert pool.encode(long_text, add_special_tokens=special).to_pylist() == \
+            ref.encode(long_text, add_special_tokens=special).ids
+    assert pool.stats.get("chunked", 0) >= 1
+    batch = ["short", real_texts["code"][:9_000], long_text, "", real_texts["multilingual"][:30_000]]
+    assert [a.to_pylist() for a in pool.encode_batch(batch)] == [e.ids for e in ref.encode_batch(batch)]
+    keyless = real_texts["english"][:12_000]
+    assert pool.encode(keyless).to_pylist() == ref.encode(keyless).ids
+
+
+def test_extend_and_unknown_session(pool, references, real_texts):
+    ref = references["llama3.2"]
+    text = real_texts["english"][:30_000]
+    pool.encode(text, session="ext")
+    for delta in ["\nmore text", " 12345", "\u0301x", "<|eot_id|>", "\r\n\r\n"]:
+        text += delta
+        assert pool.extend("ext", delta).to_pylist() == ref.encode(text).ids
+    assert pool.extend("ext", "!", add_special_tokens=False).to_pylist() == \
+        ref.encode(text + "!", add_special_tokens=False).ids
+    with pytest.raises(SessionNotFound):
+        pool.extend("never-seen", "x")
+    with pytest.raises(TypeError):
+        pool.encode(None)
+    with pytest.raises(ValueError):
+        pool.encode("x" * 5000 + "\ud800", session="bad")
+
+
+def test_long_session_initialization_is_chunked(pool, references, real_texts):
+    ref = references["llama3.2"]
+    text = (real_texts["code"] * 2)[:120_000]
+    before = pool.stats.get("chunked_init", 0)
+    assert pool.encode(text, session="long").to_pylist() == ref.encode(text).ids
+    assert pool.stats.get("chunked_init", 0) == before + 1
+    text += "\n# next turn\n"
+    assert pool.encode(text, session="long").to_pylist() == ref.encode(text).ids
+    assert pool.extend("long", "x = 1\n").to_pylist() == ref.encode(text + "x = 1\n").ids
+
+
+def test_concurrent_threads_and_coroutines(pool, references, real_texts):
+    ref = references["llama3.2"]
+    errors = []
+
+    def client(i):
+        try:
+            for key, text in _stream(real_texts, n_sessions=2, turns=3, seed=10 + i):
+                if pool.encode(text, session=f"t{i}-{key}").to_pylist() != ref.encode(text).ids:
+                    errors.append((i, key))
+        except Exception as exc:  # noqa: BLE001
+            errors.append(exc)
+
+    threads = [threading.Thread(target=client, args=(i,)) for i in range(3)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert errors == []
+
+    async def main():
+        texts = [real_texts["english"][i * 9000:(i + 1) * 9000] for i in range(6)]
+        outs = await asyncio.gather(*(pool.encode_async(t, session=f"a{i}") for i, t in enumerate(texts)))
+        return texts, outs
+
+    texts, outs = asyncio.run(main())
+    assert [o.to_pylist() for o in outs] == [ref.encode(t).ids for t in texts]
+
+
+def test_connect_to_named_pool(pool, references, real_texts):
+    ref = references["llama3.2"]
+    other = TokenizerPool.connect("test-pool")
+    try:
+        text = real_texts["english"][:25_000]
+        assert other.encode(text, session="shared").to_pylist() == ref.encode(text).ids
+        # the same workers: the owner's pool finds the session at its home and repairs it
+        assert pool.encode(text + " and more", session="shared").to_pylist() == ref.encode(text + " and more").ids
+    finally:
+        other.close()
+    with pytest.raises(LookupError):
+        TokenizerPool.connect("no-such-pool")
+
+
+def test_killed_workers_lose_nothing(ray_session, tokenizer_paths, references, real_texts):
+    """Kill workers mid-stream: every request completes and equals the reference."""
+    ref = references["qwen-3"]
+    p = TokenizerPool(tokenizer_paths["qwen-3"], num_workers=3, chunk_size=8192, cut_threshold=20_000)
+    try:
+        results = []
+        stream = list(_stream(real_texts, n_sessions=4, turns=4, seed=5))
+        long_text = real_texts["english"][:60_000]
+
+        def run():
+            for i, (key, text) in enumerate(stream):
+                results.append((text, p.encode(text, session=key)))
+                if i % 5 == 0:
+                    results.append((long_text, p.encode(long_text)))
+
+        th = threading.Thread(target=run)
+        th.start()
+        killed = []
+        while th.is_alive() and len(killed) < 2:
+            th.join(timeout=0.4)
+            victim = sorted(set(p._workers) - set(killed))[0]
+            ray.kill(p._workers[victim])
+            killed.append(victim)
+        th.join(timeout=300)
+        assert not th.is_alive()
+        assert len(results) == len(stream) + len(stream[::5])
+        for text, got in results:
+            assert got.to_pylist() == ref.encode(text).ids
+        # A dead worker is retired when a call to it fails; one never called again stays listed.
+        assert 3 - len(killed) <= p.num_workers <= 3
+        assert p.stats.get("worker_retired", 0) >= 1
+        for key, text in stream[-4:]:  # every session still works, wherever its home is now
+            assert p.encode(text + " end", session=key).to_pylist() == ref.encode(text + " end").ids
+    finally:
+        p.close()
