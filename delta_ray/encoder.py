@@ -13,6 +13,8 @@ from typing import Protocol, Sequence, runtime_checkable
 import numpy as np
 from tokenizers import Tokenizer
 
+PARALLEL_MIN_CHARS = 32768  # below this total, pieces are encoded sequentially
+
 
 @runtime_checkable
 class Encoder(Protocol):
@@ -43,7 +45,12 @@ class ReferenceEncoder:
         if not texts:
             return []
         try:
-            encs = self.tokenizer.encode_batch_fast(list(texts), add_special_tokens=False)
+            if len(texts) > 1 and sum(map(len, texts)) < PARALLEL_MIN_CHARS:
+                # Small pieces (a repair's tail): a parallel batch costs more in thread hand-offs
+                # than it saves, so encode them one by one on this thread.
+                encs = [self.tokenizer.encode_batch_fast([t], add_special_tokens=False)[0] for t in texts]
+            else:
+                encs = self.tokenizer.encode_batch_fast(list(texts), add_special_tokens=False)
         except Exception as exc:  # the reference's own refusal (e.g. lone surrogates)
             raise ValueError(f"the reference tokenizer rejected the text: {exc}") from exc
         out = []
