@@ -27,12 +27,13 @@ import ray
 from delta_ray import constants as C
 from delta_ray.assembly import concat_ids, to_arrow
 from delta_ray.loading import TokenizerLike, load_tokenizer
-from delta_ray.planner import plan_cuts
+from delta_ray.planner import chunk_count, plan_cuts
 from delta_ray.repair import finish_repair, plan_repair
 from delta_ray.session_store import SessionNotFound
 from delta_ray.tokenizer import DeltaTokenizer, _check_text
 from scheduler import Dispatcher, content_key, nonascii_share
 
+from . import metrics
 from .chunk_task import encode_chunks
 from .worker import TokenizerWorker
 
@@ -327,6 +328,7 @@ class TokenizerPool:
 
     def _count(self, path: str) -> None:
         self.stats[path] = self.stats.get(path, 0) + 1
+        metrics.record_path(path)
 
     def _live_workers(self) -> dict[str, Any]:
         return {wid: self._workers[wid] for wid in self._dispatcher.workers}
@@ -395,7 +397,9 @@ class TokenizerPool:
         return ids
 
     async def _stateless_chunked(self, text: str, add: bool) -> pa.Int32Array:
-        cuts = plan_cuts(text, self._local.predicate, self._local.config, max(1, self.num_workers))
+        workers = max(1, self.num_workers)
+        cuts = plan_cuts(text, self._local.predicate, self._local.config, workers)
+        metrics.record_cut_misses(chunk_count(len(text), self._local.config, workers) - 1 - len(cuts))
         bounds = [0] + [c.pos for c in cuts] + [len(text)]
         arrays = await self._pieces([text[s:e] for s, e in zip(bounds, bounds[1:])])
         self._count("chunked" if cuts else "whole")
@@ -489,6 +493,7 @@ class TokenizerPool:
 
     def _on_done(self, task, wid: str | None, t0: float, outcome) -> None:
         ms = (time.perf_counter() - t0) * 1e3
+        metrics.record_times(task.kind, self._dispatcher.clock.now_ms() - ms - task.arrival_ms, ms)
         req = self._requests.get(task.id)
         if isinstance(outcome, (ray.exceptions.RayActorError, ray.exceptions.ActorUnavailableError)) and wid is not None:
             # The worker died: retire it, re-route its queue, retry what it was running.

@@ -1,0 +1,107 @@
+"""Request validation for the vLLM/SGLang-compatible ``/tokenize`` and ``/detokenize`` endpoints.
+
+Ray-free and framework-free so it can be unit-tested alone: each function takes the decoded JSON
+body and returns a normalized request or raises :class:`BadRequest` with the HTTP status to send.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+TOKENIZE_FIELDS = {"model", "prompt", "messages", "add_special_tokens", "add_generation_prompt",
+                   "continue_final_message", "chat_template_kwargs", "tools", "return_token_strs",
+                   "session_id", "cache_salt"}
+DETOKENIZE_FIELDS = {"model", "tokens", "cache_salt"}
+
+
+class BadRequest(ValueError):
+    """A client error: the status code and a message for the response body."""
+
+    def __init__(self, message: str, status: int = 400):
+        super().__init__(message)
+        self.status = status
+
+
+@dataclass
+class TokenizeRequest:
+    prompt: str | None
+    messages: list | None
+    add_special_tokens: bool
+    add_generation_prompt: bool
+    chat_template_kwargs: dict
+    tools: list | None
+    return_token_strs: bool
+    session: str | None
+    tenant: str | None
+
+
+def _typed(body: dict, key: str, types, default=None):
+    if key not in body or body[key] is None:
+        return default
+    value = body[key]
+    if not isinstance(value, types) or (types is int and isinstance(value, bool)):
+        names = types.__name__ if isinstance(types, type) else "/".join(t.__name__ for t in types)
+        raise BadRequest(f"field {key!r} must be {names}, not {type(value).__name__}")
+    return value
+
+
+def _check_model(body: dict, served: set[str]) -> None:
+    model = _typed(body, "model", str)
+    if model is not None and served and model not in served:
+        raise BadRequest(f"model {model!r} is not served here (serving: {', '.join(sorted(served))})", 404)
+
+
+def parse_tokenize(body: Any, served: set[str]) -> TokenizeRequest:
+    """Validate a /tokenize body: ``prompt`` or ``messages``, plus the optional vLLM fields."""
+    if not isinstance(body, dict):
+        raise BadRequest("the request body must be a JSON object")
+    unknown = set(body) - TOKENIZE_FIELDS
+    if unknown:
+        raise BadRequest(f"unknown field(s): {', '.join(sorted(unknown))}")
+    _check_model(body, served)
+    prompt = _typed(body, "prompt", str)
+    messages = _typed(body, "messages", list)
+    if (prompt is None) == (messages is None):
+        raise BadRequest("give exactly one of 'prompt' (a string) or 'messages' (a list)")
+    if messages is not None:
+        for i, m in enumerate(messages):
+            if not isinstance(m, dict) or not isinstance(m.get("role"), str):
+                raise BadRequest(f"messages[{i}] must be an object with a string 'role'")
+    if _typed(body, "continue_final_message", bool, False):
+        raise BadRequest("continue_final_message is not supported")
+    session = _typed(body, "session_id", str)
+    tenant = _typed(body, "cache_salt", str)
+    if session is not None and not session:
+        raise BadRequest("session_id must not be empty")
+    return TokenizeRequest(
+        prompt=prompt, messages=messages,
+        add_special_tokens=_typed(body, "add_special_tokens", bool, messages is None),
+        add_generation_prompt=_typed(body, "add_generation_prompt", bool, True),
+        chat_template_kwargs=_typed(body, "chat_template_kwargs", dict, {}),
+        tools=_typed(body, "tools", list),
+        return_token_strs=_typed(body, "return_token_strs", bool, False),
+        session=session, tenant=tenant)
+
+
+def parse_detokenize(body: Any, served: set[str], vocab_size: int) -> list[int]:
+    """Validate a /detokenize body: ``tokens``, a list of IDs inside the vocabulary."""
+    if not isinstance(body, dict):
+        raise BadRequest("the request body must be a JSON object")
+    unknown = set(body) - DETOKENIZE_FIELDS
+    if unknown:
+        raise BadRequest(f"unknown field(s): {', '.join(sorted(unknown))}")
+    _check_model(body, served)
+    tokens = body.get("tokens")
+    if not isinstance(tokens, list) or not all(isinstance(t, int) and not isinstance(t, bool) for t in tokens):
+        raise BadRequest("field 'tokens' must be a list of integers")
+    bad = [t for t in tokens if not 0 <= t < vocab_size]
+    if bad:
+        raise BadRequest(f"token id(s) out of range [0, {vocab_size}): {bad[:5]}")
+    return tokens
+
+
+def session_key(session: str | None, tenant: str | None) -> str | None:
+    """Namespace a session by tenant so tenants never share state."""
+    if session is None:
+        return None
+    return f"tenant:{tenant}:{session}" if tenant is not None else f"session:{session}"

@@ -1,0 +1,125 @@
+"""The Serve deployment over real HTTP on loopback, and through a DeploymentHandle."""
+from __future__ import annotations
+
+import json
+import socket
+import threading
+import urllib.error
+import urllib.request
+
+import pytest
+from tokenizers import Tokenizer
+
+from delta_ray.bundled import bundled_tokenizer_config
+from delta_ray.chat_template import ChatTemplate
+
+pytestmark = pytest.mark.ray
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def service(ray_session, tokenizer_paths):
+    from ray import serve
+
+    from delta_ray import serve_app
+
+    port = _free_port()
+    serve.start(http_options={"host": "127.0.0.1", "port": port})
+    app = serve_app(tokenizer_paths["qwen-3"], model_name="qwen-3", num_workers=2, max_body_bytes=200_000,
+                    tokenizer_config=bundled_tokenizer_config("qwen-3"), chunk_size=8192, cut_threshold=20_000)
+    handle = serve.run(app, name="delta-ray-test", route_prefix="/")
+    yield f"http://127.0.0.1:{port}", handle
+    serve.delete("delta-ray-test")
+    serve.shutdown()
+
+
+def _post(url, body, raw=None):
+    data = raw if raw is not None else json.dumps(body).encode()
+    req = urllib.request.Request(url, data=data, headers={"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(req, timeout=120) as r:
+            return r.status, json.loads(r.read())
+    except urllib.error.HTTPError as e:
+        return e.code, json.loads(e.read() or b"{}")
+
+
+def test_tokenize_prompt_messages_sessions(service, references, real_texts):
+    base, _ = service
+    ref: Tokenizer = references["qwen-3"]
+    text = real_texts["english"][:30_000]
+    for special in (True, False):
+        status, out = _post(f"{base}/tokenize", {"model": "qwen-3", "prompt": text, "add_special_tokens": special})
+        assert status == 200 and out["tokens"] == ref.encode(text, add_special_tokens=special).ids
+        assert out["count"] == len(out["tokens"])
+    conv = text[:5000]
+    for turn in range(4):
+        conv += f"\nturn {turn}: " + real_texts["code"][turn * 900:(turn + 1) * 900]
+        for tenant in ("a", "b"):
+            status, out = _post(f"{base}/tokenize", {"prompt": conv, "session_id": "c1", "cache_salt": tenant})
+            assert status == 200 and out["tokens"] == ref.encode(conv).ids
+    messages = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "hello <|im_end|> x"}]
+    rendered = ChatTemplate.from_config(bundled_tokenizer_config("qwen-3")).render(messages, add_generation_prompt=True)
+    status, out = _post(f"{base}/tokenize", {"messages": messages, "add_generation_prompt": True})
+    assert status == 200 and out["tokens"] == ref.encode(rendered, add_special_tokens=False).ids
+    status, out = _post(f"{base}/detokenize", {"tokens": out["tokens"]})
+    assert status == 200 and out["prompt"] == ref.decode(ref.encode(rendered).ids)
+    with urllib.request.urlopen(f"{base}/health", timeout=30) as r:
+        assert r.status == 200
+
+
+@pytest.mark.parametrize("body, raw, status", [
+    (None, b"{not json", 400),
+    ({"prompt": 5}, None, 400),
+    ({"prompt": "x", "bogus": 1}, None, 400),
+    ({"prompt": "x", "messages": []}, None, 400),
+    ({}, None, 400),
+    ({"prompt": "x", "model": "other-model"}, None, 404),
+    ({"prompt": "x" * 300_000}, None, 413),
+    ({"messages": [{"content": "no role"}]}, None, 400),
+    ({"prompt": "x", "add_special_tokens": "yes"}, None, 400),
+])
+def test_bad_requests_are_4xx_and_service_keeps_serving(service, references, body, raw, status):
+    base, _ = service
+    got, out = _post(f"{base}/tokenize", body, raw)
+    assert got == status and out["error"]["message"]
+    got, out = _post(f"{base}/tokenize", {"prompt": "still serving"})
+    assert got == 200 and out["tokens"] == references["qwen-3"].encode("still serving").ids
+
+
+def test_detokenize_rejects_bad_ids(service):
+    base, _ = service
+    assert _post(f"{base}/detokenize", {"tokens": [1, -5]})[0] == 400
+    assert _post(f"{base}/detokenize", {"tokens": "abc"})[0] == 400
+
+
+def test_concurrent_clients(service, references, real_texts):
+    base, _ = service
+    ref = references["qwen-3"]
+    errors = []
+
+    def client(i):
+        conv = real_texts["multilingual"][i * 3000:(i + 1) * 3000]
+        for turn in range(4):
+            conv += f" turn {turn} " + real_texts["english"][turn * 500:(turn + 1) * 500]
+            status, out = _post(f"{base}/tokenize", {"prompt": conv, "session_id": f"cc{i}"})
+            if status != 200 or out["tokens"] != ref.encode(conv).ids:
+                errors.append((i, turn, status))
+
+    threads = [threading.Thread(target=client, args=(i,)) for i in range(6)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert errors == []
+
+
+def test_deployment_handle(service, references):
+    _, handle = service
+    out = handle.tokenize.remote({"prompt": "composed call"}).result()
+    assert out["tokens"] == references["qwen-3"].encode("composed call").ids
+    assert handle.detokenize.remote({"tokens": out["tokens"]}).result()["prompt"] == "composed call"
