@@ -214,3 +214,28 @@ class FastEncoder:
 
     def __repr__(self) -> str:
         return f"FastEncoder(backend={self.backend!r}, version={self.backend_version!r}, digest={self.digest[:12]})"
+
+
+_LOADED: dict[tuple[str, str], FastEncoder] = {}
+
+
+def cached_fast_encoder(tokenizer_json: TokenizerSource, backend: str = "auto") -> FastEncoder:
+    """A process-wide FastEncoder per (tokenizer.json digest, backend): loading costs 0.5-3 s.
+
+    The engines keep no per-call state (fastokens' caches are off), so one instance serves every
+    caller of the process; fastokens encodes with the GIL released, so threads may share it.
+    """
+    data = _read_source(tokenizer_json)
+    digest = hashlib.sha256(data).hexdigest()
+    if backend != "auto":
+        enc = _LOADED.get((digest, backend))
+        if enc is None:
+            enc = _LOADED[(digest, backend)] = FastEncoder(data, backend)
+        return enc
+    reasons = []
+    for cand in FAST_BACKENDS:  # "auto": the first engine that loads, as FastEncoder does
+        try:
+            return cached_fast_encoder(data, cand)
+        except FastEngineUnavailable as exc:
+            reasons.append(f"{cand}: {exc.reason}")
+    raise FastEngineUnavailable("; ".join(reasons))

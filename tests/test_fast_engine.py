@@ -18,6 +18,7 @@ from delta_ray.fast_engine import (
     FastEncoder,
     FastEngineUnavailable,
     available_backends,
+    cached_fast_encoder,
     fast_engine_versions,
 )
 from delta_ray.guard import adversarial_battery, verify_fast_engine
@@ -49,10 +50,20 @@ def references(tokenizer_paths):
     return {name: tokenizers.Tokenizer.from_file(p) for name, p in tokenizer_paths.items()}
 
 
-@pytest.mark.parametrize("backend", BACKENDS)
-@pytest.mark.parametrize("name", TEST_TOKENIZERS)
+def _battery_cases():
+    # the default engine on every tokenizer; the other engine on two of them (all six in the slow tier)
+    for backend in BACKENDS:
+        name_b = backend.values[0]
+        for name in TEST_TOKENIZERS:
+            marks = list(backend.marks)
+            if name_b != DEFAULT_BACKEND and name not in ("qwen-3", "deepseek-v3"):
+                marks.append(pytest.mark.slow)
+            yield pytest.param(name, name_b, marks=marks, id=f"{name}-{name_b}")
+
+
+@pytest.mark.parametrize(("name", "backend"), list(_battery_cases()))
 def test_fast_encoder_equals_reference_on_adversarial_battery(name, backend, tokenizer_paths, references):
-    fast = FastEncoder(tokenizer_paths[name], backend)
+    fast = cached_fast_encoder(tokenizer_paths[name], backend)
     assert fast.backend == backend and fast.name == "fast"
     assert isinstance(fast, Encoder)
     ref = references[name]
@@ -69,7 +80,7 @@ def test_fast_encoder_equals_reference_on_adversarial_battery(name, backend, tok
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_encode_pieces_contract(backend, tokenizer_paths, references):
     path = tokenizer_paths["qwen-3"]
-    fast = FastEncoder(path, backend)
+    fast = cached_fast_encoder(path, backend)
     texts = ["Hello, world!", "", "<|im_end|>x<|im_start|>", "naïve café\r\n\n  x", "日本語 123"]
     out = fast.encode_pieces(texts)
     assert len(out) == len(texts)
@@ -81,16 +92,16 @@ def test_encode_pieces_contract(backend, tokenizer_paths, references):
     assert fast.encode("").shape == (0,)
     with pytest.raises(ValueError):
         fast.encode_pieces(["ok", "bad \ud800 surrogate"])
-    # bytes in, same engine out
+    # a path and its bytes name the same engine (both are loaded from the bytes, keyed by digest)
     with open(path, "rb") as fh:
-        assert FastEncoder(fh.read(), backend).encode("same").tolist() == fast.encode("same").tolist()
+        assert cached_fast_encoder(fh.read(), backend) is fast
 
 
 def test_auto_picks_the_default_backend(tokenizer_paths):
     avail = available_backends()
     if not avail:
         pytest.skip("no fast engine installed")
-    fast = FastEncoder(tokenizer_paths["qwen-3"])
+    fast = cached_fast_encoder(tokenizer_paths["qwen-3"])
     assert fast.backend == avail[0]
     if DEFAULT_BACKEND in avail:
         assert fast.backend == DEFAULT_BACKEND
@@ -125,7 +136,7 @@ def test_battery_catches_a_wrong_engine(tokenizer_paths, references):
     avail = available_backends()
     if not avail:
         pytest.skip("no fast engine installed")
-    fast = FastEncoder(tokenizer_paths["llama3.2"], avail[0])
+    fast = cached_fast_encoder(tokenizer_paths["llama3.2"], avail[0])
 
     class OffByOne:
         name = "fast"
@@ -159,3 +170,16 @@ def test_fastokens_runs_on_the_calling_thread(tokenizer_paths):
     assert res.returncode == 0, res.stderr
     before, after = map(int, res.stdout.split())
     assert after == before, f"fastokens started {after - before} thread(s)"
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_threads_may_share_one_engine(backend, tokenizer_paths):
+    """One engine per process serves every thread (fastokens drops the GIL while it encodes)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    fast = cached_fast_encoder(tokenizer_paths["qwen-3"], backend)
+    texts = [f"thread text {i}: naïve café 日本語 {'x' * (i % 50)} <|im_end|>\n" * (1 + i % 40) for i in range(200)]
+    want = [ids.tolist() for ids in fast.encode_pieces(texts)]
+    with ThreadPoolExecutor(4) as pool:
+        got = list(pool.map(lambda t: fast.encode(t).tolist(), texts))
+    assert got == want

@@ -10,7 +10,7 @@ import pytest
 
 from delta_ray.bundled import TEST_TOKENIZERS, BundledTokenizerError, bundled_tokenizer_json, bundled_tokenizer_path
 from delta_ray.encoder import Encoder, ReferenceEncoder
-from delta_ray.fast_engine import FastEncoder
+from delta_ray.fast_engine import cached_fast_encoder
 from delta_ray.guard import (
     CONTEXTS,
     GuardedEncoder,
@@ -137,7 +137,7 @@ def test_guard_catches_a_real_disagreement(bundled):
     """
     data, path = bundled["qwen-3"]
     ref = tokenizers.Tokenizer.from_file(path)
-    fast = FastEncoder(data, "gigatoken")
+    fast = cached_fast_encoder(data, "gigatoken")
     text = "Kirat Rai: \U00016d67\U00016d67 and a mark a\u1aeb\u0301."
     want = ref.encode(text, add_special_tokens=False).ids
     assert fast.encode(text).tolist() != want  # the engine alone is wrong here
@@ -164,7 +164,7 @@ def test_fastokens_agrees_on_recent_unicode(bundled):
     """The default engine shares the reference's tables where gigatoken's differ (no guarded code point)."""
     data, path = bundled["qwen-3"]
     ref = tokenizers.Tokenizer.from_file(path)
-    fast = FastEncoder(data, "fastokens")
+    fast = cached_fast_encoder(data, "fastokens")
     res = probe_disagreements(ref, fast, json.loads(data),
                               code_points=list(range(0x16D40, 0x16D80)) + list(range(0x1AB0, 0x1B00)))
     assert res.disagreeing == set()
@@ -173,7 +173,7 @@ def test_fastokens_agrees_on_recent_unicode(bundled):
 def test_guard_cache_roundtrip(bundled, tmp_path):
     data, path = bundled["llama3.2"]
     try:
-        fast = FastEncoder(data)
+        fast = cached_fast_encoder(data)
     except Exception as exc:  # noqa: BLE001
         pytest.skip(f"no fast engine: {exc}")
     cps = range(0x300, 0x380)
@@ -181,14 +181,32 @@ def test_guard_cache_roundtrip(bundled, tmp_path):
     assert g1.stats["cached"] is False
     g2 = guard_set_for(data, fast, code_points=cps)
     assert g2.stats["cached"] is True and g2.code_points == g1.code_points and g2.key == g1.key
-    files = list((tmp_path / "cache" / "guard").glob("*.json"))
+    files = [f for f in (tmp_path / "cache" / "guard").glob("*.json") if not f.name.startswith("reference-")]
     assert len(files) == 1
+    assert list((tmp_path / "cache" / "guard").glob("reference-*.json"))  # the reference's digests, for re-probes
     doc = json.loads(files[0].read_text())
     assert doc["key"]["tokenizer_sha256"] == g1.key["tokenizer_sha256"]
     assert doc["key"]["backend"] == fast.backend and doc["key"]["backend_version"] == fast.backend_version
     # another subset is another key
     g3 = guard_set_for(data, fast, code_points=range(0x380, 0x390))
     assert g3.stats["cached"] is False and g3.key != g1.key
+
+
+def test_recorded_reference_digests_skip_the_reference(bundled):
+    """A second probe of the same tokenizer runs the reference only where the engine's IDs differ."""
+    data, path = bundled["llama3.2"]
+    try:
+        fast = cached_fast_encoder(data)
+    except Exception as exc:  # noqa: BLE001
+        pytest.skip(f"no fast engine: {exc}")
+    ref = tokenizers.Tokenizer.from_file(path)
+    digests: dict = {}
+    cps = range(0x2000, 0x2100)
+    first = probe_disagreements(ref, fast, json.loads(data), code_points=cps, ref_digests=digests)
+    assert first.reference_chunks == first.chunks and len(digests) == first.chunks
+    second = probe_disagreements(ref, fast, json.loads(data), code_points=cps, ref_digests=digests)
+    assert second.disagreeing == first.disagreeing
+    assert second.reference_chunks == first.differing_chunks
 
 
 @pytest.mark.slow
@@ -199,7 +217,7 @@ def test_full_guard_probe(name, backend, bundled):
     """Every code point, every context: under a minute on 2 cores; the guarded engine passes the battery."""
     data, path = bundled[name]
     ref = tokenizers.Tokenizer.from_file(path)
-    fast = FastEncoder(data, backend)
+    fast = cached_fast_encoder(data, backend)
     t = time.perf_counter()
     guard = guard_set_for(data, fast, ref_tokenizer=ref)
     elapsed = time.perf_counter() - t
