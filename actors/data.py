@@ -43,14 +43,10 @@ def _null_error(column: str, count: int) -> ValueError:
 class TokenizeBatch:
     """The actor-side callable: one DeltaTokenizer per actor, one batch encode per Arrow batch."""
 
-    def __init__(self, config: Any, digest: str, *, text_column: str, output_column: str,
+    def __init__(self, config_bytes: bytes, digest: str, *, text_column: str, output_column: str,
                  count_column: str | None, add_special_tokens: bool, chunk_size: int,
                  cut_threshold: int, threads: int | None, engine: str | None):
-        if not isinstance(config, (bytes, bytearray, memoryview)):  # a list holding an ObjectRef
-            import ray
-
-            config = ray.get(config[0])
-        loaded = LoadedTokenizer.from_bytes(bytes(config), expected_digest=digest, source="<tokenize_dataset>")
+        loaded = LoadedTokenizer.from_bytes(config_bytes, expected_digest=digest, source="<tokenize_dataset>")
         kwargs: dict[str, Any] = {}
         if engine is not None and "engine" in inspect.signature(DeltaTokenizer).parameters:
             kwargs["engine"] = engine
@@ -118,9 +114,30 @@ def _default_concurrency() -> int:
     return max(1, int(cpus))
 
 
+# Logical operators whose output schema Ray Data can fetch by reading a little: sources, unions,
+# column selection/renaming. Anything else (a UDF map, a shuffle) would run upstream work first.
+_CHEAP_TO_FETCH = {"Read", "ReadFiles", "ListFiles", "InputData", "FromItems", "FromBlocks", "FromNumpy",
+                   "FromArrow", "FromPandas", "Union", "Project", "Limit"}
+
+
+def _cheap_to_fetch(dataset) -> bool:
+    try:
+        stack = [dataset._logical_plan.dag]  # private API: on any change, just skip the early check
+        while stack:
+            op = stack.pop()
+            if type(op).__name__ not in _CHEAP_TO_FETCH:
+                return False
+            stack.extend(op.input_dependencies)
+        return True
+    except Exception:
+        return False
+
+
 def _check_schema(dataset, text_column: str) -> None:
-    schema = dataset.schema()
-    if schema is None:  # an empty dataset: nothing to check (and nothing to tokenize)
+    schema = dataset.schema(fetch_if_missing=False)
+    if schema is None and _cheap_to_fetch(dataset):
+        schema = dataset.schema()
+    if schema is None:  # unknown without running upstream work (or empty): the actors check each batch
         return
     names = list(schema.names)
     if text_column not in names:
@@ -162,14 +179,15 @@ def tokenize_dataset(dataset, tokenizer, *, text_column: str = "text", output_co
         engine: passed to :class:`DeltaTokenizer` when it accepts an ``engine`` keyword.
         threads: the planner's chunk count per long text (DeltaTokenizer ``threads``; default its own).
 
-    Validation happens before anything runs: a missing text column raises ``ValueError``, a
-    non-string one ``TypeError``. Null texts are only seen while the dataset executes: the first
+    Validation happens before anything runs when the schema is known from sources alone (reads,
+    ``from_*``, unions, renames): a missing text column raises ``ValueError``, a non-string one
+    ``TypeError``. After a UDF stage the schema is not fetched (that would run the upstream
+    stages); the actors then raise the same errors on the first batch. Null texts are only seen while the dataset executes: the first
     batch holding one fails with a ``ValueError`` naming the column, which the consuming call
     (``materialize``, ``write_parquet``, ...) raises wrapped as Ray Data does for any UDF error
     (``ray.exceptions.UserCodeException``, or the ``ValueError`` itself with
     ``DataContext.raise_original_map_exception``). Filter or fill nulls first.
     """
-    import ray
     import ray.data
 
     for name, value in (("text_column", text_column), ("output_column", output_column)):
@@ -200,16 +218,13 @@ def tokenize_dataset(dataset, tokenizer, *, text_column: str = "text", output_co
 
     loaded = _as_loaded(tokenizer)
     _check_schema(dataset, text_column)
-    # The configuration (~10 MB) goes to the object store once; the actors get a small reference
-    # (wrapped in a list so it reaches them unresolved) and check the SHA-256 of what they fetch.
-    config: Any = [ray.put(loaded.config_bytes)] if ray.is_initialized() else loaded.config_bytes
     if isinstance(concurrency, tuple):
         compute = ray.data.ActorPoolStrategy(min_size=concurrency[0], max_size=concurrency[1])
     else:
         compute = ray.data.ActorPoolStrategy(size=concurrency)
     return dataset.map_batches(
         TokenizeBatch,
-        fn_constructor_args=(config, loaded.digest),
+        fn_constructor_args=(loaded.config_bytes, loaded.digest),
         fn_constructor_kwargs=dict(text_column=text_column, output_column=output_column,
                                    count_column=count_column, add_special_tokens=bool(add_special_tokens),
                                    chunk_size=chunk_size, cut_threshold=cut_threshold,

@@ -4,13 +4,12 @@ from __future__ import annotations
 
 import json
 
-import numpy as np
 import pyarrow as pa
 import pyarrow.dataset as pds
 import pytest
 from tokenizers import Tokenizer
 
-from delta_ray import DeltaTokenizer
+from delta_ray import DeltaTokenizer, load_tokenizer
 
 pytestmark = pytest.mark.ray
 
@@ -52,44 +51,48 @@ def _table(ds) -> pa.Table:
     return pa.concat_tables(ray.get(ds.to_arrow_refs()))
 
 
-def _check_rows(table: pa.Table, texts: list[str], ref: Tokenizer, ids_col: str, count_col: str,
+def _check_rows(table: pa.Table, texts: list[str], ref: Tokenizer, ids_col: str, count_col: str | None,
                 add_special_tokens: bool) -> None:
     assert table.schema.field(ids_col).type == pa.list_(pa.int32())
-    assert table.schema.field(count_col).type == pa.int32()
     table = table.sort_by("id")
     assert table.column("id").to_pylist() == list(range(len(texts)))
-    ids, counts = table.column(ids_col), table.column(count_col).to_numpy()
+    ids = table.column(ids_col)
+    if count_col is not None:
+        assert table.schema.field(count_col).type == pa.int32()
+        counts = table.column(count_col).to_numpy()
     bad = []
     for i, text in enumerate(texts):
         want = ref.encode(text, add_special_tokens=add_special_tokens).ids
         got = ids[i].values.to_numpy(zero_copy_only=False)
-        if got.tolist() != want or counts[i] != len(want):
+        if got.tolist() != want or (count_col is not None and counts[i] != len(want)):
             bad.append((i, len(text)))
     assert not bad, f"rows differing from the reference (row, chars): {bad[:10]} of {len(bad)}"
 
 
 @pytest.mark.parametrize("name", ["llama3.2", "qwen-3"])
-def test_every_row_matches_reference(ray_session, name, tokenizer_paths, references, mixed_texts):
+def test_every_row_matches_reference(ray_session, name, tokenizer_paths, mixed_texts):
     ray = ray_session
     from actors.data import tokenize_dataset
 
-    path, ref = tokenizer_paths[name], references[name]
+    path = tokenizer_paths[name]
+    ref = Tokenizer.from_file(path)
     longs = [t for t in mixed_texts if len(t) >= LONG_CHARS]
     assert len(longs) == 3
     # Not vacuous: the long texts are cut with both settings the pipeline uses below.
-    assert all(DeltaTokenizer(path, reuse="none").cuts(t) for t in longs)
-    assert all(len(DeltaTokenizer(path, reuse="none", **SMALL).cuts(t)) >= 10 for t in longs)
+    loaded = load_tokenizer(path)
+    assert all(DeltaTokenizer(loaded, reuse="none").cuts(t) for t in longs)
+    assert all(len(DeltaTokenizer(loaded, reuse="none", **SMALL).cuts(t)) >= 10 for t in longs)
 
     ds = ray.data.from_items([{"id": i, "text": t} for i, t in enumerate(mixed_texts)], override_num_blocks=6)
     # One execution, two pools: with special tokens (a path, default settings) and without them
-    # (a tokenizers.Tokenizer object, small chunks so every long text is cut many times).
+    # (a tokenizers.Tokenizer object, small chunks so every long text is cut many times, no counts).
     ds = tokenize_dataset(ds, path, concurrency=2, batch_size=64)
-    ds = tokenize_dataset(ds, Tokenizer.from_file(path), add_special_tokens=False, output_column="ids_plain",
-                          count_column="n_plain", concurrency=2, batch_size=48, **SMALL)
+    ds = tokenize_dataset(ds, ref, add_special_tokens=False, output_column="ids_plain",
+                          count_column=None, concurrency=2, batch_size=48, **SMALL)
     table = _table(ds)
-    assert table.column_names == ["id", "text", "input_ids", "num_tokens", "ids_plain", "n_plain"]
+    assert table.column_names == ["id", "text", "input_ids", "num_tokens", "ids_plain"]
     _check_rows(table, mixed_texts, ref, "input_ids", "num_tokens", True)
-    _check_rows(table, mixed_texts, ref, "ids_plain", "n_plain", False)
+    _check_rows(table, mixed_texts, ref, "ids_plain", None, False)
 
 
 def test_bad_input_raises_before_running(ray_session, tokenizer_paths):
@@ -142,7 +145,7 @@ def _compare_by_text(table: pa.Table, texts: list[str], ref: Tokenizer, text_col
         assert n == len(want_ids)
 
 
-def test_cli_jsonl_and_txt(ray_session, tokenizer_paths, references, real_texts, tmp_path, capsys):
+def test_cli_jsonl_and_txt(ray_session, tokenizer_paths, real_texts, tmp_path, capsys):
     from delta_ray.cli import main
 
     name = "llama3.2"
@@ -164,10 +167,10 @@ def test_cli_jsonl_and_txt(ray_session, tokenizer_paths, references, real_texts,
     assert table.num_rows == len(docs) + len(lines)
     total = sum(table.column("num_tokens").to_pylist())
     assert f"{total:,} tokens" in printed
-    _compare_by_text(table, docs + lines, references[name], "text", True)
+    _compare_by_text(table, docs + lines, Tokenizer.from_file(tokenizer_paths[name]), "text", True)
 
 
-def test_cli_text_column_no_special_tokens(ray_session, tokenizer_paths, references, real_texts, tmp_path):
+def test_cli_text_column_no_special_tokens(ray_session, tokenizer_paths, real_texts, tmp_path):
     from actors import tokenize_job
     import argparse
 
@@ -182,7 +185,7 @@ def test_cli_text_column_no_special_tokens(ray_session, tokenizer_paths, referen
     assert tokenize_job.run(args) == 0
     table = _read_output(tmp_path / "o")
     assert set(table.column_names) == {"body", "n", "input_ids", "num_tokens"}
-    _compare_by_text(table, docs, references[name], "body", False)
+    _compare_by_text(table, docs, Tokenizer.from_file(tokenizer_paths[name]), "body", False)
 
 
 def test_cli_usage_errors(tokenizer_paths, tmp_path, capsys):
@@ -207,15 +210,35 @@ def test_cli_usage_errors(tokenizer_paths, tmp_path, capsys):
     assert "--tokenizer" in capsys.readouterr().err
 
 
-def test_count_column_none_and_empty_rows(ray_session, tokenizer_paths, references):
-    ray = ray_session
-    from actors.data import tokenize_dataset
+def _batch_fn(config: bytes, digest: str, **kw):
+    from actors.data import TokenizeBatch
 
-    texts = ["", "x", ""]
-    ds = ray.data.from_items([{"id": i, "text": t} for i, t in enumerate(texts)])
-    table = _table(tokenize_dataset(ds, tokenizer_paths["llama3.2"], count_column=None, concurrency=1))
-    assert "num_tokens" not in table.column_names
-    table = table.sort_by("id")
-    ref = references["llama3.2"]
-    assert [np.asarray(r).tolist() for r in table.column("input_ids").to_pylist()] == \
-        [ref.encode(t).ids for t in texts]
+    opts = dict(text_column="text", output_column="input_ids", count_column="num_tokens", add_special_tokens=True,
+                chunk_size=65_536, cut_threshold=131_072, threads=None, engine="auto")
+    opts.update(kw)
+    return TokenizeBatch(config, digest, **opts)
+
+
+def test_actor_class_unadmitted_config_and_digest(tokenizer_paths, real_texts):
+    """In-process: a configuration the fast paths refuse goes to the reference in one batch call, and
+    configuration bytes that do not match their digest are refused."""
+    import hashlib
+
+    from delta_ray.loading import DigestMismatch
+
+    cfg = json.loads(open(tokenizer_paths["llama3.2"], encoding="utf-8").read())
+    cfg["normalizer"] = {"type": "Lowercase"}  # not absent/NFC: not admitted
+    data = json.dumps(cfg).encode("utf-8")
+    digest = hashlib.sha256(data).hexdigest()
+    fn = _batch_fn(data, digest, add_special_tokens=True)
+    assert not fn.tokenizer.admission
+    ref = Tokenizer.from_str(data.decode("utf-8"))
+    texts = ["", "Hello World", real_texts["english"][:5000], _repeat(real_texts["code"], 140_000)]
+    out = fn(pa.table({"text": pa.array(texts, pa.large_string())}))
+    assert out.schema.field("input_ids").type == pa.list_(pa.int32())
+    assert out.column("input_ids").to_pylist() == [ref.encode(t).ids for t in texts]
+    assert out.column("num_tokens").to_pylist() == [len(ref.encode(t).ids) for t in texts]
+    with pytest.raises(DigestMismatch):
+        _batch_fn(data, "0" * 64)
+    with pytest.raises(TypeError, match="must hold strings"):
+        fn(pa.table({"text": pa.array([1, 2])}))

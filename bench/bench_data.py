@@ -1,0 +1,237 @@
+"""Ray Data batch tokenization: a naive ``map_batches`` pipeline against ``delta_ray.tokenize_dataset``.
+
+    python bench/bench_data.py [--scale 1.0] [--tokenizer qwen-3] [--repeats 2] [--stats]
+
+One corpus with skewed document lengths (many short documents and a few of several million
+characters; real text from ../shared/corpus when present, else the standard library) is put in
+the object store once as Arrow blocks of ``--batch-size`` rows, then tokenized by
+
+(a) naive: what users write today -- an actor class whose ``__call__`` runs the HF tokenizer's
+    ``encode_batch`` on a numpy batch and returns the IDs as Python lists;
+(b) delta-ray: ``delta_ray.tokenize_dataset`` (list<int32> built from Arrow buffers, long
+    documents cut at safe cuts, the offset-free batch encode).
+
+Fairness: the same Ray instance and the same input blocks (no read in the timed part); the same
+actor pool size (``--concurrency``), CPU reservation (``--num-cpus``, fractional so that other
+tasks are never starved on a small machine), batch size and worker environment; each run is
+timed end to end (actor start-up with tokenizer loading, tokenization, materialization in the
+object store), and the runs alternate (a, b, a, b, ...) so machine noise and warm caches fall on
+both. Besides wall time it reports the CPU time the actors spent in their batch calls (from Ray
+Data's stats), which a busy machine disturbs less. Every row of the two outputs is compared
+(sorted by document id: Ray Data does not preserve order) and must be identical; the exit status
+is 1 otherwise.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import statistics
+import sys
+import time
+from pathlib import Path
+
+os.environ.setdefault("RAY_ENABLE_AUTO_CONNECT", "0")
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+import numpy as np  # noqa: E402
+import pyarrow as pa  # noqa: E402
+import pyarrow.compute as pc  # noqa: E402
+
+from delta_ray.bundled import TEST_TOKENIZERS, bundled_tokenizer_path  # noqa: E402
+from delta_ray.sample_text import corpus  # noqa: E402
+
+KINDS = ("english", "code", "multilingual")
+
+
+def build_corpus(scale: float, seed: int) -> list[str]:
+    """Short documents (log-normal lengths, median ~700 chars) plus three long ones (3M, 2M, 4M at scale 1)."""
+    rng = np.random.default_rng(seed)
+    short_total = int(12_000_000 * scale)
+    long_sizes = {"english": int(3_000_000 * scale), "code": int(2_000_000 * scale),
+                  "multilingual": int(4_000_000 * scale)}
+    docs: list[str] = []
+    per_kind = short_total // len(KINDS)
+    for kind in KINDS:
+        text = corpus(kind, per_kind)
+        pos = 0
+        while pos < len(text):
+            n = int(np.clip(rng.lognormal(np.log(700), 1.0), 1, 40_000))
+            docs.append(text[pos:pos + n])
+            pos += n
+    for kind, n in long_sizes.items():
+        text = corpus(kind, n)
+        # A different starting point than the short documents, so the long ones are not duplicates.
+        docs.append(text[n // 3:] + "\n" + text[: n // 3])
+    order = rng.permutation(len(docs))
+    return [docs[i] for i in order]
+
+
+def input_dataset(ray, docs: list[str], rows_per_block: int):
+    """The corpus as a materialized dataset of ``rows_per_block``-row Arrow blocks, built once and
+    consumed by every run (no read in the timed part: both pipelines see exactly the same blocks)."""
+    table = pa.table({"id": pa.array(np.arange(len(docs), dtype=np.int64)), "text": pa.array(docs, pa.large_string())})
+    blocks = [table.slice(i, rows_per_block) for i in range(0, len(docs), rows_per_block)]
+    return ray.data.from_arrow(blocks).materialize()
+
+
+class NaiveHFTokenize:
+    """The usual Ray Data tokenization UDF: HF ``encode_batch``, IDs returned as Python lists."""
+
+    def __init__(self, path: str, add_special_tokens: bool):
+        from tokenizers import Tokenizer
+
+        self.tok = Tokenizer.from_file(path)
+        self.add_special_tokens = add_special_tokens
+
+    def __call__(self, batch: dict) -> dict:
+        encs = self.tok.encode_batch(batch["text"].tolist(), add_special_tokens=self.add_special_tokens)
+        batch["input_ids"] = [e.ids for e in encs]
+        batch["num_tokens"] = [len(e.ids) for e in encs]
+        return batch
+
+
+def run_naive(ray, ds, path: str, args) -> tuple[float, object]:
+    t0 = time.perf_counter()
+    ds = ds.map_batches(NaiveHFTokenize, fn_constructor_args=(path, not args.no_special_tokens),
+                        batch_size=args.batch_size, compute=ray.data.ActorPoolStrategy(size=args.concurrency),
+                        num_cpus=args.num_cpus)
+    out = ds.materialize()
+    return time.perf_counter() - t0, out
+
+
+def run_delta(ray, ds, path: str, args) -> tuple[float, object]:
+    import delta_ray
+
+    t0 = time.perf_counter()
+    ds = delta_ray.tokenize_dataset(ds, path, add_special_tokens=not args.no_special_tokens,
+                                    batch_size=args.batch_size, concurrency=args.concurrency,
+                                    num_cpus=args.num_cpus)
+    out = ds.materialize()
+    return time.perf_counter() - t0, out
+
+
+_UNITS = {"us": 1e-6, "ms": 1e-3, "s": 1.0, "m": 60.0, "h": 3600.0}
+
+
+def udf_cpu_seconds(stats: str) -> float | None:
+    """Total remote CPU time of the MapBatches operator, from ``Dataset.stats()`` (None if absent)."""
+    in_map = False
+    for line in stats.splitlines():
+        if line.startswith("Operator "):
+            in_map = "MapBatches" in line
+        elif in_map and "Remote cpu time" in line:
+            m = re.search(r"([0-9.]+)(us|ms|s|m|h) total", line)
+            return float(m.group(1)) * _UNITS[m.group(2)] if m else None
+    return None
+
+
+def ids_by_doc(ray, ds) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(doc ids, per-row lengths, flattened int64 IDs), rows sorted by doc id."""
+    tables = []
+    for block in ray.get(ds.to_arrow_refs()):
+        col = block.column("input_ids")
+        if not (pa.types.is_list(col.type) or pa.types.is_large_list(col.type)):
+            # Ray Data turns a batch whose rows all have the same length into a tensor column.
+            rows = [np.asarray(r, dtype=np.int64).ravel() for r in col.to_numpy(zero_copy_only=False)]
+            col = pa.array(rows, pa.large_list(pa.int64()))
+        else:
+            col = col.cast(pa.large_list(pa.int64()))
+        tables.append(pa.table({"id": block.column("id"), "input_ids": col}))
+    table = pa.concat_tables(tables).sort_by("id").combine_chunks()
+    lists = table.column("input_ids").chunk(0)
+    return (table.column("id").to_numpy(), pc.list_value_length(lists).to_numpy(),
+            pc.list_flatten(lists).to_numpy())
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--tokenizer", default="qwen-3", help=f"bundled name ({', '.join(TEST_TOKENIZERS)}) or a path")
+    p.add_argument("--scale", type=float, default=1.0, help="corpus size: 1.0 = 12M chars of short docs + 9M long")
+    p.add_argument("--repeats", type=int, default=2, help="alternating runs of each pipeline")
+    p.add_argument("--concurrency", type=int, default=None, help="actors per pipeline (default: CPU count)")
+    p.add_argument("--num-cpus", type=float, default=0.5, help="CPUs reserved per actor (both pipelines)")
+    p.add_argument("--batch-size", type=int, default=256)
+    p.add_argument("--rows-per-block", type=int, default=None,
+                   help="rows per input block (default: --batch-size, so blocks spread over the actors)")
+    p.add_argument("--no-special-tokens", action="store_true")
+    p.add_argument("--rayon-threads", type=int, default=None,
+                   help="RAYON_NUM_THREADS in the workers (both pipelines; default: the library default)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--stats", action="store_true", help="print Ray Data's per-operator task times of each run")
+    args = p.parse_args(argv)
+
+    import ray
+    import ray.data
+
+    path = bundled_tokenizer_path(args.tokenizer) if args.tokenizer in TEST_TOKENIZERS else args.tokenizer
+    cpus = os.cpu_count() or 1
+    args.concurrency = args.concurrency or cpus
+    docs = build_corpus(args.scale, args.seed)
+    lengths = np.array([len(d) for d in docs])
+    big = lengths >= 1_000_000
+    print(f"corpus: {len(docs):,} documents, {lengths.sum():,} chars; {big.sum()} long documents "
+          f"({lengths[big].sum():,} chars, largest {lengths.max():,}); median {int(np.median(lengths)):,} chars")
+    print(f"tokenizer {args.tokenizer}; {cpus} CPUs; actor pool {args.concurrency} x {args.num_cpus} CPU; "
+          f"batch_size {args.batch_size}; RAYON_NUM_THREADS={args.rayon_threads or 'default'}")
+
+    env = {"RAYON_NUM_THREADS": str(args.rayon_threads)} if args.rayon_threads else {}
+    ray.init(num_cpus=cpus, include_dashboard=False, log_to_driver=False, configure_logging=False,
+             runtime_env={"env_vars": env} if env else None)
+    ray.data.DataContext.get_current().enable_progress_bars = False
+    try:
+        source = input_dataset(ray, docs, args.rows_per_block or args.batch_size)
+        print(f"input: {source.num_blocks()} blocks")
+        del docs
+        times: dict[str, list[float]] = {"naive": [], "delta-ray": []}
+        cpu: dict[str, list[float]] = {"naive": [], "delta-ray": []}
+        outputs = {}
+        for r in range(args.repeats):
+            for name, fn in (("naive", run_naive), ("delta-ray", run_delta)):
+                elapsed, out = fn(ray, source, path, args)
+                times[name].append(elapsed)
+                outputs[name] = out  # keep the last output of each for the comparison
+                stats = out.stats()
+                used = udf_cpu_seconds(stats)
+                if used is not None:
+                    cpu[name].append(used)
+                print(f"  run {r + 1} {name:9s} {elapsed:6.2f} s wall"
+                      + (f", {used:6.2f} s CPU in the actors' batch calls" if used is not None else ""), flush=True)
+                if args.stats:
+                    keep = ("tasks executed", "Remote wall time", "Remote cpu time")
+                    print("\n".join("    " + ln.strip() for ln in stats.splitlines()
+                                    if any(k in ln for k in keep)))
+                del out
+        t0 = time.perf_counter()
+        a_ids, a_len, a_vals = ids_by_doc(ray, outputs["naive"])
+        b_ids, b_len, b_vals = ids_by_doc(ray, outputs["delta-ray"])
+        n = len(lengths)
+        same_rows = np.array_equal(a_ids, np.arange(n)) and np.array_equal(b_ids, np.arange(n))
+        same = same_rows and np.array_equal(a_len, b_len) and np.array_equal(a_vals, b_vals)
+        tokens = int(b_len.sum())
+        if not same and same_rows and np.array_equal(a_len, b_len):
+            bad = np.unique(np.searchsorted(np.cumsum(a_len), np.flatnonzero(a_vals != b_vals), side="right"))
+            print(f"rows with different IDs: {len(bad)} (first doc ids {bad[:10].tolist()})")
+        elif not same:
+            diff = np.flatnonzero(a_len != b_len) if same_rows else []
+            print(f"row sets or lengths differ (rows ok: {same_rows}; length mismatches: {len(diff)})")
+        print(f"compared {n:,} rows ({tokens:,} tokens) in {time.perf_counter() - t0:.1f} s: "
+              f"{'identical' if same else 'DIFFERENT'}")
+        best = {k: min(v) for k, v in times.items()}
+        med = {k: statistics.median(v) for k, v in times.items()}
+        for k in times:
+            print(f"{k:9s} best {best[k]:6.2f} s = {tokens / best[k] / 1e6:6.3f} M tokens/s; "
+                  f"median {med[k]:6.2f} s = {tokens / med[k] / 1e6:6.3f} M tokens/s")
+        print(f"speed-up delta-ray / naive: {best['naive'] / best['delta-ray']:.2f}x (best), "
+              f"{med['naive'] / med['delta-ray']:.2f}x (median)")
+        if all(cpu.values()):
+            c = {k: statistics.median(v) for k, v in cpu.items()}
+            print(f"actor CPU (median; less sensitive to a busy machine): naive {c['naive']:.2f} s, "
+                  f"delta-ray {c['delta-ray']:.2f} s: {c['naive'] / c['delta-ray']:.2f}x")
+        return 0 if same else 1
+    finally:
+        ray.shutdown()
+
+
+if __name__ == "__main__":
+    sys.exit(main())
