@@ -117,7 +117,7 @@ def _default_concurrency() -> int:
 # Logical operators whose output schema Ray Data can fetch by reading a little: sources, unions,
 # column selection/renaming. Anything else (a UDF map, a shuffle) would run upstream work first.
 _CHEAP_TO_FETCH = {"Read", "ReadFiles", "ListFiles", "InputData", "FromItems", "FromBlocks", "FromNumpy",
-                   "FromArrow", "FromPandas", "Union", "Project", "Limit"}
+                   "FromArrow", "FromPandas", "Union", "Project", "Limit", "StreamingRepartition"}
 
 
 def _cheap_to_fetch(dataset) -> bool:
@@ -169,7 +169,10 @@ def tokenize_dataset(dataset, tokenizer, *, text_column: str = "text", output_co
         output_column: the ``list<int32>`` column of IDs (replaced if it exists).
         count_column: an ``int32`` column with the number of IDs per row; ``None`` for none.
         add_special_tokens: as in the reference ``encode`` (BOS/templates applied once per row).
-        batch_size: rows per batch handed to one actor call.
+        batch_size: rows per batch handed to one actor call. An actor call takes whole blocks, so a
+            dataset in a few large blocks (a small Parquet or JSON read often gives one) keeps
+            most actors idle: ``ds.repartition(target_num_rows_per_block=batch_size)`` first
+            (streaming, no shuffle), as ``delta-ray tokenize`` does.
         concurrency: actors in the pool (an int, or ``(min, max)`` for an autoscaling pool);
             default: the cluster's CPU count, at least 1.
         num_cpus: CPUs reserved per actor. Keep it fractional on small machines: actors holding
@@ -180,11 +183,12 @@ def tokenize_dataset(dataset, tokenizer, *, text_column: str = "text", output_co
         threads: the planner's chunk count per long text (DeltaTokenizer ``threads``; default its own).
 
     Validation happens before anything runs when the schema is known from sources alone (reads,
-    ``from_*``, unions, renames): a missing text column raises ``ValueError``, a non-string one
-    ``TypeError``. After a UDF stage the schema is not fetched (that would run the upstream
-    stages); the actors then raise the same errors on the first batch. Null texts are only seen while the dataset executes: the first
-    batch holding one fails with a ``ValueError`` naming the column, which the consuming call
-    (``materialize``, ``write_parquet``, ...) raises wrapped as Ray Data does for any UDF error
+    ``from_*``, unions, renames, streaming repartitions): a missing text column raises
+    ``ValueError``, a non-string one ``TypeError``. After a UDF stage the schema is not fetched
+    (that would run the upstream stages); the actors then raise the same errors on the first
+    batch. Null texts are only seen while the dataset executes: the first batch holding one fails
+    with a ``ValueError`` naming the column, which the consuming call (``materialize``,
+    ``write_parquet``, ...) raises wrapped as Ray Data does for any UDF error
     (``ray.exceptions.UserCodeException``, or the ``ValueError`` itself with
     ``DataContext.raise_original_map_exception``). Filter or fill nulls first.
     """

@@ -7,8 +7,11 @@ Inputs by extension: ``.txt`` is one document per line (empty lines skipped; Ray
 ``read_text``), ``.jsonl``/``.json`` newline-delimited JSON objects (``read_json``), ``.parquet``
 (``read_parquet``); ``.txt``/``.jsonl``/``.json`` may end in ``.gz``, ``.bz2`` or ``.zst``. The
 output keeps the input columns (``--drop-text`` omits the text) and adds the ``list<int32>`` IDs and
-an ``int32`` count column. A local Ray is started when none is running and shut down afterwards;
-a Ray the caller already runs is left alone. Usage errors exit with status 2.
+an ``int32`` count column; ``--output`` is a new or empty local directory (on a multi-node cluster,
+one every node can write: a shared file system) or a URI Ray Data can write to. Blocks are split to
+``--batch-size`` rows so every actor of the pool gets work. A local Ray is started when none is
+running and shut down afterwards; a Ray the caller already runs is left alone. Usage errors exit
+with status 2, a failure while the pipeline runs (e.g. a null text) with status 1.
 """
 from __future__ import annotations
 
@@ -39,7 +42,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--concurrency", type=int, default=None,
                         help="tokenizer actors (default: the cluster's CPU count)")
     parser.add_argument("--num-cpus", type=float, default=0.5, help="CPUs reserved per actor (default: 0.5)")
-    parser.add_argument("--batch-size", type=int, default=256, help="rows per actor call (default: 256)")
+    parser.add_argument("--batch-size", type=int, default=256,
+                        help="rows per block and per actor call (default: 256)")
     parser.add_argument("--no-special-tokens", action="store_true",
                         help="encode with add_special_tokens=False (no BOS/template tokens)")
     parser.add_argument("--drop-text", action="store_true", help="do not copy the text column to the output")
@@ -70,6 +74,8 @@ def _check_inputs(paths: list[str]) -> dict[str, list[str]]:
 
 
 def _check_output(out: str) -> None:
+    if "://" in out:  # a URI (s3://, gs://, ...): Ray Data's writer checks it
+        return
     p = Path(out)
     if p.exists() and (not p.is_dir() or any(p.iterdir())):
         raise UsageError(f"{out}: output must be a new or empty directory")
@@ -107,6 +113,8 @@ def run(args: argparse.Namespace) -> int:
         _check_output(args.output)
         if args.concurrency is not None and args.concurrency < 1:
             raise UsageError("--concurrency must be >= 1")
+        if args.batch_size < 1 or args.num_cpus <= 0:
+            raise UsageError("--batch-size must be >= 1 and --num-cpus > 0")
         from delta_ray.loading import load_tokenizer
         try:
             loaded = load_tokenizer(args.tokenizer)
@@ -129,6 +137,9 @@ def run(args: argparse.Namespace) -> int:
 
         t0 = time.perf_counter()
         ds = _read(groups, args.text_column)
+        # Reads often come in a few large blocks and an actor call takes whole blocks: split them
+        # (streaming, no shuffle) so that every actor of the pool gets work and long documents spread.
+        ds = ds.repartition(target_num_rows_per_block=args.batch_size)
         try:
             ds = tokenize_dataset(ds, loaded, text_column=args.text_column, output_column=args.output_column,
                                   count_column=args.count_column,

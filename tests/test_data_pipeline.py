@@ -24,7 +24,8 @@ def _repeat(text: str, n: int) -> str:
 def _short_texts(real_texts: dict[str, str]) -> list[str]:
     out = ["", " ", "\n\n", "a", "1234567", "e\u0301\u0301 caf\u00e9", "\U0001F600\U0001F468\u200d\U0001F469",
            "<|begin_of_text|>hello<|end_of_text|>", "<|endoftext|><|im_start|>user\nhi<|im_end|>",
-           "[gMASK]<sop> x", "  leading and trailing  ", "\u4f60\u597d\uff0c\u4e16\u754c\u3002\u3053\u3093\u306b\u3061\u306f"]
+           "[gMASK]<sop> x", "  leading and trailing  ",
+           "\u4f60\u597d\uff0c\u4e16\u754c\u3002\u3053\u3093\u306b\u3061\u306f"]
     for kind, text in real_texts.items():
         paras = [p for p in text.split("\n\n") if p.strip()]
         out += paras[:120]
@@ -88,7 +89,7 @@ def test_every_row_matches_reference(ray_session, name, tokenizer_paths, mixed_t
     # (a tokenizers.Tokenizer object, small chunks so every long text is cut many times, no counts).
     ds = tokenize_dataset(ds, path, concurrency=2, batch_size=64)
     ds = tokenize_dataset(ds, ref, add_special_tokens=False, output_column="ids_plain",
-                          count_column=None, concurrency=2, batch_size=48, **SMALL)
+                          count_column=None, concurrency=1, batch_size=48, **SMALL)
     table = _table(ds)
     assert table.column_names == ["id", "text", "input_ids", "num_tokens", "ids_plain"]
     _check_rows(table, mixed_texts, ref, "input_ids", "num_tokens", True)
@@ -159,7 +160,7 @@ def test_cli_jsonl_and_txt(ray_session, tokenizer_paths, real_texts, tmp_path, c
     txt.write_text("\n".join(lines) + "\n", encoding="utf-8")
     out = tmp_path / "out"
     rc = main(["tokenize", "--tokenizer", tokenizer_paths[name], str(jsonl), str(txt), "--output", str(out),
-               "--concurrency", "2"])
+               "--concurrency", "1"])
     assert rc == 0
     printed = capsys.readouterr().out
     assert "tokens/s" in printed
@@ -183,6 +184,8 @@ def test_cli_text_column_no_special_tokens(ray_session, tokenizer_paths, real_te
     args = parser.parse_args(["--tokenizer", tokenizer_paths[name], str(src), "--output", str(tmp_path / "o"),
                               "--text-column", "body", "--no-special-tokens", "--concurrency", "1"])
     assert tokenize_job.run(args) == 0
+    missing = parser.parse_args(["--tokenizer", tokenizer_paths[name], str(src), "--output", str(tmp_path / "o2")])
+    assert tokenize_job.run(missing) == 2  # no "text" column: refused before the pool starts
     table = _read_output(tmp_path / "o")
     assert set(table.column_names) == {"body", "n", "input_ids", "num_tokens"}
     _compare_by_text(table, docs, Tokenizer.from_file(tokenizer_paths[name]), "body", False)
