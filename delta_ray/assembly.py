@@ -33,7 +33,10 @@ def to_arrow(ids: np.ndarray) -> pa.Int32Array:
 def list_array(rows: Sequence[np.ndarray]) -> pa.ListArray:
     """Build a list<int32> array from per-row ID buffers via one values buffer plus offsets."""
     lengths = np.fromiter((len(r) for r in rows), dtype=np.int64, count=len(rows))
+    ends = np.cumsum(lengths)
+    if len(ends) and ends[-1] > np.iinfo(np.int32).max:
+        raise OverflowError(f"{int(ends[-1])} IDs exceed list<int32> offsets; use smaller batches")
     offsets = np.zeros(len(rows) + 1, dtype=np.int32)
-    np.cumsum(lengths, out=offsets[1:])
+    offsets[1:] = ends
     values = concat_ids(list(rows)) if rows else EMPTY
     return pa.ListArray.from_arrays(pa.array(offsets, type=pa.int32()), to_arrow(values))

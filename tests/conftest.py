@@ -74,7 +74,8 @@ def ray_session():
 
     started = False
     if not ray.is_initialized():
-        ray.init(num_cpus=4, include_dashboard=False, log_to_driver=False,
+        # address="local": always a fresh local instance, never another process's cluster.
+        ray.init(address="local", num_cpus=4, include_dashboard=False, log_to_driver=False,
                  configure_logging=False, runtime_env={"env_vars": {"RAYON_NUM_THREADS": "1"}})
         started = True
     yield ray
