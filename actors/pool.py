@@ -396,8 +396,12 @@ class TokenizerPool:
         self._remember(key, self._dispatcher.home_of(key))
         return ids
 
+    def _slots(self) -> int:
+        """Parallel execution slots for planning chunks: live workers plus Ray task slots."""
+        return max(1, self.num_workers + self._opts["max_inflight_tasks"])
+
     async def _stateless_chunked(self, text: str, add: bool) -> pa.Int32Array:
-        workers = max(1, self.num_workers)
+        workers = self._slots()
         cuts = plan_cuts(text, self._local.predicate, self._local.config, workers)
         metrics.record_cut_misses(chunk_count(len(text), self._local.config, workers) - 1 - len(cuts))
         bounds = [0] + [c.pos for c in cuts] + [len(text)]
@@ -408,7 +412,7 @@ class TokenizerPool:
     async def _chunked_init(self, key: str, text: str) -> np.ndarray:
         """A long session's first encode: chunks in parallel, then the home worker adopts the state."""
         plan = plan_repair(text, None, 0, self._local.predicate, self._local.config,
-                           max(1, self.num_workers), self._local.margin)
+                           self._slots(), self._local.margin)
         arrays = await self._pieces(plan.pieces)
         res = finish_repair(plan, arrays)
         self._mirror.pop(key, None)
