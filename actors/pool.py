@@ -141,7 +141,8 @@ class TokenizerPool:
                  policy: str = "shortest_first", chunk_size: int = C.CHUNK_SIZE,
                  cut_threshold: int = C.CUT_THRESHOLD, max_chunks: int = C.MAX_CHUNKS,
                  name: str | None = None, worker_cpus: float = C.WORKER_CPUS, task_cpus: float = C.TASK_CPUS,
-                 max_inflight_tasks: int | None = None, request_timeout_s: float = C.REQUEST_TIMEOUT_S,
+                 max_inflight_tasks: int | None = None, workers_take_shared: bool = True,
+                 request_timeout_s: float = C.REQUEST_TIMEOUT_S,
                  startup_timeout_s: float = C.STARTUP_TIMEOUT_S,
                  max_session_bytes: int = C.MAX_SESSION_BYTES, max_sessions: int = C.MAX_SESSIONS,
                  _attach: dict | None = None):
@@ -163,7 +164,7 @@ class TokenizerPool:
             if num_workers < 1:
                 raise ValueError("num_workers must be >= 1")
             opts = {"chunk_size": chunk_size, "cut_threshold": cut_threshold, "max_chunks": max_chunks,
-                    "policy": policy, "task_cpus": task_cpus,
+                    "policy": policy, "task_cpus": task_cpus, "workers_take_shared": workers_take_shared,
                     "max_inflight_tasks": max_inflight_tasks if max_inflight_tasks is not None else max(1, n_cpus),
                     "worker": {"chunk_size": chunk_size, "cut_threshold": cut_threshold, "max_chunks": max_chunks,
                                "threads": 1, "max_session_bytes": max_session_bytes, "max_sessions": max_sessions}}
@@ -176,7 +177,8 @@ class TokenizerPool:
                                      max_chunks=opts["max_chunks"], threads=max(1, len(self._workers)))
         self.admission = self._local.admission
         self._dispatcher = Dispatcher(opts["policy"], workers=list(self._workers),
-                                      max_inflight_tasks=opts["max_inflight_tasks"])
+                                      max_inflight_tasks=opts["max_inflight_tasks"],
+                                      workers_take_shared=opts.get("workers_take_shared", True))
         self._lock = threading.Lock()  # guards the dispatcher against the loop and callers
         self._requests: dict[int, _Request] = {}
         self._session_locks: dict[str, asyncio.Lock] = {}
@@ -186,6 +188,7 @@ class TokenizerPool:
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, name="delta-ray-pool", daemon=True)
         self._thread.start()
+        self._warm_task_pool(startup_timeout_s)
         self._registry = None
         if self._owner and name:
             info = {"loaded": loaded, "workers": self._workers, "options": opts}
@@ -210,6 +213,22 @@ class TokenizerPool:
                 ray.kill(w)
             raise PoolStartupError(f"{n} workers did not load the tokenizer within {timeout:.0f} s") from exc
         return workers
+
+    def _warm_task_pool(self, timeout: float) -> None:
+        """Load the tokenizer in the processes that will run chunk tasks, before any request waits.
+
+        A cold task process spends seconds importing and loading the tokenizer; without this the
+        first bursts of chunks pay it on the request path.
+        """
+        n = self._opts["max_inflight_tasks"]
+        if n <= 0 or not self.admission:
+            return
+        refs = [encode_chunks.options(num_cpus=self._opts["task_cpus"]).remote(
+            self._config_ref, self._loaded.digest, ["warm up"], self._opts["worker"]) for _ in range(n)]
+        try:
+            ray.get(refs, timeout=timeout)
+        except Exception:  # noqa: BLE001 - warming is best effort; requests still work cold
+            log.warning("warming the chunk-task processes failed", exc_info=True)
 
     @classmethod
     def connect(cls, name: str) -> "TokenizerPool":
