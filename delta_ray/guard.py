@@ -240,7 +240,7 @@ def _composition_pairs() -> list[tuple[int, int]]:
             parts = [int(x, 16) for x in d.split()]
             if len(parts) == 2:
                 pairs.add((parts[0], parts[1]))
-    # Hangul: every L+V, and LV+T for the first LV of each L (T is chosen by the arithmetic, not tables)
+    # Hangul (composed by arithmetic, not tables): every L+V, and every LV syllable with three T jamo
     for l_ in range(0x1100, 0x1113):
         for v in range(0x1161, 0x1176):
             pairs.add((l_, v))
@@ -368,59 +368,82 @@ def probe_disagreements(ref_tokenizer, fast: FastEncoder | Callable[[list[str]],
         if code_points is not None:
             wanted = set(cps)
             pairs = [(a, b) for a, b in pairs if a in wanted or b in wanted]
-    timings = {"build": 0.0, "reference": 0.0, "fast": 0.0, "compare": 0.0}
+    timings = {"build": 0.0, "fast": 0.0, "reference_wait": 0.0, "compare": 0.0}
 
     disagreeing: set[int] = set()
     alone: list[tuple[str, tuple[int, ...]]] = []
-    n_probes = n_chunks = differing = n_ref_chunks = 0
-    with ThreadPoolExecutor(max_workers=_workers()) as pool:
-        for texts, owners in _probe_texts(cps, contexts, pairs):
-            t = time.perf_counter()
-            n_probes += len(texts)
-            keep_t, keep_o = [], []
-            for txt, own in zip(texts, owners):
-                if any(c in risky for c in own):
-                    alone.append((txt, own))
-                else:
-                    keep_t.append(txt)
-                    keep_o.append(own)
-            del texts, owners
-            chunks_txt = [sep.join(keep_t[i:i + chunk_probes]) for i in range(0, len(keep_t), chunk_probes)]
-            chunks_own = [keep_o[i:i + chunk_probes] for i in range(0, len(keep_o), chunk_probes)]
-            del keep_t, keep_o
-            n_chunks += len(chunks_txt)
-            timings["build"] += time.perf_counter() - t
-            t = time.perf_counter()
-            fast_ids = fast_encode(chunks_txt)
-            timings["fast"] += time.perf_counter() - t
-            t = time.perf_counter()
-            if ref_digests is not None:  # chunks whose reference IDs are known to equal the engine's
-                tkeys = [_digest_text(c) for c in chunks_txt]
-                need = [j for j, (k, f) in enumerate(zip(tkeys, fast_ids)) if ref_digests.get(k) != _digest_ids(f)]
+    counts = {"probes": 0, "chunks": 0, "differing": 0, "reference_chunks": 0}
+    n_workers = _workers()
+
+    def prepare(texts, owners, pool) -> dict:
+        """Main thread: chunk the batch, run the engine, start the reference where it is needed."""
+        t = time.perf_counter()
+        counts["probes"] += len(texts)
+        keep_t, keep_o = [], []
+        for txt, own in zip(texts, owners):
+            if any(c in risky for c in own):
+                alone.append((txt, own))
             else:
-                need = list(range(len(chunks_txt)))
-            timings["compare"] += time.perf_counter() - t
-            t = time.perf_counter()
-            ref_ids = _encode_ref_parallel(ref_tokenizer, [chunks_txt[j] for j in need], pool)
-            n_ref_chunks += len(need)
-            timings["reference"] += time.perf_counter() - t
-            t = time.perf_counter()
-            for j, r in zip(need, ref_ids):
-                f, own = fast_ids[j], chunks_own[j]
-                sep_ok = np.count_nonzero(r == sep_id) == len(own) - 1
-                if ref_digests is not None and sep_ok:
-                    ref_digests[tkeys[j]] = _digest_ids(r)
-                if sep_ok and len(r) == len(f) and np.array_equal(r, f):
-                    continue
-                differing += 1
-                bad = _compare_chunk(r, f, len(own), sep_id)
-                if bad is None:  # cannot trust the split: every probe of the chunk goes one by one
-                    alone.extend(zip(chunks_txt[j].split(sep), own))
-                    continue
-                for i in bad:
-                    disagreeing.update(own[i])
-            timings["compare"] += time.perf_counter() - t
-            del ref_ids, fast_ids, chunks_txt, chunks_own
+                keep_t.append(txt)
+                keep_o.append(own)
+        chunks_txt = [sep.join(keep_t[i:i + chunk_probes]) for i in range(0, len(keep_t), chunk_probes)]
+        chunks_own = [keep_o[i:i + chunk_probes] for i in range(0, len(keep_o), chunk_probes)]
+        counts["chunks"] += len(chunks_txt)
+        timings["build"] += time.perf_counter() - t
+        t = time.perf_counter()
+        fast_ids = fast_encode(chunks_txt)
+        timings["fast"] += time.perf_counter() - t
+        t = time.perf_counter()
+        tkeys: list[str] = []
+        if ref_digests is not None:  # chunks whose reference IDs are known to equal the engine's
+            tkeys = [_digest_text(c) for c in chunks_txt]
+            need = [j for j, (k, f) in enumerate(zip(tkeys, fast_ids)) if ref_digests.get(k) != _digest_ids(f)]
+        else:
+            need = list(range(len(chunks_txt)))
+        counts["reference_chunks"] += len(need)
+        step = max(1, -(-len(need) // (4 * n_workers)))
+        futs = [pool.submit(_encode_ref, ref_tokenizer, [chunks_txt[j] for j in need[i:i + step]])
+                for i in range(0, len(need), step)]
+        timings["compare"] += time.perf_counter() - t
+        return {"txt": chunks_txt, "own": chunks_own, "fast": fast_ids, "keys": tkeys, "need": need, "futs": futs}
+
+    def finish(batch: dict) -> None:
+        """Collect the reference's IDs of a batch and compare them probe by probe where they differ."""
+        t = time.perf_counter()
+        ref_ids: list[np.ndarray] = []
+        for fu in batch["futs"]:
+            ref_ids.extend(fu.result())
+        timings["reference_wait"] += time.perf_counter() - t
+        t = time.perf_counter()
+        for j, r in zip(batch["need"], ref_ids):
+            f, own = batch["fast"][j], batch["own"][j]
+            sep_ok = np.count_nonzero(r == sep_id) == len(own) - 1
+            if ref_digests is not None and sep_ok:
+                ref_digests[batch["keys"][j]] = _digest_ids(r)
+            if sep_ok and len(r) == len(f) and np.array_equal(r, f):
+                continue
+            counts["differing"] += 1
+            bad = _compare_chunk(r, f, len(own), sep_id)
+            if bad is None:  # cannot trust the split: every probe of the chunk goes one by one
+                alone.extend(zip(batch["txt"][j].split(sep), own))
+                continue
+            for i in bad:
+                disagreeing.update(own[i])
+        timings["compare"] += time.perf_counter() - t
+
+    # Pipelined: while the reference encodes batch k on the pool's threads (it drops the GIL), the
+    # calling thread builds batch k+1 and runs the engine on it.
+    with ThreadPoolExecutor(max_workers=n_workers) as pool:
+        pending = None
+        for texts, owners in _probe_texts(cps, contexts, pairs):
+            batch = prepare(texts, owners, pool)
+            del texts, owners
+            if pending is not None:
+                finish(pending)
+            pending = batch
+        if pending is not None:
+            finish(pending)
+        del pending
         if alone:
             t = time.perf_counter()
             texts = [txt for txt, _ in alone]
@@ -428,8 +451,9 @@ def probe_disagreements(ref_tokenizer, fast: FastEncoder | Callable[[list[str]],
                 if not np.array_equal(r, f):
                     disagreeing.update(own)
             timings["one_by_one"] = time.perf_counter() - t
-    return ProbeResult(disagreeing, time.perf_counter() - t0, n_probes, n_chunks, differing, sep, len(alone),
-                       {k: round(v, 2) for k, v in timings.items()}, n_ref_chunks)
+    return ProbeResult(disagreeing, time.perf_counter() - t0, counts["probes"], counts["chunks"],
+                       counts["differing"], sep, len(alone), {k: round(v, 2) for k, v in timings.items()},
+                       counts["reference_chunks"])
 
 
 def check_probe_isolation(ref_tokenizer, tokenizer_json: dict, probes: Sequence[str]) -> bool:
@@ -647,6 +671,15 @@ def adversarial_battery(ref_tokenizer, *, seed: int = 0, n_random: int = 1000) -
     return out
 
 
+def _utf8_ok(text: str) -> bool:
+    """Texts with lone surrogates are refused by both engines alike; the battery leaves them out."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
 def verify_fast_engine(ref_tokenizer, fast_encoder, texts: Iterable[str] = (), *,
                        guard: GuardSet | None = None, seed: int = 0) -> tuple[bool, str]:
     """Admission battery: ``fast_encoder`` must equal the reference on real + adversarial texts.
@@ -656,7 +689,7 @@ def verify_fast_engine(ref_tokenizer, fast_encoder, texts: Iterable[str] = (), *
     encoded as one batch, then again one text at a time in reverse order, so an engine whose answer
     depends on what it encoded before is caught. Returns ``(ok, reason)``.
     """
-    battery = [t for t in texts] + adversarial_battery(ref_tokenizer, seed=seed)
+    battery = [t for t in texts if _utf8_ok(t)] + adversarial_battery(ref_tokenizer, seed=seed)
     skipped = 0
     if guard is not None:
         kept = [t for t in battery if guard.allows(t)]
@@ -674,11 +707,15 @@ def verify_fast_engine(ref_tokenizer, fast_encoder, texts: Iterable[str] = (), *
     except Exception as exc:  # noqa: BLE001
         return False, f"the fast engine failed: {type(exc).__name__}: {exc}"
     for how, got in (("batch", got_batch), ("one by one", got_single)):
+        if len(got) != len(expected):
+            return False, f"the fast engine returned {len(got)} arrays for {len(expected)} texts ({how})"
         for i, (e, g) in enumerate(zip(expected, got)):
             if g.dtype != np.int32:
                 return False, f"text #{i} ({how}): dtype {g.dtype}, expected int32"
             if not np.array_equal(e, g):
-                at = int(np.argmax(e[:min(len(e), len(g))] != g[:min(len(e), len(g))])) if min(len(e), len(g)) else 0
+                n = min(len(e), len(g))
+                mism = np.flatnonzero(e[:n] != g[:n])
+                at = int(mism[0]) if len(mism) else n
                 return False, (f"text #{i} ({how}) differs from the reference at token {at}: "
                                f"text={battery[i][:80]!r} reference={e[at:at + 6].tolist()} fast={g[at:at + 6].tolist()}")
     return True, f"{len(battery)} texts equal to the reference ({skipped} skipped by the guard)"
