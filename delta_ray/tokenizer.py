@@ -5,6 +5,7 @@ import itertools
 import os
 import threading
 from collections import Counter
+from dataclasses import replace
 from typing import Iterable, Sequence
 
 import numpy as np
@@ -17,6 +18,8 @@ from .assembly import concat_ids, to_arrow, with_template
 from .content_index import ContentIndex
 from .cut_predicate import CutPredicate
 from .encoder import Encoder, ReferenceEncoder
+from .engines import ENGINES, EngineSwitch, select_engine
+from .shadow import ShadowVerifier
 from .families import FAMILIES
 from .loading import LoadedTokenizer, TokenizerLike, load_tokenizer
 from .nfc_anchors import anchor_table
@@ -58,7 +61,7 @@ class DeltaTokenizer:
                  cut_threshold: int = C.CUT_THRESHOLD, max_chunks: int = C.MAX_CHUNKS,
                  threads: int | None = None, reuse: str = "session",
                  max_session_bytes: int = C.MAX_SESSION_BYTES, max_sessions: int = C.MAX_SESSIONS,
-                 encoder: Encoder | None = None):
+                 engine: str = "auto", shadow_rate: float = 0.0, encoder: Encoder | None = None):
         if reuse not in REUSE_MODES:
             raise ValueError(f"reuse must be one of {REUSE_MODES}, got {reuse!r}")
         if threads is not None and (not isinstance(threads, int) or threads < 1):
@@ -68,11 +71,21 @@ class DeltaTokenizer:
         self.config = PlannerConfig(chunk_size=chunk_size, cut_threshold=cut_threshold, max_chunks=max_chunks)
         self.threads = threads or os.cpu_count() or 1
         self.reuse = reuse
-        self.admission = admit(self._loaded)
+        self._admission = admit(self._loaded)
         self._reference = ReferenceEncoder(self._tok)
-        self.encoder: Encoder = encoder or self._reference
-        self._predicate = build_predicate(self._loaded, self.admission) if self.admission else None
-        longest = max((len(t) for t in self.admission.added_tokens), default=0)
+        # The encoder seam: a switchable engine (reference, or the guarded fast tier once admitted),
+        # sampled by the shadow verifier. Unadmitted configurations only ever use the reference.
+        self.engine_switch = EngineSwitch(self._reference)
+        if encoder is not None:
+            self.engine_switch.use(encoder, f"{encoder.name} (given)")
+        elif self._admission:
+            select_engine(engine, self._loaded.config_bytes, self.engine_switch, digest=self._loaded.digest)
+        elif engine not in ENGINES:
+            raise ValueError(f"engine must be one of {ENGINES}, got {engine!r}")
+        self.shadow = ShadowVerifier(self.engine_switch, shadow_rate)
+        self.encoder: Encoder = self.shadow
+        self._predicate = build_predicate(self._loaded, self._admission) if self._admission else None
+        longest = max((len(t) for t in self._admission.added_tokens), default=0)
         self.margin = max(C.MIN_MARGIN, longest)
         self._store = SessionStore(max_session_bytes, max_sessions)
         self._content = ContentIndex() if reuse == "content" else None
@@ -81,6 +94,11 @@ class DeltaTokenizer:
         self.stats: Counter[str] = Counter()
 
     # -- public API -------------------------------------------------------------------------
+    @property
+    def admission(self) -> Admission:
+        """Whether the fast paths serve this tokenizer, why, and which engine encodes now."""
+        return replace(self._admission, engine=self.engine_switch.reason)
+
     @property
     def digest(self) -> str:
         """SHA-256 of the tokenizer configuration bytes."""
@@ -180,7 +198,7 @@ class DeltaTokenizer:
         """Like :meth:`encode`, returning an int32 numpy array."""
         if session is not None:
             ids = self._session_ids(session, text, self._store.get(session))
-        elif self._content is not None and self.admission:
+        elif self._content is not None and self._admission:
             ids = self._content_ids(text)
         else:
             ids = self._stateless_ids(text)
@@ -215,7 +233,7 @@ class DeltaTokenizer:
             return ids[1] if add_special_tokens else ids[0]
         if not add_special_tokens:
             return ids
-        return with_template(ids, self.admission.prefix_ids, self.admission.suffix_ids)
+        return with_template(ids, self._admission.prefix_ids, self._admission.suffix_ids)
 
     def _reference_full(self, text: str, add_special_tokens: bool) -> np.ndarray:
         try:

@@ -13,6 +13,9 @@ from delta_ray.bundled import TEST_TOKENIZERS, bundled_tokenizer_path
 DATA = pathlib.Path(__file__).parent / "data"
 
 
+os.environ.setdefault("DELTA_RAY_FAST_BACKGROUND", "0")  # no background probes in tests
+
+
 def pytest_collection_modifyitems(config, items):
     """The slow tier runs with -m slow or DELTA_RAY_SLOW=1; CI runs the default tier."""
     if os.environ.get("DELTA_RAY_SLOW") == "1" or "slow" in (config.getoption("-m") or ""):
@@ -76,7 +79,7 @@ def ray_session():
     if not ray.is_initialized():
         # address="local": always a fresh local instance, never another process's cluster.
         ray.init(address="local", num_cpus=4, include_dashboard=False, log_to_driver=False,
-                 configure_logging=False, runtime_env={"env_vars": {"RAYON_NUM_THREADS": "1"}})
+                 configure_logging=False, runtime_env={"env_vars": {"RAYON_NUM_THREADS": "1", "DELTA_RAY_FAST_BACKGROUND": "0"}})
         started = True
     yield ray
     if started:

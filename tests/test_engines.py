@@ -1,0 +1,111 @@
+"""The fast tier inside the cuts: the core's battery with engine="fast" on all six tokenizers,
+guard confinement with an engine that does disagree, and the shadow verifier's switch-back."""
+from __future__ import annotations
+
+import importlib.util
+import random
+
+import numpy as np
+import pytest
+
+from delta_ray import DeltaTokenizer
+from delta_ray.encoder import ReferenceEncoder
+from exactness import ADVERSARIAL, special_fragments
+
+HAS_FAST = importlib.util.find_spec("fastokens") is not None
+HAS_GIGA = importlib.util.find_spec("gigatoken") is not None
+
+
+@pytest.fixture(scope="module")
+def fast_deltas(tokenizer_paths):
+    if not HAS_FAST:
+        pytest.skip("fastokens is not installed")
+    # engine="fast" admits now: guard probe over every code point plus the battery (cached on disk)
+    return {n: DeltaTokenizer(p, engine="fast", chunk_size=2048, cut_threshold=4096, threads=8)
+            for n, p in tokenizer_paths.items()}
+
+
+def test_core_battery_with_the_fast_engine(name, fast_deltas, references, real_texts):
+    dt, ref = fast_deltas[name], references[name]
+    assert dt.admission.engine.startswith("fast"), dt.admission.engine
+    texts = [src[:40_000] for src in real_texts.values()]
+    rnd = random.Random(3)
+    frags = ADVERSARIAL + special_fragments(ref)
+    texts += ["".join(rnd.choice(frags) for _ in range(rnd.randint(1, 400))) for _ in range(60)]
+    texts += ["", "a", "<|im_end|>", "\u0958/", "e\u0301" * 3000]
+    for special in (True, False):
+        got = dt.encode_batch(texts, add_special_tokens=special)
+        want = ref.encode_batch(texts, add_special_tokens=special)
+        assert [g.to_pylist() for g in got] == [w.ids for w in want]
+    for t in texts[:3]:
+        assert dt.encode(t).to_pylist() == ref.encode(t).ids
+    # sessions: appends landing anywhere, repaired by the fast engine
+    text = real_texts["code"][:20_000]
+    for i in range(12):
+        text += rnd.choice(frags) + real_texts["english"][i * 300:(i + 1) * 300 + rnd.randint(0, 40)]
+        assert dt.encode(text, session="s").to_pylist() == ref.encode(text).ids
+    assert dt.engine_switch.current.fast_texts > 0  # the fast engine did the work
+
+
+@pytest.mark.skipif(not HAS_GIGA, reason="gigatoken is not installed")
+def test_guard_confines_a_disagreeing_engine_to_its_chunk(tokenizer_paths, references, real_texts):
+    """gigatoken disagrees with the reference on some recent code points: with its guard, only the
+    chunk holding one goes to the reference and the IDs stay exact; without it they would not."""
+    from delta_ray.fast_engine import cached_fast_encoder
+    from delta_ray.guard import GuardedEncoder, guard_set_for
+
+    name = "qwen-3"
+    ref = references[name]
+    data = open(tokenizer_paths[name], "rb").read()
+    fast = cached_fast_encoder(data, "gigatoken")
+    probe = [0x16D67, 0x1611E, 0x113C2, 0x0C3C, 0x1ACF, 0x11F41, 0x1E4EC]
+    guard = guard_set_for(data, fast, ref_tokenizer=ref, code_points=probe)
+    bad = next(cp for cp in probe if cp in guard)
+    needle = chr(bad) * 2
+    assert not np.array_equal(fast.encode("x " + needle + " y"), ref.encode("x " + needle + " y", add_special_tokens=False).ids)
+    text = real_texts["english"][:30_000] + needle + real_texts["code"][:30_000]
+    guarded = GuardedEncoder(fast, guard, ReferenceEncoder(ref))
+    dt = DeltaTokenizer(tokenizer_paths[name], encoder=guarded, chunk_size=4096, cut_threshold=8192, threads=16)
+    assert dt.encode(text).to_pylist() == ref.encode(text).ids
+    assert guarded.fallback_texts == 1 and guarded.fast_texts >= 10  # one chunk confined
+    unguarded = DeltaTokenizer(tokenizer_paths[name], encoder=fast, chunk_size=4096, cut_threshold=8192, threads=16)
+    assert unguarded.encode(text).to_pylist() != ref.encode(text).ids  # what the guard prevents
+
+
+class _WrongEncoder:
+    """A deliberately wrong engine: the reference's IDs with the last one changed."""
+
+    name = "fast"
+
+    def __init__(self, ref):
+        self.ref = ReferenceEncoder(ref)
+
+    def encode_pieces(self, texts):
+        out = self.ref.encode_pieces(texts)
+        for ids in out:
+            if len(ids):
+                ids[-1] = (ids[-1] + 1) % 1000
+        return out
+
+
+def test_shadow_verifier_switches_back_to_the_reference(tokenizer_paths, references):
+    ref = references["glm-4"]
+    dt = DeltaTokenizer(tokenizer_paths["glm-4"], encoder=_WrongEncoder(ref), shadow_rate=1.0)
+    text = "Hello shadow verification " * 20
+    wrong = dt.encode(text).to_pylist()
+    assert wrong != ref.encode(text).ids  # the injected engine is wrong, and sampled
+    dt.shadow.drain()
+    assert dt.shadow.mismatches >= 1 and dt.shadow.comparisons >= 1
+    assert "disabled" in dt.admission.engine
+    for t in (text, text + "!", "other text"):
+        assert dt.encode(t).to_pylist() == ref.encode(t).ids
+    assert dt.encode(text + "!!", session="s").to_pylist() == ref.encode(text + "!!").ids
+
+
+def test_engine_argument(tokenizer_paths):
+    with pytest.raises(ValueError):
+        DeltaTokenizer(tokenizer_paths["qwen-3"], engine="turbo")
+    dt = DeltaTokenizer(tokenizer_paths["qwen-3"], engine="reference")
+    assert dt.admission.engine.startswith("reference")
+    with pytest.raises(ValueError):
+        DeltaTokenizer(tokenizer_paths["qwen-3"], shadow_rate=2.0)
