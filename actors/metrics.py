@@ -22,6 +22,8 @@ def _metrics() -> dict:
                                        boundaries=_BOUNDARIES_MS, tag_keys=("kind",))
         _M["service"] = m.Histogram("delta_ray_service_ms", "Time from dispatch to answer",
                                     boundaries=_BOUNDARIES_MS, tag_keys=("kind",))
+        _M["shadow"] = m.Counter("delta_ray_shadow_comparisons", "Fast-tier answers re-checked by the "
+                                 "reference, by outcome", tag_keys=("outcome",))
         _M["http"] = m.Counter("delta_ray_http_responses", "HTTP responses by endpoint and status",
                                tag_keys=("endpoint", "status"))
     return _M
@@ -54,5 +56,12 @@ def record_times(kind: str, wait_ms: float, service_ms: float) -> None:
 def record_http(endpoint: str, status: int) -> None:
     try:
         _metrics()["http"].inc(1, tags={"endpoint": endpoint, "status": str(status)})
+    except Exception:  # noqa: BLE001
+        log.debug("metric failed", exc_info=True)
+
+
+def record_shadow(same: bool) -> None:
+    try:
+        _metrics()["shadow"].inc(1, tags={"outcome": "match" if same else "mismatch"})
     except Exception:  # noqa: BLE001
         log.debug("metric failed", exc_info=True)

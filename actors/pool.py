@@ -57,7 +57,7 @@ def _ensure_ray() -> bool:
         ray.init(address=os.environ["RAY_ADDRESS"])
         return False
     ray.init(include_dashboard=False, log_to_driver=False, configure_logging=False,
-             runtime_env={"env_vars": {"RAYON_NUM_THREADS": "1", "RAY_ENABLE_AUTO_CONNECT": "0"}})
+             runtime_env={"env_vars": {"RAYON_NUM_THREADS": "1", "FASTOKENS_BPE_THREADS": "1", "RAY_ENABLE_AUTO_CONNECT": "0"}})
     return True
 
 
@@ -142,6 +142,7 @@ class TokenizerPool:
                  cut_threshold: int = C.CUT_THRESHOLD, max_chunks: int = C.MAX_CHUNKS,
                  name: str | None = None, worker_cpus: float = C.WORKER_CPUS, task_cpus: float = C.TASK_CPUS,
                  max_inflight_tasks: int | None = None, workers_take_shared: bool = True,
+                 engine: str = "auto", shadow_rate: float = C.POOL_SHADOW_RATE,
                  request_timeout_s: float = C.REQUEST_TIMEOUT_S,
                  startup_timeout_s: float = C.STARTUP_TIMEOUT_S,
                  max_session_bytes: int = C.MAX_SESSION_BYTES, max_sessions: int = C.MAX_SESSIONS,
@@ -167,14 +168,17 @@ class TokenizerPool:
                     "policy": policy, "task_cpus": task_cpus, "workers_take_shared": workers_take_shared,
                     "max_inflight_tasks": max_inflight_tasks if max_inflight_tasks is not None else max(1, n_cpus),
                     "worker": {"chunk_size": chunk_size, "cut_threshold": cut_threshold, "max_chunks": max_chunks,
-                               "threads": 1, "max_session_bytes": max_session_bytes, "max_sessions": max_sessions}}
+                               "threads": 1, "max_session_bytes": max_session_bytes, "max_sessions": max_sessions,
+                               "engine": engine, "shadow_rate": shadow_rate}}
             self._workers = self._start_workers(loaded, num_workers, worker_cpus, opts["worker"], name, startup_timeout_s)
         self._opts = opts
         self._loaded = loaded
         self._config_ref = ray.put(loaded.config_bytes)
         # The caller-side tokenizer: short texts, planning, and the fail-over path.
+        wopts = opts["worker"]
         self._local = DeltaTokenizer(loaded, chunk_size=opts["chunk_size"], cut_threshold=opts["cut_threshold"],
-                                     max_chunks=opts["max_chunks"], threads=max(1, len(self._workers)))
+                                     max_chunks=opts["max_chunks"], threads=max(1, len(self._workers)),
+                                     engine=wopts.get("engine", "auto"), shadow_rate=wopts.get("shadow_rate", 0.0))
         self.admission = self._local.admission
         self._dispatcher = Dispatcher(opts["policy"], workers=list(self._workers),
                                       max_inflight_tasks=opts["max_inflight_tasks"],
@@ -202,7 +206,7 @@ class TokenizerPool:
         for i in range(n):
             wid = f"w{i:03d}"
             opts = {"num_cpus": cpus, "scheduling_strategy": "SPREAD",
-                    "runtime_env": {"env_vars": {"RAYON_NUM_THREADS": "1"}}}
+                    "runtime_env": {"env_vars": {"RAYON_NUM_THREADS": "1", "FASTOKENS_BPE_THREADS": "1"}}}
             if name:
                 opts.update(name=f"{name}:worker:{wid}", namespace=C.NAMESPACE)
             workers[wid] = TokenizerWorker.options(**opts).remote(config_ref, loaded.digest, options)

@@ -15,6 +15,7 @@ import ray
 
 from delta_ray.session_store import SessionState
 
+from . import metrics
 from .tokenizer_cache import get_tokenizer
 
 
@@ -25,6 +26,7 @@ class TokenizerWorker:
     def __init__(self, config_bytes: bytes, digest: str, options: dict):
         self._options = dict(options)
         self._dt = get_tokenizer(config_bytes, digest, **self._options)
+        self._dt.shadow._on_result = metrics.record_shadow  # comparisons and mismatches as metrics
         self._started = time.time()
 
     def ready(self) -> dict:
@@ -61,5 +63,8 @@ class TokenizerWorker:
         return self._dt.drop_session(key)
 
     def stats(self) -> dict:
+        sh = self._dt.shadow
         return {"paths": dict(self._dt.stats), "sessions": len(self._dt.store),
-                "resident_bytes": self._dt.store.resident_bytes, "pid": os.getpid()}
+                "resident_bytes": self._dt.store.resident_bytes, "pid": os.getpid(),
+                "engine": self._dt.admission.engine,
+                "shadow": {"comparisons": sh.comparisons, "mismatches": sh.mismatches}}

@@ -31,3 +31,4 @@ TASK_CPUS = 0.5  # and of a chunk task
 NAMESPACE = "delta_ray"
 KNOWN_SESSIONS = 100_000  # sessions the pool remembers as initialized on some worker
 MIRROR_BYTES = 256 * 1024 * 1024  # session IDs the pool keeps to splice workers delta answers
+POOL_SHADOW_RATE = 0.01  # share of fast-tier answers the pool and Serve re-check with the reference
