@@ -119,7 +119,54 @@ def build_engines(path: str, wanted: list[str]):
             engines["gigatoken"] = giga
         except Exception as exc:  # noqa: BLE001
             print(f"# gigatoken unavailable: {exc}")
+    if "fast-tier" in wanted:
+        try:
+            from delta_ray import DeltaTokenizer
+
+            # delta-ray's fast tier as users get it: admission, guard check, encoder seam, numpy out
+            tier = DeltaTokenizer(path, engine="fast", threads=1)
+
+            def fast_tier(t, tier=tier):
+                return tier.encode_ids(t, add_special_tokens=False)
+
+            engines["fast-tier"] = fast_tier
+        except Exception as exc:  # noqa: BLE001
+            print(f"# fast tier unavailable: {exc}")
     return engines
+
+
+def confinement(path: str, sizes: list[int], corpus: str, clock) -> None:
+    """Texts holding one character the gigatoken guard refuses: whole vs cut into chunks."""
+    from tokenizers import Tokenizer
+
+    from delta_ray import DeltaTokenizer
+    from delta_ray.encoder import ReferenceEncoder
+    from delta_ray.fast_engine import cached_fast_encoder
+    from delta_ray.guard import GuardedEncoder, guard_set_for
+
+    ref = Tokenizer.from_file(path)
+    data = Path(path).read_bytes()
+    try:
+        giga = cached_fast_encoder(data, "gigatoken")
+    except Exception as exc:  # noqa: BLE001
+        print(f"# confinement: gigatoken unavailable ({exc})")
+        return
+    guard = guard_set_for(data, giga, ref_tokenizer=ref)
+    bad = chr(min(guard.code_points))
+    print(f"\n# one guarded character (U+{ord(bad):04X}, gigatoken tier: {len(guard)} guarded code points), "
+          "one thread: the whole text vs only its chunk falls back to the reference")
+    print(f"{'chars':>9}{'reference MB/s':>16}{'tier whole MB/s':>17}{'tier 16 chunks MB/s':>21}{'chunked/whole':>15}{'match':>7}")
+    whole = DeltaTokenizer(path, encoder=GuardedEncoder(giga, guard, ReferenceEncoder(ref)), threads=1)
+    chunked = DeltaTokenizer(path, encoder=GuardedEncoder(giga, guard, ReferenceEncoder(ref)), threads=16,
+                             chunk_size=4096, cut_threshold=8192)
+    for size in sizes:
+        text = corpus[:size // 2] + bad + corpus[size // 2:size]
+        mb = len(text.encode()) / 1e6
+        t = clock(); want = ref.encode_batch_fast([text], add_special_tokens=False)[0].ids; tr = clock() - t
+        t = clock(); a = whole.encode_ids(text, add_special_tokens=False); tw = clock() - t
+        t = clock(); b = chunked.encode_ids(text, add_special_tokens=False); tc = clock() - t
+        ok = a.tolist() == want == b.tolist()
+        print(f"{size:>9}{mb / tr:>16.1f}{mb / tw:>17.1f}{mb / tc:>21.1f}{tw / tc:>14.1f}x{'yes' if ok else 'NO':>7}")
 
 
 def main(argv=None) -> int:
@@ -127,7 +174,8 @@ def main(argv=None) -> int:
     ap.add_argument("--tokenizer", default="qwen-3")
     ap.add_argument("--sizes", default="10000,100000,1000000,4000000")
     ap.add_argument("--corpora", default="english,code,multilingual")
-    ap.add_argument("--engines", default="fastokens,gigatoken")
+    ap.add_argument("--engines", default="fastokens,gigatoken,fast-tier")
+    ap.add_argument("--no-confinement", action="store_true", help="skip the one-guarded-character table")
     ap.add_argument("--min-chars", type=int, default=2_000_000,
                     help="characters each fast engine encodes per cell (slices repeat over the corpus)")
     ap.add_argument("--ref-min-chars", type=int, default=400_000,
@@ -190,6 +238,11 @@ def main(argv=None) -> int:
             row += f"{sum(nbytes) / 1e6 / g_secs:>12.0f}{'yes' if match else 'NO':>7}"
             print(row, flush=True)
         print(f"# {kind}: {src}")
+    if "fastokens" in names and "fast-tier" in names:
+        print("# target: the fast tier within 1.3x of the raw package (compare the fastokens and fast-tier columns)")
+    if not args.no_confinement:
+        corpus, _ = load_corpus("english", max(sizes) + 1)
+        confinement(bundled_tokenizer_path(args.tokenizer), sizes, corpus, clock)
     print(f"# total {time.perf_counter() - t_start:.0f}s")
     return 0
 
