@@ -20,6 +20,8 @@ from delta_ray import DeltaTokenizer
 from delta_ray.bundled import bundled_tokenizer_path
 from delta_ray.sample_text import corpus
 
+ENGINE = "reference"  # set by --engine
+
 
 def _t(fn):
     t0 = time.perf_counter()
@@ -43,10 +45,10 @@ def repair_bench(ref, path, kinds, sizes, append=1300):
             deltas = [src[n + i * append:n + (i + 1) * append] for i in range(turns)]
             alone = Tokenizer.from_file(path)
             a_ms = [_t(lambda: alone.encode(d))[1] for d in deltas]
-            dt = DeltaTokenizer(path)
+            dt = DeltaTokenizer(path, engine=ENGINE)
             dt.encode(src[:n], session="s")
             got, d_ms = zip(*[_t(lambda: dt.encode(t, session="s")) for t in texts])
-            dt2 = DeltaTokenizer(path)
+            dt2 = DeltaTokenizer(path, engine=ENGINE)
             dt2.encode(src[:n], session="e")
             got_e, e_ms = zip(*[_t(lambda: dt2.extend("e", d)) for d in deltas])
             r_ms = []
@@ -64,7 +66,7 @@ def repair_bench(ref, path, kinds, sizes, append=1300):
 def stateless_bench(ref, path, sizes, kind="english"):
     print("\n## Stateless: chunked in-process encode vs the serial reference (checked)")
     print(f"{'chars':>10}{'chunks':>8}{'reference ms':>14}{'delta-ray ms':>14}{'speed-up':>10}{'planner ms':>12}{'planner share':>15}")
-    dt = DeltaTokenizer(path)
+    dt = DeltaTokenizer(path, engine=ENGINE)
     for n in sizes:
         text = corpus(kind, n)
         want, tr = _t(lambda: ref.encode(text).ids)
@@ -83,7 +85,7 @@ def stateless_bench(ref, path, sizes, kind="english"):
 
 def short_bench(ref, path, n_texts=2000):
     print("\n## Texts under 4 KB: DeltaTokenizer.encode vs reference encode (same texts, checked)")
-    dt = DeltaTokenizer(path)
+    dt = DeltaTokenizer(path, engine=ENGINE)
     src = corpus("english", 2_000_000)
     texts = [src[i * 997:i * 997 + 200 + (i * 37) % 3800] for i in range(n_texts)]
     for t in texts[:50]:
@@ -101,10 +103,15 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--tokenizer", default="qwen-3")
     ap.add_argument("--quick", action="store_true", help="smaller sizes (CI smoke)")
+    ap.add_argument("--engine", default="reference", choices=("reference", "fast", "auto"),
+                    help="the encoder inside the cuts (issue targets are for the reference engine)")
     args = ap.parse_args()
+    global ENGINE
+    ENGINE = args.engine
     path = bundled_tokenizer_path(args.tokenizer)
     ref = Tokenizer.from_file(path)
-    print(f"# bench_core: tokenizer {args.tokenizer}")
+    print(f"# bench_core: tokenizer {args.tokenizer}, engine {args.engine}: "
+          f"{DeltaTokenizer(path, engine=args.engine).admission.engine}")
     sizes = [16_000, 100_000] if args.quick else [16_000, 100_000, 1_000_000, 3_000_000]
     rows = repair_bench(ref, path, ["english", "code"], sizes)
     stateless_bench(ref, path, [200_000] if args.quick else [1_000_000, 4_000_000])
