@@ -33,6 +33,7 @@ from delta_ray.bundled import bundled_tokenizer_path  # noqa: E402
 from delta_ray.sample_text import corpus  # noqa: E402
 
 OUT = Path(__file__).resolve().parent / "out"
+ENGINE = "reference"  # set by --engine
 
 
 def _t(fn):
@@ -157,7 +158,7 @@ def run_system(name, reqs, ref_path, pool=None):
         tok = Tokenizer.from_file(ref_path)
         fn = lambda kind, key, text: tok.encode(text).ids  # noqa: E731
     else:
-        dt = DeltaTokenizer(ref_path)
+        dt = DeltaTokenizer(ref_path, engine=ENGINE)
         fn = lambda kind, key, text: dt.encode(text, session=key)  # noqa: E731
 
     async def submit(kind, key, text):
@@ -217,7 +218,7 @@ def burst_bench(path, rate, duration, sessions, num_workers, burst_chars):
             cut = 10 ** 9 if mode == "whole" else 131072
             # "tasks only": idle session workers leave chunks to the Ray task pool, so a turn never
             # waits behind a chunk on its home worker (it still shares the cores).
-            with TokenizerPool(path, num_workers=num_workers, policy=policy, cut_threshold=cut,
+            with TokenizerPool(path, num_workers=num_workers, policy=policy, cut_threshold=cut, engine=ENGINE,
                                workers_take_shared=(mode != "chunked, tasks only")) as pool:
                 lat = run_system("pool", reqs, path, pool)
             out[(mode, policy)] = pct(lat["turn"], 99)
@@ -237,6 +238,9 @@ def main() -> None:
     ap.add_argument("--duration", type=float, default=15.0)
     ap.add_argument("--rates", default="2,4,8,16")
     ap.add_argument("--workers", type=int, default=None)
+    ap.add_argument("--engine", default="reference", choices=("reference", "auto", "fast"),
+                    help="encoder inside the pool (reference: the scheduling experiments the targets "
+                         "were set for; with the fast tier a 250K document costs a few ms)")
     ap.add_argument("--burst-chars", type=int, default=None,
                     help="size of each burst document (default 1M on 8+ cores, scaled down on fewer: "
                          "four 1M documents every 2 s exceed what 2 cores can encode)")
@@ -248,10 +252,13 @@ def main() -> None:
     ray.init(include_dashboard=False, log_to_driver=False, configure_logging=False,
              runtime_env={"env_vars": {"RAYON_NUM_THREADS": "1"}})
     workers = args.workers or int(ray.cluster_resources()["CPU"])
-    print(f"# bench_pool: tokenizer {args.tokenizer}, {workers} workers on {os.cpu_count()} cores")
+    print(f"# bench_pool: tokenizer {args.tokenizer}, {workers} workers on {os.cpu_count()} cores, "
+          f"engine {args.engine}")
+    global ENGINE
+    ENGINE = args.engine
     try:
-        with TokenizerPool(path, num_workers=workers) as pool:
-            dt = DeltaTokenizer(path)
+        with TokenizerPool(path, num_workers=workers, engine=args.engine) as pool:
+            dt = DeltaTokenizer(path, engine=args.engine)
             if "single" not in skip:
                 single_calls(pool, dt, ref, args.quick)
             if "sweep" not in skip:
