@@ -177,14 +177,10 @@ def rate_sweep(path, pool, rates, duration, sessions):
     for rate in rates:
         reqs = workload(rate, duration, sessions, seed=int(rate * 100))
         for system in ("reference", "in-process", "pool"):
-            if system == "pool":
-                for key in {k for _, _, k, _ in reqs if k}:
-                    pass
             lat = run_system(system, reqs, path, pool)
             turns = lat["turn"]
             results[(system, rate)] = (pct(turns, 50), pct(turns, 99))
             print(f"{rate:>7g}{system:>12}{pct(turns, 50):>13.1f}{pct(turns, 99):>13.1f}{len(turns):>10}")
-        # Fresh sessions per point: drop pool state by using new keys next time (seed changes keys' text).
     try:
         import matplotlib
         matplotlib.use("Agg")

@@ -70,8 +70,6 @@ def test_extend_matches_reference_and_needs_a_session(tokenizer_paths, reference
     dt.encode(text, session="conv")
     for delta in ["\nUser: and then?", " 123", "\u0301", "<|eot_id|>", "\n\n"]:
         text += delta
-        for special in (True, False):
-            pass
         got = dt.extend("conv", delta).to_pylist()
         assert got == ref.encode(text).ids
     assert dt.encode(text, session="conv", add_special_tokens=False).to_pylist() == \
