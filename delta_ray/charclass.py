@@ -8,13 +8,12 @@ by the ``tokenizers`` version.
 """
 from __future__ import annotations
 
-import os
 from functools import lru_cache
-from pathlib import Path
 
 import numpy as np
-import tokenizers
 from tokenizers import Regex, pre_tokenizers
+
+from .table_cache import cached_table
 
 # One bit per property the families' patterns use. \s is Oniguruma's Unicode White_Space.
 L, LU, LL, LT, LM, LO, M, N, P, S, W = (1 << i for i in range(11))
@@ -24,12 +23,6 @@ _PROPS = [
 ]
 N_CODEPOINTS = 0x110000
 TABLE_VERSION = 1
-
-
-def _cache_path() -> Path:
-    base = os.environ.get("DELTA_RAY_CACHE") or os.path.join(
-        os.environ.get("XDG_CACHE_HOME", os.path.expanduser("~/.cache")), "delta_ray")
-    return Path(base) / f"charclass-v{TABLE_VERSION}-tokenizers-{tokenizers.__version__}.npy"
 
 
 def all_codepoints_text() -> tuple[str, np.ndarray]:
@@ -52,17 +45,4 @@ def derive_class_table() -> np.ndarray:
 @lru_cache(maxsize=1)
 def class_table() -> np.ndarray:
     """The cached per-code-point class bits of the installed reference (derived on first use)."""
-    path = _cache_path()
-    if path.exists():
-        try:
-            table = np.load(path)
-            if table.shape == (N_CODEPOINTS,) and table.dtype == np.uint16:
-                return table
-        except Exception:
-            pass
-    table = derive_class_table()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(f".tmp{os.getpid()}.npy")
-    np.save(tmp, table)
-    os.replace(tmp, path)
-    return table
+    return cached_table("charclass", TABLE_VERSION, derive_class_table, (N_CODEPOINTS,), np.uint16)

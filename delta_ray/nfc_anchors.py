@@ -18,24 +18,16 @@ The table is cached on disk keyed by the ``tokenizers`` version.
 """
 from __future__ import annotations
 
-import os
 from functools import lru_cache
-from pathlib import Path
 
 import numpy as np
-import tokenizers
 from tokenizers import normalizers
 
 from .charclass import M, N_CODEPOINTS, all_codepoints_text, class_table
+from .table_cache import cached_table
 
 TABLE_VERSION = 1
 _SEP = "\n"  # a starter that composes with nothing; the probes are joined with it and split back
-
-
-def _cache_path() -> Path:
-    base = os.environ.get("DELTA_RAY_CACHE") or os.path.join(
-        os.environ.get("XDG_CACHE_HOME", os.path.expanduser("~/.cache")), "delta_ray")
-    return Path(base) / f"nfc-anchors-v{TABLE_VERSION}-tokenizers-{tokenizers.__version__}.npy"
 
 
 def _probe_unchanged(norm, chars: list[str], before: str, after: str) -> np.ndarray:
@@ -71,17 +63,4 @@ def derive_anchor_table() -> np.ndarray:
 @lru_cache(maxsize=1)
 def anchor_table() -> np.ndarray:
     """The cached anchor flags (bool per code point) of the installed reference NFC."""
-    path = _cache_path()
-    if path.exists():
-        try:
-            table = np.load(path)
-            if table.shape == (N_CODEPOINTS,) and table.dtype == np.bool_:
-                return table
-        except Exception:
-            pass
-    table = derive_anchor_table()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(f".tmp{os.getpid()}.npy")
-    np.save(tmp, table)
-    os.replace(tmp, path)
-    return table
+    return cached_table("nfc-anchors", TABLE_VERSION, derive_anchor_table, (N_CODEPOINTS,), np.bool_)
