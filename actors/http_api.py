@@ -45,6 +45,16 @@ def _typed(body: dict, key: str, types, default=None):
     return value
 
 
+def _check_body(body: Any, fields: set[str], served: set[str]) -> None:
+    """A JSON object with only known fields, naming (if at all) a model served here."""
+    if not isinstance(body, dict):
+        raise BadRequest("the request body must be a JSON object")
+    unknown = set(body) - fields
+    if unknown:
+        raise BadRequest(f"unknown field(s): {', '.join(sorted(unknown))}")
+    _check_model(body, served)
+
+
 def _check_model(body: dict, served: set[str]) -> None:
     model = _typed(body, "model", str)
     if model is not None and served and model not in served:
@@ -53,12 +63,7 @@ def _check_model(body: dict, served: set[str]) -> None:
 
 def parse_tokenize(body: Any, served: set[str]) -> TokenizeRequest:
     """Validate a /tokenize body: ``prompt`` or ``messages``, plus the optional vLLM fields."""
-    if not isinstance(body, dict):
-        raise BadRequest("the request body must be a JSON object")
-    unknown = set(body) - TOKENIZE_FIELDS
-    if unknown:
-        raise BadRequest(f"unknown field(s): {', '.join(sorted(unknown))}")
-    _check_model(body, served)
+    _check_body(body, TOKENIZE_FIELDS, served)
     prompt = _typed(body, "prompt", str)
     messages = _typed(body, "messages", list)
     if (prompt is None) == (messages is None):
@@ -85,12 +90,7 @@ def parse_tokenize(body: Any, served: set[str]) -> TokenizeRequest:
 
 def parse_detokenize(body: Any, served: set[str], vocab_size: int) -> list[int]:
     """Validate a /detokenize body: ``tokens``, a list of IDs inside the vocabulary."""
-    if not isinstance(body, dict):
-        raise BadRequest("the request body must be a JSON object")
-    unknown = set(body) - DETOKENIZE_FIELDS
-    if unknown:
-        raise BadRequest(f"unknown field(s): {', '.join(sorted(unknown))}")
-    _check_model(body, served)
+    _check_body(body, DETOKENIZE_FIELDS, served)
     tokens = body.get("tokens")
     if not isinstance(tokens, list) or not all(isinstance(t, int) and not isinstance(t, bool) for t in tokens):
         raise BadRequest("field 'tokens' must be a list of integers")

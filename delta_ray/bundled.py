@@ -38,9 +38,8 @@ class BundledTokenizerError(RuntimeError):
 
 
 def _cache_dir() -> Path:
-    base = os.environ.get("DELTA_RAY_CACHE") or os.path.join(
-        os.environ.get("XDG_CACHE_HOME", os.path.expanduser("~/.cache")), "delta_ray")
-    return Path(base)
+    from .table_cache import cache_dir
+    return cache_dir()
 
 
 def bundled_tokenizer_json(name: str) -> bytes:

@@ -87,9 +87,8 @@ NEW_COMPOSITION_BLOCKS: tuple[tuple[int, int], ...] = (
 
 
 def _cache_root() -> Path:
-    base = os.environ.get("DELTA_RAY_CACHE") or os.path.join(
-        os.environ.get("XDG_CACHE_HOME", os.path.expanduser("~/.cache")), "delta_ray")
-    return Path(base) / "guard"
+    from .table_cache import cache_dir
+    return cache_dir() / "guard"
 
 
 # ----------------------------------------------------------------------------------------------
