@@ -8,7 +8,6 @@ returning a 100K-token transcript every turn would cost more than the repair its
 from __future__ import annotations
 
 import os
-import time
 
 import numpy as np
 import ray
@@ -27,7 +26,6 @@ class TokenizerWorker:
         self._options = dict(options)
         self._dt = get_tokenizer(config_bytes, digest, **self._options)
         self._dt.shadow._on_result = metrics.record_shadow  # comparisons and mismatches as metrics
-        self._started = time.time()
 
     def ready(self) -> dict:
         """Loaded and serving: the process id and node, for placement checks."""

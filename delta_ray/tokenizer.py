@@ -3,7 +3,6 @@ from __future__ import annotations
 
 import itertools
 import os
-import threading
 from collections import Counter
 from dataclasses import replace
 from typing import Iterable, Sequence
@@ -90,7 +89,6 @@ class DeltaTokenizer:
         self._store = SessionStore(max_session_bytes, max_sessions)
         self._content = ContentIndex() if reuse == "content" else None
         self._entry_ids = itertools.count()
-        self._lock = threading.Lock()
         self.stats: Counter[str] = Counter()
 
     # -- public API -------------------------------------------------------------------------
