@@ -35,6 +35,7 @@ from scheduler import Dispatcher, content_key, nonascii_share
 
 from . import metrics
 from .chunk_task import encode_chunks
+from .local_ray import ensure_ray
 from .worker import TokenizerWorker
 
 log = logging.getLogger("delta_ray.pool")
@@ -46,19 +47,6 @@ class PoolStartupError(RuntimeError):
 
 class PoolClosed(RuntimeError):
     """The pool was closed."""
-
-
-def _ensure_ray() -> bool:
-    """Join a running cluster, or start a local Ray; returns whether this call started it."""
-    if ray.is_initialized():
-        return False
-    os.environ.setdefault("RAY_ENABLE_AUTO_CONNECT", "0")
-    if os.environ.get("RAY_ADDRESS"):
-        ray.init(address=os.environ["RAY_ADDRESS"])
-        return False
-    ray.init(include_dashboard=False, log_to_driver=False, configure_logging=False,
-             runtime_env={"env_vars": {"RAYON_NUM_THREADS": "1", "FASTOKENS_BPE_THREADS": "1", "RAY_ENABLE_AUTO_CONNECT": "0"}})
-    return True
 
 
 @ray.remote(num_cpus=0)
@@ -147,7 +135,7 @@ class TokenizerPool:
                  startup_timeout_s: float = C.STARTUP_TIMEOUT_S,
                  max_session_bytes: int = C.MAX_SESSION_BYTES, max_sessions: int = C.MAX_SESSIONS,
                  _attach: dict | None = None):
-        self._started_ray = _ensure_ray()
+        self._started_ray = ensure_ray()
         self._closed = False
         self.name = name
         self.request_timeout_s = request_timeout_s
@@ -237,7 +225,7 @@ class TokenizerPool:
     @classmethod
     def connect(cls, name: str) -> "TokenizerPool":
         """Attach this process (a Serve replica, a Data worker, another driver) to a named pool."""
-        _ensure_ray()
+        ensure_ray()
         try:
             registry = ray.get_actor(f"{name}:registry", namespace=C.NAMESPACE)
         except ValueError as exc:
@@ -448,8 +436,10 @@ class TokenizerPool:
         return res.state.ids
 
     async def _pieces(self, pieces: list[str]) -> list[np.ndarray]:
+        total = sum(map(len, pieces))
+
         async def one(piece: str) -> np.ndarray:
-            out = await self._run("chunk", len(piece), None, ("pieces", piece),
+            out = await self._run("chunk", len(piece), None, ("pieces", piece), request_chars=max(1, total),
                                   fallback=lambda: self._local.encoder.encode_pieces([piece]), share_of=piece)
             return out[0]
         return list(await asyncio.gather(*(one(p) for p in pieces)))
@@ -471,13 +461,14 @@ class TokenizerPool:
             self._known.popitem(last=False)
 
     # -- dispatch ----------------------------------------------------------------------------------
-    async def _run(self, kind: str, n_chars: int, key: str | None, call: tuple, *, fallback, share_of: str = ""):
+    async def _run(self, kind: str, n_chars: int, key: str | None, call: tuple, *, fallback, share_of: str = "",
+                   request_chars: int | None = None):
         """Queue one task, wait for it; past the timeout after dispatch, run ``fallback`` in-process."""
         req = _Request(self._loop)
         with self._lock:
             task = self._dispatcher.submit(kind, max(1, n_chars), session_key=key,
                                            nonascii_share=nonascii_share(share_of) if share_of else 0.0,
-                                           payload=call)
+                                           payload=call, request_chars=request_chars)
             self._requests[task.id] = req
         self._pump()
         await req.dispatched.wait()

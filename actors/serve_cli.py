@@ -20,6 +20,7 @@ def run(args: argparse.Namespace) -> int:
     import ray
     from ray import serve
 
+    from actors.local_ray import local_init_kwargs
     from delta_ray.bundled import BUNDLED, bundled_tokenizer_config, bundled_tokenizer_path
 
     from .serve import DEFAULT_MAX_BODY_BYTES, serve_app
@@ -31,8 +32,10 @@ def run(args: argparse.Namespace) -> int:
         print(f"delta-ray serve: no tokenizer at {tok!r}")
         return 2
     if not ray.is_initialized():
-        ray.init(address=os.environ.get("RAY_ADDRESS"), include_dashboard=False,
-                 runtime_env={"env_vars": {"RAYON_NUM_THREADS": "1"}})
+        if os.environ.get("RAY_ADDRESS"):
+            ray.init(address=os.environ["RAY_ADDRESS"])
+        else:
+            ray.init(**local_init_kwargs())
     serve.start(http_options={"host": args.host, "port": args.port})
     app = serve_app(tok, num_workers=args.workers, model_name=args.model_name or args.tokenizer,
                     tokenizer_config=cfg, max_body_bytes=args.max_body_bytes or DEFAULT_MAX_BODY_BYTES)

@@ -130,7 +130,9 @@ def run(args: argparse.Namespace) -> int:
 
     started = False
     if not ray.is_initialized():
-        ray.init(include_dashboard=False, log_to_driver=False)
+        from actors.local_ray import local_init_kwargs
+
+        ray.init(**local_init_kwargs())
         started = True
     try:
         from actors.data import tokenize_dataset

@@ -28,6 +28,7 @@ import numpy as np  # noqa: E402
 import ray  # noqa: E402
 from tokenizers import Tokenizer  # noqa: E402
 
+from actors.local_ray import local_init_kwargs  # noqa: E402
 from delta_ray import DeltaTokenizer, TokenizerPool  # noqa: E402
 from delta_ray.bundled import bundled_tokenizer_path  # noqa: E402
 from delta_ray.sample_text import corpus  # noqa: E402
@@ -245,8 +246,7 @@ def main() -> None:
     skip = set(filter(None, args.skip.split(",")))
     path = bundled_tokenizer_path(args.tokenizer)
     ref = Tokenizer.from_file(path)
-    ray.init(include_dashboard=False, log_to_driver=False, configure_logging=False,
-             runtime_env={"env_vars": {"RAYON_NUM_THREADS": "1"}})
+    ray.init(**local_init_kwargs())
     workers = args.workers or int(ray.cluster_resources()["CPU"])
     print(f"# bench_pool: tokenizer {args.tokenizer}, {workers} workers on {os.cpu_count()} cores, "
           f"engine {args.engine}")

@@ -77,8 +77,9 @@ def run_pool(tokenizer: str | None = None, sessions: int = 8, turns: int = 6, fi
     ok = True
     started = not ray.is_initialized()
     if started:
-        ray.init(include_dashboard=False, log_to_driver=False, configure_logging=False,
-                 runtime_env={"env_vars": {"RAYON_NUM_THREADS": "1"}})
+        from actors.local_ray import local_init_kwargs
+
+        ray.init(**local_init_kwargs())
     try:
         t0 = time.perf_counter()
         with TokenizerPool(path) as pool:

@@ -137,14 +137,24 @@ class Dispatcher:
         session_key: Optional[str] = None,
         nonascii_share: float = 0.0,
         payload: Any = None,
+        request_chars: Optional[int] = None,
     ) -> Task:
         """Queue a new task and return it (its ``id`` is what complete/fail take).
 
         Its key is fixed now from the arrival time and the current estimate. Session tasks go to
         their home's local queue, stateless tasks and chunks to the shared queue.
+
+        ``request_chars`` (chunks) is the size of the whole request the task is a piece of: the key
+        uses the request's estimate, because the caller waits for the request, not the chunk.
+        Keyed by their own size, a long document's chunks would each look short and overtake every
+        turn that arrives after them, so chunking would make turns wait for the whole document
+        instead of one chunk. The estimator still learns from the task's own size.
         """
         now = self.clock.now_ms()
-        estimate = self.estimator.estimate(kind, n_chars, nonascii_share)
+        if request_chars is not None and request_chars < n_chars:
+            raise ValueError(f"request_chars ({request_chars}) is smaller than the task ({n_chars})")
+        estimate = self.estimator.estimate(kind, n_chars if request_chars is None else request_chars,
+                                           nonascii_share)
         task = Task(
             id=next(self._ids),
             kind=kind,

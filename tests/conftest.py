@@ -78,8 +78,9 @@ def ray_session():
     started = False
     if not ray.is_initialized():
         # address="local": always a fresh local instance, never another process's cluster.
-        ray.init(address="local", num_cpus=4, include_dashboard=False, log_to_driver=False,
-                 configure_logging=False, runtime_env={"env_vars": {"RAYON_NUM_THREADS": "1", "DELTA_RAY_FAST_BACKGROUND": "0"}})
+        from actors.local_ray import local_init_kwargs
+
+        ray.init(address="local", **local_init_kwargs(num_cpus=4, env={"DELTA_RAY_FAST_BACKGROUND": "0"}))
         started = True
     yield ray
     if started:

@@ -231,3 +231,20 @@ def test_idle_worker_count_feeds_chunk_count():
     d.next_for_worker("w0")
     assert d.idle_worker_count() == 2
     assert chunk_count(10_000, 1000, 8, 3, cap_by_idle=True, idle_workers=d.idle_worker_count()) == 2
+
+
+def test_chunks_are_keyed_by_their_whole_request():
+    # Shortest-first: a turn arriving after a long document's chunks overtakes them, as it would
+    # overtake the whole document; keyed by their own size the chunks would all run first.
+    d, clock = _dispatcher("shortest_first", workers=["w0"], max_inflight_tasks=0)
+    (k0,) = _keys_homed_at("w0", workers=["w0"], count=1)
+    b = d.estimator.ms_per_char("chunk")
+    chunks = [d.submit("chunk", 65_536, request_chars=16 * 65_536) for _ in range(16)]
+    assert all(c.key == pytest.approx(0.2 + b * 16 * 65_536) for c in chunks)
+    clock.advance(10 * b * 65_536)  # later than one chunk's own estimate, well within the document's
+    turn = d.submit("session", 1_300, session_key=k0)
+    assert d.next_for_worker("w0") is turn
+    alone = d.submit("chunk", 65_536)  # without request_chars a chunk is keyed by its own size,
+    assert alone.key < chunks[0].key  # so it would overtake the document it arrived after
+    with pytest.raises(ValueError, match="request_chars"):
+        d.submit("chunk", 100, request_chars=10)
