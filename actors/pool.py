@@ -34,9 +34,11 @@ from delta_ray.tokenizer import DeltaTokenizer, _check_text
 from scheduler import Dispatcher, content_key, nonascii_share
 
 from . import metrics
+from . import worker_channel
 from .chunk_task import encode_chunks
 from .local_ray import ensure_ray
-from .worker import TokenizerWorker
+from .worker import CHANNEL_METHODS, TokenizerWorker
+from .worker_channel import ChannelClient, ChannelClosed
 
 log = logging.getLogger("delta_ray.pool")
 
@@ -123,14 +125,19 @@ class TokenizerPool:
     live workers), which repairs only the tail; long stateless texts are cut at safe cuts and the
     chunks run in parallel; stateless texts under 4,096 bytes are encoded in the caller's process.
     Thread-safe and coroutine-safe; use ``close()`` or a ``with`` block.
+
+    Stateless texts and chunks run as Ray tasks, at most ``max_inflight_tasks`` at once (default:
+    the cluster's CPUs). ``workers_take_shared`` lets idle session workers take them too (the
+    better head of their two queues); by default only when ``max_inflight_tasks=0``, since a turn
+    whose worker runs a chunk waits for the whole chunk.
     """
 
     def __init__(self, tokenizer: TokenizerLike, *, num_workers: int | None = None,
                  policy: str = "shortest_first", chunk_size: int = C.CHUNK_SIZE,
                  cut_threshold: int = C.CUT_THRESHOLD, max_chunks: int = C.MAX_CHUNKS,
                  name: str | None = None, worker_cpus: float = C.WORKER_CPUS, task_cpus: float = C.TASK_CPUS,
-                 max_inflight_tasks: int | None = None, workers_take_shared: bool = True,
-                 engine: str = "auto", shadow_rate: float = C.POOL_SHADOW_RATE,
+                 max_inflight_tasks: int | None = None, workers_take_shared: bool | None = None,
+                 engine: str = "auto", shadow_rate: float = C.POOL_SHADOW_RATE, side_channel: bool = True,
                  request_timeout_s: float = C.REQUEST_TIMEOUT_S,
                  startup_timeout_s: float = C.STARTUP_TIMEOUT_S,
                  max_session_bytes: int = C.MAX_SESSION_BYTES, max_sessions: int = C.MAX_SESSIONS,
@@ -152,9 +159,16 @@ class TokenizerPool:
             num_workers = num_workers or max(1, n_cpus)
             if num_workers < 1:
                 raise ValueError("num_workers must be >= 1")
+            if max_inflight_tasks is None:
+                max_inflight_tasks = max(1, n_cpus)
+            if workers_take_shared is None:
+                # Measured on bursts (bench_pool): a worker running a chunk makes its sessions' next
+                # turn wait for the whole chunk, while a chunk in a task process only shares the
+                # cores. So workers take shared work only when there is no task pool.
+                workers_take_shared = max_inflight_tasks == 0
             opts = {"chunk_size": chunk_size, "cut_threshold": cut_threshold, "max_chunks": max_chunks,
-                    "policy": policy, "task_cpus": task_cpus, "workers_take_shared": workers_take_shared,
-                    "max_inflight_tasks": max_inflight_tasks if max_inflight_tasks is not None else max(1, n_cpus),
+                    "policy": policy, "side_channel": side_channel, "task_cpus": task_cpus, "workers_take_shared": workers_take_shared,
+                    "max_inflight_tasks": max_inflight_tasks,
                     "worker": {"chunk_size": chunk_size, "cut_threshold": cut_threshold, "max_chunks": max_chunks,
                                "threads": 1, "max_session_bytes": max_session_bytes, "max_sessions": max_sessions,
                                "engine": engine, "shadow_rate": shadow_rate}}
@@ -181,6 +195,7 @@ class TokenizerPool:
         self._thread = threading.Thread(target=self._loop.run_forever, name="delta-ray-pool", daemon=True)
         self._thread.start()
         self._warm_task_pool(startup_timeout_s)
+        self._channels = self._open_channels() if opts.get("side_channel", True) else {}
         self._registry = None
         if self._owner and name:
             info = {"loaded": loaded, "workers": self._workers, "options": opts}
@@ -221,6 +236,23 @@ class TokenizerPool:
             ray.get(refs, timeout=timeout)
         except Exception:  # noqa: BLE001 - warming is best effort; requests still work cold
             log.warning("warming the chunk-task processes failed", exc_info=True)
+
+    def _open_channels(self) -> dict[str, ChannelClient]:
+        """Side channels to the workers on this process's node (actors/worker_channel.py)."""
+        if not worker_channel.supported():
+            return {}
+        here = ray.get_runtime_context().get_node_id()
+        refs = {wid: w.channel.remote() for wid, w in self._workers.items()}
+        out = {}
+        for wid, ref in refs.items():
+            try:
+                info = ray.get(ref, timeout=30)
+            except Exception:  # noqa: BLE001 - that worker is served through Ray instead
+                log.warning("worker %s has no side channel; using Ray calls", wid, exc_info=True)
+                continue
+            if info["address"] and info["node"] == here:
+                out[wid] = ChannelClient(info["address"])
+        return out
 
     @classmethod
     def connect(cls, name: str) -> "TokenizerPool":
@@ -291,6 +323,8 @@ class TokenizerPool:
         if self._closed:
             return
         self._closed = True
+        for client in list(self._channels.values()):
+            self._loop.call_soon_threadsafe(client.close)
         self._loop.call_soon_threadsafe(self._loop.stop)
         self._thread.join(timeout=10)
         if self._owner:
@@ -408,8 +442,10 @@ class TokenizerPool:
         return ids
 
     def _slots(self) -> int:
-        """Parallel execution slots for planning chunks: live workers plus Ray task slots."""
-        return max(1, self.num_workers + self._opts["max_inflight_tasks"])
+        """Parallel execution slots for planning chunks: Ray task slots, plus the live workers
+        when they take shared work too."""
+        workers = self.num_workers if self._opts.get("workers_take_shared", True) else 0
+        return max(1, workers + self._opts["max_inflight_tasks"])
 
     async def _stateless_chunked(self, text: str, add: bool) -> pa.Int32Array:
         workers = self._slots()
@@ -491,6 +527,54 @@ class TokenizerPool:
 
     def _launch(self, wid: str | None, task) -> None:
         method, *args = task.payload
+        client = self._channels.get(wid) if wid is not None and method in CHANNEL_METHODS else None
+        if client is not None and not client.closed:
+            req = self._requests.get(task.id)
+            if req is not None:
+                req.dispatched.set()
+            self._loop.create_task(self._via_channel(client, wid, task, method, tuple(args)))
+            return
+        self._launch_ray(wid, task)
+
+    async def _via_channel(self, client: ChannelClient, wid: str, task, method: str, args: tuple) -> None:
+        """Run a session call over the side channel; on a lost connection, let Ray decide.
+
+        A lost connection says nothing certain: ask Ray whether the actor is alive. Dead: the
+        usual retire-and-retry path. Alive: a whole-text call is re-run through Ray (idempotent);
+        an extend might or might not have been applied, so the worker drops the session and the
+        caller gets SessionNotFound (send the whole text), never a guess.
+        """
+        t0 = time.perf_counter()
+        try:
+            outcome = await client.call(method, args)
+        except ChannelClosed:
+            self._channels.pop(wid, None)
+            try:
+                await asyncio.wrap_future(self._workers[wid].ready.remote().future())
+            except Exception as exc:  # noqa: BLE001 - an actor error is handled by _on_done
+                self._on_done(task, wid, t0, exc)
+                return
+            log.warning("lost the side channel to live worker %s; using Ray calls", wid)
+            if method in ("extend", "extend_reference"):
+                key = args[0]
+                self._mirror.pop(key, None)
+                self._known.pop(key, None)
+                try:
+                    await asyncio.wrap_future(self._workers[wid].drop_session.remote(key).future())
+                except Exception:  # noqa: BLE001 - died since: its sessions are gone anyway
+                    pass
+                self._on_done(task, wid, t0, SessionNotFound(
+                    f"session {key!r}: the connection to its worker was lost mid-extend; "
+                    "send the whole text with encode(text, session=...)"))
+                return
+            self._launch_ray(wid, task)
+            return
+        except Exception as exc:  # noqa: BLE001 - the worker's own error, as a Ray call would raise it
+            outcome = exc
+        self._on_done(task, wid, t0, outcome)
+
+    def _launch_ray(self, wid: str | None, task) -> None:
+        method, *args = task.payload
         try:
             if wid is None:
                 ref = encode_chunks.options(num_cpus=self._opts["task_cpus"]).remote(
@@ -517,6 +601,7 @@ class TokenizerPool:
             # The worker died: retire it, re-route its queue, retry what it was running.
             log.warning("worker %s died; retiring it and retrying its tasks", wid)
             self._count("worker_retired")
+            self._channels.pop(wid, None)
             with self._lock:
                 if wid in self._dispatcher.workers:
                     for t in self._dispatcher.retire_worker(wid):

@@ -7,7 +7,9 @@ returning a 100K-token transcript every turn would cost more than the repair its
 """
 from __future__ import annotations
 
+import functools
 import os
+import threading
 
 import numpy as np
 import ray
@@ -15,7 +17,20 @@ import ray
 from delta_ray.session_store import SessionState
 
 from . import metrics
+from . import worker_channel
 from .tokenizer_cache import get_tokenizer
+
+# Worker methods the pool may call over the same-node side channel (actors/worker_channel.py).
+CHANNEL_METHODS = frozenset({"encode_session", "extend", "encode_reference", "extend_reference"})
+
+
+def _locked(method):
+    """Run under the worker's lock: Ray calls and side-channel calls share one tokenizer."""
+    @functools.wraps(method)
+    def run(self, *args):
+        with self._lock:
+            return method(self, *args)
+    return run
 
 
 @ray.remote(max_restarts=0, max_concurrency=1)
@@ -24,42 +39,63 @@ class TokenizerWorker:
 
     def __init__(self, config_bytes: bytes, digest: str, options: dict):
         self._options = dict(options)
+        self._lock = threading.Lock()
         self._dt = get_tokenizer(config_bytes, digest, **self._options)
         self._dt.shadow._on_result = metrics.record_shadow  # comparisons and mismatches as metrics
+        self._channel = worker_channel.ChannelServer(self._channel_call) if worker_channel.supported() else None
+
+    def _channel_call(self, method: str, args: tuple):
+        if method not in CHANNEL_METHODS:
+            raise ValueError(f"{method!r} is not served over the side channel")
+        return getattr(self, method)(*args)
+
+    def channel(self) -> dict:
+        """Where this worker's side channel listens (None when unsupported), and on which node."""
+        return {"node": ray.get_runtime_context().get_node_id(),
+                "address": self._channel.address if self._channel is not None else None}
 
     def ready(self) -> dict:
         """Loaded and serving: the process id and node, for placement checks."""
         return {"pid": os.getpid(), "node": ray.get_runtime_context().get_node_id(),
                 "digest": self._dt.digest, "admitted": self._dt.admission.admitted}
 
+    @_locked
     def encode_session(self, key: str, text: str, known_version: int | None) -> tuple[int, int, np.ndarray]:
         """(version, k, tail): IDs (no post-processing) = caller's IDs of known_version[:k] + tail."""
         return self._dt.encode_session_delta(key, text, known_version)
 
+    @_locked
     def extend(self, key: str, delta: str, known_version: int | None) -> tuple[int, int, np.ndarray]:
         """Like encode_session for the stored text plus delta; SessionNotFound if not held."""
         return self._dt.encode_session_delta(key, "", known_version, delta=delta)
 
+    @_locked
     def encode_reference(self, key: str | None, text: str, add_special_tokens: bool) -> np.ndarray:
         """Non-admitted configurations: the reference's own IDs (session text kept for extend)."""
         return self._dt.encode_ids(text, session=key, add_special_tokens=add_special_tokens)
 
+    @_locked
     def extend_reference(self, key: str, delta: str, add_special_tokens: bool) -> np.ndarray:
         return self._dt.extend(key, delta, add_special_tokens=add_special_tokens).to_numpy()
 
+    @_locked
     def install(self, key: str, state: SessionState) -> bool:
         self._dt.install_session(key, state)
         return True
 
+    @_locked
     def encode_pieces(self, pieces: list[str]) -> list[np.ndarray]:
         return self._dt.encoder.encode_pieces(pieces)
 
+    @_locked
     def has_session(self, key: str) -> bool:
         return self._dt.has_session(key)
 
+    @_locked
     def drop_session(self, key: str) -> bool:
         return self._dt.drop_session(key)
 
+    @_locked
     def stats(self) -> dict:
         sh = self._dt.shadow
         return {"paths": dict(self._dt.stats), "sessions": len(self._dt.store),
