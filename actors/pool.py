@@ -62,12 +62,21 @@ class _PoolRegistry:
         return self._info
 
 
+class _NoAnswer(Exception):
+    """Set on a request's future when its fail-over timeout expires."""
+
+
+class _NoWorkers(Exception):
+    """Set on a queued session request's future when the pool has no live worker left."""
+
+
 class _Request:
     """A future and the time its first task was handed to Ray (for the fail-over timeout)."""
 
     def __init__(self, loop: asyncio.AbstractEventLoop):
         self.future: asyncio.Future = loop.create_future()
         self.dispatched = asyncio.Event()
+        self.ref = None  # the Ray call running it, if any (cancelled when it hangs)
 
 
 class _KeyLock:
@@ -397,8 +406,8 @@ class TokenizerPool:
                                       share_of=text)
                 self._count("reference")
                 return to_arrow(ids)
-            home = self._dispatcher.home_of(key)
-            if len(text) >= self._opts["cut_threshold"] and self._known.get(key) != home:
+            home = self._dispatcher.home_of(key) if self._dispatcher.workers else None
+            if home is not None and len(text) >= self._opts["cut_threshold"] and self._known.get(key) != home:
                 ids = await self._chunked_init(key, text)
                 self._count("chunked_init")
                 return self._finish(ids, add)
@@ -500,6 +509,9 @@ class TokenizerPool:
     async def _run(self, kind: str, n_chars: int, key: str | None, call: tuple, *, fallback, share_of: str = "",
                    request_chars: int | None = None):
         """Queue one task, wait for it; past the timeout after dispatch, run ``fallback`` in-process."""
+        if not self._dispatcher.workers and (kind == "session" or self._opts["max_inflight_tasks"] == 0):
+            self._count("no_workers_fallback")
+            return await asyncio.to_thread(fallback)
         req = _Request(self._loop)
         with self._lock:
             task = self._dispatcher.submit(kind, max(1, n_chars), session_key=key,
@@ -508,16 +520,79 @@ class TokenizerPool:
             self._requests[task.id] = req
         self._pump()
         await req.dispatched.wait()
+        # A timer rather than wait_for(shield(...)): two fewer tasks and loop turns per request,
+        # which is a measurable share of a 1 ms extend.
+        timer = self._loop.call_later(self.request_timeout_s, self._expire, req)
         try:
-            return await asyncio.wait_for(asyncio.shield(req.future), self.request_timeout_s)
-        except asyncio.TimeoutError:
-            self._count("timeout_fallback")
-            log.warning("task %s had no answer after %.0f s; encoding in-process", task.id, self.request_timeout_s)
-            self._requests.pop(task.id, None)
+            return await req.future
+        except (_NoWorkers, _NoAnswer) as exc:
+            if isinstance(exc, _NoWorkers):
+                self._count("no_workers_fallback")
+            else:
+                self._count("timeout_fallback")
+                log.warning("task %s had no answer after %.0f s; encoding in-process", task.id,
+                            self.request_timeout_s)
+                self._requests.pop(task.id, None)
+                self._free_hung(task, req)
             if key is not None:
                 self._mirror.pop(key, None)  # the worker's state is unknown now
                 self._known.pop(key, None)
             return await asyncio.to_thread(fallback)
+        finally:
+            timer.cancel()
+
+    def _free_hung(self, task, req: _Request) -> None:
+        """Take a task with no answer off its slot, so nothing queues behind it forever.
+
+        A worker that holds a task this long is hung (or far slower than any encode should be):
+        it is retired like a dead one (killed if this pool started it) and its sessions move to
+        their new homes. A hung chunk task is cancelled and its slot freed.
+        """
+        with self._lock:
+            running, wid = self._dispatcher.running_where(task.id)
+            if not running:
+                return
+            self._dispatcher.fail(task.id)
+            retired = wid is not None and wid in self._dispatcher.workers
+            if retired:
+                for t in self._dispatcher.retire_worker(wid):
+                    self._dispatcher.requeue(t)
+        if retired:
+            self._orphans()
+            log.warning("retiring worker %s: no answer within %.0f s", wid, self.request_timeout_s)
+            self._count("worker_retired")
+            self._channels.pop(wid, None)
+            if self._owner:
+                try:
+                    ray.kill(self._workers[wid])
+                except Exception:  # noqa: BLE001 - already gone
+                    pass
+        elif req.ref is not None:
+            try:
+                ray.cancel(req.ref, force=True)
+            except Exception:  # noqa: BLE001 - best effort: the slot is free either way
+                pass
+        self._pump()
+
+    def _orphans(self) -> None:
+        """With no live worker left, queued session requests are served in-process, not kept
+        waiting for a worker that will not come."""
+        if self._dispatcher.workers:
+            return
+        log.error("the pool has no live worker left; session requests are encoded in-process")
+        with self._lock:
+            tasks = self._dispatcher.take_homeless()
+        for t in tasks:
+            req = self._requests.pop(t.id, None)
+            if req is not None:
+                req.dispatched.set()
+                if not req.future.done():
+                    req.future.set_exception(_NoWorkers())
+
+    @staticmethod
+    def _expire(req: _Request) -> None:
+        if not req.future.done():
+            req.future.set_exception(_NoAnswer())
 
     def _pump(self) -> None:
         with self._lock:
@@ -590,6 +665,7 @@ class TokenizerPool:
         req = self._requests.get(task.id)
         if req is not None:
             req.dispatched.set()
+            req.ref = ref
         fut = asyncio.wrap_future(ref.future(), loop=self._loop)
         fut.add_done_callback(lambda f: self._on_done(task, wid, t0, f.exception() or f.result()))
 
@@ -606,12 +682,9 @@ class TokenizerPool:
                 if wid in self._dispatcher.workers:
                     for t in self._dispatcher.retire_worker(wid):
                         self._dispatcher.requeue(t)
-                elif self._dispatcher.fail(task.id, requeue=True) is None:
-                    self._dispatcher.requeue(task)
-            if not self._dispatcher.workers:
-                if req is not None and not req.future.done():
-                    req.future.set_exception(RuntimeError("every worker of the pool has died"))
-                return
+                elif self._dispatcher.fail(task.id, requeue=True) is None and req is not None:
+                    self._dispatcher.requeue(task)  # launched on a worker retired meanwhile
+            self._orphans()
             self._pump()
             return
         if not isinstance(outcome, BaseException) and task.payload[0] in ("encode_session", "extend"):

@@ -119,6 +119,12 @@ class Dispatcher:
         """Return the tasks ``worker_id`` is running now."""
         return list(self._workers[worker_id].running.values())
 
+    def running_where(self, task_id: int) -> tuple[bool, Optional[str]]:
+        """Return (running, worker id); the worker id is None on the shared task pool."""
+        if task_id not in self._running_on:
+            return False, None
+        return True, self._running_on[task_id]
+
     def shared_inflight_count(self) -> int:
         """Return how many tasks the shared task pool is running now."""
         return len(self._shared_running)
@@ -265,6 +271,15 @@ class Dispatcher:
         if task is not None and requeue:
             self._enqueue(task)
         return task
+
+    def take_homeless(self) -> list[Task]:
+        """Remove and return the session tasks waiting for a live worker (none is live), so the
+        caller can serve them another way instead of letting them wait for a worker that may
+        never come."""
+        tasks = self._homeless.drain()
+        for task in tasks:
+            self._queued_ids.discard(task.id)
+        return tasks
 
     # --- worker lifecycle ------------------------------------------------------------------------
 

@@ -154,3 +154,33 @@ def test_killed_workers_lose_nothing(ray_session, tokenizer_paths, references, r
         assert 1 <= p.num_workers < 3
     finally:
         p.close()
+
+
+def test_no_answer_fails_over_in_process(ray_session, tokenizer_paths, references, real_texts):
+    ref = references["qwen-3"]
+    text = real_texts["code"][:12_000]
+    with TokenizerPool(tokenizer_paths["qwen-3"], num_workers=2, request_timeout_s=1.0) as p:
+        assert p.encode(text, session="hung").to_pylist() == ref.encode(text).ids
+        home = p._dispatcher.home_of("hung")
+        assert home in p._channels
+
+        async def never_answers(method, args):
+            await asyncio.Event().wait()
+        p._channels[home].call = never_answers  # a hung (not dead) worker
+        text += " and a new turn"
+        assert p.encode(text, session="hung").to_pylist() == ref.encode(text).ids  # in-process
+        assert p.stats.get("timeout_fallback") == 1
+        assert home not in p._dispatcher.workers  # retired: nothing queues behind it forever
+        with pytest.raises(SessionNotFound):  # the new home never held the session
+            p.extend("hung", "!")
+        assert p.encode(text, session="hung").to_pylist() == ref.encode(text).ids
+        new_home = p._dispatcher.home_of("hung")
+        p._channels[new_home].call = never_answers
+        with pytest.raises(SessionNotFound, match="timed out"):  # extend has no text to fall back on
+            p.extend("hung", "!")
+        assert not p._dispatcher.workers  # both hung: every request is now encoded in-process
+        text += " one more turn"
+        assert p.encode(text, session="hung").to_pylist() == ref.encode(text).ids
+        long_text = (real_texts["english"] * 2)[:150_000]
+        assert p.encode(long_text).to_pylist() == ref.encode(long_text).ids  # chunk tasks still run
+        assert p.stats.get("no_workers_fallback", 0) >= 1
