@@ -1,14 +1,52 @@
 """Stateless chunks as Ray tasks: encode pieces with no post-processing, return int32 buffers."""
 from __future__ import annotations
 
+import os
+
 import numpy as np
 import ray
 
+from .local_ray import WORKER_ENV
 from .tokenizer_cache import get_tokenizer
+
+# Chunk tasks run in processes of their own (a runtime env no other task shares), so lowering
+# their CPU priority touches nothing but chunks.
+CHUNK_ENV = {**WORKER_ENV, "DELTA_RAY_CHUNK_PROCESS": "1"}
+_niced = False
+
+
+def _lower_priority(nice: int) -> None:
+    """Raise this process's niceness once, so session repairs on the same cores go first.
+
+    Session workers never interrupt a running encode, but the OS can: with chunk processes at a
+    higher niceness, a turn that lands on a busy node gets most of a core at once instead of a
+    third of one. With idle cores it changes nothing.
+    """
+    global _niced
+    if not _niced and nice > 0 and os.environ.get("DELTA_RAY_CHUNK_PROCESS") == "1":
+        try:
+            os.nice(nice)
+        except OSError:  # not permitted here: run at normal priority
+            pass
+    _niced = True
 
 
 @ray.remote(max_retries=3)
-def encode_chunks(config_bytes: bytes, digest: str, pieces: list[str], options: dict) -> list[np.ndarray]:
+def encode_chunks(config_bytes: bytes, digest: str, pieces: list[str], options: dict,
+                  nice: int = 0) -> list[np.ndarray]:
     """IDs of each piece (reference-exact, add_special_tokens=False) from a cached tokenizer."""
+    _lower_priority(nice)
     dt = get_tokenizer(config_bytes, digest, **options)
     return dt.encoder.encode_pieces(pieces)
+
+
+@ray.remote(max_retries=0)
+def warm_chunk_process(config_bytes: bytes, digest: str, options: dict, nice: int, hold_s: float) -> int:
+    """Load the tokenizer in a chunk-task process and hold it ``hold_s`` seconds, so that n warm-up
+    tasks occupy n distinct processes at once instead of reusing the first one."""
+    import time
+
+    _lower_priority(nice)
+    get_tokenizer(config_bytes, digest, **options).encoder.encode_pieces(["warm up"])
+    time.sleep(hold_s)
+    return os.getpid()

@@ -35,7 +35,7 @@ from scheduler import Dispatcher, content_key, nonascii_share
 
 from . import metrics
 from . import worker_channel
-from .chunk_task import encode_chunks
+from .chunk_task import CHUNK_ENV, encode_chunks, warm_chunk_process
 from .local_ray import ensure_ray
 from .worker import CHANNEL_METHODS, TokenizerWorker
 from .worker_channel import ChannelClient, ChannelClosed
@@ -147,6 +147,7 @@ class TokenizerPool:
                  name: str | None = None, worker_cpus: float = C.WORKER_CPUS, task_cpus: float = C.TASK_CPUS,
                  max_inflight_tasks: int | None = None, workers_take_shared: bool | None = None,
                  engine: str = "auto", shadow_rate: float = C.POOL_SHADOW_RATE, side_channel: bool = True,
+                 task_nice: int = C.TASK_NICE,
                  request_timeout_s: float = C.REQUEST_TIMEOUT_S,
                  startup_timeout_s: float = C.STARTUP_TIMEOUT_S,
                  max_session_bytes: int = C.MAX_SESSION_BYTES, max_sessions: int = C.MAX_SESSIONS,
@@ -176,7 +177,7 @@ class TokenizerPool:
                 # cores. So workers take shared work only when there is no task pool.
                 workers_take_shared = max_inflight_tasks == 0
             opts = {"chunk_size": chunk_size, "cut_threshold": cut_threshold, "max_chunks": max_chunks,
-                    "policy": policy, "side_channel": side_channel, "task_cpus": task_cpus, "workers_take_shared": workers_take_shared,
+                    "policy": policy, "side_channel": side_channel, "task_nice": task_nice, "task_cpus": task_cpus, "workers_take_shared": workers_take_shared,
                     "max_inflight_tasks": max_inflight_tasks,
                     "worker": {"chunk_size": chunk_size, "cut_threshold": cut_threshold, "max_chunks": max_chunks,
                                "threads": 1, "max_session_bytes": max_session_bytes, "max_sessions": max_sessions,
@@ -239,8 +240,9 @@ class TokenizerPool:
         n = self._opts["max_inflight_tasks"]
         if n <= 0 or not self.admission:
             return
-        refs = [encode_chunks.options(num_cpus=self._opts["task_cpus"]).remote(
-            self._config_ref, self._loaded.digest, ["warm up"], self._opts["worker"]) for _ in range(n)]
+        refs = [warm_chunk_process.options(num_cpus=self._opts["task_cpus"], runtime_env={"env_vars": CHUNK_ENV})
+                .remote(self._config_ref, self._loaded.digest, self._opts["worker"], self._opts.get("task_nice", 0), 0.5)
+                for _ in range(n)]
         try:
             ray.get(refs, timeout=timeout)
         except Exception:  # noqa: BLE001 - warming is best effort; requests still work cold
@@ -262,6 +264,10 @@ class TokenizerPool:
             if info["address"] and info["node"] == here:
                 out[wid] = ChannelClient(info["address"])
         return out
+
+    def _chunk_task(self, piece: str):
+        return encode_chunks.options(num_cpus=self._opts["task_cpus"], runtime_env={"env_vars": CHUNK_ENV}).remote(
+            self._config_ref, self._loaded.digest, [piece], self._opts["worker"], self._opts.get("task_nice", 0))
 
     @classmethod
     def connect(cls, name: str) -> "TokenizerPool":
@@ -652,8 +658,7 @@ class TokenizerPool:
         method, *args = task.payload
         try:
             if wid is None:
-                ref = encode_chunks.options(num_cpus=self._opts["task_cpus"]).remote(
-                    self._config_ref, self._loaded.digest, [args[0]], self._opts["worker"])
+                ref = self._chunk_task(args[0])
             elif method == "pieces":
                 ref = self._workers[wid].encode_pieces.remote([args[0]])
             else:

@@ -28,6 +28,7 @@ REQUEST_TIMEOUT_S = 60.0  # no answer this long after first dispatch: encode in-
 STARTUP_TIMEOUT_S = 300.0
 WORKER_CPUS = 0.5  # Ray CPU reservation of a worker actor (see actors/pool.py: no starvation)
 TASK_CPUS = 0.5  # and of a chunk task
+TASK_NICE = 10  # niceness of chunk-task processes: session repairs on the same cores go first
 NAMESPACE = "delta_ray"
 KNOWN_SESSIONS = 100_000  # sessions the pool remembers as initialized on some worker
 MIRROR_BYTES = 256 * 1024 * 1024  # session IDs the pool keeps to splice workers delta answers
