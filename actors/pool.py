@@ -177,7 +177,8 @@ class TokenizerPool:
                 # cores. So workers take shared work only when there is no task pool.
                 workers_take_shared = max_inflight_tasks == 0
             opts = {"chunk_size": chunk_size, "cut_threshold": cut_threshold, "max_chunks": max_chunks,
-                    "policy": policy, "side_channel": side_channel, "task_nice": task_nice, "task_cpus": task_cpus, "workers_take_shared": workers_take_shared,
+                    "policy": policy, "side_channel": side_channel, "task_nice": task_nice,
+                    "task_cpus": task_cpus, "workers_take_shared": workers_take_shared,
                     "max_inflight_tasks": max_inflight_tasks,
                     "worker": {"chunk_size": chunk_size, "cut_threshold": cut_threshold, "max_chunks": max_chunks,
                                "threads": 1, "max_session_bytes": max_session_bytes, "max_sessions": max_sessions,
@@ -680,11 +681,11 @@ class TokenizerPool:
         req = self._requests.get(task.id)
         if isinstance(outcome, (ray.exceptions.RayActorError, ray.exceptions.ActorUnavailableError)) and wid is not None:
             # The worker died: retire it, re-route its queue, retry what it was running.
-            log.warning("worker %s died; retiring it and retrying its tasks", wid)
-            self._count("worker_retired")
             self._channels.pop(wid, None)
             with self._lock:
                 if wid in self._dispatcher.workers:
+                    log.warning("worker %s died; retiring it and retrying its tasks", wid)
+                    self._count("worker_retired")
                     for t in self._dispatcher.retire_worker(wid):
                         self._dispatcher.requeue(t)
                 elif self._dispatcher.fail(task.id, requeue=True) is None and req is not None:

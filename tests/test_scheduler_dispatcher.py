@@ -248,3 +248,17 @@ def test_chunks_are_keyed_by_their_whole_request():
     assert alone.key < chunks[0].key  # so it would overtake the document it arrived after
     with pytest.raises(ValueError, match="request_chars"):
         d.submit("chunk", 100, request_chars=10)
+
+
+def test_running_where_and_take_homeless():
+    d, _ = _dispatcher(workers=["w0"], max_inflight_tasks=1)
+    session = d.submit("session", 10, session_key="a")
+    chunk = d.submit("chunk", 10)
+    assert d.running_where(session.id) == (False, None)
+    d.dispatch()
+    assert d.running_where(session.id) == (True, "w0")
+    assert d.running_where(chunk.id) == (True, None)
+    queued = d.submit("session", 10, session_key="a")
+    assert d.retire_worker("w0") == [session]
+    assert d.take_homeless() == [queued]  # no live worker: the caller serves it another way
+    assert d.queued_count() == 0 and d.take_homeless() == []
