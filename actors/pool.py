@@ -5,10 +5,11 @@ The pool runs an asyncio loop in a background thread. Every request becomes one 
 hands a task to Ray only when a worker or the shared task pool has a free slot. Results come back
 as numpy int32 buffers and are assembled, in input order, into one ``pyarrow.Int32Array``.
 
-Resources: a worker actor reserves ``worker_cpus`` (0.5) and a chunk task ``task_cpus`` (0.5) of
-Ray's CPUs, so with one worker per core half the CPUs stay free for tasks: actors and tasks can
-never starve each other of reservations, while the dispatcher's in-flight limits decide how much
-actually runs at once.
+Resources: a worker actor reserves ``worker_cpus`` (0.5) of Ray's CPUs; a chunk task reserves
+``task_cpus`` (0 by default) and is placed with SPREAD. What bounds the chunks is the dispatcher's
+in-flight limit, not a reservation, so chunk tasks never wait on CPUs held by the workers, by
+another pool or by another job (with 0.5 each, two default pools on one node reserved every CPU
+and their chunks waited out the 60 s fail-over), and actors never wait on tasks.
 """
 from __future__ import annotations
 
@@ -241,7 +242,7 @@ class TokenizerPool:
         n = self._opts["max_inflight_tasks"]
         if n <= 0 or not self.admission:
             return
-        refs = [warm_chunk_process.options(num_cpus=self._opts["task_cpus"], runtime_env={"env_vars": CHUNK_ENV})
+        refs = [warm_chunk_process.options(**self._chunk_options())
                 .remote(self._config_ref, self._loaded.digest, self._opts["worker"], self._opts.get("task_nice", 0), 0.5)
                 for _ in range(n)]
         try:
@@ -266,8 +267,12 @@ class TokenizerPool:
                 out[wid] = ChannelClient(info["address"])
         return out
 
+    def _chunk_options(self) -> dict:
+        return {"num_cpus": self._opts["task_cpus"], "scheduling_strategy": "SPREAD",
+                "runtime_env": {"env_vars": CHUNK_ENV}}
+
     def _chunk_task(self, piece: str):
-        return encode_chunks.options(num_cpus=self._opts["task_cpus"], runtime_env={"env_vars": CHUNK_ENV}).remote(
+        return encode_chunks.options(**self._chunk_options()).remote(
             self._config_ref, self._loaded.digest, [piece], self._opts["worker"], self._opts.get("task_nice", 0))
 
     @classmethod

@@ -184,3 +184,16 @@ def test_no_answer_fails_over_in_process(ray_session, tokenizer_paths, reference
         long_text = (real_texts["english"] * 2)[:150_000]
         assert p.encode(long_text).to_pylist() == ref.encode(long_text).ids  # chunk tasks still run
         assert p.stats.get("no_workers_fallback", 0) >= 1
+
+
+def test_chunks_never_wait_on_cpu_reservations(ray_session, tokenizer_paths, references, real_texts):
+    # Workers (this pool's, another pool's, another job's) may hold every CPU Ray has: chunk tasks
+    # must still run at once, bounded by the dispatcher rather than by a reservation.
+    free = ray.available_resources().get("CPU", 0)
+    ref = references["qwen-3"]
+    text = (real_texts["english"] * 2)[:150_000]
+    with TokenizerPool(tokenizer_paths["qwen-3"], num_workers=2, worker_cpus=free / 2,
+                       request_timeout_s=30, startup_timeout_s=120) as p:
+        assert ray.available_resources().get("CPU", 0) < 0.01
+        assert p.encode(text).to_pylist() == ref.encode(text).ids
+        assert p.stats.get("chunked") == 1 and "timeout_fallback" not in p.stats
