@@ -65,7 +65,11 @@ class ChannelServer:
                 conn, _ = self._sock.accept()
             except OSError:
                 return
-            _, uid, _ = _PEERCRED.unpack(conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, _PEERCRED.size))
+            try:
+                _, uid, _ = _PEERCRED.unpack(conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, _PEERCRED.size))
+            except OSError:  # the peer left already: keep accepting others
+                conn.close()
+                continue
             if uid != os.getuid():  # abstract sockets have no file permissions: check the peer
                 conn.close()
                 continue
@@ -74,10 +78,13 @@ class ChannelServer:
     def _serve(self, conn: socket.socket) -> None:
         with conn, conn.makefile("rb") as reader:
             while True:
-                header = reader.read(_HEADER.size)
-                if len(header) < _HEADER.size:
+                try:
+                    header = reader.read(_HEADER.size)
+                    if len(header) < _HEADER.size:
+                        return
+                    method, args = pickle.loads(reader.read(_HEADER.unpack(header)[0]))
+                except Exception:  # noqa: BLE001 - a broken or truncated frame ends this connection only
                     return
-                method, args = pickle.loads(reader.read(_HEADER.unpack(header)[0]))
                 try:
                     answer = (True, self._handler(method, args))
                 except Exception as exc:  # noqa: BLE001 - the caller gets it, as from a Ray call

@@ -117,3 +117,23 @@ def test_pool_session_calls_use_the_channel_and_survive_losing_it(ray_session, t
         key = next(f"k{i}" for i in range(1000) if pool._dispatcher.home_of(f"k{i}") == other)
         assert pool.encode(text, session=key).to_pylist() == ref.encode(text).ids
         assert not pool._channels
+
+
+def test_a_broken_frame_ends_only_its_connection():
+    import socket
+    import struct
+
+    server = ChannelServer(_handler)
+    try:
+        raw = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        raw.connect(server.address)
+        raw.sendall(struct.pack("!Q", 5) + b"\x80garbage")  # not a pickle
+        raw.settimeout(10)
+        assert raw.recv(1) == b""  # the server closed this connection
+        raw.close()
+
+        async def main():
+            assert await ChannelClient(server.address).call("echo", (1,)) == (1,)
+        _run(main())
+    finally:
+        server.close()
