@@ -547,8 +547,7 @@ class TokenizerPool:
                 self._requests.pop(task.id, None)
                 self._free_hung(task, req)
             if key is not None:
-                self._mirror.pop(key, None)  # the worker's state is unknown now
-                self._known.pop(key, None)
+                self._forget(key)
             return await asyncio.to_thread(fallback)
         finally:
             timer.cancel()
@@ -565,15 +564,8 @@ class TokenizerPool:
             if not running:
                 return
             self._dispatcher.fail(task.id)
-            retired = wid is not None and wid in self._dispatcher.workers
-            if retired:
-                for t in self._dispatcher.retire_worker(wid):
-                    self._dispatcher.requeue(t)
-        if retired:
-            self._orphans()
-            log.warning("retiring worker %s: no answer within %.0f s", wid, self.request_timeout_s)
-            self._count("worker_retired")
-            self._channels.pop(wid, None)
+        if wid is not None and self._retire(wid):
+            log.warning("retired worker %s: no answer within %.0f s", wid, self.request_timeout_s)
             if self._owner:
                 try:
                     ray.kill(self._workers[wid])
@@ -585,6 +577,24 @@ class TokenizerPool:
             except Exception:  # noqa: BLE001 - best effort: the slot is free either way
                 pass
         self._pump()
+
+    def _retire(self, wid: str) -> bool:
+        """Retire a dead or hung worker: its queue moves to the sessions' new homes and what it was
+        running is retried there. Returns False when it was retired already."""
+        with self._lock:
+            if wid not in self._dispatcher.workers:
+                return False
+            for t in self._dispatcher.retire_worker(wid):
+                self._dispatcher.requeue(t)
+        self._channels.pop(wid, None)
+        self._count("worker_retired")
+        self._orphans()
+        return True
+
+    def _forget(self, key: str) -> None:
+        """Drop what this pool believes about a session's worker state (it is unknown now)."""
+        self._mirror.pop(key, None)
+        self._known.pop(key, None)
 
     def _orphans(self) -> None:
         """With no live worker left, queued session requests are served in-process, not kept
@@ -644,8 +654,7 @@ class TokenizerPool:
             log.warning("lost the side channel to live worker %s; using Ray calls", wid)
             if method in ("extend", "extend_reference"):
                 key = args[0]
-                self._mirror.pop(key, None)
-                self._known.pop(key, None)
+                self._forget(key)
                 try:
                     await asyncio.wrap_future(self._workers[wid].drop_session.remote(key).future())
                 except Exception:  # noqa: BLE001 - died since: its sessions are gone anyway
@@ -685,17 +694,12 @@ class TokenizerPool:
         metrics.record_times(task.kind, self._dispatcher.clock.now_ms() - ms - task.arrival_ms, ms)
         req = self._requests.get(task.id)
         if isinstance(outcome, (ray.exceptions.RayActorError, ray.exceptions.ActorUnavailableError)) and wid is not None:
-            # The worker died: retire it, re-route its queue, retry what it was running.
-            self._channels.pop(wid, None)
-            with self._lock:
-                if wid in self._dispatcher.workers:
-                    log.warning("worker %s died; retiring it and retrying its tasks", wid)
-                    self._count("worker_retired")
-                    for t in self._dispatcher.retire_worker(wid):
-                        self._dispatcher.requeue(t)
-                elif self._dispatcher.fail(task.id, requeue=True) is None and req is not None:
-                    self._dispatcher.requeue(task)  # launched on a worker retired meanwhile
-            self._orphans()
+            if self._retire(wid):
+                log.warning("worker %s died; retired it and retrying its tasks", wid)
+            else:
+                with self._lock:
+                    if self._dispatcher.fail(task.id, requeue=True) is None and req is not None:
+                        self._dispatcher.requeue(task)  # launched on a worker retired meanwhile
             self._pump()
             return
         if not isinstance(outcome, BaseException) and task.payload[0] in ("encode_session", "extend"):
