@@ -41,7 +41,7 @@ class TokenizerWorker:
         self._options = dict(options)
         self._lock = threading.Lock()
         self._dt = get_tokenizer(config_bytes, digest, **self._options)
-        self._dt.shadow._on_result = metrics.record_shadow  # comparisons and mismatches as metrics
+        self._dt.shadow.add_listener(metrics.record_shadow)  # comparisons and mismatches as metrics
         self._channel = worker_channel.ChannelServer(self._channel_call) if worker_channel.supported() else None
 
     def _channel_call(self, method: str, args: tuple):

@@ -38,8 +38,8 @@ class BundledTokenizerError(RuntimeError):
 
 
 def _cache_dir() -> Path:
-    from .table_cache import cache_dir
-    return cache_dir()
+    from .cache_store import cache_root
+    return cache_root()
 
 
 def bundled_tokenizer_json(name: str) -> bytes:
@@ -70,10 +70,14 @@ def bundled_tokenizer_path(name: str) -> str:
     digest = BUNDLED[name][2]
     out = _cache_dir() / "bundled" / f"{name}-{digest[:16]}" / "tokenizer.json"
     if not out.exists() or hashlib.sha256(out.read_bytes()).hexdigest() != digest:
+        from .cache_store import atomic_write
         out.parent.mkdir(parents=True, exist_ok=True)
-        tmp = out.with_suffix(f".tmp{os.getpid()}")
-        tmp.write_bytes(data)
-        os.replace(tmp, out)
+        atomic_write(out, data)
+        if not out.exists():  # an unwritable cache: a private temporary copy instead
+            import tempfile
+            tmpdir = Path(tempfile.mkdtemp(prefix="delta-ray-"))
+            out = tmpdir / "tokenizer.json"
+            out.write_bytes(data)
     return str(out)
 
 

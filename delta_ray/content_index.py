@@ -86,5 +86,10 @@ class ContentIndex:
             if self._by_digest.get(d) == entry:
                 del self._by_digest[d]
 
+    def clear(self) -> None:
+        with self._lock:
+            self._entries.clear()
+            self._by_digest.clear()
+
     def __len__(self) -> int:
         return len(self._entries)

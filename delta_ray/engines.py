@@ -1,78 +1,139 @@
 """Engine selection: the fastest encoder proven exact for a tokenizer, the reference elsewhere.
 
-``engine="reference"`` always encodes with the reference. ``engine="fast"`` admits the fast tier
-now (load the native engine, derive or load its guard set, run the verification battery; blocking,
-cached on disk) and raises :class:`FastEngineUnavailable` if it fails. ``engine="auto"`` (default)
-uses the fast tier at once when an admission for this tokenizer and these package versions is
-already cached on disk; otherwise it starts with the reference and admits the fast tier in a
-background thread (one process per machine does the probe, under a lock file), switching when it
-passes. The cuts, repairs, store and pool never care which encoder ran.
+``engine="reference"`` always encodes with the reference and never reads or writes the admission
+cache. ``engine="fast"`` admits the fast tier now (load the native engine, derive or load its guard
+set, fuzz it, run the verification battery; blocking, cached on disk) and raises
+:class:`FastEngineUnavailable` if it fails. ``engine="auto"`` (default) uses the fast tier at once
+when a passing admission for this tokenizer and these versions is cached; otherwise it starts with
+the reference and admits the fast tier in a background thread (one process per machine does the
+probe, under a lock file), switching when it passes. The cuts, repairs, store and pool never care
+which encoder ran.
+
+An admission is one record (:mod:`delta_ray.cache_store`) bound to the tokenizer's SHA-256, the
+engine's name and version, the reference's version, delta-ray's version, the probe's format and
+derived contexts, and carrying the guard set with its own digest. A record that fails validation is
+discarded and the admission re-run; a rejection (failed battery, a shadow mismatch) is persisted so
+that no later process admits the engine again for the same versions.
 """
 from __future__ import annotations
 
-import json
 import logging
 import os
 import threading
 import time
-from pathlib import Path
 from typing import Callable
 
 from .encoder import Encoder, ReferenceEncoder
 
 log = logging.getLogger("delta_ray.engines")
 ENGINES = ("auto", "reference", "fast")
+BATTERY_FORMAT = 2  # bump when the battery or the admission fuzz changes
+ADMISSION_FUZZ_SECONDS = 4.0  # fuzzing at admission (DELTA_RAY_ADMISSION_FUZZ_SECONDS overrides)
 
 
-def _verdict_path(cache_key: str) -> Path:
-    from .guard import _cache_root
-    safe = cache_key.replace(":", "_").replace("/", "_")
-    return _cache_root() / f"admitted-{safe}.json"
+def _delta_ray_version() -> str:
+    from .fast_engine import _version
+    return _version("delta-ray") or "0+unknown"
+
+
+def verdict_key(config_bytes: bytes, backend: str, backend_version: str | None) -> dict:
+    """The whole key of an admission record (cheap: package metadata and the derived contexts)."""
+    from .guard import guard_key
+    return {**guard_key(config_bytes, backend=backend, backend_version=backend_version),
+            "delta_ray": _delta_ray_version(), "battery": BATTERY_FORMAT}
+
+
+def _valid_verdict(p: dict) -> bool:
+    from .guard import _valid_guard_payload
+    return (isinstance(p.get("ok"), bool) and isinstance(p.get("reason"), str)
+            and isinstance(p.get("at"), (int, float)) and _valid_guard_payload(p))
+
+
+def load_verdict(key: dict) -> dict | None:
+    """The validated admission record for ``key``, or None (absent, altered, or caching off)."""
+    from .cache_store import load_record
+    return load_record("verdict", key, validate=_valid_verdict)
+
+
+def save_verdict(key: dict, ok: bool, reason: str, ranges: list, stats: dict | None = None) -> bool:
+    from .cache_store import save_record
+    from .guard import ranges_digest
+    ranges = [list(map(int, r)) for r in ranges]
+    return save_record("verdict", key, {"ok": bool(ok), "reason": str(reason), "at": time.time(),
+                                        "ranges": ranges, "ranges_sha256": ranges_digest(ranges),
+                                        "stats": stats or {}})
+
+
+def reject_verdict(key: dict | None, reason: str) -> None:
+    """Persist that this engine must not be admitted again for these versions (a caught mismatch)."""
+    if key is not None:
+        save_verdict(key, False, reason, [], {"rejected_at_run_time": True})
+
+
+def _fuzz_at_admission(config_bytes: bytes, reference: ReferenceEncoder, fast, guard) -> tuple[set[int], list[str]]:
+    """Fuzz the guarded engine; returns (code points to guard, disagreements with nothing to guard)."""
+    import json
+
+    from .fuzz import fuzz, fuzz_alphabet
+    seconds = float(os.environ.get("DELTA_RAY_ADMISSION_FUZZ_SECONDS", ADMISSION_FUZZ_SECONDS))
+    if seconds <= 0:
+        return set(), []
+    cfg = json.loads(config_bytes)
+    added = [t["content"] for t in cfg.get("added_tokens") or []]
+    res = fuzz(reference.encode_pieces, fast.encode_pieces, fuzz_alphabet(cfg, added),
+               allows=guard.allows, seconds=seconds)
+    extra: set[int] = set()
+    unguardable: list[str] = []
+    for text in res.disagreements:
+        cps = {ord(ch) for ch in text if ord(ch) >= 0x80}
+        if cps:
+            extra |= cps
+        else:
+            unguardable.append(text)
+    return extra, unguardable
 
 
 def admit_fast(config_bytes: bytes, reference: ReferenceEncoder, backend: str = "auto") -> Encoder:
-    """Load, guard and verify the fast engine (cached); a GuardedEncoder or FastEngineUnavailable."""
+    """Load, guard, fuzz and verify the fast engine (cached); a GuardedEncoder or FastEngineUnavailable."""
     from .fast_engine import FastEngineUnavailable, cached_fast_encoder
-    from .guard import GuardedEncoder, guard_set_for, verify_fast_engine
+    from .guard import GuardedEncoder, GuardSet, guard_from_ranges, guard_set_for, verify_fast_engine
 
     fast = cached_fast_encoder(config_bytes, backend)
-    guard = guard_set_for(config_bytes, fast, ref_tokenizer=reference.tokenizer)
-    path = _verdict_path(fast.cache_key)
-    try:
-        verdict = json.loads(path.read_text())
-    except (OSError, ValueError):
-        ok, reason = verify_fast_engine(reference.tokenizer, fast, guard=guard)
-        verdict = {"ok": ok, "reason": reason, "at": time.time()}
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(f".tmp{os.getpid()}")
-        tmp.write_text(json.dumps(verdict))
-        os.replace(tmp, path)
-    if not verdict.get("ok"):
-        raise FastEngineUnavailable(f"{fast.backend} {fast.backend_version} failed the battery: {verdict.get('reason')}")
-    enc = GuardedEncoder(fast, guard, reference)
+    key = verdict_key(config_bytes, fast.backend, fast.backend_version)
+    rec = load_verdict(key)
+    if rec is not None:
+        guard = guard_from_ranges(rec["ranges"], key, {**rec["stats"], "cached": True})
+        ok, reason = rec["ok"], rec["reason"]
+    else:
+        guard = guard_set_for(config_bytes, fast, ref_tokenizer=reference.tokenizer)
+        extra, unguardable = _fuzz_at_admission(config_bytes, reference, fast, guard)
+        if extra:
+            guard = GuardSet(guard.code_points | frozenset(extra), key=guard.key,
+                             stats={**guard.stats, "fuzz_guarded": len(extra)})
+        if unguardable:
+            ok, reason = False, f"the fuzzer found an ASCII text the engine gets wrong: {unguardable[0][:80]!r}"
+        else:
+            ok, reason = verify_fast_engine(reference.tokenizer, fast, guard=guard)
+        save_verdict(key, ok, reason, [list(r) for r in guard.ranges()], guard.stats)
+    if not ok:
+        raise FastEngineUnavailable(f"{fast.backend} {fast.backend_version} is not admitted: {reason}")
+    enc = GuardedEncoder(fast, guard, reference, verdict_key=key)
     enc.description = f"fast ({fast.backend} {fast.backend_version}, {len(guard)} guarded code points)"
     return enc
 
 
 def cached_admission_exists(config_bytes: bytes, backend: str = "auto") -> bool:
-    """Whether a passing admission for this tokenizer and the installed versions is on disk.
+    """Whether a passing, valid admission for this tokenizer and the installed versions is on disk.
 
-    Computed from package metadata alone (loading an engine costs seconds): the key is the one
-    ``FastEncoder.cache_key`` gives the first installed backend.
+    Computed from package metadata alone (loading an engine costs seconds).
     """
-    import hashlib
-
     from .fast_engine import FAST_BACKENDS, _version
-    digest = hashlib.sha256(config_bytes).hexdigest()
     for cand in (FAST_BACKENDS if backend == "auto" else (backend,)):
         version = _version(cand)
         if version is None:
             continue
-        key = f"{digest}:{cand}-{version}:tokenizers-{_version('tokenizers')}"
-        try:
-            return bool(json.loads(_verdict_path(key).read_text()).get("ok"))
-        except (OSError, ValueError):
-            return False
+        rec = load_verdict(verdict_key(config_bytes, cand, version))
+        return bool(rec and rec["ok"])
     return False
 
 
@@ -80,6 +141,8 @@ class EngineSwitch:
     """The encoder a DeltaTokenizer uses now, switchable at run time (admission, shadow mismatch).
 
     Implements the Encoder protocol by delegating, so every path picks up a switch at its next call.
+    ``on_disable`` callbacks run once when the fast tier is disabled: the owners discard every state
+    the engine produced (sessions, content entries, mirrors).
     """
 
     def __init__(self, reference: ReferenceEncoder):
@@ -87,7 +150,9 @@ class EngineSwitch:
         self.current: Encoder = reference
         self.reason = "reference"
         self.disabled_reason: str | None = None
+        self.generation = 0  # bumped on every switch: states tagged with an older one are stale
         self._lock = threading.Lock()
+        self._on_disable: list[Callable[[str], None]] = []
 
     @property
     def name(self) -> str:
@@ -96,16 +161,36 @@ class EngineSwitch:
     def encode_pieces(self, texts):
         return self.current.encode_pieces(texts)
 
+    def add_disable_listener(self, fn: Callable[[str], None]) -> None:
+        """Call ``fn(reason)`` when the fast tier is disabled (at once if it already was)."""
+        with self._lock:
+            self._on_disable.append(fn)
+            disabled = self.disabled_reason
+        if disabled is not None:
+            fn(disabled)
+
     def use(self, enc: Encoder, reason: str) -> None:
         with self._lock:
             if self.disabled_reason is None:
                 self.current, self.reason = enc, reason
+                self.generation += 1
 
     def back_to_reference(self, reason: str) -> None:
-        """Permanently return to the reference (e.g. the shadow verifier found a mismatch)."""
+        """Permanently return to the reference, persist the rejection, and purge what the engine made."""
         with self._lock:
+            if self.disabled_reason is not None:
+                return
+            wrong = self.current
             self.disabled_reason = reason
             self.current, self.reason = self.reference, f"reference (fast tier disabled: {reason})"
+            self.generation += 1
+            listeners = list(self._on_disable)
+        reject_verdict(getattr(wrong, "verdict_key", None), reason)
+        for fn in listeners:
+            try:
+                fn(reason)
+            except Exception:  # noqa: BLE001 - one failing listener must not keep the others' states
+                log.warning("a purge listener failed", exc_info=True)
 
 
 _BG_LOCK = threading.Lock()
@@ -142,14 +227,10 @@ def select_engine(engine: str, config_bytes: bytes, switch: EngineSwitch, *, dig
 
 def _start_background(config_bytes: bytes, switch: EngineSwitch, digest: str, on_ready) -> None:
     def run():
+        from .cache_store import exclusive_lock
         from .fast_engine import FastEngineUnavailable
-        from .guard import _cache_root
-        lock_path = _cache_root() / f"admitting-{digest[:16]}.lock"
-        lock_path.parent.mkdir(parents=True, exist_ok=True)
         try:
-            import fcntl
-            with open(lock_path, "w") as fh:
-                fcntl.flock(fh, fcntl.LOCK_EX)  # one probing process per machine; others wait, then hit the cache
+            with exclusive_lock(f"admitting-{digest[:16]}.lock"):  # one probing process per machine
                 enc = admit_fast(config_bytes, switch.reference)
             switch.use(enc, enc.description)
             log.info("fast tier admitted: %s", enc.description)

@@ -29,7 +29,11 @@ exactly one separator ID between consecutive probes is re-encoded probe by probe
 Each chunk is encoded by both engines; equal chunks clear all their probes at once; in a chunk that
 differs, the IDs are cut at the separator and compared probe by probe.
 
-Contexts per code point ``c`` (``|`` marks the separator, a special-token string):
+Contexts per code point ``c`` (``|`` marks the separator, a special-token string) come from
+:func:`delta_ray.probe_contexts.derived_contexts`: the two below, then a chain that puts ``c`` next
+to a representative of every class the pattern distinguishes and after a contraction witness
+(``" I'"``). Code points that some engine may case-fold into a ``(?i:...)`` group are guarded
+wholesale (:func:`delta_ray.probe_contexts.fold_sensitive_code_points`):
 
 * ``|c|`` -- alone, i.e. next to a special-token string on both sides;
 * ``|c 's c ␠ c 123 c ␠␠ c \r\n c \u0301 c ' c c a! c|`` (␠ is a space): a chain whose 10 instances
@@ -63,17 +67,16 @@ from typing import Callable, Iterable, Sequence
 import numpy as np
 
 from delta_ray.fast_engine import FastEncoder, FastEngineUnavailable, fast_engine_versions
+from delta_ray.probe_contexts import BASE_CONTEXTS, derived_contexts
 
-GUARD_FORMAT = 3  # bump when the probe contexts change: old cache entries are then ignored
+GUARD_FORMAT = 4  # bump when the probe changes: old cache entries are then ignored
 
 _SURROGATES = range(0xD800, 0xE000)
 ALL_CODE_POINTS = np.concatenate([np.arange(0, 0xD800), np.arange(0xE000, 0x110000)]).astype(np.int64)
 
-# Contexts; "{}" is the probed code point (kept as templates so the docs above stay true).
-CONTEXTS: tuple[str, ...] = (
-    "{c}",
-    "{c}'s{c} {c}123{c}  {c}\r\n{c}\u0301{c}'{c}{c}a!{c}",
-)
+# The fixed contexts of format 3 ("{c}" is the probed code point); the probe now uses
+# probe_contexts.derived_contexts(tokenizer_json), which starts with these.
+CONTEXTS: tuple[str, ...] = BASE_CONTEXTS
 
 # Blocks (start, end) whose canonical compositions are newer than the reference's Unicode 9.0 NFC
 # tables; every ordered pair inside each is probed. Python's unicodedata (14.0 on 3.11) knows the
@@ -86,9 +89,6 @@ NEW_COMPOSITION_BLOCKS: tuple[tuple[int, int], ...] = (
 )
 
 
-def _cache_root() -> Path:
-    from .table_cache import cache_dir
-    return cache_dir() / "guard"
 
 
 # ----------------------------------------------------------------------------------------------
@@ -345,7 +345,7 @@ def _probe_texts(code_points: list[int], contexts: Sequence[str], pairs: Sequenc
 
 def probe_disagreements(ref_tokenizer, fast: FastEncoder | Callable[[list[str]], list[np.ndarray]],
                         tokenizer_json: dict, *, code_points: Sequence[int] | np.ndarray | None = None,
-                        contexts: Sequence[str] = CONTEXTS, pairs: Sequence[tuple[int, int]] | None = None,
+                        contexts: Sequence[str] | None = None, pairs: Sequence[tuple[int, int]] | None = None,
                         chunk_probes: int = 2048, ref_digests: dict[str, str] | None = None) -> ProbeResult:
     """Probe code points (default: all but surrogates) in ``contexts`` and return where the engines differ.
 
@@ -359,6 +359,8 @@ def probe_disagreements(ref_tokenizer, fast: FastEncoder | Callable[[list[str]],
 
     t0 = time.perf_counter()
     fast_encode = fast.encode_pieces if hasattr(fast, "encode_pieces") else fast
+    if contexts is None:
+        contexts = derived_contexts(tokenizer_json)
     sep, sep_id = _pick_separator(tokenizer_json)
     risky = _added_token_chars(tokenizer_json)
     cps = [int(c) for c in (ALL_CODE_POINTS if code_points is None else code_points)]
@@ -472,45 +474,63 @@ def check_probe_isolation(ref_tokenizer, tokenizer_json: dict, probes: Sequence[
 # The guard set, cached per (tokenizer, versions)
 # ----------------------------------------------------------------------------------------------
 
-def guard_key(tokenizer_json_bytes: bytes, fast: FastEncoder) -> dict:
-    """What a guard set depends on: the tokenizer's bytes, the reference's and the engine's versions."""
+def guard_key(tokenizer_json_bytes: bytes, fast: FastEncoder | None = None, *, backend: str | None = None,
+              backend_version: str | None = None) -> dict:
+    """What a guard set depends on: the tokenizer, the reference's and the engine's versions, the probe.
+
+    Computable from package metadata alone (``backend``/``backend_version``): loading an engine
+    costs seconds, and a cached admission should not.
+    """
+    contexts = derived_contexts(json.loads(tokenizer_json_bytes))
     return {"format": GUARD_FORMAT,
             "tokenizer_sha256": hashlib.sha256(tokenizer_json_bytes).hexdigest(),
             "tokenizers": fast_engine_versions()["tokenizers"],
-            "backend": fast.backend,
-            "backend_version": fast.backend_version,
-            "python_unicodedata": unicodedata.unidata_version}
+            "backend": fast.backend if fast is not None else backend,
+            "backend_version": fast.backend_version if fast is not None else backend_version,
+            "python_unicodedata": unicodedata.unidata_version,
+            "contexts_sha256": hashlib.sha256(json.dumps(contexts).encode()).hexdigest()[:24]}
 
 
-def _cache_file(key: dict) -> Path:
-    name = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:32]
-    return _cache_root() / f"{key['tokenizer_sha256'][:16]}-{key['backend']}-{name}.json"
+def ranges_digest(ranges: Sequence[Sequence[int]]) -> str:
+    """SHA-256 of a guard set's canonical range list (part of every record that carries one)."""
+    return hashlib.sha256(json.dumps([[int(a), int(b)] for a, b in ranges]).encode()).hexdigest()
+
+
+def valid_ranges(ranges: object) -> bool:
+    """Sorted, disjoint, in-range ``[lo, hi]`` integer pairs (what a stored guard set must be)."""
+    if not isinstance(ranges, list):
+        return False
+    prev = -2
+    for r in ranges:
+        if (not isinstance(r, list) or len(r) != 2 or not all(type(v) is int for v in r)
+                or not prev + 1 < r[0] <= r[1] <= 0x10FFFF):
+            return False
+        prev = r[1]
+    return True
+
+
+def guard_from_ranges(ranges: Sequence[Sequence[int]], key: dict, stats: dict) -> GuardSet:
+    return GuardSet(frozenset(c for lo, hi in ranges for c in range(lo, hi + 1)), key=key, stats=stats)
+
+
+def _valid_guard_payload(p: dict) -> bool:
+    return (valid_ranges(p.get("ranges")) and p.get("ranges_sha256") == ranges_digest(p["ranges"])
+            and isinstance(p.get("stats"), dict))
 
 
 def _load_cached(key: dict) -> GuardSet | None:
-    path = _cache_file(key)
-    try:
-        doc = json.loads(path.read_text())
-    except (OSError, ValueError):
+    from .cache_store import load_record
+    doc = load_record("guardset", key, validate=_valid_guard_payload)
+    if doc is None:
         return None
-    if doc.get("key") != key:
-        return None
-    cps = [c for lo, hi in doc["ranges"] for c in range(lo, hi + 1)]
-    return GuardSet(frozenset(cps), key=key, stats={**doc.get("stats", {}), "cached": True})
-
-
-def _write_json(path: Path, doc) -> None:
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(f".tmp{os.getpid()}")
-        tmp.write_text(json.dumps(doc, indent=None, separators=(",", ":")))
-        os.replace(tmp, path)
-    except OSError:  # a read-only cache only costs a re-probe next time
-        pass
+    return guard_from_ranges(doc["ranges"], key, {**doc["stats"], "cached": True})
 
 
 def _store(guard: GuardSet) -> None:
-    _write_json(_cache_file(guard.key), {"key": guard.key, "ranges": guard.ranges(), "stats": guard.stats})
+    from .cache_store import save_record
+    ranges = [list(r) for r in guard.ranges()]
+    save_record("guardset", guard.key, {"ranges": ranges, "ranges_sha256": ranges_digest(ranges),
+                                        "stats": guard.stats})
 
 
 def _as_bytes(tokenizer_json) -> bytes:
@@ -545,23 +565,29 @@ def guard_set_for(tokenizer_json_bytes: bytes | str | os.PathLike, backend: str 
     if ref_tokenizer is None:
         from tokenizers import Tokenizer
         ref_tokenizer = Tokenizer.from_str(data.decode("utf-8"))
-    ref_file = _cache_root() / f"reference-{key['tokenizer_sha256'][:24]}-tokenizers-{key['tokenizers']}.json"
+    from .cache_store import load_record, save_record
+    from .probe_contexts import derived_contexts, fold_sensitive_code_points
+    cfg = json.loads(data)
+    ref_key = {"tokenizer_sha256": key["tokenizer_sha256"], "tokenizers": key["tokenizers"]}
     ref_digests: dict[str, str] = {}
     if use_cache:
-        try:
-            ref_digests = json.loads(ref_file.read_text())
-        except (OSError, ValueError):
-            ref_digests = {}
+        ref_digests = dict(load_record("refdigests", ref_key, validate=lambda p: all(
+            isinstance(k, str) and isinstance(v, str) for k, v in p.items())) or {})
     n_known = len(ref_digests)
-    res = probe_disagreements(ref_tokenizer, fast, json.loads(data), code_points=code_points,
-                              ref_digests=ref_digests)
+    res = probe_disagreements(ref_tokenizer, fast, cfg, code_points=code_points,
+                              contexts=derived_contexts(cfg), ref_digests=ref_digests)
     if use_cache and len(ref_digests) != n_known:
-        _write_json(ref_file, ref_digests)
-    guard = GuardSet(frozenset(res.disagreeing), key=key,
+        save_record("refdigests", ref_key, ref_digests)
+    # Case-insensitive groups: code points some engine may fold to a group letter are guarded
+    # wholesale, whatever the probe saw (see probe_contexts and docs/design.md section 8).
+    fold = set(fold_sensitive_code_points(cfg))
+    if code_points is not None:
+        fold &= set(code_points)
+    guard = GuardSet(frozenset(res.disagreeing) | frozenset(fold), key=key,
                      stats={"probe_seconds": round(res.seconds, 2), "probes": res.probes, "chunks": res.chunks,
                             "differing_chunks": res.differing_chunks, "separator": res.separator,
                             "one_by_one": res.one_by_one, "reference_chunks": res.reference_chunks,
-                            "timings": res.timings, "cached": False})
+                            "timings": res.timings, "fold_guarded": len(fold), "cached": False})
     if use_cache:
         _store(guard)
     return guard
@@ -729,10 +755,11 @@ class GuardedEncoder:
 
     name = "fast"
 
-    def __init__(self, fast: FastEncoder, guard: GuardSet, fallback):
+    def __init__(self, fast: FastEncoder, guard: GuardSet, fallback, *, verdict_key: dict | None = None):
         self.fast = fast
         self.guard = guard
         self.fallback = fallback  # an Encoder, e.g. delta_ray.encoder.ReferenceEncoder
+        self.verdict_key = verdict_key  # where a caught mismatch persists the rejection
         self.fast_texts = 0
         self.fallback_texts = 0
 

@@ -52,27 +52,34 @@ class SessionState:
     def nbytes(self) -> int:
         return sys.getsizeof(self.text) + self.ids.nbytes + 3 * 8 * len(self.cp_pos)
 
-    def best_checkpoint(self, lcp: int) -> tuple[int, int]:
-        """The last checkpoint valid for a text sharing ``lcp`` leading characters: (pos, tok)."""
-        ok = np.nonzero(self.cp_ext <= lcp)[0]
-        if len(ok) == 0:
-            return 0, 0
-        i = ok[np.argmax(self.cp_pos[ok])]
-        return int(self.cp_pos[i]), int(self.cp_tok[i])
+
+
+def entry_bytes(key: str, state: SessionState) -> int:
+    """What one stored session costs: its key counts as much as its text (1 MiB keys are memory too)."""
+    return sys.getsizeof(key) + state.nbytes
 
 
 class SessionStore:
-    """Thread-safe LRU map from session key to state, bounded by bytes and count."""
+    """Thread-safe LRU map from session key to state, bounded by bytes (keys included) and count.
 
-    def __init__(self, max_bytes: int = C.MAX_SESSION_BYTES, max_sessions: int = C.MAX_SESSIONS):
+    A single state larger than ``max_state_bytes`` (default a quarter of ``max_bytes``) is not
+    stored: its request is still served, and it evicts nothing, so one huge session cannot flush
+    every other one.
+    """
+
+    def __init__(self, max_bytes: int = C.MAX_SESSION_BYTES, max_sessions: int = C.MAX_SESSIONS,
+                 max_state_bytes: int | None = None):
         if max_bytes < 1 or max_sessions < 1:
             raise ValueError("session store bounds must be positive")
         self.max_bytes = max_bytes
         self.max_sessions = max_sessions
+        self.max_state_bytes = max_state_bytes if max_state_bytes is not None else max(1, max_bytes // 4)
         self._data: OrderedDict[str, SessionState] = OrderedDict()
+        self._sizes: dict[str, int] = {}
         self._bytes = 0
         self._lock = threading.Lock()
         self.evictions = 0
+        self.refused = 0
 
     def get(self, key: str) -> SessionState | None:
         """The state of a session (marking it recently used), or None."""
@@ -82,26 +89,46 @@ class SessionStore:
                 self._data.move_to_end(key)
             return st
 
-    def put(self, key: str, state: SessionState) -> None:
-        """Install a new state, evicting least recently used sessions beyond the bounds."""
+    def put(self, key: str, state: SessionState) -> bool:
+        """Install a new state, evicting least recently used sessions beyond the bounds.
+
+        Returns False (and forgets the key's old state, which the caller has moved past) when the
+        state alone is over ``max_state_bytes``.
+        """
+        size = entry_bytes(key, state)
         with self._lock:
-            old = self._data.pop(key, None)
-            if old is not None:
-                self._bytes -= old.nbytes
+            self._pop_locked(key)
+            if size > self.max_state_bytes or size > self.max_bytes:
+                self.refused += 1
+                return False
             self._data[key] = state
-            self._bytes += state.nbytes
+            self._sizes[key] = size
+            self._bytes += size
             while self._data and (self._bytes > self.max_bytes or len(self._data) > self.max_sessions):
-                k, st = self._data.popitem(last=False)
-                self._bytes -= st.nbytes
+                k, _ = self._data.popitem(last=False)
+                self._bytes -= self._sizes.pop(k)
                 self.evictions += 1
+            return True
+
+    def _pop_locked(self, key: str) -> SessionState | None:
+        st = self._data.pop(key, None)
+        if st is not None:
+            self._bytes -= self._sizes.pop(key)
+        return st
 
     def pop(self, key: str) -> SessionState | None:
         """Remove a session (a client that ends its conversation)."""
         with self._lock:
-            st = self._data.pop(key, None)
-            if st is not None:
-                self._bytes -= st.nbytes
-            return st
+            return self._pop_locked(key)
+
+    def clear(self) -> int:
+        """Forget every session (the engine that produced them was found wrong); returns how many."""
+        with self._lock:
+            n = len(self._data)
+            self._data.clear()
+            self._sizes.clear()
+            self._bytes = 0
+            return n
 
     def __contains__(self, key: str) -> bool:
         with self._lock:

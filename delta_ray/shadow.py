@@ -1,13 +1,17 @@
 """Shadow verification: re-encode a sample of fast-tier results with the reference, off the path.
 
 A sampled call's texts and answers are queued; one background thread re-encodes them with the
-reference and compares. Any mismatch is logged with the text and switches the tokenizer back to
-the reference tier for good (``EngineSwitch.back_to_reference``). Counters: ``comparisons``,
-``mismatches`` (and an optional metrics hook).
+reference and compares. Any mismatch switches the tokenizer back to the reference tier for good
+(``EngineSwitch.back_to_reference``), which persists the rejection and makes every owner discard
+the states the engine produced. Log lines carry the text's length and digest, not the text, unless
+``DELTA_RAY_LOG_TEXT=1`` (request text is user data). Counters: ``comparisons``, ``mismatches``;
+``add_listener`` hooks metrics.
 """
 from __future__ import annotations
 
+import hashlib
 import logging
+import os
 import queue
 import random
 import threading
@@ -16,6 +20,14 @@ from typing import Callable, Sequence
 import numpy as np
 
 log = logging.getLogger("delta_ray.shadow")
+
+
+def describe_text(text: str) -> str:
+    """How a log line names a request text: length and digest, the text itself only on request."""
+    digest = hashlib.blake2b(text.encode("utf-8", "surrogatepass"), digest_size=8).hexdigest()
+    if os.environ.get("DELTA_RAY_LOG_TEXT") == "1":
+        return f"a {len(text)}-character text {digest} (first 200: {text[:200]!r})"
+    return f"a {len(text)}-character text {digest}"
 
 
 class ShadowVerifier:
@@ -30,14 +42,19 @@ class ShadowVerifier:
         self.comparisons = 0
         self.mismatches = 0
         self.last_mismatch: str | None = None
-        self._on_result = on_result
+        self._listeners: list[Callable[[bool], None]] = [on_result] if on_result is not None else []
         self._rng = random.Random(seed)
         self._queue: queue.Queue = queue.Queue(maxsize=max_queue)
         self._thread: threading.Thread | None = None
+        self._thread_lock = threading.Lock()
 
     @property
     def name(self) -> str:
         return self.switch.name
+
+    def add_listener(self, fn: Callable[[bool], None]) -> None:
+        """Call ``fn(same)`` after every comparison (metrics)."""
+        self._listeners.append(fn)
 
     def encode_pieces(self, texts: Sequence[str]) -> list[np.ndarray]:
         enc = self.switch.current
@@ -56,9 +73,10 @@ class ShadowVerifier:
             self._queue.join()
 
     def _ensure_thread(self) -> None:
-        if self._thread is None:
-            self._thread = threading.Thread(target=self._run, name="delta-ray-shadow", daemon=True)
-            self._thread.start()
+        with self._thread_lock:
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._run, name="delta-ray-shadow", daemon=True)
+                self._thread.start()
 
     def _run(self) -> None:
         ref = self.switch.reference
@@ -72,12 +90,12 @@ class ShadowVerifier:
                     if not same:
                         self.mismatches += 1
                         self.last_mismatch = text
-                        log.error("fast tier (%s) disagrees with the reference on a %d-character text "
-                                  "(first 200: %r); switching this tokenizer back to the reference",
-                                  getattr(enc, "description", enc.name), len(text), text[:200])
+                        log.error("fast tier (%s) disagrees with the reference on %s; switching this "
+                                  "tokenizer back to the reference and discarding its states",
+                                  getattr(enc, "description", enc.name), describe_text(text))
                         self.switch.back_to_reference(f"shadow mismatch on a {len(text)}-character text")
-                    if self._on_result is not None:
-                        self._on_result(same)
+                    for fn in self._listeners:
+                        fn(same)
             except Exception:  # noqa: BLE001
                 log.warning("shadow verification failed", exc_info=True)
             finally:

@@ -3,6 +3,8 @@ from __future__ import annotations
 
 import itertools
 import os
+import threading
+import zlib
 from collections import Counter
 from dataclasses import replace
 from typing import Iterable, Sequence
@@ -54,13 +56,19 @@ class DeltaTokenizer:
     and the chunks encoded in parallel by the tokenizer's GIL-releasing batch encode. A
     configuration the exactness argument does not cover is served by the reference alone
     (``admission`` says why).
+
+    An instance may be shared between threads (a web app's sync endpoints do this): calls on one
+    session are serialized, so concurrent ``extend``s never lose an update; calls on different
+    sessions run concurrently. ``shadow_rate`` re-checks that share of fast-tier answers with the
+    reference in a background thread; a mismatch disables the fast tier for good and discards
+    every session and content entry it produced.
     """
 
     def __init__(self, tokenizer: TokenizerLike, *, chunk_size: int = C.CHUNK_SIZE,
                  cut_threshold: int = C.CUT_THRESHOLD, max_chunks: int = C.MAX_CHUNKS,
                  threads: int | None = None, reuse: str = "session",
                  max_session_bytes: int = C.MAX_SESSION_BYTES, max_sessions: int = C.MAX_SESSIONS,
-                 engine: str = "auto", shadow_rate: float = 0.0, encoder: Encoder | None = None):
+                 engine: str = "auto", shadow_rate: float = C.SHADOW_RATE, encoder: Encoder | None = None):
         if reuse not in REUSE_MODES:
             raise ValueError(f"reuse must be one of {REUSE_MODES}, got {reuse!r}")
         if threads is not None and (not isinstance(threads, int) or threads < 1):
@@ -90,6 +98,12 @@ class DeltaTokenizer:
         self._content = ContentIndex() if reuse == "content" else None
         self._entry_ids = itertools.count()
         self.stats: Counter[str] = Counter()
+        # Thread safety: a session's read-encode-install runs under its stripe's lock, so two threads
+        # extending one session serialize instead of losing an update; other sessions run in parallel.
+        self._session_locks = [threading.Lock() for _ in range(C.SESSION_LOCK_STRIPES)]
+        self._content_lock = threading.Lock()
+        # A fast tier found wrong leaves nothing behind: every state it may have produced goes.
+        self.engine_switch.add_disable_listener(self._purge)
 
     # -- public API -------------------------------------------------------------------------
     @property
@@ -121,11 +135,13 @@ class DeltaTokenizer:
         """
         _check_text(session, "session")
         _check_text(delta, "delta")
-        state = self._store.get(session)
-        if state is None:
-            raise SessionNotFound(f"session {session!r} is not held (unknown or evicted): "
-                                  "send the whole text with encode(text, session=...)")
-        return to_arrow(self._finish(self._session_ids(session, state.text + delta, state), add_special_tokens))
+        with self._lock_for(session):
+            state = self._store.get(session)
+            if state is None:
+                raise SessionNotFound(f"session {session!r} is not held (unknown or evicted): "
+                                      "send the whole text with encode(text, session=...)")
+            ids = self._session_ids(session, state.text + delta, state)
+        return to_arrow(self._finish(ids, add_special_tokens))
 
     def encode_batch(self, texts: Sequence[str], *, add_special_tokens: bool = True) -> list[pa.Int32Array]:
         """Reference IDs of many stateless texts, all pieces encoded in one parallel batch."""
@@ -176,28 +192,32 @@ class DeltaTokenizer:
         """
         if self._predicate is None:
             raise RuntimeError("delta encodes need an admitted configuration")
-        state = self._store.get(session)
-        if delta is not None:
-            if state is None:
-                raise SessionNotFound(f"session {session!r} is not held (unknown or evicted): "
-                                      "send the whole text with encode(text, session=...)")
-            text = state.text + delta
-        new, reused = self._session_encode(session, text, state)
+        with self._lock_for(session):
+            state = self._store.get(session)
+            if delta is not None:
+                if state is None:
+                    raise SessionNotFound(f"session {session!r} is not held (unknown or evicted): "
+                                          "send the whole text with encode(text, session=...)")
+                text = state.text + delta
+            new, reused = self._session_encode(session, text, state)
         k = reused if state is not None and known_version is not None and state.version == known_version else 0
         return new.version, k, new.ids[k:]
 
     def install_session(self, session: str, state: SessionState) -> None:
         """Adopt a state computed elsewhere (a pool's chunked initialization)."""
         _check_text(session, "session")
-        self._store.put(session, state)
+        with self._lock_for(session):
+            self._store.put(session, state)
 
     # -- IDs as numpy (used by the pool and the batch pipeline) -----------------------------------
     def encode_ids(self, text: str, *, session: str | None = None, add_special_tokens: bool = True) -> np.ndarray:
         """Like :meth:`encode`, returning an int32 numpy array."""
         if session is not None:
-            ids = self._session_ids(session, text, self._store.get(session))
+            with self._lock_for(session):
+                ids = self._session_ids(session, text, self._store.get(session))
         elif self._content is not None and self._admission:
-            ids = self._content_ids(text)
+            with self._content_lock:
+                ids = self._content_ids(text)
         else:
             ids = self._stateless_ids(text)
         return self._finish(ids, add_special_tokens)
@@ -226,6 +246,23 @@ class DeltaTokenizer:
         return out
 
     # -- internals --------------------------------------------------------------------------
+    def _lock_for(self, session: str) -> threading.Lock:
+        return self._session_locks[zlib.crc32(session.encode("utf-8", "surrogatepass")) % len(self._session_locks)]
+
+    def _purge(self, reason: str) -> None:
+        """Discard every state the (now disabled) fast tier may have produced."""
+        n = self._store.clear()
+        if self._content is not None:
+            self._content.clear()
+        self.stats["purged_states"] += n
+
+    def _install(self, key: str, state: SessionState, generation: int) -> None:
+        """Store a state unless the engine switched while it was computed (it may be the wrong engine's)."""
+        if self.engine_switch.generation == generation:
+            self._store.put(key, state)
+        else:
+            self._store.pop(key)
+
     def _finish(self, ids: np.ndarray | tuple, add_special_tokens: bool) -> np.ndarray:
         if isinstance(ids, tuple):  # a non-admitted configuration: ids from the reference itself
             return ids[1] if add_special_tokens else ids[0]
@@ -267,11 +304,12 @@ class DeltaTokenizer:
         if state is not None and state.text == text:
             self.stats["replay"] += 1
             return state, len(state.ids)
+        generation = self.engine_switch.generation
         lcp = common_prefix_len(state.text, text) if state is not None else 0
         res = encode_with_base(text, state, lcp, self._predicate, self.encoder, self.config,
                                self.threads, self.margin)
         self.stats["repair" if res.reused_tokens else "init"] += 1
-        self._store.put(key, res.state)
+        self._install(key, res.state, generation)
         return res.state, res.reused_tokens
 
     def _content_ids(self, text: str) -> np.ndarray:
@@ -281,6 +319,7 @@ class DeltaTokenizer:
             raise ValueError(f"the reference tokenizer rejects this text (not valid Unicode): {exc}") from exc
         if len(data) < self._content.min_bytes:
             return self._stateless_ids(text)
+        generation = self.engine_switch.generation
         entry = self._content.lookup(data)
         base = self._store.get("content:" + entry) if entry is not None else None
         lcp = common_prefix_len(base.text, text) if base is not None else 0
@@ -293,7 +332,7 @@ class DeltaTokenizer:
         # A request that extends a stored text replaces it (the conversation grew); others add one.
         if base is None or lcp < len(base.text):
             entry = f"{next(self._entry_ids)}"
-        self._store.put("content:" + entry, res.state)
+        self._install("content:" + entry, res.state, generation)
         for dropped in self._content.add(entry, data):
             self._store.pop("content:" + dropped)
         return res.state.ids

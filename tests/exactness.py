@@ -20,6 +20,8 @@ ADVERSARIAL = [
     "\u3000", "\u2028", "١٢", "ـ", "ا", "\u0644\u0627", "\uff5c", "\u2581", "[", "]", "<", ">",
     "|", "/", "//", "ǅ", "ʰ", "\u0345", "\U0001F3FB", "\ufeff", "\u00ad", "Å", "A\u030a", "\u212b",
     "\u0d4c", "\u0d46\u0d57", "\u0b47\u0b3e", "\u30ab\u3099", "\u304b\u3099", "\u2000", "\u1e9b\u0323",
+    # case-insensitive contraction groups: a letter run whose "W'" is a token, then fold variants
+    " I'", " I", "'\u017f", "\u00df", "\ufb06", "\u212a", "'S", "'Ll", " I'\u017f",
 ]
 
 # Class representatives for the exhaustive tier.

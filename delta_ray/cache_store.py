@@ -1,0 +1,177 @@
+"""delta-ray's one on-disk cache: where it lives, how files are written, and records that are checked.
+
+Everything cached (class tables, guard sets, admission verdicts, the probe's reference digests)
+goes under :func:`cache_root`. A cached *decision* (a guard set, a verdict) decides which engine
+encodes a user's text, so it is never trusted blindly:
+
+* the directory must be a real directory owned by this user and writable by nobody else (created
+  ``0700``); otherwise caching is off for the process (a warning, then in-memory admission);
+* files are written through a temporary file created exclusively (``O_EXCL | O_NOFOLLOW``, mode
+  ``0600``) and renamed into place, and read without following symlinks, so another user cannot
+  plant a link or a half-written file;
+* a record is bound to its whole key and carries the SHA-256 of its canonical JSON: a record whose
+  key differs, whose digest does not match, or that fails the caller's own validation is discarded
+  (and the work redone), never half-read.
+"""
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import logging
+import os
+import secrets
+import stat
+from pathlib import Path
+from typing import Any, Callable, Iterator
+
+log = logging.getLogger("delta_ray.cache")
+
+RECORD_FORMAT = 1
+_WARNED: set[str] = set()
+
+
+def cache_root() -> Path:
+    """$DELTA_RAY_CACHE, else $XDG_CACHE_HOME/delta_ray, else ~/.cache/delta_ray."""
+    base = os.environ.get("DELTA_RAY_CACHE") or os.path.join(
+        os.environ.get("XDG_CACHE_HOME", os.path.expanduser("~/.cache")), "delta_ray")
+    return Path(base)
+
+
+def _warn_once(what: str) -> None:
+    if what not in _WARNED:
+        _WARNED.add(what)
+        log.warning("%s: delta-ray caches nothing there for this process (admission runs in memory)", what)
+
+
+def private_dir(sub: str = "") -> Path | None:
+    """``cache_root()/sub``, created ``0700``; None (with a warning) if it is not private to this user."""
+    path = cache_root() / sub if sub else cache_root()
+    try:
+        path.mkdir(parents=True, exist_ok=True, mode=0o700)
+        st = os.lstat(path)
+    except OSError as exc:
+        _warn_once(f"cache directory {path} is unusable ({exc.strerror})")
+        return None
+    if not stat.S_ISDIR(st.st_mode):
+        _warn_once(f"cache path {path} is not a directory")
+        return None
+    if hasattr(os, "geteuid") and st.st_uid != os.geteuid():
+        _warn_once(f"cache directory {path} belongs to another user")
+        return None
+    if st.st_mode & 0o022:
+        _warn_once(f"cache directory {path} is writable by others")
+        return None
+    return path
+
+
+def atomic_write(path: Path, data: bytes) -> bool:
+    """Write ``data`` to ``path`` through an exclusive temporary file and a rename; False on failure."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.{secrets.token_hex(6)}.tmp")
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
+    try:
+        fd = os.open(tmp, flags, 0o600)
+        try:
+            with os.fdopen(fd, "wb") as fh:
+                fh.write(data)
+        except BaseException:
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)
+            raise
+        os.replace(tmp, path)
+        return True
+    except OSError:  # a read-only cache only costs a redo next time
+        return False
+
+
+def read_file(path: Path) -> bytes | None:
+    """The bytes of a regular file, not following a symlink at the last component; None otherwise."""
+    flags = os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
+    try:
+        fd = os.open(path, flags)
+    except OSError:
+        return None
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            return None
+        with os.fdopen(fd, "rb") as fh:
+            fd = -1
+            return fh.read()
+    finally:
+        if fd >= 0:
+            os.close(fd)
+
+
+def _canonical(obj: Any) -> bytes:
+    return json.dumps(obj, sort_keys=True, separators=(",", ":"), ensure_ascii=True).encode()
+
+
+def _record_path(directory: Path, kind: str, key: dict) -> Path:
+    return directory / f"{kind}-{hashlib.sha256(_canonical(key)).hexdigest()[:40]}.json"
+
+
+def save_record(kind: str, key: dict, payload: dict, *, sub: str = "guard") -> bool:
+    """Store ``payload`` under ``key`` (bound by digest); False when caching is off or failed."""
+    directory = private_dir(sub)
+    if directory is None:
+        return False
+    body = {"format": RECORD_FORMAT, "kind": kind, "key": key, "payload": payload}
+    body["sha256"] = hashlib.sha256(_canonical(body)).hexdigest()
+    return atomic_write(_record_path(directory, kind, key), _canonical(body))
+
+
+def load_record(kind: str, key: dict, *, sub: str = "guard",
+                validate: Callable[[dict], bool] | None = None) -> dict | None:
+    """The payload stored under exactly ``key``, or None when absent, altered or invalid."""
+    directory = private_dir(sub)
+    if directory is None:
+        return None
+    raw = read_file(_record_path(directory, kind, key))
+    if raw is None:
+        return None
+    try:
+        body = json.loads(raw)
+        digest = body.pop("sha256")
+        ok = (isinstance(body, dict) and set(body) == {"format", "kind", "key", "payload"}
+              and body["format"] == RECORD_FORMAT and body["kind"] == kind and body["key"] == key
+              and isinstance(body["payload"], dict)
+              and digest == hashlib.sha256(_canonical(body)).hexdigest())
+        if ok and validate is not None:
+            ok = bool(validate(body["payload"]))
+    except Exception:  # noqa: BLE001 - anything malformed is simply not trusted
+        ok = False
+    if not ok:
+        log.warning("discarding an invalid %s record in %s", kind, directory)
+        return None
+    return body["payload"]
+
+
+def delete_record(kind: str, key: dict, *, sub: str = "guard") -> None:
+    directory = private_dir(sub)
+    if directory is not None:
+        with contextlib.suppress(OSError):
+            os.unlink(_record_path(directory, kind, key))
+
+
+@contextlib.contextmanager
+def exclusive_lock(name: str, *, sub: str = "guard") -> Iterator[None]:
+    """Hold an exclusive lock file (one process per machine does the work); no lock if caching is off."""
+    directory = private_dir(sub)
+    if directory is None:
+        yield
+        return
+    flags = os.O_RDWR | os.O_CREAT | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
+    try:
+        fd = os.open(directory / name, flags, 0o600)
+    except OSError:
+        yield
+        return
+    try:
+        try:
+            import fcntl
+            fcntl.flock(fd, fcntl.LOCK_EX)
+        except ImportError:  # pragma: no cover - not POSIX
+            pass
+        yield
+    finally:
+        os.close(fd)
