@@ -112,7 +112,7 @@ def shrink(text: str, reference: EncodeFn, engine: EncodeFn, allows: Callable[[s
 
 def fuzz(reference: EncodeFn, engine: EncodeFn, alphabet: Sequence[str], *,
          allows: Callable[[str], bool] = lambda t: True, seconds: float | None = None,
-         comparisons: int | None = None, seed: int = 0, batch: int = 4096,
+         comparisons: int | None = None, seed: int = 0, batch: int = 4096, max_parts: int = 12,
          max_disagreements: int = 8) -> FuzzResult:
     """Compare ``engine`` with ``reference`` on generated texts until the time or count budget ends."""
     if seconds is None and comparisons is None:
@@ -125,7 +125,7 @@ def fuzz(reference: EncodeFn, engine: EncodeFn, alphabet: Sequence[str], *,
             break
         if comparisons is not None and res.comparisons >= comparisons:
             break
-        texts = generate(rng, alphabet, batch)
+        texts = generate(rng, alphabet, batch, max_parts)
         kept = [t for t in texts if allows(t)]
         res.skipped += len(texts) - len(kept)
         if not kept:

@@ -109,3 +109,51 @@ def test_engine_argument(tokenizer_paths):
     assert dt.admission.engine.startswith("reference")
     with pytest.raises(ValueError):
         DeltaTokenizer(tokenizer_paths["qwen-3"], shadow_rate=2.0)
+
+
+def test_a_caught_mismatch_leaves_nothing_wrong_behind(tokenizer_paths, references, tmp_path, monkeypatch):
+    """After the shadow verifier catches the engine, the sessions and content entries it produced are
+    gone, the next turns of those sessions are exact, and the rejection is persisted."""
+    from delta_ray.engines import load_verdict, save_verdict, verdict_key
+    monkeypatch.setenv("DELTA_RAY_CACHE", str(tmp_path / "cache"))
+    name = "glm-4"
+    ref = references[name]
+    wrong = _WrongEncoder(ref)
+    wrong.verdict_key = verdict_key(open(tokenizer_paths[name], "rb").read(), "fastokens", "injected")
+    save_verdict(wrong.verdict_key, True, "admitted", [])
+    dt = DeltaTokenizer(tokenizer_paths[name], encoder=wrong, shadow_rate=0.0, reuse="content")
+    base = "Turn one of a long conversation. " * 200
+    for key in ("a", "b"):
+        assert dt.encode(base + key, session=key).to_pylist() != ref.encode(base + key).ids  # wrong, unchecked
+    dt.encode(base * 3)  # a content entry made by the wrong engine
+    assert dt.has_session("a") and len(dt.store) == 3
+    dt.shadow.rate = 1.0
+    dt.encode("one sampled call")
+    dt.shadow.drain()
+    assert "disabled" in dt.admission.engine
+    assert len(dt.store) == 0 and not dt.has_session("a")  # purged
+    for key in ("a", "b"):  # the next turn re-initializes from the reference
+        text = base + key + " and turn two"
+        assert dt.encode(text, session=key).to_pylist() == ref.encode(text).ids
+    assert dt.encode(base * 3 + "!").to_pylist() == ref.encode(base * 3 + "!").ids
+    rec = load_verdict(wrong.verdict_key)
+    assert rec is not None and rec["ok"] is False  # a restart will not admit it again
+
+
+def test_shadow_logs_carry_no_request_text(tokenizer_paths, references, caplog, monkeypatch):
+    import logging
+    monkeypatch.delenv("DELTA_RAY_LOG_TEXT", raising=False)
+    ref = references["glm-4"]
+    dt = DeltaTokenizer(tokenizer_paths["glm-4"], encoder=_WrongEncoder(ref), shadow_rate=1.0)
+    secret = "my password is hunter2 " * 3
+    with caplog.at_level(logging.ERROR, logger="delta_ray.shadow"):
+        dt.encode(secret)
+        dt.shadow.drain()
+    assert dt.shadow.mismatches == 1
+    assert "hunter2" not in caplog.text and "69-character" in caplog.text
+
+
+def test_in_process_shadow_is_on_by_default(tokenizer_paths):
+    from delta_ray import constants as C
+    dt = DeltaTokenizer(tokenizer_paths["glm-4"], engine="reference")
+    assert dt.shadow.rate == C.SHADOW_RATE > 0

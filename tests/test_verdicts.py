@@ -1,0 +1,143 @@
+"""Admission records that cannot be poisoned or half-read, and a cache only this user can write."""
+from __future__ import annotations
+
+import importlib.util
+import json
+import logging
+import os
+
+import pytest
+
+from delta_ray import cache_store
+from delta_ray.engines import load_verdict, reject_verdict, save_verdict, verdict_key
+
+HAS_FAST = importlib.util.find_spec("fastokens") is not None
+
+
+@pytest.fixture(autouse=True)
+def _private_cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("DELTA_RAY_CACHE", str(tmp_path / "cache"))
+    cache_store._WARNED.clear()
+
+
+@pytest.fixture
+def key(tokenizer_paths):
+    data = open(tokenizer_paths["glm-4"], "rb").read()
+    return verdict_key(data, "fastokens", "0.3.5")
+
+
+def _record_file(tmp_path):
+    files = list((tmp_path / "cache" / "guard").glob("verdict-*.json"))
+    assert len(files) == 1
+    return files[0]
+
+
+def test_roundtrip_and_key_binding(key, tokenizer_paths):
+    assert save_verdict(key, True, "battery passed", [[0x17F, 0x17F], [0xDF, 0xDF]][::-1])
+    rec = load_verdict(key)
+    assert rec["ok"] is True and rec["ranges"] == [[0xDF, 0xDF], [0x17F, 0x17F]]
+    for field in ("tokenizer_sha256", "backend", "backend_version", "tokenizers", "delta_ray", "format",
+                  "contexts_sha256", "battery"):
+        assert field in key
+    other = dict(key, backend_version="0.3.6")
+    assert load_verdict(other) is None  # another engine version is another record
+
+
+@pytest.mark.parametrize("damage", ["truncate", "flip_ok", "drop_range", "bad_range", "missing_field", "not_json"])
+def test_a_poisoned_or_truncated_record_is_discarded(key, tmp_path, damage, caplog):
+    save_verdict(key, False, "refused", [[0x100, 0x1FF]])
+    path = _record_file(tmp_path)
+    raw = path.read_bytes()
+    doc = json.loads(raw)
+    if damage == "truncate":
+        path.write_bytes(raw[: len(raw) // 2])
+    elif damage == "not_json":
+        path.write_bytes(b"\x00\x01garbage")
+    else:
+        if damage == "flip_ok":  # an attacker turns a refusal into an admission
+            doc["payload"]["ok"] = True
+        elif damage == "drop_range":  # or empties the guard set
+            doc["payload"]["ranges"] = []
+        elif damage == "bad_range":
+            doc["payload"]["ranges"] = [[5, 2]]
+        elif damage == "missing_field":
+            del doc["payload"]["reason"]
+        path.write_text(json.dumps(doc))
+    with caplog.at_level(logging.WARNING, logger="delta_ray.cache"):
+        assert load_verdict(key) is None
+
+
+def test_guard_digest_binds_ranges_even_with_a_recomputed_record_digest(key, tmp_path):
+    """Recomputing the outer digest is not enough: the guard ranges carry their own."""
+    import hashlib
+    save_verdict(key, True, "ok", [[0x17F, 0x17F]])
+    path = _record_file(tmp_path)
+    doc = json.loads(path.read_bytes())
+    doc.pop("sha256")
+    doc["payload"]["ranges"] = []
+    doc["sha256"] = hashlib.sha256(cache_store._canonical(doc)).hexdigest()
+    path.write_bytes(cache_store._canonical(doc))
+    assert load_verdict(key) is None
+
+
+def test_a_cache_writable_by_others_is_not_used(key, tmp_path, caplog):
+    root = tmp_path / "cache"
+    (root / "guard").mkdir(parents=True)
+    os.chmod(root / "guard", 0o777)
+    with caplog.at_level(logging.WARNING, logger="delta_ray.cache"):
+        assert save_verdict(key, True, "ok", []) is False
+        assert load_verdict(key) is None
+    assert "writable by others" in caplog.text
+    assert not list((root / "guard").iterdir())
+
+
+def test_symlinks_are_not_followed(key, tmp_path):
+    save_verdict(key, True, "ok", [])
+    path = _record_file(tmp_path)
+    target = tmp_path / "elsewhere.json"
+    os.replace(path, target)
+    os.symlink(target, path)
+    assert load_verdict(key) is None  # a planted link is not read
+    victim = tmp_path / "victim"
+    victim.write_text("keep")
+    assert cache_store.atomic_write(tmp_path / "cache" / "guard" / "x.json", b"{}")
+    assert victim.read_text() == "keep"
+
+
+def test_an_unusable_cache_directory_means_in_memory_admission(key, tmp_path, monkeypatch):
+    blocker = tmp_path / "file"
+    blocker.write_text("not a directory")
+    monkeypatch.setenv("DELTA_RAY_CACHE", str(blocker))
+    assert save_verdict(key, True, "ok", []) is False
+    assert load_verdict(key) is None  # no crash, nothing trusted
+
+
+def test_a_rejection_is_persisted(key):
+    save_verdict(key, True, "battery passed", [])
+    reject_verdict(key, "shadow mismatch")
+    rec = load_verdict(key)
+    assert rec["ok"] is False and "shadow" in rec["reason"]
+
+
+def test_reference_engine_never_touches_the_cache(tokenizer_paths, tmp_path, monkeypatch):
+    from delta_ray import DeltaTokenizer
+    blocker = tmp_path / "nocache"
+    monkeypatch.setenv("DELTA_RAY_CACHE", str(blocker))
+    calls = []
+    monkeypatch.setattr(cache_store, "load_record", lambda *a, **k: calls.append(a))
+    monkeypatch.setattr(cache_store, "save_record", lambda *a, **k: calls.append(a))
+    DeltaTokenizer(tokenizer_paths["glm-4"], engine="reference").encode("hello")
+    assert calls == []
+
+
+@pytest.mark.skipif(not HAS_FAST, reason="fastokens is not installed")
+def test_a_rejected_verdict_is_not_admitted_again(tokenizer_paths):
+    from delta_ray import DeltaTokenizer
+    from delta_ray.fast_engine import FastEngineUnavailable, _version
+    data = open(tokenizer_paths["glm-4"], "rb").read()
+    k = verdict_key(data, "fastokens", _version("fastokens"))
+    reject_verdict(k, "shadow mismatch in an earlier process")
+    with pytest.raises(FastEngineUnavailable, match="shadow mismatch"):
+        DeltaTokenizer(tokenizer_paths["glm-4"], engine="fast")
+    dt = DeltaTokenizer(tokenizer_paths["glm-4"], engine="auto")
+    assert dt.admission.engine.startswith("reference")
