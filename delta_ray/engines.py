@@ -174,6 +174,8 @@ class EngineSwitch:
             if self.disabled_reason is None:
                 self.current, self.reason = enc, reason
                 self.generation += 1
+        if getattr(enc, "verdict_key", None) is not None:
+            _watch_verdict(self, enc.verdict_key)
 
     def back_to_reference(self, reason: str) -> None:
         """Permanently return to the reference, persist the rejection, and purge what the engine made."""
@@ -191,6 +193,30 @@ class EngineSwitch:
                 fn(reason)
             except Exception:  # noqa: BLE001 - one failing listener must not keep the others' states
                 log.warning("a purge listener failed", exc_info=True)
+
+
+VERDICT_POLL_S = 2.0  # how often a process using the fast tier re-reads its verdict
+
+
+def _watch_verdict(switch: EngineSwitch, key: dict) -> None:
+    """Poll the admission record: a rejection persisted by another process (a pool worker whose
+    shadow verifier caught the engine) disables the fast tier here too, with the same purge."""
+    import weakref
+    ref = weakref.ref(switch)
+
+    def run() -> None:
+        while True:
+            time.sleep(VERDICT_POLL_S)
+            sw = ref()
+            if sw is None or sw.disabled_reason is not None:
+                return
+            rec = load_verdict(key)
+            if rec is not None and not rec["ok"]:
+                sw.back_to_reference(f"rejected elsewhere: {rec['reason']}")
+                return
+            del sw
+
+    threading.Thread(target=run, name="delta-ray-verdict-watch", daemon=True).start()
 
 
 _BG_LOCK = threading.Lock()

@@ -157,3 +157,26 @@ def test_in_process_shadow_is_on_by_default(tokenizer_paths):
     from delta_ray import constants as C
     dt = DeltaTokenizer(tokenizer_paths["glm-4"], engine="reference")
     assert dt.shadow.rate == C.SHADOW_RATE > 0
+
+
+def test_a_rejection_elsewhere_disables_the_fast_tier_here(tokenizer_paths, references, tmp_path, monkeypatch):
+    """Another process (a pool worker) persisting a rejection makes this one purge and switch too."""
+    import time as _time
+    from delta_ray import engines
+    from delta_ray.engines import reject_verdict, save_verdict, verdict_key
+    monkeypatch.setenv("DELTA_RAY_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setattr(engines, "VERDICT_POLL_S", 0.05)
+    name = "glm-4"
+    ref = references[name]
+    enc = _WrongEncoder(ref)
+    enc.verdict_key = verdict_key(open(tokenizer_paths[name], "rb").read(), "fastokens", "injected-2")
+    save_verdict(enc.verdict_key, True, "admitted", [])
+    dt = DeltaTokenizer(tokenizer_paths[name], encoder=enc, shadow_rate=0.0)
+    dt.encode("some text " * 50, session="a")
+    assert dt.has_session("a")
+    reject_verdict(enc.verdict_key, "caught by another worker")
+    deadline = _time.time() + 10
+    while "disabled" not in dt.admission.engine and _time.time() < deadline:
+        _time.sleep(0.05)
+    assert "disabled" in dt.admission.engine and not dt.has_session("a")
+    assert dt.encode("some text " * 51, session="a").to_pylist() == ref.encode("some text " * 51).ids
