@@ -3,10 +3,14 @@
 The core (everything imported eagerly here) never imports Ray; the Ray-backed entry points
 (``TokenizerPool``, ``serve_app``, ``tokenize_dataset``) are loaded on first use.
 """
-from delta_ray.admission import Admission as Admission
-from delta_ray.loading import load_tokenizer as load_tokenizer
-from delta_ray.session_store import SessionNotFound as SessionNotFound
-from delta_ray.tokenizer import DeltaTokenizer as DeltaTokenizer
+from delta_ray.reference_version import check_reference as _check_reference
+
+_check_reference()  # a clear error under an unsupported tokenizers (1.x), before anything imports it
+
+from delta_ray.admission import Admission as Admission  # noqa: E402
+from delta_ray.loading import load_tokenizer as load_tokenizer  # noqa: E402
+from delta_ray.session_store import SessionNotFound as SessionNotFound  # noqa: E402
+from delta_ray.tokenizer import DeltaTokenizer as DeltaTokenizer  # noqa: E402
 
 __all__ = ["Admission", "DeltaTokenizer", "SessionNotFound", "TokenizerPool", "load_tokenizer",
            "serve_app", "tokenize_dataset"]
