@@ -100,8 +100,56 @@ def parse_detokenize(body: Any, served: set[str], vocab_size: int) -> list[int]:
     return tokens
 
 
+def _ns(tenant: str | None) -> str:
+    """The tenant part of a key, length-prefixed so no (tenant, name) pair can spell another's."""
+    return "t-" if tenant is None else f"t{len(tenant)}:{tenant}"
+
+
 def session_key(session: str | None, tenant: str | None) -> str | None:
-    """Namespace a session by tenant so tenants never share state."""
+    """Namespace a session by tenant, injectively: distinct (tenant, session) pairs never share a key.
+
+    Without a tenant (``cache_salt``) the session id is a name shared by every caller of the
+    service: anyone who knows or guesses it reads the same state.
+    """
     if session is None:
         return None
-    return f"tenant:{tenant}:{session}" if tenant is not None else f"session:{session}"
+    return f"{_ns(tenant)}|s:{session}"
+
+
+def content_session_key(digest: str, tenant: str | None) -> str:
+    """The key under which a keyless long prompt is reused, inside its tenant's namespace."""
+    return f"{_ns(tenant)}|c:{digest}"
+
+
+def loads_json(raw: bytes) -> Any:
+    """Parse a request body; malformed or too deeply nested JSON is a :class:`BadRequest` (400)."""
+    try:
+        import orjson
+        try:
+            return orjson.loads(raw)
+        except orjson.JSONDecodeError as exc:
+            msg = str(exc)
+            if "recursion" in msg.lower():
+                raise BadRequest("malformed JSON: nested too deeply") from None
+            raise BadRequest(f"malformed JSON: {msg[:200]}") from None
+    except ImportError:  # pragma: no cover - orjson is a dependency; the stdlib as a fallback
+        import json
+        try:
+            return json.loads(raw)
+        except RecursionError:
+            raise BadRequest("malformed JSON: nested too deeply") from None
+        except (ValueError, UnicodeDecodeError) as exc:
+            raise BadRequest(f"malformed JSON: {str(exc)[:200]}") from None
+
+
+def dumps_json(obj: dict) -> bytes:
+    """A response body; numpy int32 IDs are written straight from their buffer (orjson)."""
+    try:
+        import orjson
+        return orjson.dumps(obj, option=orjson.OPT_SERIALIZE_NUMPY)
+    except ImportError:  # pragma: no cover
+        import json
+        tokens = obj.get("tokens")
+        if tokens is not None and hasattr(tokens, "tolist"):
+            obj = {**obj, "tokens": tokens.tolist()}
+        return json.dumps(obj).encode()

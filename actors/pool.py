@@ -31,6 +31,7 @@ from delta_ray.loading import TokenizerLike, load_tokenizer
 from delta_ray.planner import chunk_count, plan_cuts
 from delta_ray.repair import finish_repair, plan_repair
 from delta_ray.session_store import SessionNotFound
+from delta_ray.state_seal import seal_state
 from delta_ray.tokenizer import DeltaTokenizer, _check_text
 from scheduler import Dispatcher, content_key, nonascii_share
 
@@ -52,15 +53,32 @@ class PoolClosed(RuntimeError):
     """The pool was closed."""
 
 
+def _attach_proof(secret: bytes, name: str, nonce: bytes) -> bytes:
+    import hashlib
+    import hmac
+    return hmac.new(secret, b"attach:" + name.encode() + b":" + nonce, hashlib.sha256).digest()
+
+
+class PoolAuthError(PermissionError):
+    """Attaching to a named pool without its secret (or with a wrong one)."""
+
+
 @ray.remote(num_cpus=0)
 class _PoolRegistry:
-    """Named actor through which other processes find a named pool's configuration and workers."""
+    """Named actor through which other processes attach to a named pool, if they hold its secret."""
 
-    def __init__(self, info: dict):
-        self._info = info
+    def __init__(self, name: str, info: dict, secret: bytes):
+        self._name, self._info, self._secret = name, info, secret
+        self._used: set[bytes] = set()
 
-    def info(self) -> dict:
-        return self._info
+    def info(self, nonce: bytes, proof: bytes) -> dict:
+        import hmac
+        if (not isinstance(nonce, bytes) or len(nonce) < 16 or nonce in self._used
+                or not isinstance(proof, bytes)
+                or not hmac.compare_digest(proof, _attach_proof(self._secret, self._name, nonce))):
+            raise PoolAuthError(f"attaching to pool {self._name!r} needs its secret")
+        self._used.add(nonce)
+        return {**self._info, "secret": self._secret}
 
 
 class _NoAnswer(Exception):
@@ -84,7 +102,7 @@ class _KeyLock:
     """Serializes one session's requests (extend order matters); forgets idle keys."""
 
     def __init__(self, locks: dict, key: str):
-        self._locks, self._key = locks, key
+        self._locks, self._key = locks, _kid(key)
 
     async def __aenter__(self):
         entry = self._locks.setdefault(self._key, [asyncio.Lock(), 0])
@@ -99,33 +117,73 @@ class _KeyLock:
             self._locks.pop(self._key, None)
 
 
+def _kid(key: str) -> bytes:
+    """A fixed-size stand-in for a session key in the pool's own tables (keys may be megabytes)."""
+    import hashlib
+    return hashlib.blake2b(key.encode("utf-8", "surrogatepass"), digest_size=16).digest()
+
+
+_ENTRY_OVERHEAD = 160  # bytes per table entry besides its values (dict slot, tuple, digest)
+
+
 class _IdMirror:
-    """The IDs this pool last returned per session, bounded by bytes (LRU)."""
+    """The IDs this pool last returned per session, bounded by bytes (LRU), keys by digest."""
 
     def __init__(self, max_bytes: int):
         self.max_bytes = max_bytes
-        self._data: OrderedDict[str, tuple[int, np.ndarray]] = OrderedDict()
+        self._data: OrderedDict[bytes, tuple[int, np.ndarray]] = OrderedDict()
         self._bytes = 0
 
     def get(self, key: str):
-        item = self._data.get(key)
+        k = _kid(key)
+        item = self._data.get(k)
         if item is not None:
-            self._data.move_to_end(key)
+            self._data.move_to_end(k)
         return item
 
     def pop(self, key: str, default=None):
-        item = self._data.pop(key, None)
+        item = self._data.pop(_kid(key), None)
         if item is not None:
-            self._bytes -= item[1].nbytes
+            self._bytes -= item[1].nbytes + _ENTRY_OVERHEAD
         return item if item is not None else default
 
     def put(self, key: str, version: int, ids: np.ndarray) -> None:
         self.pop(key)
-        self._data[key] = (version, ids)
-        self._bytes += ids.nbytes
+        if ids.nbytes + _ENTRY_OVERHEAD > self.max_bytes:
+            return
+        self._data[_kid(key)] = (version, ids)
+        self._bytes += ids.nbytes + _ENTRY_OVERHEAD
         while self._bytes > self.max_bytes and self._data:
             _, (_, old) = self._data.popitem(last=False)
-            self._bytes -= old.nbytes
+            self._bytes -= old.nbytes + _ENTRY_OVERHEAD
+
+    @property
+    def resident_bytes(self) -> int:
+        return self._bytes
+
+
+class _Bounded:
+    """session -> small value, LRU-bounded by count, keys by digest (so 1 MiB keys cost 16 bytes)."""
+
+    def __init__(self, max_items: int):
+        self.max_items = max_items
+        self._data: OrderedDict[bytes, Any] = OrderedDict()
+
+    def get(self, key: str, default=None):
+        return self._data.get(_kid(key), default)
+
+    def put(self, key: str, value) -> None:
+        k = _kid(key)
+        self._data[k] = value
+        self._data.move_to_end(k)
+        while len(self._data) > self.max_items:
+            self._data.popitem(last=False)
+
+    def pop(self, key: str, default=None):
+        return self._data.pop(_kid(key), default)
+
+    def __len__(self) -> int:
+        return len(self._data)
 
 
 class TokenizerPool:
@@ -152,7 +210,7 @@ class TokenizerPool:
                  request_timeout_s: float = C.REQUEST_TIMEOUT_S,
                  startup_timeout_s: float = C.STARTUP_TIMEOUT_S,
                  max_session_bytes: int = C.MAX_SESSION_BYTES, max_sessions: int = C.MAX_SESSIONS,
-                 _attach: dict | None = None):
+                 secret: bytes | None = None, _attach: dict | None = None):
         self._started_ray = ensure_ray()
         self._closed = False
         self.name = name
@@ -163,9 +221,13 @@ class TokenizerPool:
             self._owner = False
             self._workers = dict(info["workers"])
             opts = info["options"]
+            self.secret = info["secret"]
         else:
             loaded = load_tokenizer(tokenizer)
             self._owner = True
+            # The pool secret authenticates the side channel, seals the session states the pool
+            # installs on workers, and is what another process needs to attach to a named pool.
+            self.secret = secret if secret is not None else worker_channel.new_secret()
             n_cpus = int(ray.cluster_resources().get("CPU", os.cpu_count() or 1))
             num_workers = num_workers or max(1, n_cpus)
             if num_workers < 1:
@@ -184,7 +246,8 @@ class TokenizerPool:
                     "worker": {"chunk_size": chunk_size, "cut_threshold": cut_threshold, "max_chunks": max_chunks,
                                "threads": 1, "max_session_bytes": max_session_bytes, "max_sessions": max_sessions,
                                "engine": engine, "shadow_rate": shadow_rate}}
-            self._workers = self._start_workers(loaded, num_workers, worker_cpus, opts["worker"], name, startup_timeout_s)
+            self._workers = self._start_workers(loaded, num_workers, worker_cpus, opts["worker"], self.secret,
+                                                startup_timeout_s)
         self._opts = opts
         self._loaded = loaded
         self._config_ref = ray.put(loaded.config_bytes)
@@ -200,8 +263,10 @@ class TokenizerPool:
         self._lock = threading.Lock()  # guards the dispatcher against the loop and callers
         self._requests: dict[int, _Request] = {}
         self._session_locks: dict[str, asyncio.Lock] = {}
-        self._known: OrderedDict[str, str] = OrderedDict()  # session -> worker believed to hold it
+        self._known = _Bounded(C.KNOWN_SESSIONS)  # session -> worker believed to hold it
         self._mirror = _IdMirror(C.MIRROR_BYTES)  # session -> (state version, IDs) last returned
+        # session -> version of the state this pool last saw: an extend must extend exactly that one
+        self._versions = _Bounded(C.KNOWN_SESSIONS)
         self.stats: dict[str, int] = {}
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, name="delta-ray-pool", daemon=True)
@@ -211,20 +276,20 @@ class TokenizerPool:
         self._registry = None
         if self._owner and name:
             info = {"loaded": loaded, "workers": self._workers, "options": opts}
-            self._registry = _PoolRegistry.options(name=f"{name}:registry", namespace=C.NAMESPACE).remote(info)
+            self._registry = _PoolRegistry.options(name=f"{name}:registry", namespace=C.NAMESPACE).remote(
+                name, info, self.secret)
 
     # -- construction ------------------------------------------------------------------------
     @staticmethod
-    def _start_workers(loaded, n, cpus, options, name, timeout) -> dict[str, Any]:
+    def _start_workers(loaded, n, cpus, options, secret, timeout) -> dict[str, Any]:
         config_ref = ray.put(loaded.config_bytes)
         workers = {}
         for i in range(n):
             wid = f"w{i:03d}"
+            # Workers are not named actors: a process finds them only through the registry, with the secret.
             opts = {"num_cpus": cpus, "scheduling_strategy": "SPREAD",
                     "runtime_env": {"env_vars": {"RAYON_NUM_THREADS": "1", "FASTOKENS_BPE_THREADS": "1"}}}
-            if name:
-                opts.update(name=f"{name}:worker:{wid}", namespace=C.NAMESPACE)
-            workers[wid] = TokenizerWorker.options(**opts).remote(config_ref, loaded.digest, options)
+            workers[wid] = TokenizerWorker.options(**opts).remote(config_ref, loaded.digest, options, secret)
         try:
             ray.get([w.ready.remote() for w in workers.values()], timeout=timeout)
         except ray.exceptions.GetTimeoutError as exc:
@@ -264,7 +329,7 @@ class TokenizerPool:
                 log.warning("worker %s has no side channel; using Ray calls", wid, exc_info=True)
                 continue
             if info["address"] and info["node"] == here:
-                out[wid] = ChannelClient(info["address"])
+                out[wid] = ChannelClient(info["address"], self.secret, expected_pid=info["pid"])
         return out
 
     def _chunk_options(self) -> dict:
@@ -276,14 +341,30 @@ class TokenizerPool:
             self._config_ref, self._loaded.digest, [piece], self._opts["worker"], self._opts.get("task_nice", 0))
 
     @classmethod
-    def connect(cls, name: str) -> "TokenizerPool":
-        """Attach this process (a Serve replica, a Data worker, another driver) to a named pool."""
+    def connect(cls, name: str, secret: bytes | str | None = None) -> "TokenizerPool":
+        """Attach this process (a Serve replica, a Data worker, another driver) to a named pool.
+
+        ``secret`` is the pool's (``pool.secret``, bytes or hex; default ``$DELTA_RAY_POOL_SECRET``):
+        without it the registry refuses with :class:`PoolAuthError`.
+        """
+        import secrets as _secrets
         ensure_ray()
+        if secret is None:
+            secret = os.environ.get("DELTA_RAY_POOL_SECRET")
+        if isinstance(secret, str):
+            secret = bytes.fromhex(secret)
+        if not secret:
+            raise PoolAuthError(f"attaching to pool {name!r} needs its secret (secret= or $DELTA_RAY_POOL_SECRET)")
         try:
             registry = ray.get_actor(f"{name}:registry", namespace=C.NAMESPACE)
         except ValueError as exc:
             raise LookupError(f"no delta-ray pool named {name!r} is running") from exc
-        return cls(None, name=name, _attach=ray.get(registry.info.remote()))
+        nonce = _secrets.token_bytes(32)
+        try:
+            info = ray.get(registry.info.remote(nonce, _attach_proof(secret, name, nonce)))
+        except ray.exceptions.RayTaskError as exc:
+            raise PoolAuthError(f"attaching to pool {name!r} needs its secret") from exc
+        return cls(None, name=name, _attach=info)
 
     # -- public API --------------------------------------------------------------------------
     @property
@@ -440,7 +521,8 @@ class TokenizerPool:
                                       fallback=no_fallback, share_of=delta)
                 return to_arrow(ids)
             known = self._mirror.get(key)
-            ids = await self._run("session", len(delta), key, ("extend", key, delta, known[0] if known else None),
+            call = ("extend", key, delta, known[0] if known else None, self._versions.get(key))
+            ids = await self._run("session", len(delta), key, call,
                                   fallback=no_fallback, share_of=delta)
             self._count("extend")
             return self._finish(ids, add)
@@ -459,7 +541,7 @@ class TokenizerPool:
         else:
             ids = np.asarray(tail, dtype=np.int32)
         self._mirror.put(key, version, ids)
-        self._remember(key, self._dispatcher.home_of(key))
+        self._remember(key, self._dispatcher.home_of(key), version)
         return ids
 
     def _slots(self) -> int:
@@ -485,8 +567,9 @@ class TokenizerPool:
         res = finish_repair(plan, arrays)
         self._mirror.pop(key, None)
         try:
-            await self._run("session", 0, key, ("install", key, res.state), fallback=lambda: True)
-            self._remember(key, self._dispatcher.home_of(key))
+            seal = seal_state(self.secret, key, res.state)
+            await self._run("session", 0, key, ("install", key, res.state, seal), fallback=lambda: True)
+            self._remember(key, self._dispatcher.home_of(key), res.state.version)
             self._mirror.put(key, res.state.version, res.state.ids)
         except Exception:  # the next request re-initializes on whichever worker is home then
             log.warning("installing session %r failed; it will re-initialize", key, exc_info=True)
@@ -511,11 +594,9 @@ class TokenizerPool:
             return self._finish(arrays[0], add)
         return list(await asyncio.gather(*(one(t) for t in texts)))
 
-    def _remember(self, key: str, wid: str) -> None:
-        self._known[key] = wid
-        self._known.move_to_end(key)
-        while len(self._known) > C.KNOWN_SESSIONS:
-            self._known.popitem(last=False)
+    def _remember(self, key: str, wid: str, version: int) -> None:
+        self._known.put(key, wid)
+        self._versions.put(key, version)
 
     # -- dispatch ----------------------------------------------------------------------------------
     async def _run(self, kind: str, n_chars: int, key: str | None, call: tuple, *, fallback, share_of: str = "",
@@ -595,6 +676,7 @@ class TokenizerPool:
         """Drop what this pool believes about a session's worker state (it is unknown now)."""
         self._mirror.pop(key, None)
         self._known.pop(key, None)
+        self._versions.pop(key, None)
 
     def _orphans(self) -> None:
         """With no live worker left, queued session requests are served in-process, not kept

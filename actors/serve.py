@@ -7,6 +7,7 @@ of vLLM's and SGLang's OpenAI-compatible servers (``POST /tokenize``, ``POST /de
 """
 
 
+import functools
 import json
 import logging
 from typing import Any
@@ -15,6 +16,12 @@ from delta_ray.loading import TokenizerLike, load_tokenizer
 
 log = logging.getLogger("delta_ray.serve")
 DEFAULT_MAX_BODY_BYTES = 64 * 1024 * 1024
+OFF_LOOP_BYTES = 256 * 1024  # bodies larger than this are parsed and serialized in a thread
+
+
+def _many_tokens(result: dict) -> bool:
+    tokens = result.get("tokens")
+    return tokens is not None and len(tokens) > 65536
 
 
 def _chat_config(tokenizer: Any, tokenizer_config: Any) -> "dict | None":
@@ -39,12 +46,14 @@ def _chat_config(tokenizer: Any, tokenizer_config: Any) -> "dict | None":
 def serve_app(tokenizer: TokenizerLike, *, model_name: "str | None" = None, pool_name: "str | None" = None,
               num_workers: "int | None" = None, num_replicas: int = 1, max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
               max_model_len: "int | None" = None, tokenizer_config: Any = None, replica_cpus: float = 0.25,
-              **pool_options: Any):
+              require_tenant: bool = False, pool_secret: "str | None" = None, **pool_options: Any):
     """A Ray Serve application serving exact tokenization for one tokenizer.
 
     With ``pool_name`` the replicas attach to a running named ``TokenizerPool``
-    (``TokenizerPool(..., name=...)``) so several replicas share its workers; otherwise each
-    replica starts its own pool of ``num_workers`` workers.
+    (``TokenizerPool(..., name=...)``, whose ``secret.hex()`` goes in ``pool_secret`` or
+    ``$DELTA_RAY_POOL_SECRET``) so several replicas share its workers; otherwise each replica
+    starts its own pool of ``num_workers`` workers. ``require_tenant`` refuses requests without a
+    ``cache_salt``: session ids are then private to a tenant, never names shared by all callers.
     """
     from fastapi import FastAPI, Request
     from fastapi.responses import JSONResponse, Response
@@ -59,21 +68,23 @@ def serve_app(tokenizer: TokenizerLike, *, model_name: "str | None" = None, pool
     app = FastAPI(title="delta-ray", description="Exact tokenization (vLLM/SGLang-compatible /tokenize)")
     init_args = dict(config_bytes=loaded.config_bytes, digest=loaded.digest, chat_config=config,
                      pool_name=pool_name, num_workers=num_workers, max_body_bytes=max_body_bytes,
-                     max_model_len=max_model_len, model_name=name, pool_options=pool_options)
+                     max_model_len=max_model_len, model_name=name, pool_options=pool_options,
+                     require_tenant=require_tenant, pool_secret=pool_secret)
 
     @serve.deployment(num_replicas=num_replicas, ray_actor_options={"num_cpus": replica_cpus})
     @serve.ingress(app)
     class TokenizerService:
         def __init__(self, config_bytes, digest, chat_config, pool_name, num_workers, max_body_bytes,
-                     max_model_len, model_name, pool_options):
+                     max_model_len, model_name, pool_options, require_tenant=False, pool_secret=None):
             from delta_ray.chat_template import ChatTemplate
             from delta_ray.loading import LoadedTokenizer
 
             from .pool import TokenizerPool
 
             loaded = LoadedTokenizer.from_bytes(config_bytes, expected_digest=digest)
-            self.pool = (TokenizerPool.connect(pool_name) if pool_name
+            self.pool = (TokenizerPool.connect(pool_name, pool_secret) if pool_name
                          else TokenizerPool(loaded, num_workers=num_workers, **pool_options))
+            self.require_tenant = require_tenant
             self.tok = loaded.tokenizer
             self.vocab_size = self.tok.get_vocab_size(with_added_tokens=True)
             self.template = ChatTemplate.from_config(chat_config)
@@ -94,12 +105,20 @@ def serve_app(tokenizer: TokenizerLike, *, model_name: "str | None" = None, pool
             return out
 
         async def _tokenize_body(self, body: dict) -> dict:
-            from .http_api import parse_tokenize
-            return await self._tokenize(parse_tokenize(body, self.served))
+            from .http_api import BadRequest, parse_tokenize
+            req = parse_tokenize(body, self.served)
+            if self.require_tenant and req.tenant is None:
+                raise BadRequest("this service requires a tenant: give 'cache_salt'", 400)
+            return await self._tokenize(req)
 
         async def detokenize(self, body: dict) -> dict:
+            import asyncio
+
             from .http_api import parse_detokenize
-            return {"prompt": self.pool.decode(parse_detokenize(body, self.served, self.vocab_size))}
+            tokens = parse_detokenize(body, self.served, self.vocab_size)
+            if len(tokens) > 65536:
+                return {"prompt": await asyncio.to_thread(self.pool.decode, tokens)}
+            return {"prompt": self.pool.decode(tokens)}
 
         # -- HTTP ----------------------------------------------------------------------------
         @app.get("/health")
@@ -118,20 +137,23 @@ def serve_app(tokenizer: TokenizerLike, *, model_name: "str | None" = None, pool
             from . import metrics
             from .http_api import BadRequest
             from delta_ray.chat_template import ChatTemplateError
+            import asyncio
+
+            from .http_api import dumps_json, loads_json
             status = 200
             try:
                 length = request.headers.get("content-length")
                 if length is not None and length.isdigit() and int(length) > self.max_body:
                     raise BadRequest(f"body of {length} bytes exceeds the limit of {self.max_body}", 413)
-                raw = await request.body()
-                if len(raw) > self.max_body:
-                    raise BadRequest(f"body exceeds the limit of {self.max_body} bytes", 413)
-                try:
-                    body = json.loads(raw)
-                except (ValueError, UnicodeDecodeError) as exc:
-                    raise BadRequest(f"malformed JSON: {exc}") from exc
+                raw = await self._read_body(request)
+                # CPU-heavy steps of a large body (parse, chat rendering, serialization) run off the
+                # event loop, so one 3 MiB chat does not stall every other request on this replica.
+                big = len(raw) > OFF_LOOP_BYTES
+                body = await asyncio.to_thread(loads_json, raw) if big else loads_json(raw)
+                del raw
                 result = await handler(body)
-                return Response(_dumps(result), media_type="application/json")
+                data = await asyncio.to_thread(dumps_json, result) if big or _many_tokens(result) else dumps_json(result)
+                return Response(data, media_type="application/json")
             except BadRequest as exc:
                 status = exc.status
                 return JSONResponse({"error": {"message": str(exc), "type": "BadRequestError", "code": status}},
@@ -140,27 +162,54 @@ def serve_app(tokenizer: TokenizerLike, *, model_name: "str | None" = None, pool
                 status = 400
                 return JSONResponse({"error": {"message": str(exc), "type": "BadRequestError", "code": 400}},
                                     status_code=400)
-            except Exception as exc:  # noqa: BLE001 - this request alone fails
+            except RecursionError:
+                status = 400
+                return JSONResponse({"error": {"message": "the request is nested too deeply", "type": "BadRequestError",
+                                               "code": 400}}, status_code=400)
+            except Exception:  # noqa: BLE001 - this request alone fails; internals stay in the log
+                import uuid
                 status = 500
-                log.exception("internal error on /%s", endpoint)
-                return JSONResponse({"error": {"message": f"internal error: {type(exc).__name__}: {exc}",
+                ref = uuid.uuid4().hex[:12]
+                log.exception("internal error on /%s (ref %s)", endpoint, ref)
+                return JSONResponse({"error": {"message": f"internal error (ref {ref})",
                                                "type": "InternalServerError", "code": 500}}, status_code=500)
             finally:
                 metrics.record_http(endpoint, status)
 
+        async def _read_body(self, request: Request) -> bytes:
+            """The body, refused with 413 as soon as it streams past the limit (chunked uploads too)."""
+            from .http_api import BadRequest
+            parts, size = [], 0
+            async for chunk in request.stream():
+                size += len(chunk)
+                if size > self.max_body:
+                    raise BadRequest(f"body exceeds the limit of {self.max_body} bytes", 413)
+                parts.append(chunk)
+            return b"".join(parts)
+
         async def _tokenize(self, req) -> dict:
             from .http_api import BadRequest, session_key
             from scheduler import content_key
+            import asyncio
+
+            from delta_ray import constants as C
+
+            from .http_api import content_session_key
             if req.messages is not None:
                 if self.template is None:
                     raise BadRequest("this tokenizer has no chat template: send 'prompt'")
-                text = self.template.render(req.messages, add_generation_prompt=req.add_generation_prompt,
-                                            tools=req.tools, **req.chat_template_kwargs)
+                render = functools.partial(self.template.render, req.messages,
+                                           add_generation_prompt=req.add_generation_prompt, tools=req.tools,
+                                           **req.chat_template_kwargs)
+                text = await asyncio.to_thread(render) if len(req.messages) > 64 else render()
             else:
                 text = req.prompt
             key = session_key(req.session, req.tenant)
-            if key is None and req.tenant is not None and len(text) >= 4096:
-                key = f"tenant:{req.tenant}:content:{content_key(text)}"  # content reuse, per tenant
+            if key is None and len(text) * 4 >= C.LOCAL_MAX_BYTES and \
+                    len(text.encode("utf-8", "surrogatepass")) >= C.LOCAL_MAX_BYTES:
+                # Keyless long prompts are reused by content, always inside the caller's tenant, so
+                # one tenant's timing can never reveal another's text.
+                key = content_session_key(content_key(text), req.tenant)
             ids = await self.pool.encode_async(text, session=key, add_special_tokens=req.add_special_tokens)
             tokens = ids.to_numpy(zero_copy_only=False)
             out = {"count": int(len(tokens)), "max_model_len": self.max_model_len, "tokens": tokens}
@@ -169,14 +218,3 @@ def serve_app(tokenizer: TokenizerLike, *, model_name: "str | None" = None, pool
             return out
 
     return TokenizerService.bind(**init_args)
-
-
-def _dumps(obj: dict) -> bytes:
-    """JSON with the IDs written straight from their numpy buffer (no encoder walk over objects)."""
-    tokens = obj.get("tokens")
-    if tokens is not None and hasattr(tokens, "tolist"):
-        rest = {k: v for k, v in obj.items() if k != "tokens"}
-        head = json.dumps(rest)[:-1]
-        ids = ",".join(map(str, tokens.tolist()))
-        return f'{head}{", " if rest else ""}"tokens": [{ids}]}}'.encode()
-    return json.dumps(obj).encode()

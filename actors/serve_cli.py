@@ -8,7 +8,8 @@ import time
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--tokenizer", required=True, help="tokenizer.json, a directory holding one, or a bundled name")
-    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--host", default="127.0.0.1", help="bind address (loopback by default; the service has no auth)")
+    p.add_argument("--require-tenant", action="store_true", help="refuse /tokenize requests without cache_salt")
     p.add_argument("--port", type=int, default=8000)
     p.add_argument("--workers", type=int, default=None, help="pool workers (default: one per CPU)")
     p.add_argument("--model-name", default=None, help="the name clients send as 'model'")
@@ -38,7 +39,8 @@ def run(args: argparse.Namespace) -> int:
             ray.init(**local_init_kwargs())
     serve.start(http_options={"host": args.host, "port": args.port})
     app = serve_app(tok, num_workers=args.workers, model_name=args.model_name or args.tokenizer,
-                    tokenizer_config=cfg, max_body_bytes=args.max_body_bytes or DEFAULT_MAX_BODY_BYTES)
+                    tokenizer_config=cfg, max_body_bytes=args.max_body_bytes or DEFAULT_MAX_BODY_BYTES,
+                    require_tenant=args.require_tenant)
     serve.run(app, name="delta-ray", route_prefix="/")
     print(f"delta-ray serving {args.tokenizer} on http://{args.host}:{args.port} (Ctrl-C to stop)", flush=True)
     try:

@@ -37,22 +37,27 @@ def _locked(method):
 class TokenizerWorker:
     """Ray actor: session continuations, extends, installs, and chunk encodes."""
 
-    def __init__(self, config_bytes: bytes, digest: str, options: dict):
+    def __init__(self, config_bytes: bytes, digest: str, options: dict, secret: bytes):
         self._options = dict(options)
         self._lock = threading.Lock()
+        self._secret = secret  # the pool's: authenticates the side channel and sealed session states
         self._dt = get_tokenizer(config_bytes, digest, **self._options)
         self._dt.shadow.add_listener(metrics.record_shadow)  # comparisons and mismatches as metrics
-        self._channel = worker_channel.ChannelServer(self._channel_call) if worker_channel.supported() else None
+        self._channel = (worker_channel.ChannelServer(self._channel_call, secret, methods=CHANNEL_METHODS)
+                         if worker_channel.supported() else None)
 
     def _channel_call(self, method: str, args: tuple):
-        if method not in CHANNEL_METHODS:
-            raise ValueError(f"{method!r} is not served over the side channel")
-        return getattr(self, method)(*args)
+        return getattr(self, method)(*args)  # the server checked the whitelist
 
     def channel(self) -> dict:
-        """Where this worker's side channel listens (None when unsupported), and on which node."""
-        return {"node": ray.get_runtime_context().get_node_id(),
+        """Where this worker's side channel listens (None when unsupported), on which node, which pid."""
+        return {"node": ray.get_runtime_context().get_node_id(), "pid": os.getpid(),
                 "address": self._channel.address if self._channel is not None else None}
+
+    def close_channel(self) -> bool:
+        if self._channel is not None:
+            self._channel.close()
+        return True
 
     def ready(self) -> dict:
         """Loaded and serving: the process id and node, for placement checks."""
@@ -65,9 +70,11 @@ class TokenizerWorker:
         return self._dt.encode_session_delta(key, text, known_version)
 
     @_locked
-    def extend(self, key: str, delta: str, known_version: int | None) -> tuple[int, int, np.ndarray]:
-        """Like encode_session for the stored text plus delta; SessionNotFound if not held."""
-        return self._dt.encode_session_delta(key, "", known_version, delta=delta)
+    def extend(self, key: str, delta: str, known_version: int | None,
+               expect_version: int | None = None) -> tuple[int, int, np.ndarray]:
+        """Like encode_session for the stored text plus delta; SessionNotFound if not held, or if the
+        held state is not the version the caller extends (a stale extend that outlived its timeout)."""
+        return self._dt.encode_session_delta(key, "", known_version, delta=delta, expect_version=expect_version)
 
     @_locked
     def encode_reference(self, key: str | None, text: str, add_special_tokens: bool) -> np.ndarray:
@@ -79,7 +86,11 @@ class TokenizerWorker:
         return self._dt.extend(key, delta, add_special_tokens=add_special_tokens).to_numpy()
 
     @_locked
-    def install(self, key: str, state: SessionState) -> bool:
+    def install(self, key: str, state: SessionState, seal: bytes) -> bool:
+        """Adopt a state the pool computed (chunked initialization); refused unless its seal verifies."""
+        from delta_ray.state_seal import verify_state
+        if not verify_state(self._secret, key, state, seal):
+            raise PermissionError(f"refused to install session {key!r}: the state is not sealed by this pool")
         self._dt.install_session(key, state)
         return True
 

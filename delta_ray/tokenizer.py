@@ -182,13 +182,15 @@ class DeltaTokenizer:
         return self._predicate
 
     def encode_session_delta(self, session: str, text: str, known_version: int | None = None,
-                             delta: str | None = None) -> tuple[int, int, np.ndarray]:
+                             delta: str | None = None, expect_version: int | None = None) -> tuple[int, int, np.ndarray]:
         """Session encode for a remote caller that may hold the previous IDs already.
 
         Returns (version, k, tail): the new state's IDs (no post-processing) are the IDs of the
         state ``known_version`` cut to ``k`` tokens followed by ``tail``; k is 0 (tail = all IDs)
         unless the reused state is the one the caller holds. With ``delta``, ``text`` is ignored
-        and the stored text plus ``delta`` is encoded (:meth:`extend`).
+        and the stored text plus ``delta`` is encoded (:meth:`extend`); with ``expect_version`` an
+        extend of a state other than that version is refused (:class:`SessionNotFound`), so an
+        extend that outlived its caller's timeout cannot apply on top of a newer text.
         """
         if self._predicate is None:
             raise RuntimeError("delta encodes need an admitted configuration")
@@ -198,6 +200,9 @@ class DeltaTokenizer:
                 if state is None:
                     raise SessionNotFound(f"session {session!r} is not held (unknown or evicted): "
                                           "send the whole text with encode(text, session=...)")
+                if expect_version is not None and state.version != expect_version:
+                    raise SessionNotFound(f"session {session!r} changed since the state this extend was made "
+                                          "for (a stale or concurrent extend): send the whole text")
                 text = state.text + delta
             new, reused = self._session_encode(session, text, state)
         k = reused if state is not None and known_version is not None and state.version == known_version else 0

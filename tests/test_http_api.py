@@ -32,3 +32,31 @@ def test_detokenize_and_sessions():
             parse_detokenize(bad, set(), 10)
     assert session_key("s", "a") != session_key("s", "b") != session_key("s", None)
     assert session_key(None, "a") is None
+
+
+def test_tenant_keys_are_injective():
+    """("acme", "corp:chat1") and ("acme:corp", "chat1") were one key; no pair may spell another's."""
+    from actors.http_api import content_session_key
+    assert session_key("corp:chat1", "acme") != session_key("chat1", "acme:corp")
+    assert session_key("x", None) != session_key("x", "")
+    pairs = [(t, s) for t in (None, "", "a", "a:", "a|s:", "t1:a") for s in ("", "b", ":b", "|s:b", "s:b")]
+    keys = {session_key(s, t) for t, s in pairs if s}
+    assert len(keys) == len([p for p in pairs if p[1]])
+    assert content_session_key("d", "acme") != content_session_key("d", "evil")
+    assert content_session_key("d", None) != content_session_key("d", "")
+    assert not ({content_session_key("d", t) for t, _ in pairs} & keys)  # content and session never meet
+
+
+def test_nested_or_malformed_json_is_a_400():
+    from actors.http_api import loads_json
+    for raw in (b"[" * 100_000 + b"]" * 100_000, b'{"prompt": ', b"\xff\xfe", b'{"a": NaN'):
+        with pytest.raises(BadRequest) as exc:
+            loads_json(raw)
+        assert exc.value.status == 400 and len(str(exc.value)) < 300
+
+
+def test_ids_serialize_from_their_buffer():
+    import numpy as np
+    from actors.http_api import dumps_json
+    out = dumps_json({"count": 3, "tokens": np.array([1, 2, 3], dtype=np.int32)})
+    assert out == b'{"count":3,"tokens":[1,2,3]}'

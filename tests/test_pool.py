@@ -105,7 +105,12 @@ def test_concurrent_threads_and_coroutines(pool, references, real_texts):
 
 def test_connect_to_named_pool(pool, references, real_texts):
     ref = references["llama3.2"]
-    other = TokenizerPool.connect("test-pool")
+    from actors.pool import PoolAuthError
+    with pytest.raises(PoolAuthError):  # any job on the cluster could try: the secret is required
+        TokenizerPool.connect("test-pool", b"wrong secret, 32 bytes long....")
+    with pytest.raises(PoolAuthError):
+        TokenizerPool.connect("test-pool")
+    other = TokenizerPool.connect("test-pool", pool.secret.hex())
     try:
         text = real_texts["english"][:25_000]
         assert other.encode(text, session="shared").to_pylist() == ref.encode(text).ids
@@ -114,7 +119,24 @@ def test_connect_to_named_pool(pool, references, real_texts):
     finally:
         other.close()
     with pytest.raises(LookupError):
-        TokenizerPool.connect("no-such-pool")
+        TokenizerPool.connect("no-such-pool", pool.secret)
+
+
+def test_workers_install_only_sealed_states(pool, references):
+    """A job calling a worker's install with a state it made up is refused; the pool's own is adopted."""
+    import numpy as np
+    import ray
+    from delta_ray.session_store import SessionState
+    from delta_ray.state_seal import seal_state
+    worker = next(iter(pool._workers.values()))
+    z = np.zeros(0, np.int64)
+    bogus = SessionState("hello", np.array([1, 2, 3], np.int32), z, z, z)
+    with pytest.raises(Exception, match="not sealed"):
+        ray.get(worker.install.remote("victim", bogus, b"\0" * 32))
+    with pytest.raises(Exception, match="not sealed"):
+        ray.get(worker.install.remote("victim", bogus, seal_state(b"guessed" * 5, "victim", bogus)))
+    assert ray.get(worker.install.remote("mine", bogus, seal_state(pool.secret, "mine", bogus)))
+    assert not ray.get(worker.has_session.remote("victim"))
 
 
 def test_killed_workers_lose_nothing(ray_session, tokenizer_paths, references, real_texts):

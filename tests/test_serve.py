@@ -123,3 +123,49 @@ def test_deployment_handle(service, references):
     out = handle.tokenize.remote({"prompt": "composed call"}).result()
     assert out["tokens"] == references["qwen-3"].encode("composed call").ids
     assert handle.detokenize.remote({"tokens": out["tokens"]}).result()["prompt"] == "composed call"
+
+
+def test_nested_json_is_a_400_without_internals(service):
+    base, _ = service
+    got, out = _post(f"{base}/tokenize", None, b'{"prompt": "x", "tools": ' + b"[" * 50_000 + b"]" * 50_000 + b"}")
+    assert got == 400 and "Traceback" not in out["error"]["message"] and len(out["error"]["message"]) < 300
+
+
+def test_a_chunked_upload_is_refused_while_it_streams(service):
+    """No Content-Length: the body limit still holds while the body streams in."""
+    import http.client
+    base, _ = service
+    host, port = base.rsplit("/", 1)[-1].split(":")
+    conn = http.client.HTTPConnection(host, int(port), timeout=60)
+    sent = 0
+
+    def chunks():
+        nonlocal sent
+        yield b'{"prompt": "'
+        for _ in range(200):  # 200 x 64 KiB = 12.5 MiB against a 200 KB limit
+            sent += 65536
+            yield b"x" * 65536
+        yield b'"}'
+    try:
+        conn.request("POST", "/tokenize", body=chunks(), headers={"Content-Type": "application/json"},
+                     encode_chunked=True)
+        resp = conn.getresponse()
+        assert resp.status == 413
+    except (BrokenPipeError, ConnectionResetError):
+        pass  # the server hung up mid-upload: refused while streaming
+    finally:
+        conn.close()
+    got, _ = _post(f"{base}/tokenize", {"prompt": "still serving"})
+    assert got == 200
+
+
+def test_keyless_long_prompts_never_share_state_across_tenants(service, references):
+    """A keyless non-ASCII prompt of >= 4 KB is reused only inside its tenant (no timing oracle)."""
+    from actors.http_api import content_session_key
+    from scheduler import content_key
+    base, _ = service
+    text = "é" * 3000  # 3,000 characters, 6,000 UTF-8 bytes
+    for tenant in ("victim", "attacker"):
+        got, out = _post(f"{base}/tokenize", {"prompt": text, "cache_salt": tenant})
+        assert got == 200 and out["tokens"] == references["qwen-3"].encode(text).ids
+    assert content_session_key(content_key(text), "victim") != content_session_key(content_key(text), "attacker")

@@ -210,3 +210,20 @@ def test_one_huge_session_evicts_nothing():
         store.put(f"s{i}", SessionState("small", np.zeros(4, np.int32), z, z, z))
     assert store.put("huge", SessionState("h" * (1 << 20), np.zeros(4, np.int32), z, z, z)) is False
     assert len(store) == 10 and "huge" not in store
+
+
+def test_a_stale_extend_is_refused(tokenizer_paths, references):
+    """An extend made for state v1 that arrives after the caller resent the whole text (v2) must not
+    apply on top of it (the delta would appear twice): the worker-side call refuses it."""
+    from delta_ray import DeltaTokenizer, SessionNotFound
+    ref = references["qwen-3"]
+    dt = DeltaTokenizer(tokenizer_paths["qwen-3"], engine="reference", shadow_rate=0.0)
+    v1, _, _ = dt.encode_session_delta("s", "Hello there.")
+    # the caller timed out on extend(" More.") and resent the whole text
+    v2, _, _ = dt.encode_session_delta("s", "Hello there. More.")
+    with pytest.raises(SessionNotFound, match="stale"):
+        dt.encode_session_delta("s", "", v1, delta=" More.", expect_version=v1)
+    assert dt.store.get("s").text == "Hello there. More."
+    v3, k, tail = dt.encode_session_delta("s", "", v2, delta=" Next.", expect_version=v2)
+    assert dt.store.get("s").text == "Hello there. More. Next."
+    assert dt.encode("Hello there. More. Next.", session="s").to_pylist() == ref.encode("Hello there. More. Next.").ids

@@ -1,0 +1,21 @@
+"""Safe shipped defaults: nothing listens beyond loopback unless the user asks."""
+from __future__ import annotations
+
+import pathlib
+import re
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+
+
+def test_no_shipped_file_binds_all_interfaces():
+    for path in [ROOT / "cluster.yaml", *sorted((ROOT / "examples").glob("*.py")), ROOT / "actors" / "serve_cli.py"]:
+        for line in path.read_text().splitlines():
+            if line.lstrip().startswith("#"):
+                continue
+            assert "0.0.0.0" not in line, f"{path.name}: {line.strip()}"
+
+
+def test_the_dashboard_stays_on_loopback():
+    text = (ROOT / "cluster.yaml").read_text()
+    hosts = re.findall(r"--dashboard-host=(\S+)", text)
+    assert hosts and all(h == "127.0.0.1" for h in hosts)
