@@ -35,6 +35,16 @@ def to_arrow(ids: np.ndarray) -> pa.Int32Array:
     return pa.Array.from_buffers(pa.int32(), len(buf), [None, pa.py_buffer(buf)])
 
 
+def to_chunked_arrow(parts: Sequence[np.ndarray], prefix: Sequence[int] = (),
+                     suffix: Sequence[int] = ()) -> pa.ChunkedArray:
+    """A session's IDs as a ChunkedArray of its immutable parts (zero-copy), template included."""
+    chunks = [to_arrow(np.asarray(prefix, dtype=np.int32))] if prefix else []
+    chunks += [to_arrow(p) for p in parts if len(p)]
+    if suffix:
+        chunks.append(to_arrow(np.asarray(suffix, dtype=np.int32)))
+    return pa.chunked_array(chunks, type=pa.int32())
+
+
 def list_array(rows: Sequence[np.ndarray]) -> pa.ListArray:
     """Build a list<int32> array from per-row ID buffers via one values buffer plus offsets."""
     lengths = np.fromiter((len(r) for r in rows), dtype=np.int64, count=len(rows))

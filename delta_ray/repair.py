@@ -14,11 +14,12 @@ from dataclasses import dataclass
 import numpy as np
 
 from . import constants as C
-from .assembly import concat_ids
-from .cut_predicate import CutPredicate
+from .cut_predicate import NFC_WINDOW, CutPredicate
 from .encoder import Encoder
 from .planner import Cut, PlannerConfig, plan_cuts, tail_cut
-from .session_store import SessionState
+from .session_store import SessionState, merge_id_parts, merge_text_parts
+
+WINDOW_BACK = 2 * NFC_WINDOW + 64  # characters before a reused checkpoint the predicate may read
 
 _BLOCK = 1 << 16
 
@@ -55,21 +56,41 @@ class RepairResult:
 class RepairPlan:
     """What to encode for a new text: the kept prefix and the pieces after it."""
 
-    text: str
+    text_parts: tuple[str, ...]  # the new text, as a rope (its parts are kept, not copied)
+    n: int  # its length
     start: int  # the reused checkpoint's position (0: nothing reused)
     kept_tokens: int
-    kept_ids: np.ndarray | None
+    kept_parts: tuple[np.ndarray, ...]  # ids[:kept_tokens] of the base, zero-copy
     cuts: list[Cut]
     pieces: list[str]
     keep_pos: np.ndarray
     keep_tok: np.ndarray
     keep_ext: np.ndarray
 
+    @property
+    def text(self) -> str:
+        return "".join(self.text_parts)
 
-def plan_repair(text: str, base: SessionState | None, lcp: int, predicate: CutPredicate,
-                cfg: PlannerConfig, workers: int, margin: int) -> RepairPlan:
-    """Choose the last checkpoint of ``base`` valid for ``text`` and cut what follows it."""
-    n = len(text)
+
+def _suffix(parts: tuple[str, ...], start: int) -> str:
+    """``"".join(parts)[start:]`` without joining the parts before ``start``."""
+    out, pos = [], 0
+    for p in parts:
+        end = pos + len(p)
+        if end > start:
+            out.append(p if pos >= start else p[start - pos:])
+        pos = end
+    return out[0] if len(out) == 1 else "".join(out)
+
+
+def plan_turn(text_parts: tuple[str, ...], n: int, base: SessionState | None, lcp: int, predicate: CutPredicate,
+              cfg: PlannerConfig, workers: int, margin: int) -> RepairPlan:
+    """Choose the last checkpoint of ``base`` valid for the new text and cut what follows it.
+
+    The predicate only ever reads characters from ``NFC_WINDOW`` plus the longest added token
+    before a candidate, and candidates lie after the reused checkpoint ``b``, so the planning runs
+    on the window ``text[b - WINDOW_BACK:]``: a turn reads O(append) characters, not the context.
+    """
     if base is not None and lcp > 0:
         valid = base.cp_ext <= lcp
         keep_pos, keep_tok, keep_ext = base.cp_pos[valid], base.cp_tok[valid], base.cp_ext[valid]
@@ -78,33 +99,42 @@ def plan_repair(text: str, base: SessionState | None, lcp: int, predicate: CutPr
             b, k, b_ext = int(keep_pos[i]), int(keep_tok[i]), int(keep_ext[i])
         else:
             b, k, b_ext = 0, 0, 0
-        kept_ids = base.ids[:k]
+        kept_parts = base.id_prefix_parts(k)
     else:
         keep_pos = keep_tok = keep_ext = np.zeros(0, dtype=np.int64)
-        b, k, b_ext, kept_ids = 0, 0, 0, None
-    cuts: list[Cut] = plan_cuts(text, predicate, cfg, workers, start=b, start_ext=b_ext)
+        b, k, b_ext, kept_parts = 0, 0, 0, ()
+    w0 = max(0, b - (WINDOW_BACK + predicate.specials.max_len))
+    window = _suffix(text_parts, w0)
+    wb, wb_ext = b - w0, max(0, b_ext - w0)
+    cuts: list[Cut] = plan_cuts(window, predicate, cfg, workers, start=wb, start_ext=wb_ext)
     span = n - b
     if not cuts and span >= 2 * C.CHECKPOINT_EVERY:
         # Checkpoints every CHECKPOINT_EVERY characters let a later text that diverges inside this
         # span (a chat template dropping an old block) reuse everything before the divergence.
         n_pieces = min(span // C.CHECKPOINT_EVERY, C.MAX_CHECKPOINT_PIECES)
-        cuts = plan_cuts(text, predicate, cfg, workers, start=b, start_ext=b_ext, k=n_pieces)
-    last_pos, last_ext = (cuts[-1].pos, cuts[-1].ext) if cuts else (b, b_ext)
-    tc = tail_cut(text, predicate, margin, after=last_pos, after_ext=last_ext)
+        cuts = plan_cuts(window, predicate, cfg, workers, start=wb, start_ext=wb_ext, k=n_pieces)
+    last_pos, last_ext = (cuts[-1].pos, cuts[-1].ext) if cuts else (wb, wb_ext)
+    tc = tail_cut(window, predicate, margin, after=last_pos, after_ext=last_ext)
     if tc is not None:
         cuts.append(tc)
-    bounds = [b] + [c.pos for c in cuts] + [n]
-    pieces = [text[s:e] for s, e in zip(bounds, bounds[1:]) if e > s]
-    return RepairPlan(text, b, k, kept_ids, cuts, pieces, keep_pos, keep_tok, keep_ext)
+    bounds = [wb] + [c.pos for c in cuts] + [len(window)]
+    pieces = [window[s:e] for s, e in zip(bounds, bounds[1:]) if e > s]
+    cuts = [Cut(c.pos + w0, c.lo + w0, c.ext + w0) for c in cuts]
+    return RepairPlan(tuple(text_parts), n, b, k, kept_parts, cuts, pieces, keep_pos, keep_tok, keep_ext)
+
+
+def plan_repair(text: str, base: SessionState | None, lcp: int, predicate: CutPredicate,
+                cfg: PlannerConfig, workers: int, margin: int) -> RepairPlan:
+    """:func:`plan_turn` for a text given whole."""
+    return plan_turn((text,), len(text), base, lcp, predicate, cfg, workers, margin)
 
 
 def finish_repair(plan: RepairPlan, arrays: list[np.ndarray]) -> RepairResult:
-    """Splice the pieces' IDs onto the kept prefix and record the new checkpoints."""
+    """Append the pieces' IDs to the kept prefix (no copy of it) and record the new checkpoints."""
     if len(arrays) != len(plan.pieces):
         raise ValueError("one ID array per piece is required")
     k, cuts = plan.kept_tokens, plan.cuts
-    parts = ([plan.kept_ids] if plan.kept_ids is not None and len(plan.kept_ids) else []) + list(arrays)
-    ids = concat_ids(parts)
+    id_parts = merge_id_parts(list(plan.kept_parts) + [np.asarray(a, dtype=np.int32) for a in arrays])
     # Each cut's token index is the kept prefix plus the pieces before it.
     counts = np.cumsum([len(a) for a in arrays[:len(cuts)]], dtype=np.int64) + k
     cp_pos = np.concatenate([plan.keep_pos, np.array([c.pos for c in cuts], dtype=np.int64)])
@@ -112,13 +142,21 @@ def finish_repair(plan: RepairPlan, arrays: list[np.ndarray]) -> RepairResult:
     cp_ext = np.concatenate([plan.keep_ext, np.array([c.ext for c in cuts], dtype=np.int64)])
     if len(cp_pos) > C.MAX_CHECKPOINTS:  # keep the newest: the next turn wants those near the end
         cp_pos, cp_tok, cp_ext = cp_pos[-C.MAX_CHECKPOINTS:], cp_tok[-C.MAX_CHECKPOINTS:], cp_ext[-C.MAX_CHECKPOINTS:]
-    state = SessionState(plan.text, ids, cp_pos.astype(np.int64), cp_tok.astype(np.int64), cp_ext.astype(np.int64))
-    return RepairResult(state, k, len(plan.text) - plan.start, len(plan.pieces))
+    state = SessionState(None, None, cp_pos.astype(np.int64), cp_tok.astype(np.int64), cp_ext.astype(np.int64),
+                         text_parts=merge_text_parts(plan.text_parts), id_parts=id_parts)
+    return RepairResult(state, k, plan.n - plan.start, len(plan.pieces))
+
+
+def encode_turn(text_parts: tuple[str, ...], n: int, base: SessionState | None, lcp: int,
+                predicate: CutPredicate, encoder: Encoder, cfg: PlannerConfig, workers: int,
+                margin: int) -> RepairResult:
+    """Encode a new text (a rope) reusing ``base``'s IDs up to its last valid checkpoint."""
+    plan = plan_turn(text_parts, n, base, lcp, predicate, cfg, workers, margin)
+    arrays = encoder.encode_pieces(plan.pieces) if plan.pieces else []
+    return finish_repair(plan, arrays)
 
 
 def encode_with_base(text: str, base: SessionState | None, lcp: int, predicate: CutPredicate,
                      encoder: Encoder, cfg: PlannerConfig, workers: int, margin: int) -> RepairResult:
     """Encode ``text`` reusing ``base``'s IDs up to its last valid checkpoint; return the new state."""
-    plan = plan_repair(text, base, lcp, predicate, cfg, workers, margin)
-    arrays = encoder.encode_pieces(plan.pieces) if plan.pieces else []
-    return finish_repair(plan, arrays)
+    return encode_turn((text,), len(text), base, lcp, predicate, encoder, cfg, workers, margin)

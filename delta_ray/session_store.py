@@ -10,7 +10,6 @@ import os
 import sys
 import threading
 from collections import OrderedDict
-from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -32,26 +31,144 @@ def new_version() -> int:
     return next(_VERSIONS)
 
 
-@dataclass(frozen=True)
+_I32_EMPTY = np.zeros(0, dtype=np.int32)
+_I64_EMPTY = np.zeros(0, dtype=np.int64)
+MERGE_TEXT_BELOW = 1 << 16  # trailing text parts shorter than this are joined (few, large parts)
+
+
+def _merge_parts(parts: list, size, join, small: int) -> tuple:
+    """Keep a rope shallow: join the last two parts while the older one is not much larger (a
+    binary counter, so every element is copied O(log n) times over a session's life) or both are
+    small."""
+    parts = [p for p in parts if size(p)]
+    while len(parts) >= 2 and (size(parts[-2]) <= 2 * size(parts[-1]) or size(parts[-2]) + size(parts[-1]) <= small):
+        parts[-2:] = [join(parts[-2:])]
+    return tuple(parts)
+
+
+def merge_text_parts(parts) -> tuple[str, ...]:
+    return _merge_parts(list(parts), len, "".join, MERGE_TEXT_BELOW)
+
+
+def merge_id_parts(parts) -> tuple[np.ndarray, ...]:
+    return _merge_parts(list(parts), len, lambda ps: np.concatenate(ps).astype(np.int32, copy=False), 4096)
+
+
 class SessionState:
     """What a session keeps: its text, its IDs (no post-processing) and checkpoints.
 
     A checkpoint (pos, tok, ext) says: pos is a safe cut of ``text`` decided from ``text[:ext]``
     alone, and the IDs of ``text[:pos]`` are ``ids[:tok]``. It therefore holds for every text that
     shares at least ``ext`` leading characters with ``text``.
+
+    Text and IDs are kept as short ropes of immutable parts (str and int32 arrays that are never
+    written after creation): a turn keeps a prefix of the parts (a zero-copy slice of the last one)
+    and appends its new pieces, so it costs O(append), not O(context). ``text`` and ``ids`` join
+    the parts on first use (and cache the result) for callers that need one contiguous value.
+    States are immutable: an update builds a new state.
     """
 
-    text: str
-    ids: np.ndarray
-    cp_pos: np.ndarray
-    cp_tok: np.ndarray
-    cp_ext: np.ndarray
-    version: int = field(default_factory=new_version)
+    __slots__ = ("text_parts", "id_parts", "cp_pos", "cp_tok", "cp_ext", "version", "n_chars", "n_ids",
+                 "_text", "_ids")
+
+    def __init__(self, text: str | None, ids: np.ndarray | None, cp_pos: np.ndarray, cp_tok: np.ndarray,
+                 cp_ext: np.ndarray, version: int | None = None, *, text_parts: tuple[str, ...] | None = None,
+                 id_parts: tuple[np.ndarray, ...] | None = None):
+        self.text_parts = tuple(text_parts) if text_parts is not None else ((text,) if text else ())
+        if id_parts is not None:
+            self.id_parts = tuple(id_parts)
+        else:
+            self.id_parts = (np.asarray(ids, dtype=np.int32),) if ids is not None and len(ids) else ()
+        self.cp_pos, self.cp_tok, self.cp_ext = cp_pos, cp_tok, cp_ext
+        self.version = new_version() if version is None else version
+        self.n_chars = sum(map(len, self.text_parts))
+        self.n_ids = sum(map(len, self.id_parts))
+        self._text = text if text is not None and text_parts is None else None
+        self._ids = None
+
+    def __setattr__(self, name, value):
+        if name in ("_text", "_ids") or not hasattr(self, "_ids"):
+            object.__setattr__(self, name, value)
+        else:
+            raise AttributeError("SessionState is immutable")
+
+    def __getstate__(self):
+        return (self.text_parts, self.id_parts, self.cp_pos, self.cp_tok, self.cp_ext, self.version)
+
+    def __setstate__(self, st):
+        text_parts, id_parts, cp_pos, cp_tok, cp_ext, version = st
+        SessionState.__init__(self, None, None, cp_pos, cp_tok, cp_ext, version,
+                              text_parts=text_parts, id_parts=id_parts)
+
+    @property
+    def text(self) -> str:
+        if self._text is None:
+            self._text = self.text_parts[0] if len(self.text_parts) == 1 else "".join(self.text_parts)
+        return self._text
+
+    @property
+    def ids(self) -> np.ndarray:
+        if self._ids is None:
+            parts = self.id_parts
+            self._ids = parts[0] if len(parts) == 1 else (np.concatenate(parts).astype(np.int32, copy=False)
+                                                          if parts else _I32_EMPTY)
+        return self._ids
+
+    def id_prefix_parts(self, k: int) -> tuple[np.ndarray, ...]:
+        """The parts holding ``ids[:k]``, the last one a zero-copy slice."""
+        out, left = [], k
+        for p in self.id_parts:
+            if left <= 0:
+                break
+            out.append(p if len(p) <= left else p[:left])
+            left -= len(p)
+        return tuple(out)
+
+    def ids_from(self, k: int) -> np.ndarray:
+        """``ids[k:]`` as one array, touching only the parts after ``k``."""
+        out, pos = [], 0
+        for p in self.id_parts:
+            end = pos + len(p)
+            if end > k:
+                out.append(p if pos >= k else p[k - pos:])
+            pos = end
+        if not out:
+            return _I32_EMPTY
+        return out[0] if len(out) == 1 else np.concatenate(out).astype(np.int32, copy=False)
+
+    def text_from(self, start: int) -> str:
+        """``text[start:]``, touching only the parts after ``start``."""
+        out, pos = [], 0
+        for p in self.text_parts:
+            end = pos + len(p)
+            if end > start:
+                out.append(p if pos >= start else p[start - pos:])
+            pos = end
+        return "".join(out)
+
+    def prefix_of(self, text: str) -> bool:
+        """Whether this state's text is a prefix of ``text`` (memcmp per part, no copies)."""
+        if len(text) < self.n_chars:
+            return False
+        pos = 0
+        for p in self.text_parts:
+            if not text.startswith(p, pos):
+                return False
+            pos += len(p)
+        return True
 
     @property
     def nbytes(self) -> int:
-        return sys.getsizeof(self.text) + self.ids.nbytes + 3 * 8 * len(self.cp_pos)
+        seen, total = set(), 0
+        for p in self.id_parts:  # a slice keeps its whole base buffer alive: count each base once
+            base = p.base if isinstance(p.base, np.ndarray) else p
+            if id(base) not in seen:
+                seen.add(id(base))
+                total += base.nbytes
+        return sum(map(sys.getsizeof, self.text_parts)) + total + 3 * 8 * len(self.cp_pos)
 
+    def __repr__(self) -> str:
+        return f"SessionState({self.n_chars} chars, {self.n_ids} ids, {len(self.cp_pos)} checkpoints, v{self.version})"
 
 
 def entry_bytes(key: str, state: SessionState) -> int:

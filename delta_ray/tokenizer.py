@@ -15,7 +15,7 @@ from tokenizers import normalizers
 
 from . import constants as C
 from .admission import Admission, admit
-from .assembly import concat_ids, to_arrow, with_template
+from .assembly import concat_ids, to_arrow, to_chunked_arrow, with_template
 from .content_index import ContentIndex
 from .cut_predicate import CutPredicate
 from .encoder import Encoder, ReferenceEncoder
@@ -25,7 +25,7 @@ from .families import FAMILIES
 from .loading import LoadedTokenizer, TokenizerLike, load_tokenizer
 from .nfc_anchors import anchor_table
 from .planner import PlannerConfig, plan_cuts
-from .repair import common_prefix_len, encode_with_base
+from .repair import common_prefix_len, encode_turn, encode_with_base
 from .session_store import SessionNotFound, SessionState, SessionStore
 from .special_tokens import SpecialTokenIndex
 
@@ -120,18 +120,31 @@ class DeltaTokenizer:
     def loaded(self) -> LoadedTokenizer:
         return self._loaded
 
-    def encode(self, text: str, *, session: str | None = None, add_special_tokens: bool = True) -> pa.Int32Array:
-        """The reference IDs of ``text``; with ``session``, reuse what that session already encoded."""
+    def encode(self, text: str, *, session: str | None = None,
+               add_special_tokens: bool = True) -> pa.Int32Array | pa.ChunkedArray:
+        """The reference IDs of ``text``; with ``session``, reuse what that session already encoded.
+
+        A session call returns a ``pyarrow.ChunkedArray`` whose chunks are zero-copy views of the
+        session's immutable ID parts: the turn costs O(append), and the array stays valid and
+        unchanged whatever the session does next (``combine_chunks()`` makes one contiguous copy).
+        A stateless call returns a ``pyarrow.Int32Array``.
+        """
         _check_text(text)
         if session is not None:
             _check_text(session, "session")
+            if self._predicate is not None:
+                with self._lock_for(session):
+                    state, _ = self._session_encode(session, text, self._store.get(session))
+                return self._chunked(state, add_special_tokens)
         return to_arrow(self.encode_ids(text, session=session, add_special_tokens=add_special_tokens))
 
-    def extend(self, session: str, delta: str, *, add_special_tokens: bool = True) -> pa.Int32Array:
+    def extend(self, session: str, delta: str, *,
+               add_special_tokens: bool = True) -> pa.Int32Array | pa.ChunkedArray:
         """IDs of the session's stored text plus ``delta``, without resending the transcript.
 
-        Raises :class:`SessionNotFound` when the session is unknown or was evicted: the caller must
-        then send the whole text with ``encode(text, session=...)``.
+        O(len(delta)): neither the transcript nor its IDs are copied (a ``ChunkedArray`` as for
+        :meth:`encode` with a session). Raises :class:`SessionNotFound` when the session is unknown
+        or was evicted: the caller must then send the whole text with ``encode(text, session=...)``.
         """
         _check_text(session, "session")
         _check_text(delta, "delta")
@@ -140,8 +153,11 @@ class DeltaTokenizer:
             if state is None:
                 raise SessionNotFound(f"session {session!r} is not held (unknown or evicted): "
                                       "send the whole text with encode(text, session=...)")
-            ids = self._session_ids(session, state.text + delta, state)
-        return to_arrow(self._finish(ids, add_special_tokens))
+            if self._predicate is None:
+                ids = self._session_ids(session, state.text + delta, state)
+                return to_arrow(self._finish(ids, add_special_tokens))
+            new, _ = self._session_encode(session, None, state, delta=delta)
+        return self._chunked(new, add_special_tokens)
 
     def encode_batch(self, texts: Sequence[str], *, add_special_tokens: bool = True) -> list[pa.Int32Array]:
         """Reference IDs of many stateless texts, all pieces encoded in one parallel batch."""
@@ -203,10 +219,9 @@ class DeltaTokenizer:
                 if expect_version is not None and state.version != expect_version:
                     raise SessionNotFound(f"session {session!r} changed since the state this extend was made "
                                           "for (a stale or concurrent extend): send the whole text")
-                text = state.text + delta
-            new, reused = self._session_encode(session, text, state)
+            new, reused = self._session_encode(session, text, state, delta=delta)
         k = reused if state is not None and known_version is not None and state.version == known_version else 0
-        return new.version, k, new.ids[k:]
+        return new.version, k, new.ids_from(k)
 
     def install_session(self, session: str, state: SessionState) -> None:
         """Adopt a state computed elsewhere (a pool's chunked initialization)."""
@@ -304,15 +319,33 @@ class DeltaTokenizer:
             return ids
         return self._session_encode(key, text, state)[0].ids
 
-    def _session_encode(self, key: str, text: str, state: SessionState | None) -> tuple[SessionState, int]:
-        """Encode a session's new text; returns the installed state and how many IDs it kept."""
-        if state is not None and state.text == text:
-            self.stats["replay"] += 1
-            return state, len(state.ids)
+    def _chunked(self, state: SessionState, add_special_tokens: bool) -> pa.ChunkedArray:
+        if add_special_tokens:
+            return to_chunked_arrow(state.id_parts, self._admission.prefix_ids, self._admission.suffix_ids)
+        return to_chunked_arrow(state.id_parts)
+
+    def _session_encode(self, key: str, text: str | None, state: SessionState | None, *,
+                        delta: str | None = None) -> tuple[SessionState, int]:
+        """Encode a session's new text (or its stored text plus ``delta``); returns the installed
+        state and how many IDs it kept. O(append): the stored text is compared in place
+        (``startswith`` per part) and neither it nor the kept IDs are copied."""
+        if delta is not None:
+            if not delta:
+                self.stats["replay"] += 1
+                return state, state.n_ids
+            parts, n, lcp = state.text_parts + (delta,), state.n_chars + len(delta), state.n_chars
+        else:
+            parts, n = (text,), len(text)
+            if state is not None and state.prefix_of(text):
+                if n == state.n_chars:
+                    self.stats["replay"] += 1
+                    return state, state.n_ids
+                lcp = state.n_chars
+            else:
+                lcp = common_prefix_len(state.text, text) if state is not None else 0
         generation = self.engine_switch.generation
-        lcp = common_prefix_len(state.text, text) if state is not None else 0
-        res = encode_with_base(text, state, lcp, self._predicate, self.encoder, self.config,
-                               self.threads, self.margin)
+        res = encode_turn(parts, n, state, lcp, self._predicate, self.encoder, self.config,
+                          self.threads, self.margin)
         self.stats["repair" if res.reused_tokens else "init"] += 1
         self._install(key, res.state, generation)
         return res.state, res.reused_tokens
