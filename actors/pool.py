@@ -26,11 +26,11 @@ import pyarrow as pa
 import ray
 
 from delta_ray import constants as C
-from delta_ray.assembly import concat_ids, to_arrow
+from delta_ray.assembly import concat_ids, to_arrow, to_chunked_arrow
 from delta_ray.loading import TokenizerLike, load_tokenizer
 from delta_ray.planner import chunk_count, plan_cuts
 from delta_ray.repair import finish_repair, plan_repair
-from delta_ray.session_store import SessionNotFound
+from delta_ray.session_store import SessionNotFound, merge_id_parts, prefix_parts
 from delta_ray.state_seal import seal_state
 from delta_ray.tokenizer import DeltaTokenizer, _check_text
 from scheduler import Dispatcher, content_key, nonascii_share
@@ -126,12 +126,17 @@ def _kid(key: str) -> bytes:
 _ENTRY_OVERHEAD = 160  # bytes per table entry besides its values (dict slot, tuple, digest)
 
 
+def _parts_bytes(parts) -> int:
+    return sum(p.nbytes for p in parts)
+
+
 class _IdMirror:
-    """The IDs this pool last returned per session, bounded by bytes (LRU), keys by digest."""
+    """The IDs this pool last returned per session (a rope of immutable parts), bounded by bytes
+    (LRU), keys by digest."""
 
     def __init__(self, max_bytes: int):
         self.max_bytes = max_bytes
-        self._data: OrderedDict[bytes, tuple[int, np.ndarray]] = OrderedDict()
+        self._data: OrderedDict[bytes, tuple[int, tuple]] = OrderedDict()
         self._bytes = 0
 
     def get(self, key: str):
@@ -144,18 +149,19 @@ class _IdMirror:
     def pop(self, key: str, default=None):
         item = self._data.pop(_kid(key), None)
         if item is not None:
-            self._bytes -= item[1].nbytes + _ENTRY_OVERHEAD
+            self._bytes -= _parts_bytes(item[1]) + _ENTRY_OVERHEAD
         return item if item is not None else default
 
-    def put(self, key: str, version: int, ids: np.ndarray) -> None:
+    def put(self, key: str, version: int, parts: tuple) -> None:
         self.pop(key)
-        if ids.nbytes + _ENTRY_OVERHEAD > self.max_bytes:
+        size = _parts_bytes(parts) + _ENTRY_OVERHEAD
+        if size > self.max_bytes:
             return
-        self._data[_kid(key)] = (version, ids)
-        self._bytes += ids.nbytes + _ENTRY_OVERHEAD
+        self._data[_kid(key)] = (version, parts)
+        self._bytes += size
         while self._bytes > self.max_bytes and self._data:
             _, (_, old) = self._data.popitem(last=False)
-            self._bytes -= old.nbytes + _ENTRY_OVERHEAD
+            self._bytes -= _parts_bytes(old) + _ENTRY_OVERHEAD
 
     @property
     def resident_bytes(self) -> int:
@@ -483,6 +489,15 @@ class TokenizerPool:
     def _finish(self, ids: np.ndarray, add_special_tokens: bool) -> pa.Int32Array:
         return to_arrow(self._local._finish(ids, add_special_tokens))
 
+    def _finish_parts(self, parts, add_special_tokens: bool) -> pa.ChunkedArray:
+        """A session's IDs as zero-copy chunks (as DeltaTokenizer returns them), template included."""
+        if isinstance(parts, np.ndarray):
+            parts = (parts,)
+        adm = self._local.admission
+        if add_special_tokens:
+            return to_chunked_arrow(parts, adm.prefix_ids, adm.suffix_ids)
+        return to_chunked_arrow(parts)
+
     # -- request coroutines (run on the pool's loop) ------------------------------------------------
     async def _encode(self, text: str, session: str | None, add: bool) -> pa.Int32Array:
         if session is None:
@@ -503,13 +518,13 @@ class TokenizerPool:
             if home is not None and len(text) >= self._opts["cut_threshold"] and self._known.get(key) != home:
                 ids = await self._chunked_init(key, text)
                 self._count("chunked_init")
-                return self._finish(ids, add)
+                return self._finish_parts(ids, add)
             known = self._mirror.get(key)
             call = ("encode_session", key, text, known[0] if known else None)
             ids = await self._run("session", len(text), key, call, share_of=text,
                                   fallback=lambda: self._local.encode_ids(text, session=key, add_special_tokens=False))
             self._count("session")
-            return self._finish(ids, add)
+            return self._finish_parts(ids, add)
 
     async def _extend(self, key: str, delta: str, add: bool) -> pa.Int32Array:
         def no_fallback():
@@ -525,24 +540,26 @@ class TokenizerPool:
             ids = await self._run("session", len(delta), key, call,
                                   fallback=no_fallback, share_of=delta)
             self._count("extend")
-            return self._finish(ids, add)
+            return self._finish_parts(ids, add)
 
     def _session_lock(self, key: str) -> "_KeyLock":
         return _KeyLock(self._session_locks, key)
 
-    def _splice(self, key: str, answer) -> np.ndarray:
-        """Turn a worker's (version, k, tail) into the session's full IDs and remember them."""
+    def _splice(self, key: str, answer) -> tuple:
+        """Turn a worker's (version, k, tail) into the session's IDs (a rope: the kept prefix of the
+        mirror, not copied, plus the tail) and remember them."""
         version, k, tail = answer
         known = self._mirror.pop(key, None)
+        tail = np.asarray(tail, dtype=np.int32)
         if k:
             if known is None:  # cannot happen: k > 0 only answers a version we sent
                 raise RuntimeError("worker answered a delta for IDs this pool does not hold")
-            ids = np.concatenate([known[1][:k], tail])
+            parts = merge_id_parts(list(prefix_parts(known[1], k)) + [tail])
         else:
-            ids = np.asarray(tail, dtype=np.int32)
-        self._mirror.put(key, version, ids)
+            parts = (tail,)
+        self._mirror.put(key, version, parts)
         self._remember(key, self._dispatcher.home_of(key), version)
-        return ids
+        return parts
 
     def _slots(self) -> int:
         """Parallel execution slots for planning chunks: Ray task slots, plus the live workers
@@ -570,10 +587,10 @@ class TokenizerPool:
             seal = seal_state(self.secret, key, res.state)
             await self._run("session", 0, key, ("install", key, res.state, seal), fallback=lambda: True)
             self._remember(key, self._dispatcher.home_of(key), res.state.version)
-            self._mirror.put(key, res.state.version, res.state.ids)
+            self._mirror.put(key, res.state.version, res.state.id_parts)
         except Exception:  # the next request re-initializes on whichever worker is home then
             log.warning("installing session %r failed; it will re-initialize", key, exc_info=True)
-        return res.state.ids
+        return res.state.id_parts
 
     async def _pieces(self, pieces: list[str]) -> list[np.ndarray]:
         total = sum(map(len, pieces))

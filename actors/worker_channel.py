@@ -4,8 +4,8 @@ Why: a Ray actor call costs 1.4-2 ms here even for an empty method, more than a 
 session repair itself; a Unix socket round trip from the pool's event loop costs about 0.4 ms.
 
 What travels: typed binary frames, never pickle. A frame is a 9-byte header (magic ``DRC1``, a
-kind byte, a uint32 body length) and a body of typed values: None, bool, int64, UTF-8 text and
-little-endian int32 arrays. A request is ``(method, *args)``; an answer is a tuple of values, one
+kind byte, a uint32 body length) and a body of typed values: None, bool, signed or unsigned 64-bit
+integers, UTF-8 text and little-endian int32 arrays. A request is ``(method, *args)``; an answer is a tuple of values, one
 value, or an error (exception type name and message, mapped back to a small set of known
 exception classes on the client; anything else is a :class:`RemoteError`). Decoding can build
 nothing but those values, so a hostile peer cannot run code through a frame.
@@ -52,9 +52,10 @@ _NONCE = 32
 _MAC = hashlib.sha256().digest_size
 
 KIND_REQUEST, KIND_TUPLE, KIND_VALUE, KIND_ERROR = 1, 2, 3, 4
-T_NONE, T_FALSE, T_TRUE, T_INT, T_STR, T_I32 = range(6)
+T_NONE, T_FALSE, T_TRUE, T_INT, T_STR, T_I32, T_UINT = range(7)
 _LEN = struct.Struct("!I")
 _INT = struct.Struct("!q")
+_UINT = struct.Struct("!Q")  # state versions are random 64-bit counters
 
 MAX_FRAME = 512 * 1024 * 1024  # a 100M-character text or 128M IDs; larger goes through Ray
 MAX_CONNECTIONS = 32
@@ -105,8 +106,13 @@ def encode_values(values: tuple) -> bytes:
         elif v is True or v is False:
             out.append(T_TRUE if v else T_FALSE)
         elif isinstance(v, (int, np.integer)):
-            out.append(T_INT)
-            out += _INT.pack(int(v))
+            v = int(v)
+            if v >= 0:
+                out.append(T_UINT)
+                out += _UINT.pack(v)
+            else:
+                out.append(T_INT)
+                out += _INT.pack(v)
         elif isinstance(v, str):
             data = v.encode("utf-8", "surrogatepass")
             out.append(T_STR)
@@ -132,10 +138,10 @@ def decode_values(body: bytes) -> tuple:
             out.append(None)
         elif t in (T_FALSE, T_TRUE):
             out.append(t == T_TRUE)
-        elif t == T_INT:
+        elif t in (T_INT, T_UINT):
             if pos + 8 > n:
                 raise FrameError("truncated int")
-            out.append(_INT.unpack_from(body, pos)[0])
+            out.append((_INT if t == T_INT else _UINT).unpack_from(body, pos)[0])
             pos += 8
         elif t in (T_STR, T_I32):
             if pos + 4 > n:

@@ -46,6 +46,17 @@ def _merge_parts(parts: list, size, join, small: int) -> tuple:
     return tuple(parts)
 
 
+def prefix_parts(parts: tuple[np.ndarray, ...], k: int) -> tuple[np.ndarray, ...]:
+    """The parts holding the first ``k`` elements of a rope, the last one a zero-copy slice."""
+    out, left = [], k
+    for p in parts:
+        if left <= 0:
+            break
+        out.append(p if len(p) <= left else p[:left])
+        left -= len(p)
+    return tuple(out)
+
+
 def merge_text_parts(parts) -> tuple[str, ...]:
     return _merge_parts(list(parts), len, "".join, MERGE_TEXT_BELOW)
 
@@ -116,13 +127,7 @@ class SessionState:
 
     def id_prefix_parts(self, k: int) -> tuple[np.ndarray, ...]:
         """The parts holding ``ids[:k]``, the last one a zero-copy slice."""
-        out, left = [], k
-        for p in self.id_parts:
-            if left <= 0:
-                break
-            out.append(p if len(p) <= left else p[:left])
-            left -= len(p)
-        return tuple(out)
+        return prefix_parts(self.id_parts, k)
 
     def ids_from(self, k: int) -> np.ndarray:
         """``ids[k:]`` as one array, touching only the parts after ``k``."""

@@ -227,3 +227,25 @@ def test_a_stale_extend_is_refused(tokenizer_paths, references):
     v3, k, tail = dt.encode_session_delta("s", "", v2, delta=" Next.", expect_version=v2)
     assert dt.store.get("s").text == "Hello there. More. Next."
     assert dt.encode("Hello there. More. Next.", session="s").to_pylist() == ref.encode("Hello there. More. Next.").ids
+
+
+def test_turns_keep_the_context_in_place_and_results_never_change(tokenizer_paths, references, real_texts):
+    """A turn appends: the kept IDs and text are the previous state's own memory (no copy), and an
+    array returned earlier is unchanged by later turns (its chunks are immutable)."""
+    ref = references["qwen-3"]
+    dt = DeltaTokenizer(tokenizer_paths["qwen-3"], engine="reference", shadow_rate=0.0)
+    text = (real_texts["english"] * 2)[:100_000]  # over the rope's small-part merge threshold
+    first = dt.encode(text, session="s")
+    first_list = first.to_pylist()
+    old = dt.store.get("s")
+    for i in range(6):
+        delta = f"\nturn {i}: " + real_texts["code"][i * 700:(i + 1) * 700]
+        text += delta
+        got = dt.extend("s", delta) if i % 2 else dt.encode(text, session="s")
+        assert got.to_pylist() == ref.encode(text).ids
+        new = dt.store.get("s")
+        assert np.shares_memory(new.id_parts[0], old.id_parts[0])  # the context's IDs were not copied
+        assert new.text_parts[0] is old.text_parts[0] or i % 2 == 0  # extend keeps the text in place
+        old = new
+    assert first.to_pylist() == first_list
+    assert len(dt.store.get("s").id_parts) <= 12  # the rope stays shallow

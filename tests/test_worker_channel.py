@@ -350,3 +350,12 @@ def test_close_stops_serving():
     with pytest.raises(OSError):
         s.connect(server.address)
     s.close()
+
+
+def test_values_round_trip_including_64_bit_versions():
+    from actors.worker_channel import decode_values, encode_values
+    vals = (2 ** 64 - 1, 2 ** 63, -2 ** 63, 0, "é\ud800x", None, False, np.arange(5, dtype=np.int32))
+    out = decode_values(encode_values(vals))
+    assert out[:7] == vals[:7] and np.array_equal(out[7], vals[7])
+    with pytest.raises(TypeError):
+        encode_values((object(),))
