@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import Any
+from delta_ray.errors import DeltaRayError
 
 TOKENIZE_FIELDS = {"model", "prompt", "messages", "add_special_tokens", "add_generation_prompt",
                    "continue_final_message", "chat_template_kwargs", "tools", "return_token_strs",
@@ -14,7 +15,7 @@ TOKENIZE_FIELDS = {"model", "prompt", "messages", "add_special_tokens", "add_gen
 DETOKENIZE_FIELDS = {"model", "tokens", "cache_salt"}
 
 
-class BadRequest(ValueError):
+class BadRequest(DeltaRayError, ValueError):
     """A client error: the status code and a message for the response body."""
 
     def __init__(self, message: str, status: int = 400):

@@ -41,15 +41,16 @@ from .chunk_task import CHUNK_ENV, encode_chunks, warm_chunk_process
 from .local_ray import ensure_ray
 from .worker import CHANNEL_METHODS, TokenizerWorker
 from .worker_channel import ChannelClient, ChannelClosed
+from delta_ray.errors import DeltaRayError
 
 log = logging.getLogger("delta_ray.pool")
 
 
-class PoolStartupError(RuntimeError):
+class PoolStartupError(DeltaRayError, RuntimeError):
     """The workers did not load within the start-up timeout."""
 
 
-class PoolClosed(RuntimeError):
+class PoolClosed(DeltaRayError, RuntimeError):
     """The pool was closed."""
 
 
@@ -59,7 +60,7 @@ def _attach_proof(secret: bytes, name: str, nonce: bytes) -> bytes:
     return hmac.new(secret, b"attach:" + name.encode() + b":" + nonce, hashlib.sha256).digest()
 
 
-class PoolAuthError(PermissionError):
+class PoolAuthError(DeltaRayError, PermissionError):
     """Attaching to a named pool without its secret (or with a wrong one)."""
 
 

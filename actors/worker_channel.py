@@ -43,6 +43,7 @@ from typing import Any, Callable, Optional
 import numpy as np
 
 from delta_ray.session_store import SessionNotFound
+from delta_ray.errors import DeltaRayError
 
 MAGIC = b"DRC1"
 HELLO = b"DRH1"
@@ -69,7 +70,7 @@ KNOWN_ERRORS: dict[str, type[BaseException]] = {
 }
 
 
-class ChannelClosed(ConnectionError):
+class ChannelClosed(DeltaRayError, ConnectionError):
     """The worker's end of the channel went away (the actor most likely died), or it failed to
     authenticate: either way the pool falls back to Ray."""
 
@@ -78,11 +79,11 @@ class ChannelAuthError(ChannelClosed):
     """The peer did not prove the pool secret, or is not the process the pool was told about."""
 
 
-class RemoteError(RuntimeError):
+class RemoteError(DeltaRayError, RuntimeError):
     """A worker error of a type the channel does not map back (its type name is in the message)."""
 
 
-class FrameError(ValueError):
+class FrameError(DeltaRayError, ValueError):
     """A malformed frame: the connection that sent it ends."""
 
 

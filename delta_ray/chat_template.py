@@ -11,9 +11,10 @@ from datetime import datetime
 from functools import lru_cache
 from pathlib import Path
 from typing import Any
+from .errors import DeltaRayError
 
 
-class ChatTemplateError(ValueError):
+class ChatTemplateError(DeltaRayError, ValueError):
     """The messages cannot be rendered (no template, or the template refused them)."""
 
 

@@ -50,7 +50,7 @@ a similar cache). Loading costs 1.5-3 s for fastokens and 0.5-1.3 s for gigatoke
 
 An engine is only as exact as its checks: :mod:`delta_ray.guard` derives, per tokenizer and per
 installed versions, the code points on which the engine may disagree with the reference, and runs a
-verification battery before the engine is admitted. Use :func:`delta_ray.guard.guarded_fast_encoder`
+verification battery before the engine is admitted. Use :func:`delta_ray.engines.admit_fast`
 or ``GuardSet.allows`` before trusting a :class:`FastEncoder` with a text.
 """
 from __future__ import annotations
@@ -63,6 +63,7 @@ from pathlib import Path
 from typing import Sequence, Union
 
 import numpy as np
+from .errors import DeltaRayError
 
 FAST_BACKENDS = ("fastokens", "gigatoken")
 DEFAULT_BACKEND = "fastokens"  # no guarded code point on the six tokenizers, GIL-free, fastest on 1 thread
@@ -75,7 +76,7 @@ if "FASTOKENS_BPE_THREADS" not in os.environ:
 TokenizerSource = Union[str, os.PathLike, bytes, bytearray, memoryview]
 
 
-class FastEngineUnavailable(RuntimeError):
+class FastEngineUnavailable(DeltaRayError, RuntimeError):
     """The fast engine cannot be used: package missing, or it refused the tokenizer.json."""
 
     def __init__(self, reason: str):

@@ -781,24 +781,3 @@ class GuardedEncoder:
         self.fast_texts += len(fast_idx)
         self.fallback_texts += len(slow_idx)
         return out  # type: ignore[return-value]
-
-
-def guarded_fast_encoder(tokenizer_json: bytes | str | os.PathLike, backend: str = "auto", *,
-                         sample_texts: Iterable[str] = (), ref_tokenizer=None) -> GuardedEncoder:
-    """Load the fast engine, derive (or load) its guard set, run the battery, and wrap it.
-
-    Raises :class:`FastEngineUnavailable` when the engine is missing, refuses the tokenizer, or fails
-    the battery; callers then keep the reference encoder.
-    """
-    from tokenizers import Tokenizer
-
-    from delta_ray.encoder import ReferenceEncoder
-
-    data = _as_bytes(tokenizer_json)
-    ref = ref_tokenizer or Tokenizer.from_str(data.decode("utf-8"))
-    fast = FastEncoder(data, backend)
-    guard = guard_set_for(data, fast, ref_tokenizer=ref)
-    ok, reason = verify_fast_engine(ref, fast, sample_texts, guard=guard)
-    if not ok:
-        raise FastEngineUnavailable(f"{fast.backend} {fast.backend_version} failed the battery: {reason}")
-    return GuardedEncoder(fast, guard, ReferenceEncoder(ref))

@@ -12,11 +12,12 @@ from dataclasses import dataclass, field
 from typing import Any, Union
 
 from tokenizers import Tokenizer
+from .errors import DeltaRayError
 
 TokenizerLike = Union[str, "os.PathLike[str]", Tokenizer, "LoadedTokenizer"]
 
 
-class DigestMismatch(ValueError):
+class DigestMismatch(DeltaRayError, ValueError):
     """Configuration bytes do not match the SHA-256 they were sent with."""
 
 

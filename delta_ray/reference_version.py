@@ -8,11 +8,12 @@ do, instead of failing deep inside with ``cannot import name 'Regex'``.
 from __future__ import annotations
 
 import importlib.metadata
+from .errors import DeltaRayError
 
 SUPPORTED = ">=0.20,<1"
 
 
-class UnsupportedReference(ImportError):
+class UnsupportedReference(DeltaRayError, ImportError):
     """The installed ``tokenizers`` is a version this delta-ray cannot use as its reference."""
 
 

@@ -14,9 +14,10 @@ from collections import OrderedDict
 import numpy as np
 
 from . import constants as C
+from .errors import DeltaRayError
 
 
-class SessionNotFound(KeyError):
+class SessionNotFound(DeltaRayError, KeyError):
     """``extend`` on a session the store does not hold (never created, or evicted)."""
 
     def __str__(self) -> str:  # KeyError would print the repr of its argument

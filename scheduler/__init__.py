@@ -3,7 +3,6 @@
 Pure Python and stdlib only, so it can be tested with a fake clock and no Ray, and reused by any
 pool. See :class:`Dispatcher` for how a pool drives it.
 """
-from .chunking import chunk_count as chunk_count
 from .clock import Clock as Clock
 from .clock import FakeClock as FakeClock
 from .clock import MonotonicClock as MonotonicClock
@@ -18,10 +17,8 @@ from .policies import ShortestFirstPolicy as ShortestFirstPolicy
 from .policies import make_policy as make_policy
 from .queues import TaskQueue as TaskQueue
 from .queues import better_queue as better_queue
-from .routing import Route as Route
 from .routing import content_key as content_key
 from .routing import home_worker as home_worker
-from .routing import route_request as route_request
 from .tasks import Task as Task
 from .tasks import TaskKind as TaskKind
 
@@ -35,16 +32,13 @@ __all__ = [
     "MonotonicClock",
     "POLICIES",
     "Policy",
-    "Route",
     "ShortestFirstPolicy",
     "Task",
     "TaskKind",
     "TaskQueue",
     "better_queue",
-    "chunk_count",
     "content_key",
     "home_worker",
     "make_policy",
     "nonascii_share",
-    "route_request",
 ]

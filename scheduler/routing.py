@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import hashlib
 import zlib
-from typing import Literal, NamedTuple, Optional, Sequence
+from typing import Sequence
 
 from .constants import CONTENT_KEY_BYTES, CONTENT_KEY_DIGEST_SIZE
 
@@ -41,24 +41,3 @@ def content_key(text: str) -> str:
     # slicing first avoids encoding a whole megabyte text just to hash its start.
     head = _utf8(text[:CONTENT_KEY_BYTES])[:CONTENT_KEY_BYTES]
     return hashlib.blake2b(head, digest_size=CONTENT_KEY_DIGEST_SIZE).hexdigest()
-
-
-class Route(NamedTuple):
-    """How a request is served: ``("session", key)`` on its home worker or ``("stateless", None)``."""
-
-    kind: Literal["session", "stateless"]
-    session_key: Optional[str]
-
-
-def route_request(text_len: int, session_key: Optional[str], text: str, cut_threshold: int) -> Route:
-    """Decide between a session task and a stateless one.
-
-    A keyed request is always a session task (its state lives on its home). A keyless text of at
-    least ``cut_threshold`` characters is stateless (it will be cut into chunks and spread out);
-    a shorter keyless text becomes a session keyed by :func:`content_key`, to reuse cached state.
-    """
-    if session_key is not None:
-        return Route("session", session_key)
-    if text_len >= cut_threshold:
-        return Route("stateless", None)
-    return Route("session", content_key(text))

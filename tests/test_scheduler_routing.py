@@ -9,8 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from scheduler.chunking import chunk_count
-from scheduler.routing import Route, content_key, home_worker, route_request
+from scheduler.routing import content_key, home_worker
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 WORKERS = ["w2", "w0", "w3", "w1"]
@@ -48,32 +47,6 @@ def test_content_key_is_blake2b_128_of_first_4096_utf8_bytes():
     # Only the first 4,096 bytes count.
     assert content_key("a" * 4096 + "tail one") == content_key("a" * 4096 + "tail two")
     assert content_key("short one") != content_key("short two")
-
-
-def test_route_request():
-    assert route_request(10, "sess", "hello", 100) == Route("session", "sess")
-    assert route_request(1000, "sess", "x" * 1000, 100) == Route("session", "sess")  # keyed: always session
-    assert route_request(5, None, "hello", 100) == Route("session", content_key("hello"))
-    assert route_request(100, None, "y" * 100, 100) == Route("stateless", None)
-    assert route_request(99, None, "y" * 99, 100).kind == "session"
-
-
-def test_chunk_count_without_idle_cap():
-    assert chunk_count(10_000, 1000, 8, 16) == 8  # capped by max_chunks
-    assert chunk_count(10_000, 1000, 32, 4) == 4  # capped by workers
-    assert chunk_count(2_500, 1000, 32, 16) == 3  # ceil(N / chunk_size)
-    assert chunk_count(0, 1000, 8, 4) == 1  # never zero
-    assert chunk_count(10_000, 1000, 8, 16, idle_workers=0) == 8  # idle ignored without the flag
-
-
-def test_chunk_count_with_idle_cap():
-    assert chunk_count(10_000, 1000, 8, 16, cap_by_idle=True, idle_workers=3) == 3
-    assert chunk_count(10_000, 1000, 8, 16, cap_by_idle=True, idle_workers=0) == 1  # at least 1
-    assert chunk_count(2_500, 1000, 8, 16, cap_by_idle=True, idle_workers=10) == 3
-    with pytest.raises(ValueError):
-        chunk_count(10_000, 1000, 8, 16, cap_by_idle=True)
-    with pytest.raises(ValueError):
-        chunk_count(10_000, 0, 8, 16)
 
 
 def test_package_reexports_its_api_and_imports_neither_ray_nor_delta_ray():
