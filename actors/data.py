@@ -11,7 +11,6 @@ without a Python object per token.
 """
 from __future__ import annotations
 
-import inspect
 import os
 from typing import Any
 
@@ -19,7 +18,7 @@ import numpy as np
 import pyarrow as pa
 
 from delta_ray import constants as C
-from delta_ray.assembly import list_array
+from delta_ray.assembly import flat_list_array, to_arrow
 from delta_ray.loading import LoadedTokenizer, load_tokenizer
 from delta_ray.tokenizer import DeltaTokenizer
 
@@ -45,28 +44,20 @@ class TokenizeBatch:
 
     def __init__(self, config_bytes: bytes, digest: str, *, text_column: str, output_column: str,
                  count_column: str | None, add_special_tokens: bool, chunk_size: int,
-                 cut_threshold: int, threads: int | None, engine: str | None):
+                 cut_threshold: int, threads: int | None, engine: str | None, encode_threads: int = 1):
         loaded = LoadedTokenizer.from_bytes(config_bytes, expected_digest=digest, source="<tokenize_dataset>")
-        kwargs: dict[str, Any] = {}
-        if engine is not None and "engine" in inspect.signature(DeltaTokenizer).parameters:
-            kwargs["engine"] = engine
         self.tokenizer = DeltaTokenizer(loaded, chunk_size=chunk_size, cut_threshold=cut_threshold,
-                                        threads=threads, reuse="none", **kwargs)
+                                        threads=threads, reuse="none", engine=engine or "auto")
+        self.encode_threads = max(1, int(encode_threads))
         self.text_column = text_column
         self.output_column = output_column
         self.count_column = count_column
         self.add_special_tokens = add_special_tokens
 
-    def encode(self, texts: list[str]) -> list[np.ndarray]:
-        tok = self.tokenizer
-        if not tok.admission:
-            # Not admitted: every text goes to the reference anyway; one batch call for all of them
-            # (DeltaTokenizer.encode_batch_ids would make one call per text).
-            encs = tok.loaded.tokenizer.encode_batch_fast(texts, add_special_tokens=self.add_special_tokens)
-            out = [np.asarray(e.ids, dtype=np.int32) for e in encs]
-            del encs
-            return out
-        return tok.encode_batch_ids(texts, add_special_tokens=self.add_special_tokens)
+    def encode(self, texts: list[str]) -> tuple[np.ndarray, np.ndarray]:
+        """Flat (values, offsets) for the batch: the list column's own buffers, from the engine."""
+        return self.tokenizer.encode_batch_flat(texts, add_special_tokens=self.add_special_tokens,
+                                                threads=self.encode_threads)
 
     def __call__(self, batch: pa.Table) -> pa.Table:
         if self.text_column not in batch.column_names:
@@ -77,17 +68,15 @@ class TokenizeBatch:
         if not _is_text_type(col.type):
             raise TypeError(f"text column {self.text_column!r} must hold strings, got {col.type}")
         texts = col.to_pylist()
-        ids = self.encode(texts)
+        values, offsets = self.encode(texts)
         del texts
-        total = sum(len(a) for a in ids)
-        if total > _INT32_MAX:
-            raise ValueError(f"a batch of {len(ids)} rows has {total} tokens, more than list<int32> offsets "
-                             "hold: lower batch_size")
-        lists = list_array(ids)
-        del ids
+        if offsets[-1] > _INT32_MAX:
+            raise ValueError(f"a batch of {len(offsets) - 1} rows has {int(offsets[-1])} tokens, more than "
+                             "list<int32> offsets hold: lower batch_size")
+        lists = flat_list_array(values, offsets)
         out = _put_column(batch, self.output_column, lists)
         if self.count_column is not None:
-            out = _put_column(out, self.count_column, lists.value_lengths().cast(pa.int32()))
+            out = _put_column(out, self.count_column, to_arrow(np.diff(offsets).astype(np.int32)))
         return out
 
 

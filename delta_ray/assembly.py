@@ -25,6 +25,31 @@ def with_template(ids: np.ndarray, prefix: Sequence[int], suffix: Sequence[int])
     return np.concatenate([np.asarray(prefix, dtype=np.int32), ids, np.asarray(suffix, dtype=np.int32)])
 
 
+def insert_template(values: np.ndarray, offsets: np.ndarray, prefix: Sequence[int],
+                    suffix: Sequence[int]) -> tuple[np.ndarray, np.ndarray]:
+    """Every row of a flat (values, offsets) batch wrapped in the template, in one vectorized pass."""
+    n, p, s = len(offsets) - 1, len(prefix), len(suffix)
+    lengths = np.diff(offsets)
+    new_offsets = offsets + np.arange(n + 1, dtype=np.int64) * (p + s)
+    out = np.empty(len(values) + n * (p + s), dtype=np.int32)
+    shift = np.repeat(np.arange(n, dtype=np.int64) * (p + s) + p, lengths)
+    shift += np.arange(len(values), dtype=np.int64)
+    out[shift] = values
+    del shift
+    for i, t in enumerate(prefix):
+        out[new_offsets[:-1] + i] = t
+    for i, t in enumerate(suffix):
+        out[new_offsets[1:] - s + i] = t
+    return out, new_offsets
+
+
+def flat_list_array(values: np.ndarray, offsets: np.ndarray) -> pa.ListArray:
+    """A ``list<int32>`` array straight from a flat batch's buffers (zero-copy values)."""
+    if len(offsets) and offsets[-1] > np.iinfo(np.int32).max:
+        raise OverflowError(f"{int(offsets[-1])} IDs exceed list<int32> offsets; use smaller batches")
+    return pa.ListArray.from_arrays(to_arrow(offsets.astype(np.int32)), to_arrow(values))
+
+
 def to_arrow(ids: np.ndarray) -> pa.Int32Array:
     """Wrap an int32 buffer as a pyarrow array (zero-copy).
 

@@ -27,6 +27,16 @@ class Encoder(Protocol):
         ...
 
 
+def encode_flat(encoder, texts: Sequence[str]) -> tuple[np.ndarray, np.ndarray]:
+    """``encoder``'s IDs of ``texts`` as one int32 buffer plus int64 offsets: the engine's own flat
+    output where it has one (no per-text arrays), else assembled from ``encode_pieces``."""
+    flat = getattr(encoder, "encode_flat", None)
+    if flat is not None:
+        return flat(texts)
+    from .fast_engine import flat_from_pieces
+    return flat_from_pieces(encoder.encode_pieces(texts))
+
+
 class ReferenceEncoder:
     """The reference ``tokenizers`` pipeline, used through its GIL-releasing batch form.
 

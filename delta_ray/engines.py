@@ -161,6 +161,10 @@ class EngineSwitch:
     def encode_pieces(self, texts):
         return self.current.encode_pieces(texts)
 
+    def encode_flat(self, texts):
+        from .encoder import encode_flat
+        return encode_flat(self.current, texts)
+
     def add_disable_listener(self, fn: Callable[[str], None]) -> None:
         """Call ``fn(reason)`` when the fast tier is disabled (at once if it already was)."""
         with self._lock:

@@ -153,6 +153,16 @@ class _FastokensBackend:
         bounds = np.frombuffer(offs, dtype="<u8").astype(np.intp)
         return np.split(ids, bounds[1:-1])
 
+    def encode_flat(self, texts: list[str]) -> tuple[np.ndarray, np.ndarray]:
+        """All texts' IDs in one int32 buffer plus int64 offsets (n + 1), straight from the engine's
+        own output: the values are a zero-copy view (IDs are below 2**31)."""
+        buf, offs = self._tok.encode_batch_flat(texts, add_special_tokens=False)
+        values = np.frombuffer(buf, dtype="<u4").view("<i4")
+        offsets = np.frombuffer(offs, dtype="<u8").view("<i8")
+        if offsets.dtype != np.int64 or values.dtype != np.int32:  # big-endian hosts
+            values, offsets = values.astype(np.int32), offsets.astype(np.int64)
+        return values, offsets
+
 
 class _GigatokenBackend:
     name = "gigatoken"
@@ -236,8 +246,27 @@ class FastEncoder:
         """One text's IDs as an int32 array."""
         return self.encode_pieces([text])[0]
 
+    def encode_flat(self, texts: Sequence[str]) -> tuple[np.ndarray, np.ndarray]:
+        """All texts' IDs as one int32 buffer plus int64 offsets (len(texts) + 1)."""
+        texts = list(texts)
+        try:
+            if hasattr(self._impl, "encode_flat"):
+                return self._impl.encode_flat(texts)
+            return flat_from_pieces(self._impl.encode_pieces(texts) if texts else [])
+        except (TypeError, UnicodeEncodeError) as exc:
+            raise ValueError(f"the fast engine ({self.backend}) rejected the text: {exc}") from exc
+
     def __repr__(self) -> str:
         return f"FastEncoder(backend={self.backend!r}, version={self.backend_version!r}, digest={self.digest[:12]})"
+
+
+def flat_from_pieces(arrays: Sequence[np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
+    """One int32 values buffer and int64 offsets from per-text arrays."""
+    offsets = np.zeros(len(arrays) + 1, dtype=np.int64)
+    if len(arrays):
+        np.cumsum([len(a) for a in arrays], out=offsets[1:])
+    values = np.concatenate(arrays).astype(np.int32, copy=False) if len(arrays) else np.zeros(0, np.int32)
+    return values, offsets
 
 
 _LOADED: dict[tuple[str, str], FastEncoder] = {}

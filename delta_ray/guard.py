@@ -763,6 +763,15 @@ class GuardedEncoder:
         self.fast_texts = 0
         self.fallback_texts = 0
 
+    def encode_flat(self, texts: Sequence[str]) -> tuple[np.ndarray, np.ndarray]:
+        """Flat IDs straight from the engine when the guard allows every text, else via pieces."""
+        texts = list(texts)
+        if all(self.guard.allows(t) for t in texts):
+            self.fast_texts += len(texts)
+            return self.fast.encode_flat(texts)
+        from .fast_engine import flat_from_pieces
+        return flat_from_pieces(self.encode_pieces(texts))
+
     def encode_pieces(self, texts: Sequence[str]) -> list[np.ndarray]:
         texts = list(texts)
         if not texts:

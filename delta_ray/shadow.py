@@ -33,12 +33,13 @@ def describe_text(text: str) -> str:
 class ShadowVerifier:
     """Wraps the switchable encoder; samples fast-tier answers for background comparison."""
 
-    def __init__(self, switch, rate: float, *, max_queue: int = 64,
+    def __init__(self, switch, rate: float, *, max_queue: int = 64, max_chars: int = 1 << 16,
                  on_result: Callable[[bool], None] | None = None, seed: int | None = None):
         if not 0.0 <= rate <= 1.0:
             raise ValueError(f"shadow_rate must be within [0, 1], got {rate!r}")
         self.switch = switch
         self.rate = rate
+        self.max_chars = max_chars  # a sampled call re-checks at most this many characters
         self.comparisons = 0
         self.mismatches = 0
         self.last_mismatch: str | None = None
@@ -56,16 +57,46 @@ class ShadowVerifier:
         """Call ``fn(same)`` after every comparison (metrics)."""
         self._listeners.append(fn)
 
+    def _sample(self, n_texts: int, texts) -> list[int]:
+        """Indices of the texts a sampled call re-checks: random ones within ``max_chars``, so a
+        batch job's 8 MB call costs the verifier what a chat turn does."""
+        order = list(range(n_texts))
+        self._rng.shuffle(order)
+        picked, budget = [], self.max_chars
+        for i in order:
+            if len(texts[i]) <= budget or not picked:
+                picked.append(i)
+                budget -= len(texts[i])
+            if budget <= 0:
+                break
+        return sorted(picked)
+
+    def _enqueue(self, texts, got, enc) -> None:
+        try:
+            self._queue.put_nowait((texts, got, enc))
+            self._ensure_thread()
+        except queue.Full:  # verification never slows the request path
+            pass
+
     def encode_pieces(self, texts: Sequence[str]) -> list[np.ndarray]:
         enc = self.switch.current
         out = enc.encode_pieces(texts)
         if self.rate and enc is not self.switch.reference and self._rng.random() < self.rate:
-            try:
-                self._queue.put_nowait((list(texts), out, enc))
-                self._ensure_thread()
-            except queue.Full:  # verification never slows the request path
-                pass
+            idx = self._sample(len(texts), texts)
+            self._enqueue([texts[i] for i in idx], [out[i] for i in idx], enc)
         return out
+
+    def encode_flat(self, texts: Sequence[str]) -> tuple[np.ndarray, np.ndarray]:
+        """Flat IDs from the current engine; a sampled call is split into per-text arrays in the
+        verifier's thread, never on the request path."""
+        from .encoder import encode_flat
+        enc = self.switch.current
+        values, offsets = encode_flat(enc, texts)
+        if self.rate and enc is not self.switch.reference and self._rng.random() < self.rate:
+            texts = list(texts)
+            idx = self._sample(len(texts), texts)
+            self._enqueue([texts[i] for i in idx], [values[offsets[i]:offsets[i + 1]] for i in idx], enc)
+        return values, offsets
 
     def drain(self, timeout: float = 60.0) -> None:
         """Wait until every queued comparison is done (tests, shutdown)."""

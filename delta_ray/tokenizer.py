@@ -15,7 +15,7 @@ from tokenizers import normalizers
 
 from . import constants as C
 from .admission import Admission, admit
-from .assembly import concat_ids, to_arrow, to_chunked_arrow, with_template
+from .assembly import concat_ids, insert_template, to_arrow, to_chunked_arrow, with_template
 from .content_index import ContentIndex
 from .cut_predicate import CutPredicate
 from .encoder import Encoder, ReferenceEncoder
@@ -264,6 +264,75 @@ class DeltaTokenizer:
             i += count
         self.stats["batch_texts"] += len(texts)
         return out
+
+    def encode_batch_flat(self, texts: Sequence[str], *, add_special_tokens: bool = True,
+                          threads: int | None = None) -> tuple[np.ndarray, np.ndarray]:
+        """Stateless IDs of many texts as one int32 values buffer plus int64 offsets (len + 1).
+
+        These are a ``list<int32>`` column's own buffers (:func:`delta_ray.assembly.flat_list_array`).
+        Long texts are cut at safe cuts; a text's pieces are consecutive in the engine's flat
+        output, so the texts' offsets are the pieces' offsets at text boundaries: no per-text array
+        and no copy, except the one insertion pass for a template (BOS). With the fast tier the
+        pieces are split over ``threads`` threads (the engine releases the GIL).
+        """
+        texts = list(texts)
+        if self._predicate is None:
+            from .fast_engine import flat_from_pieces
+            try:
+                encs = self._tok.encode_batch_fast(texts, add_special_tokens=add_special_tokens)
+            except Exception as exc:
+                raise ValueError(f"the reference tokenizer rejected a text: {exc}") from exc
+            return flat_from_pieces([np.asarray(e.ids, dtype=np.int32) for e in encs])
+        pieces: list[str] = []
+        counts = np.ones(len(texts), dtype=np.int64)
+        cut_from = max(self.config.cut_threshold, self.config.min_cut_text)
+        for i, t in enumerate(texts):
+            if len(t) >= cut_from:
+                bounds = [0] + [c.pos for c in plan_cuts(t, self._predicate, self.config, self.threads)] + [len(t)]
+                pieces.extend(t[a:b] for a, b in zip(bounds, bounds[1:]))
+                counts[i] = len(bounds) - 1
+            else:
+                pieces.append(t)
+        values, piece_offsets = self._encode_flat(pieces, threads or 1)
+        if len(pieces) == len(texts):
+            offsets = piece_offsets
+        else:
+            idx = np.zeros(len(texts) + 1, dtype=np.int64)
+            np.cumsum(counts, out=idx[1:])
+            offsets = piece_offsets[idx]
+        self.stats["batch_texts"] += len(texts)
+        if add_special_tokens and (self._admission.prefix_ids or self._admission.suffix_ids):
+            values, offsets = insert_template(values, offsets, self._admission.prefix_ids, self._admission.suffix_ids)
+        return values, offsets
+
+    def _encode_flat(self, pieces: list[str], threads: int) -> tuple[np.ndarray, np.ndarray]:
+        from .encoder import encode_flat
+        total = sum(map(len, pieces))
+        uses_fast = getattr(self.engine_switch.current, "fast", None) is not None
+        if threads <= 1 or len(pieces) < 2 or total < 65536 or not uses_fast:
+            return encode_flat(self.encoder, pieces)
+        # contiguous groups of about equal characters, one per thread
+        cum = np.cumsum([len(p) for p in pieces])
+        cuts = np.searchsorted(cum, [total * i / threads for i in range(1, threads)])
+        bounds = [0] + sorted(set(int(c) + 1 for c in cuts if 0 <= c < len(pieces) - 1)) + [len(pieces)]
+        groups = [pieces[a:b] for a, b in zip(bounds, bounds[1:])]
+        pool = self._thread_pool(threads)
+        parts = list(pool.map(lambda g: encode_flat(self.encoder, g), groups))
+        values = np.concatenate([v for v, _ in parts]).astype(np.int32, copy=False)
+        offsets = np.zeros(len(pieces) + 1, dtype=np.int64)
+        pos, base = 1, 0
+        for v, o in parts:
+            offsets[pos:pos + len(o) - 1] = o[1:] + base
+            pos += len(o) - 1
+            base += len(v)
+        return values, offsets
+
+    def _thread_pool(self, threads: int):
+        pool = getattr(self, "_pool", None)
+        if pool is None or pool._max_workers < threads:
+            from concurrent.futures import ThreadPoolExecutor
+            pool = self._pool = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="delta-ray-encode")
+        return pool
 
     # -- internals --------------------------------------------------------------------------
     def _lock_for(self, session: str) -> threading.Lock:

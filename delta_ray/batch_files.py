@@ -1,0 +1,336 @@
+"""Tokenize files to Parquet at the machine's limit: Ray-free, resumable, output from engine buffers.
+
+What ``delta-ray tokenize`` runs on one node. Each input is split into *units* (Parquet row
+groups, or sub-batches of about ``batch_bytes`` of text); units from all inputs go, in order, to a
+thread pool whose threads read their unit and encode it with
+:meth:`DeltaTokenizer.encode_batch_flat` (the engine drops the GIL, so the threads use every core);
+the ``list<int32>`` column is built from the engine's flat values buffer plus offsets, with no
+Python object per token. One writer takes each input's units in order, so the output keeps the
+input's row order.
+
+Atomic and resumable: an input's output is written to a hidden temporary file, renamed into place
+when complete, and then recorded in a manifest (``_delta_ray_done/<output>.json``: the input's path,
+size and mtime, the tokenizer's digest and the options; Parquet readers skip ``_`` and ``.`` names). A rerun skips inputs whose manifest matches and redoes the
+rest from scratch, so a run killed at any point and rerun gives exactly the output of an
+uninterrupted run; stray temporary files of a killed run are removed.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import random
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable, Iterator
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from .assembly import flat_list_array, to_arrow
+from .tokenizer import DeltaTokenizer
+
+KINDS = {".txt": "text", ".jsonl": "json", ".json": "json", ".parquet": "parquet"}
+COMPRESSED = (".gz", ".bz2", ".zst")
+MANIFEST_FORMAT = 1
+TMP_MARK = ".delta-ray-tmp"
+MANIFESTS = "_delta_ray_done"  # readers of the output directory skip names starting with "_" or "."
+
+
+def input_kind(path: str) -> str | None:
+    """``text``, ``json`` or ``parquet`` from the file name, or None."""
+    name, compressed = path.lower(), False
+    for comp in COMPRESSED:
+        if name.endswith(comp):
+            name, compressed = name[: -len(comp)], True
+            break
+    kind = KINDS.get(os.path.splitext(name)[1])
+    if kind is None or (compressed and kind == "parquet"):
+        return None
+    return kind
+
+
+def output_name(path: str) -> str:
+    """The output file of an input: its stem plus a digest of its absolute path (no collisions)."""
+    p = Path(path).resolve()
+    stem = p.name.split(".")[0] or "input"
+    return f"{stem}-{hashlib.sha256(str(p).encode()).hexdigest()[:10]}.parquet"
+
+
+@dataclass
+class Options:
+    text_column: str = "text"
+    output_column: str = "input_ids"
+    count_column: str | None = "num_tokens"
+    add_special_tokens: bool = True
+    drop_text: bool = False
+    batch_bytes: int = 8 << 20
+
+    def digest(self) -> str:
+        doc = {k: getattr(self, k) for k in ("text_column", "output_column", "count_column",
+                                             "add_special_tokens", "drop_text")}
+        return hashlib.sha256(json.dumps(doc, sort_keys=True).encode()).hexdigest()[:16]
+
+
+@dataclass
+class Summary:
+    inputs: int = 0
+    skipped: int = 0
+    documents: int = 0
+    tokens: int = 0
+    text_bytes: int = 0
+    seconds: float = 0.0
+    outputs: list[str] = field(default_factory=list)
+
+    @property
+    def tokens_per_s(self) -> float:
+        return self.tokens / self.seconds if self.seconds > 0 else 0.0
+
+
+# -- reading --------------------------------------------------------------------------------------
+def _read_lines(path: str, column: str) -> pa.Table:
+    """One document per non-empty line, as Ray Data's ``read_text`` does."""
+    with pa.input_stream(path, compression="detect") as fh:
+        data = fh.read().decode("utf-8")
+    lines = [ln for ln in data.splitlines() if ln]
+    return pa.table({column: pa.array(lines, pa.string())})
+
+
+def _read_json(path: str) -> pa.Table:
+    import pyarrow.json as pj
+    with pa.input_stream(path, compression="detect") as fh:
+        return pj.read_json(fh)
+
+
+def _units(path: str, kind: str, opts: Options) -> Iterator[Callable[[], pa.Table]]:
+    """Loaders for the input's units, in row order (each loads when called, in a worker thread)."""
+    if kind == "parquet":
+        pf = pq.ParquetFile(path)
+        meta = pf.metadata
+        groups: list[int] = []
+        size = 0
+        for i in range(meta.num_row_groups):
+            groups.append(i)
+            size += meta.row_group(i).total_byte_size
+            if size >= opts.batch_bytes:
+                yield (lambda g=tuple(groups): pq.ParquetFile(path).read_row_groups(list(g)))
+                groups, size = [], 0
+        if groups or meta.num_row_groups == 0:
+            yield (lambda g=tuple(groups): pq.ParquetFile(path).read_row_groups(list(g)) if g
+                   else pq.ParquetFile(path).schema_arrow.empty_table())
+        return
+    table = _read_lines(path, opts.text_column) if kind == "text" else _read_json(path)
+    col = table.column(opts.text_column) if opts.text_column in table.column_names else None
+    if col is None or table.num_rows == 0:
+        yield (lambda t=table: t)
+        return
+    lengths = np.asarray(pa.compute.binary_length(col).fill_null(0), dtype=np.int64)
+    cum = np.cumsum(lengths)
+    start = 0
+    while start < table.num_rows:
+        base = cum[start - 1] if start else 0
+        end = int(np.searchsorted(cum, base + opts.batch_bytes, side="right")) + 1
+        end = min(max(end, start + 1), table.num_rows)
+        yield (lambda s=start, e=end: table.slice(s, e - s))
+        start = end
+
+
+# -- encoding one unit ----------------------------------------------------------------------------
+def encode_table(dt: DeltaTokenizer, table: pa.Table, opts: Options) -> tuple[pa.Table, int, int]:
+    """The unit with its IDs (and count) columns added; returns (table, tokens, text bytes)."""
+    if opts.text_column not in table.column_names:
+        raise ValueError(f"no text column {opts.text_column!r}; the columns are {table.column_names}")
+    col = table.column(opts.text_column)
+    if col.null_count:
+        raise ValueError(f"column {opts.text_column!r} has {col.null_count} null text(s)")
+    if not (pa.types.is_string(col.type) or pa.types.is_large_string(col.type)):
+        raise TypeError(f"text column {opts.text_column!r} must hold strings, got {col.type}")
+    texts = col.to_pylist()
+    nbytes = int(sum(c.nbytes for c in col.chunks))
+    values, offsets = dt.encode_batch_flat(texts, add_special_tokens=opts.add_special_tokens)
+    del texts
+    out = table.drop_columns([opts.text_column]) if opts.drop_text else table
+    out = out.append_column(opts.output_column, flat_list_array(values, offsets))
+    if opts.count_column:
+        out = out.append_column(opts.count_column, to_arrow(np.diff(offsets).astype(np.int32)))
+    return out, int(offsets[-1]), nbytes
+
+
+# -- the run --------------------------------------------------------------------------------------
+def _manifest(path: str, digest: str, opts: Options) -> dict:
+    st = os.stat(path)
+    return {"format": MANIFEST_FORMAT, "input": str(Path(path).resolve()), "size": st.st_size,
+            "mtime_ns": st.st_mtime_ns, "tokenizer_sha256": digest, "options": opts.digest()}
+
+
+def _manifest_path(out_dir: Path, name: str) -> Path:
+    return out_dir / MANIFESTS / (name + ".json")
+
+
+def _tmp_path(out_dir: Path, name: str) -> Path:
+    return out_dir / f".{name}{TMP_MARK}"
+
+
+def is_previous_output(out_dir: str) -> bool:
+    """Whether a directory holds this tool's earlier output (a rerun may resume into it)."""
+    return (Path(out_dir) / MANIFESTS).is_dir()
+
+
+def check_text_column(path: str, opts: Options) -> None:
+    """Refuse, before any work, an input whose text column is missing or not text."""
+    kind = input_kind(path)
+    if kind == "parquet":
+        schema = pq.ParquetFile(path).schema_arrow
+    elif kind == "json":
+        import pyarrow.json as pj
+        with pa.input_stream(path, compression="detect") as fh:
+            head = fh.read(1 << 20)
+        head = head[:head.rfind(b"\n") + 1] or head
+        schema = pj.read_json(pa.BufferReader(head)).schema if head.strip() else None
+    else:
+        return
+    if schema is None:
+        return
+    if opts.text_column not in schema.names:
+        raise ValueError(f"{path}: no text column {opts.text_column!r}; its columns are {schema.names}")
+    t = schema.field(opts.text_column).type
+    if not (pa.types.is_string(t) or pa.types.is_large_string(t) or pa.types.is_null(t)):
+        raise TypeError(f"{path}: text column {opts.text_column!r} must hold strings, not {t}")
+
+
+def _done(out_dir: Path, name: str, expect: dict) -> dict | None:
+    try:
+        doc = json.loads(_manifest_path(out_dir, name).read_text())
+    except (OSError, ValueError):
+        return None
+    if not (out_dir / name).exists() or {k: doc.get(k) for k in expect} != expect:
+        return None
+    return doc
+
+
+def tokenize_files(inputs: list[str], out_dir: str, dt: DeltaTokenizer, opts: Options, *,
+                   threads: int | None = None, progress: Callable[[int, int, int], None] | None = None) -> Summary:
+    """Tokenize ``inputs`` into ``out_dir`` (one Parquet file per input); returns the summary.
+
+    ``progress(text_bytes_done, text_bytes_total, tokens_done)`` is called as units complete.
+    """
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    for stray in [*out.glob(f".*{TMP_MARK}"), *out.glob(f"{MANIFESTS}/.*{TMP_MARK}")]:
+        stray.unlink()  # a killed run's half-written files
+    threads = threads or max(1, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1)
+    summary = Summary(inputs=len(inputs))
+    todo = []
+    total_bytes = 0
+    for path in inputs:
+        kind = input_kind(path)
+        if kind is None:
+            raise ValueError(f"{path}: unknown input type")
+        name = output_name(path)
+        expect = _manifest(path, dt.digest, opts)
+        doc = _done(out, name, expect)
+        summary.outputs.append(str(out / name))
+        if doc is not None:
+            summary.skipped += 1
+            continue
+        todo.append((path, kind, name, expect))
+        total_bytes += os.path.getsize(path)
+    t0 = time.perf_counter()
+    done_bytes = 0
+    with ThreadPoolExecutor(max_workers=threads, thread_name_prefix="delta-ray-tokenize") as pool:
+        def work(load):
+            return encode_table(dt, load(), opts)
+
+        def submissions():
+            for path, kind, name, expect in todo:
+                for load in _units(path, kind, opts):
+                    yield path, name, expect, load
+
+        window = 2 * threads  # units read and encoded ahead of the writer
+        pending: list = []
+        it = submissions()
+        current = None  # (path, name, expect, writer, tmp, rows, tokens)
+
+        def finish_current():
+            nonlocal current
+            if current is None:
+                return
+            path, name, expect, writer, tmp, rows, tokens = current
+            if writer is not None:
+                writer.close()
+                os.replace(tmp, out / name)
+            doc = {**expect, "rows": rows, "tokens": tokens}
+            mp = _manifest_path(out, name)
+            mp.parent.mkdir(exist_ok=True)
+            tmp_doc = mp.parent / f".{mp.name}{TMP_MARK}"
+            tmp_doc.write_text(json.dumps(doc))
+            os.replace(tmp_doc, mp)
+            current = None
+
+        def refill():
+            while len(pending) < window:
+                try:
+                    path, name, expect, load = next(it)
+                except StopIteration:
+                    return
+                pending.append((path, name, expect, pool.submit(work, load)))
+
+        refill()
+        while pending:
+            path, name, expect, fut = pending.pop(0)
+            table, tokens, nbytes = fut.result()
+            refill()
+            if current is None or current[0] != path:
+                finish_current()
+                current = [path, name, expect, None, _tmp_path(out, name), 0, 0]
+            if current[3] is None:
+                current[3] = pq.ParquetWriter(current[4], table.schema)
+            current[3].write_table(table)
+            current[5] += table.num_rows
+            current[6] += tokens
+            summary.documents += table.num_rows
+            summary.tokens += tokens
+            summary.text_bytes += nbytes
+            done_bytes += nbytes
+            if progress is not None:
+                progress(done_bytes, total_bytes, summary.tokens)
+        finish_current()
+    summary.seconds = time.perf_counter() - t0
+    return summary
+
+
+def verify_outputs(inputs: list[str], out_dir: str, reference, opts: Options, n: int,
+                   seed: int = 0) -> tuple[int, list[str]]:
+    """Compare ``n`` random rows of the outputs with the reference; returns (checked, mismatches)."""
+    rng = random.Random(seed)
+    out = Path(out_dir)
+    files = [(p, out / output_name(p)) for p in inputs]
+    sizes = [pq.ParquetFile(f).metadata.num_rows for _, f in files]
+    total = sum(sizes)
+    if total == 0 or n <= 0:
+        return 0, []
+    picks = sorted(rng.sample(range(total), min(n, total)))
+    bad, checked = [], 0
+    bounds = np.cumsum([0] + sizes)
+    for (src, dst), lo, hi in zip(files, bounds[:-1], bounds[1:]):
+        rows = [r - lo for r in picks if lo <= r < hi]
+        if not rows:
+            continue
+        got = pq.read_table(dst, columns=[opts.output_column]).column(opts.output_column)
+        kind = input_kind(src)
+        if kind == "parquet":
+            texts = pq.read_table(src, columns=[opts.text_column]).column(opts.text_column)
+        elif kind == "text":
+            texts = _read_lines(src, opts.text_column).column(opts.text_column)
+        else:
+            texts = _read_json(src).column(opts.text_column)
+        for r in rows:
+            text = texts[r].as_py()
+            want = reference.encode(text, add_special_tokens=opts.add_special_tokens).ids
+            checked += 1
+            if got[r].as_py() != want:
+                bad.append(f"{src} row {r}")
+    return checked, bad
