@@ -158,10 +158,9 @@ def tokenize_dataset(dataset, tokenizer, *, text_column: str = "text", output_co
         output_column: the ``list<int32>`` column of IDs (replaced if it exists).
         count_column: an ``int32`` column with the number of IDs per row; ``None`` for none.
         add_special_tokens: as in the reference ``encode`` (BOS/templates applied once per row).
-        batch_size: rows per batch handed to one actor call. An actor call takes whole blocks, so a
-            dataset in a few large blocks (a small Parquet or JSON read often gives one) keeps
-            most actors idle: ``ds.repartition(target_num_rows_per_block=batch_size)`` first
-            (streaming, no shuffle), as ``delta-ray tokenize`` does.
+        batch_size: rows per batch handed to one actor call. Blocks are split to this many rows
+            first (a streaming repartition, no shuffle): an actor call takes whole blocks, and a
+            read often gives one block per file, which would keep every other actor idle.
         concurrency: actors in the pool (an int, or ``(min, max)`` for an autoscaling pool);
             default: the cluster's CPU count, at least 1.
         num_cpus: CPUs reserved per actor. Keep it fractional on small machines: actors holding
@@ -215,13 +214,16 @@ def tokenize_dataset(dataset, tokenizer, *, text_column: str = "text", output_co
         compute = ray.data.ActorPoolStrategy(min_size=concurrency[0], max_size=concurrency[1])
     else:
         compute = ray.data.ActorPoolStrategy(size=concurrency)
+    # One Parquet file reads as one block: split it (streaming) so that every actor gets work.
+    dataset = dataset.repartition(target_num_rows_per_block=batch_size)
     return dataset.map_batches(
         TokenizeBatch,
         fn_constructor_args=(loaded.config_bytes, loaded.digest),
         fn_constructor_kwargs=dict(text_column=text_column, output_column=output_column,
                                    count_column=count_column, add_special_tokens=bool(add_special_tokens),
                                    chunk_size=chunk_size, cut_threshold=cut_threshold,
-                                   threads=threads, engine=engine),
+                                   threads=threads, engine=engine,
+                                   encode_threads=max(1, round(num_cpus))),
         batch_size=batch_size,
         batch_format="pyarrow",
         zero_copy_batch=True,

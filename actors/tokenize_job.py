@@ -224,9 +224,6 @@ def run(args: argparse.Namespace) -> int:
 
         t0 = time.perf_counter()
         ds = _read(groups, args.text_column)
-        # Reads often come in a few large blocks and an actor call takes whole blocks: split them
-        # (streaming, no shuffle) so that every actor of the pool gets work and long documents spread.
-        ds = ds.repartition(target_num_rows_per_block=args.batch_size)
         try:
             ds = tokenize_dataset(ds, loaded, text_column=args.text_column, output_column=args.output_column,
                                   count_column=args.count_column,
