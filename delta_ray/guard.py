@@ -481,14 +481,14 @@ def guard_key(tokenizer_json_bytes: bytes, fast: FastEncoder | None = None, *, b
     Computable from package metadata alone (``backend``/``backend_version``): loading an engine
     costs seconds, and a cached admission should not.
     """
-    contexts = derived_contexts(json.loads(tokenizer_json_bytes))
+    # The derived contexts are a function of the tokenizer's bytes and this code (GUARD_FORMAT), both
+    # in the key already: no need to parse a 10 MB tokenizer.json to look a cached verdict up.
     return {"format": GUARD_FORMAT,
             "tokenizer_sha256": hashlib.sha256(tokenizer_json_bytes).hexdigest(),
             "tokenizers": fast_engine_versions()["tokenizers"],
             "backend": fast.backend if fast is not None else backend,
             "backend_version": fast.backend_version if fast is not None else backend_version,
-            "python_unicodedata": unicodedata.unidata_version,
-            "contexts_sha256": hashlib.sha256(json.dumps(contexts).encode()).hexdigest()[:24]}
+            "python_unicodedata": unicodedata.unidata_version}
 
 
 def ranges_digest(ranges: Sequence[Sequence[int]]) -> str:

@@ -37,7 +37,7 @@ def test_roundtrip_and_key_binding(key, tokenizer_paths):
     rec = load_verdict(key)
     assert rec["ok"] is True and rec["ranges"] == [[0xDF, 0xDF], [0x17F, 0x17F]]
     for field in ("tokenizer_sha256", "backend", "backend_version", "tokenizers", "delta_ray", "format",
-                  "contexts_sha256", "battery"):
+                  "python_unicodedata", "battery"):
         assert field in key
     other = dict(key, backend_version="0.3.6")
     assert load_verdict(other) is None  # another engine version is another record
