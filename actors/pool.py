@@ -169,6 +169,52 @@ class _IdMirror:
         return self._bytes
 
 
+class _TextMirror:
+    """The text this pool last sent per session (a rope, parts shared with the caller's strings),
+    bounded by bytes (LRU): a whole-transcript turn that extends it ships only the new suffix."""
+
+    def __init__(self, max_bytes: int):
+        self.max_bytes = max_bytes
+        self._data: OrderedDict[bytes, tuple[int, tuple[str, ...], int, int]] = OrderedDict()
+        self._bytes = 0
+
+    def get(self, key: str):
+        k = _kid(key)
+        item = self._data.get(k)
+        if item is not None:
+            self._data.move_to_end(k)
+        return item
+
+    def pop(self, key: str) -> None:
+        item = self._data.pop(_kid(key), None)
+        if item is not None:
+            self._bytes -= item[3]
+
+    def put(self, key: str, version: int, parts: tuple[str, ...]) -> None:
+        import sys
+        self.pop(key)
+        size = sum(map(sys.getsizeof, parts)) + _ENTRY_OVERHEAD
+        if size > self.max_bytes:
+            return
+        self._data[_kid(key)] = (version, parts, sum(map(len, parts)), size)
+        self._bytes += size
+        while self._bytes > self.max_bytes and self._data:
+            _, old = self._data.popitem(last=False)
+            self._bytes -= old[3]
+
+
+def _extends(parts: tuple[str, ...], n: int, text: str) -> bool:
+    """Whether ``text`` starts with the rope's text and is longer (memcmp per part, no copy)."""
+    if len(text) <= n:
+        return False
+    pos = 0
+    for p in parts:
+        if not text.startswith(p, pos):
+            return False
+        pos += len(p)
+    return True
+
+
 class _Bounded:
     """session -> small value, LRU-bounded by count, keys by digest (so 1 MiB keys cost 16 bytes)."""
 
@@ -274,6 +320,7 @@ class TokenizerPool:
         self._mirror = _IdMirror(C.MIRROR_BYTES)  # session -> (state version, IDs) last returned
         # session -> version of the state this pool last saw: an extend must extend exactly that one
         self._versions = _Bounded(C.KNOWN_SESSIONS)
+        self._texts = _TextMirror(C.TEXT_MIRROR_BYTES)  # session -> the text last sent, to ship deltas
         self.stats: dict[str, int] = {}
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, name="delta-ray-pool", daemon=True)
@@ -521,9 +568,27 @@ class TokenizerPool:
                 self._count("chunked_init")
                 return self._finish_parts(ids, add)
             known = self._mirror.get(key)
+            sent = self._texts.get(key)
+            version = self._versions.get(key)
+            if sent is not None and version is not None and sent[0] == version and _extends(sent[1], sent[2], text):
+                # The text extends what this session last sent: ship only the suffix, as extend does.
+                delta = text[sent[2]:]
+                call = ("extend", key, delta, known[0] if known else None, version)
+                try:
+                    ids = await self._run("session", len(delta), key, call, share_of=delta,
+                                          fallback=lambda: self._local.encode_ids(text, session=key,
+                                                                                  add_special_tokens=False))
+                except SessionNotFound:  # evicted, moved or changed on the worker: send it whole
+                    self._texts.pop(key)
+                else:
+                    self._texts.put(key, self._versions.get(key), sent[1] + (delta,))
+                    self._count("session_delta")
+                    return self._finish_parts(ids, add)
+                known = self._mirror.get(key)
             call = ("encode_session", key, text, known[0] if known else None)
             ids = await self._run("session", len(text), key, call, share_of=text,
                                   fallback=lambda: self._local.encode_ids(text, session=key, add_special_tokens=False))
+            self._texts.put(key, self._versions.get(key), (text,))
             self._count("session")
             return self._finish_parts(ids, add)
 
@@ -537,9 +602,15 @@ class TokenizerPool:
                                       fallback=no_fallback, share_of=delta)
                 return to_arrow(ids)
             known = self._mirror.get(key)
-            call = ("extend", key, delta, known[0] if known else None, self._versions.get(key))
+            sent = self._texts.get(key)
+            version = self._versions.get(key)
+            call = ("extend", key, delta, known[0] if known else None, version)
             ids = await self._run("session", len(delta), key, call,
                                   fallback=no_fallback, share_of=delta)
+            if sent is not None and sent[0] == version:
+                self._texts.put(key, self._versions.get(key), sent[1] + (delta,))
+            else:
+                self._texts.pop(key)
             self._count("extend")
             return self._finish_parts(ids, add)
 
@@ -589,8 +660,10 @@ class TokenizerPool:
             await self._run("session", 0, key, ("install", key, res.state, seal), fallback=lambda: True)
             self._remember(key, self._dispatcher.home_of(key), res.state.version)
             self._mirror.put(key, res.state.version, res.state.id_parts)
+            self._texts.put(key, res.state.version, (text,))
         except Exception:  # the next request re-initializes on whichever worker is home then
             log.warning("installing session %r failed; it will re-initialize", key, exc_info=True)
+            self._forget(key)
         return res.state.id_parts
 
     async def _pieces(self, pieces: list[str]) -> list[np.ndarray]:
@@ -695,6 +768,7 @@ class TokenizerPool:
         self._mirror.pop(key, None)
         self._known.pop(key, None)
         self._versions.pop(key, None)
+        self._texts.pop(key)
 
     def _orphans(self) -> None:
         """With no live worker left, queued session requests are served in-process, not kept

@@ -227,7 +227,8 @@ class ChannelServer:
         self._conns_lock = threading.Lock()
         self.closed = False
         self.rejected = 0
-        threading.Thread(target=self._accept, name="delta-ray-channel", daemon=True).start()
+        self._acceptor = threading.Thread(target=self._accept, name="delta-ray-channel", daemon=True)
+        self._acceptor.start()
 
     @property
     def connections(self) -> int:
@@ -313,6 +314,8 @@ class ChannelServer:
         except OSError:
             pass
         self._sock.close()
+        if threading.current_thread() is not self._acceptor:
+            self._acceptor.join(2.0)  # the name is free once accept() has returned
         with self._conns_lock:
             conns = list(self._conns)
         for c in conns:

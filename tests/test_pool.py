@@ -219,3 +219,21 @@ def test_chunks_never_wait_on_cpu_reservations(ray_session, tokenizer_paths, ref
         assert ray.available_resources().get("CPU", 0) < 0.01
         assert p.encode(text).to_pylist() == ref.encode(text).ids
         assert p.stats.get("chunked") == 1 and "timeout_fallback" not in p.stats
+
+
+def test_whole_transcript_turns_ship_only_the_suffix(pool, references, real_texts):
+    """A turn whose text extends what the session last sent travels as an extend; a text that
+    diverges (a template dropping an old block) travels whole; every answer is exact."""
+    ref = references["llama3.2"]
+    text = real_texts["english"][:12_000]
+    assert pool.encode(text, session="ship").to_pylist() == ref.encode(text).ids
+    before = dict(pool.stats)
+    for i in range(4):
+        text += f"\nturn {i}: " + real_texts["code"][i * 500:(i + 1) * 500]
+        assert pool.encode(text, session="ship").to_pylist() == ref.encode(text).ids
+    assert pool.stats.get("session_delta", 0) - before.get("session_delta", 0) == 4
+    diverged = text[:5000] + " a different ending"
+    assert pool.encode(diverged, session="ship").to_pylist() == ref.encode(diverged).ids
+    assert pool.extend("ship", " more").to_pylist() == ref.encode(diverged + " more").ids
+    again = diverged + " more and more"
+    assert pool.encode(again, session="ship").to_pylist() == ref.encode(again).ids
