@@ -33,7 +33,7 @@ from delta_ray.repair import finish_repair, plan_repair
 from delta_ray.session_store import SessionNotFound, merge_id_parts, prefix_parts
 from delta_ray.state_seal import seal_state
 from delta_ray.tokenizer import DeltaTokenizer, _check_text
-from scheduler import Dispatcher, content_key, nonascii_share
+from scheduler import Dispatcher, PlacementModel, content_key, nonascii_share
 
 from . import metrics
 from . import worker_channel
@@ -263,7 +263,7 @@ class TokenizerPool:
                  request_timeout_s: float = C.REQUEST_TIMEOUT_S,
                  startup_timeout_s: float = C.STARTUP_TIMEOUT_S,
                  max_session_bytes: int = C.MAX_SESSION_BYTES, max_sessions: int = C.MAX_SESSIONS,
-                 secret: bytes | None = None, _attach: dict | None = None):
+                 secret: bytes | None = None, placement: bool = True, _attach: dict | None = None):
         self._started_ray = ensure_ray()
         self._closed = False
         self.name = name
@@ -321,6 +321,9 @@ class TokenizerPool:
         # session -> version of the state this pool last saw: an extend must extend exactly that one
         self._versions = _Bounded(C.KNOWN_SESSIONS)
         self._texts = _TextMirror(C.TEXT_MIRROR_BYTES)  # session -> the text last sent, to ship deltas
+        self._placement = PlacementModel()
+        self._placement_enabled = placement
+        self._fast_seen = False
         self.stats: dict[str, int] = {}
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, name="delta-ray-pool", daemon=True)
@@ -430,8 +433,8 @@ class TokenizerPool:
         _check_text(text)
         if session is not None:
             _check_text(session, "session")
-        if session is None and self._is_local(text):
-            return self._local.encode(text, add_special_tokens=add_special_tokens)
+        if session is None and self._runs_here(text):
+            return self._encode_here(text, add_special_tokens)
         return self._call(self._encode(text, session, add_special_tokens))
 
     def extend(self, session: str, delta: str, *, add_special_tokens: bool = True) -> pa.Int32Array:
@@ -450,8 +453,8 @@ class TokenizerPool:
         _check_text(text)
         if session is not None:
             _check_text(session, "session")
-        if session is None and self._is_local(text):
-            return await asyncio.to_thread(self._local.encode, text, add_special_tokens=add_special_tokens)
+        if session is None and self._runs_here(text):
+            return await asyncio.to_thread(self._encode_here, text, add_special_tokens)
         return await self._call_async(self._encode(text, session, add_special_tokens))
 
     async def extend_async(self, session: str, delta: str, *, add_special_tokens: bool = True) -> pa.Int32Array:
@@ -514,6 +517,26 @@ class TokenizerPool:
         if len(text) >= C.LOCAL_MAX_BYTES:
             return False
         return text.isascii() or len(text.encode("utf-8", "surrogatepass")) < C.LOCAL_MAX_BYTES
+
+    def _runs_here(self, text: str) -> bool:
+        """Stateless placement: short texts always run in the caller; longer ones where the cost
+        model (scheduler/placement.py) expects them to finish first."""
+        if self._is_local(text):
+            return True
+        if not self.admission or not self._placement_enabled:
+            return False
+        if getattr(self._local.engine_switch.current, "fast", None) is not None and not self._fast_seen:
+            self._fast_seen = True  # the caller's engine just became the fast tier: start from its speed
+            self._placement.local_chars_per_ms = max(self._placement.local_chars_per_ms, C.FAST_CHARS_PER_MS)
+        return self._placement.run_local(len(text), self._slots())
+
+    def _encode_here(self, text: str, add_special_tokens: bool):
+        t0 = time.perf_counter()
+        out = self._local.encode(text, add_special_tokens=add_special_tokens)
+        self._placement.observe_local(len(text), (time.perf_counter() - t0) * 1e3)
+        self._placement.remote_chars_per_ms = self._placement.local_chars_per_ms  # workers run the same engine
+        self._count("placed_here")
+        return out
 
     def _call(self, coro):
         if self._closed:
@@ -640,6 +663,13 @@ class TokenizerPool:
         return max(1, workers + self._opts["max_inflight_tasks"])
 
     async def _stateless_chunked(self, text: str, add: bool) -> pa.Int32Array:
+        t0 = time.perf_counter()
+        try:
+            return await self._stateless_chunked_run(text, add)
+        finally:
+            self._placement.observe_remote(len(text), self._slots(), (time.perf_counter() - t0) * 1e3)
+
+    async def _stateless_chunked_run(self, text: str, add: bool) -> pa.Int32Array:
         workers = self._slots()
         cuts = plan_cuts(text, self._local.predicate, self._local.config, workers)
         metrics.record_cut_misses(chunk_count(len(text), self._local.config, workers) - 1 - len(cuts))

@@ -32,6 +32,7 @@ TASK_NICE = 10  # niceness of chunk-task processes: session repairs on the same 
 NAMESPACE = "delta_ray"
 KNOWN_SESSIONS = 100_000  # sessions the pool remembers as initialized on some worker
 MIRROR_BYTES = 256 * 1024 * 1024  # session IDs the pool keeps to splice workers delta answers
+FAST_CHARS_PER_MS = 100_000.0  # a fast engine's speed before the pool measures its own (100 MB/s)
 TEXT_MIRROR_BYTES = 256 * 1024 * 1024  # session texts the pool keeps so a whole-transcript turn ships only its suffix
 SHADOW_RATE = 0.01  # share of fast-tier answers re-checked with the reference, off the request path
 POOL_SHADOW_RATE = SHADOW_RATE  # the same knob in the pool and Serve

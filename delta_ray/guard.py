@@ -69,7 +69,7 @@ import numpy as np
 from delta_ray.fast_engine import FastEncoder, FastEngineUnavailable, fast_engine_versions
 from delta_ray.probe_contexts import BASE_CONTEXTS, derived_contexts
 
-GUARD_FORMAT = 4  # bump when the probe changes: old cache entries are then ignored
+GUARD_FORMAT = 5  # bump when the probe changes: old cache entries are then ignored
 
 _SURROGATES = range(0xD800, 0xE000)
 ALL_CODE_POINTS = np.concatenate([np.arange(0, 0xD800), np.arange(0xE000, 0x110000)]).astype(np.int64)

@@ -12,9 +12,11 @@ one decision a per-code-point probe cannot see is guarded wholesale:
   changes the IDs depends on the BPE merges around the apostrophe (``" I'"`` is a token in o200k,
   so ``" I'ſ"`` shows the difference while ``"a'ſ"`` does not), so no fixed context proves
   agreement. :func:`fold_sensitive_code_points` therefore returns every non-ASCII code point that
-  folds to a letter of such a group under the reference's own regex engine **or** under Unicode's
-  simple and full case mappings (Python's ``casefold``/``lower``/``upper``); the guard sends every
-  text holding one of them to the reference. The ASCII letters themselves are the pattern's own and
+  folds to a letter of such a group under the reference's own regex engine **or** that Unicode's
+  case mappings (Python's ``casefold``/``lower``/``upper``/``title``) map onto a group letter (one
+  character) or onto a run of letters the group spells (several characters); regex engines match
+  whole code points, so nothing else can fold into the group. The guard sends every text holding
+  one of them to the reference. The ASCII letters themselves are the pattern's own and
   are checked by the battery and the fuzzer in every case variant.
 * **Class contexts.** :func:`derived_contexts` builds a chain in which the probed code point ``c``
   meets one representative of every class the pattern distinguishes (Lu, Ll, Lt, Lm, Lo, M, N, the
@@ -104,14 +106,32 @@ def fold_letters(patterns: Iterable[str]) -> frozenset[str]:
                      if ch.isascii() and ch.isalpha())
 
 
-def _python_folds(letters: frozenset[str]) -> set[int]:
+def _letter_runs(groups: list[str]) -> set[str]:
+    """Every contiguous run of two or more letters inside the groups' alternatives, lower-cased."""
+    runs = set()
+    for g in groups:
+        for alt in _alternatives(g):
+            for word in re.findall(r"[A-Za-z]+", alt):
+                w = word.lower()
+                runs |= {w[i:j] for i in range(len(w)) for j in range(i + 2, len(w) + 1)}
+    return runs
+
+
+def _python_folds(letters: frozenset[str], runs: set[str]) -> set[int]:
+    """Code points Unicode's case mappings can match to a group's letters, in any engine that
+    matches whole code points: a single-character mapping onto a group letter (U+017F -> s), or a
+    multi-character mapping onto a run of letters the pattern spells (none for the contractions:
+    U+00DF -> ss or U+FB06 -> st spell nothing in 's|'t|'re|'ve|'m|'ll|'d)."""
     out = set()
     for cp in range(0x80, 0x110000):
         if 0xD800 <= cp < 0xE000:
             continue
         ch = chr(cp)
         for mapped in (ch.casefold(), ch.lower(), ch.upper(), ch.title()):
-            if mapped != ch and any(m.isascii() and m.lower() in letters for m in mapped):
+            if mapped == ch:
+                continue
+            m = mapped.lower()
+            if (len(mapped) == 1 and m in letters) or (len(mapped) > 1 and m in runs):
                 out.add(cp)
                 break
     return out
@@ -143,7 +163,7 @@ def _fold_sensitive(patterns: tuple[str, ...]) -> frozenset[int]:
     letters = fold_letters(patterns)
     if not letters:
         return frozenset()
-    found = _python_folds(letters)
+    found = _python_folds(letters, _letter_runs(groups))
     ref = _reference_folds(letters, groups)
     if ref:
         found |= ref

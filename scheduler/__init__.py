@@ -10,6 +10,7 @@ from .dispatcher import Assignment as Assignment
 from .dispatcher import Dispatcher as Dispatcher
 from .estimates import Estimator as Estimator
 from .estimates import nonascii_share as nonascii_share
+from .placement import PlacementModel as PlacementModel
 from .policies import POLICIES as POLICIES
 from .policies import FifoPolicy as FifoPolicy
 from .policies import Policy as Policy
@@ -31,6 +32,7 @@ __all__ = [
     "FifoPolicy",
     "MonotonicClock",
     "POLICIES",
+    "PlacementModel",
     "Policy",
     "ShortestFirstPolicy",
     "Task",
