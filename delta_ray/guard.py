@@ -184,6 +184,12 @@ class GuardSet:
             return self._ucs2_ok or self._bmp_pattern.search(text) is None
         return not self._lut.take(np.frombuffer(text.encode("utf-32-le", "surrogatepass"), dtype=np.uint32)).any()
 
+    def positions(self, text: str) -> np.ndarray:
+        """Indices of every guarded code point in ``text``."""
+        if self._empty or not text:
+            return np.zeros(0, dtype=np.int64)
+        return np.flatnonzero(self._lut.take(np.frombuffer(text.encode("utf-32-le", "surrogatepass"), dtype=np.uint32)))
+
     def first_guarded(self, text: str) -> int | None:
         """Index of the first guarded code point in ``text``, or None."""
         if self._empty or not text:

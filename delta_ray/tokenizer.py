@@ -16,6 +16,7 @@ from tokenizers import normalizers
 from . import constants as C
 from .admission import Admission, admit
 from .assembly import concat_ids, insert_template, to_arrow, to_chunked_arrow, with_template
+from .confine import ConfiningEncoder
 from .content_index import ContentIndex
 from .cut_predicate import CutPredicate
 from .encoder import Encoder, ReferenceEncoder
@@ -90,8 +91,9 @@ class DeltaTokenizer:
         elif engine not in ENGINES:
             raise ValueError(f"engine must be one of {ENGINES}, got {engine!r}")
         self.shadow = ShadowVerifier(self.engine_switch, shadow_rate)
-        self.encoder: Encoder = self.shadow
         self._predicate = build_predicate(self._loaded, self._admission) if self._admission else None
+        # A guarded code point sends only a window around it to the reference, not its whole chunk.
+        self.encoder: Encoder = ConfiningEncoder(self.shadow, self.engine_switch, self._predicate)
         longest = max((len(t) for t in self._admission.added_tokens), default=0)
         self.margin = max(C.MIN_MARGIN, longest)
         self._store = SessionStore(max_session_bytes, max_sessions)
@@ -379,7 +381,10 @@ class DeltaTokenizer:
             return self.encoder.encode_pieces([text])[0]
         bounds = [0] + [c.pos for c in cuts] + [len(text)]
         self.stats["chunked"] += 1
-        return concat_ids(self.encoder.encode_pieces([text[s:e] for s, e in zip(bounds, bounds[1:])]))
+        # The pieces are consecutive, so their flat values are the text's IDs; a fast engine runs
+        # them on ``threads`` threads (the reference's own batch call is parallel already).
+        values, _ = self._encode_flat([text[s:e] for s, e in zip(bounds, bounds[1:])], self.threads)
+        return values
 
     def _session_ids(self, key: str, text: str, state: SessionState | None):
         if self._predicate is None:

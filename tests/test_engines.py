@@ -180,3 +180,33 @@ def test_a_rejection_elsewhere_disables_the_fast_tier_here(tokenizer_paths, refe
         _time.sleep(0.05)
     assert "disabled" in dt.admission.engine and not dt.has_session("a")
     assert dt.encode("some text " * 51, session="a").to_pylist() == ref.encode("some text " * 51).ids
+
+
+@pytest.mark.skipif(not HAS_FAST, reason="fastokens is not installed")
+def test_a_guarded_code_point_sends_only_a_window_to_the_reference(tokenizer_paths, references, real_texts):
+    """One guarded character in a long text: the reference encodes a few thousand characters
+    around it, not its whole chunk, and the IDs are exact."""
+    from delta_ray.fast_engine import cached_fast_encoder
+    from delta_ray.guard import GuardedEncoder, GuardSet
+    name = "minimax-m3"
+    ref = references[name]
+
+    class Counting(ReferenceEncoder):
+        chars = 0
+
+        def encode_pieces(self, texts):
+            Counting.chars += sum(map(len, texts))
+            return super().encode_pieces(texts)
+    fast = cached_fast_encoder(open(tokenizer_paths[name], "rb").read(), "fastokens")
+    enc = GuardedEncoder(fast, GuardSet(frozenset({0x17F})), Counting(ref))
+    body = (real_texts["english"] * 3)[:300_000]
+    text = body[:150_000] + " I'\u017f " + body[150_000:]
+    for threads in (1, 4):
+        Counting.chars = 0
+        dt = DeltaTokenizer(tokenizer_paths[name], encoder=enc, threads=threads, chunk_size=65536,
+                            cut_threshold=131072, shadow_rate=0.0)
+        assert dt.encode(text).to_pylist() == ref.encode(text).ids
+        assert 0 < Counting.chars <= 8192, Counting.chars
+    Counting.chars = 0
+    assert dt.encode(text, session="s").to_pylist() == ref.encode(text).ids  # sessions too
+    assert Counting.chars <= 8192 * 4
