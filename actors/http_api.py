@@ -11,7 +11,7 @@ from delta_ray.errors import DeltaRayError
 
 TOKENIZE_FIELDS = {"model", "prompt", "messages", "add_special_tokens", "add_generation_prompt",
                    "continue_final_message", "chat_template_kwargs", "tools", "return_token_strs",
-                   "session_id", "cache_salt"}
+                   "session_id", "cache_salt", "append"}
 DETOKENIZE_FIELDS = {"model", "tokens", "cache_salt"}
 
 
@@ -34,6 +34,7 @@ class TokenizeRequest:
     return_token_strs: bool
     session: str | None
     tenant: str | None
+    append: str | None = None
 
 
 def _typed(body: dict, key: str, types, default=None):
@@ -67,7 +68,13 @@ def parse_tokenize(body: Any, served: set[str]) -> TokenizeRequest:
     _check_body(body, TOKENIZE_FIELDS, served)
     prompt = _typed(body, "prompt", str)
     messages = _typed(body, "messages", list)
-    if (prompt is None) == (messages is None):
+    append = _typed(body, "append", str)
+    if append is not None:
+        if prompt is not None or messages is not None:
+            raise BadRequest("'append' extends a session: give it without 'prompt' or 'messages'")
+        if not body.get("session_id"):
+            raise BadRequest("'append' needs the 'session_id' it extends")
+    elif (prompt is None) == (messages is None):
         raise BadRequest("give exactly one of 'prompt' (a string) or 'messages' (a list)")
     if messages is not None:
         for i, m in enumerate(messages):
@@ -86,7 +93,7 @@ def parse_tokenize(body: Any, served: set[str]) -> TokenizeRequest:
         chat_template_kwargs=_typed(body, "chat_template_kwargs", dict, {}),
         tools=_typed(body, "tools", list),
         return_token_strs=_typed(body, "return_token_strs", bool, False),
-        session=session, tenant=tenant)
+        session=session, tenant=tenant, append=append)
 
 
 def parse_detokenize(body: Any, served: set[str], vocab_size: int) -> list[int]:

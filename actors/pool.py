@@ -322,6 +322,7 @@ class TokenizerPool:
         self._versions = _Bounded(C.KNOWN_SESSIONS)
         self._texts = _TextMirror(C.TEXT_MIRROR_BYTES)  # session -> the text last sent, to ship deltas
         self._placement = PlacementModel()
+        self._starts: dict[bytes, int] = {}  # session -> first ID that changed in its last answer
         self._placement_enabled = placement
         self._fast_seen = False
         self.stats: dict[str, int] = {}
@@ -456,6 +457,15 @@ class TokenizerPool:
         if session is None and self._runs_here(text):
             return await asyncio.to_thread(self._encode_here, text, add_special_tokens)
         return await self._call_async(self._encode(text, session, add_special_tokens))
+
+    async def extend_tail_async(self, session: str, delta: str, *,
+                                add_special_tokens: bool = True) -> tuple[int, int, np.ndarray]:
+        """``extend`` answering only the IDs that changed: ``(start, count, tail)``, where the
+        session's IDs are the caller's previous answer cut to ``start`` followed by ``tail`` (an
+        append over HTTP receives kilobytes, not the transcript's IDs)."""
+        _check_text(session, "session")
+        _check_text(delta, "delta")
+        return await self._call_async(self._extend_tail(session, delta, add_special_tokens))
 
     async def extend_async(self, session: str, delta: str, *, add_special_tokens: bool = True) -> pa.Int32Array:
         _check_text(session, "session")
@@ -615,6 +625,14 @@ class TokenizerPool:
             self._count("session")
             return self._finish_parts(ids, add)
 
+    async def _extend_tail(self, key: str, delta: str, add: bool) -> tuple[int, int, np.ndarray]:
+        """Extend, answering only what changed: (start, count, IDs from start on)."""
+        ids = await self._extend(key, delta, add)
+        k = self._starts.pop(_kid(key), 0)
+        adm = self._local.admission
+        start = k + len(adm.prefix_ids) if add and k else k
+        return start, len(ids), ids.slice(start).to_numpy()  # copies the tail only
+
     async def _extend(self, key: str, delta: str, add: bool) -> pa.Int32Array:
         def no_fallback():
             raise SessionNotFound(f"session {key!r} timed out on its worker: send the whole text "
@@ -654,6 +672,7 @@ class TokenizerPool:
             parts = (tail,)
         self._mirror.put(key, version, parts)
         self._remember(key, self._dispatcher.home_of(key), version)
+        self._starts[_kid(key)] = k  # IDs before k are the ones this pool returned last time
         return parts
 
     def _slots(self) -> int:

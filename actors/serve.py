@@ -195,6 +195,15 @@ def serve_app(tokenizer: TokenizerLike, *, model_name: "str | None" = None, pool
             from delta_ray import constants as C
 
             from .http_api import content_session_key
+            if req.append is not None:
+                # Append over HTTP: only the delta travels in, only the IDs that changed travel out.
+                from delta_ray.session_store import SessionNotFound
+                try:
+                    start, count, tail = await self.pool.extend_tail_async(
+                        session_key(req.session, req.tenant), req.append, add_special_tokens=req.add_special_tokens)
+                except SessionNotFound as exc:
+                    raise BadRequest(f"{exc}", 409) from None
+                return {"count": count, "max_model_len": self.max_model_len, "start": start, "tokens": tail}
             if req.messages is not None:
                 if self.template is None:
                     raise BadRequest("this tokenizer has no chat template: send 'prompt'")

@@ -15,7 +15,9 @@ pytestmark = pytest.mark.ray
 
 @pytest.fixture(scope="module")
 def pool(ray_session, tokenizer_paths):
-    p = TokenizerPool(tokenizer_paths["llama3.2"], num_workers=3, chunk_size=8192, cut_threshold=20_000,
+    # placement=False: these tests exercise the pool's own paths (chunks, tasks), which the cost
+    # model would skip for a caller whose fast engine finishes first.
+    p = TokenizerPool(tokenizer_paths["llama3.2"], num_workers=3, chunk_size=8192, cut_threshold=20_000, placement=False,
                       name="test-pool")
     yield p
     p.close()
@@ -214,7 +216,7 @@ def test_chunks_never_wait_on_cpu_reservations(ray_session, tokenizer_paths, ref
     free = ray.available_resources().get("CPU", 0)
     ref = references["qwen-3"]
     text = (real_texts["english"] * 2)[:150_000]
-    with TokenizerPool(tokenizer_paths["qwen-3"], num_workers=2, worker_cpus=free / 2,
+    with TokenizerPool(tokenizer_paths["qwen-3"], num_workers=2, worker_cpus=free / 2, placement=False,
                        request_timeout_s=30, startup_timeout_s=120) as p:
         assert ray.available_resources().get("CPU", 0) < 0.01
         assert p.encode(text).to_pylist() == ref.encode(text).ids
@@ -237,3 +239,18 @@ def test_whole_transcript_turns_ship_only_the_suffix(pool, references, real_text
     assert pool.extend("ship", " more").to_pylist() == ref.encode(diverged + " more").ids
     again = diverged + " more and more"
     assert pool.encode(again, session="ship").to_pylist() == ref.encode(again).ids
+
+
+def test_placement_keeps_a_text_in_a_fast_caller(ray_session, tokenizer_paths, references, real_texts):
+    """With the fast tier in the caller, a 200K stateless text is expected to finish first here:
+    it runs in the caller, and the answer is exact either way."""
+    ref = references["qwen-3"]
+    text = (real_texts["english"] * 3)[:200_000]
+    with TokenizerPool(tokenizer_paths["qwen-3"], num_workers=1, chunk_size=8192, cut_threshold=20_000) as p:
+        p._placement.local_chars_per_ms = 200_000.0  # as measured for a fast engine
+        p._fast_seen = True
+        assert p.encode(text).to_pylist() == ref.encode(text).ids
+        assert p.stats.get("placed_here") == 1 and "chunked" not in p.stats
+        p._placement.local_chars_per_ms = 100.0  # a slow caller: the pool's chunks win
+        assert p.encode(text + "!").to_pylist() == ref.encode(text + "!").ids
+        assert p.stats.get("chunked") == 1

@@ -169,3 +169,26 @@ def test_keyless_long_prompts_never_share_state_across_tenants(service, referenc
         got, out = _post(f"{base}/tokenize", {"prompt": text, "cache_salt": tenant})
         assert got == 200 and out["tokens"] == references["qwen-3"].encode(text).ids
     assert content_session_key(content_key(text), "victim") != content_session_key(content_key(text), "attacker")
+
+
+def test_append_over_http_sends_and_receives_only_the_change(service, references, real_texts):
+    """A client appends a delta to its session and receives the IDs from the first one that changed;
+    its previous IDs cut at `start` plus the tail are exactly the reference's IDs of the whole text."""
+    base, _ = service
+    ref = references["qwen-3"]
+    text = real_texts["english"][:30_000]
+    got, out = _post(f"{base}/tokenize", {"prompt": text, "session_id": "app", "cache_salt": "t"})
+    assert got == 200
+    ids = out["tokens"]
+    for i in range(4):
+        delta = f"\nUser: question {i}?\nAssistant:" + real_texts["code"][i * 300:(i + 1) * 300]
+        text += delta
+        got, out = _post(f"{base}/tokenize", {"append": delta, "session_id": "app", "cache_salt": "t"})
+        assert got == 200 and 0 < out["start"] <= len(ids)
+        assert len(out["tokens"]) < 400  # kilobytes, not the transcript's IDs
+        ids = ids[:out["start"]] + out["tokens"]
+        assert ids == ref.encode(text).ids and out["count"] == len(ids)
+    got, out = _post(f"{base}/tokenize", {"append": "x", "session_id": "unknown-session"})
+    assert got == 409 and "send the whole text" in out["error"]["message"]
+    assert _post(f"{base}/tokenize", {"append": "x", "prompt": "y", "session_id": "app"})[0] == 400
+    assert _post(f"{base}/tokenize", {"append": "x"})[0] == 400
