@@ -65,6 +65,19 @@ def make_inputs(root: str, mb: int, files: int) -> tuple[str, list[str]]:
     return big, many
 
 
+def _in_own_process(fn_name: str, *args) -> tuple:
+    """Run a baseline in a fresh process with the user's defaults: delta-ray pins fastokens to one
+    thread per process (FASTOKENS_BPE_THREADS=1), a plain script does not."""
+    import json
+    import subprocess
+    env = {k: v for k, v in os.environ.items() if k != "FASTOKENS_BPE_THREADS"}
+    code = (f"import json, sys; sys.path.insert(0, {os.path.dirname(os.path.abspath(__file__))!r}); "
+            f"import bench_files as b; print(json.dumps(b.{fn_name}(*json.loads(sys.argv[1]))))")
+    out = subprocess.run([sys.executable, "-c", code, json.dumps(args)], capture_output=True, text=True,
+                         env=env, check=True)
+    return tuple(json.loads(out.stdout.strip().splitlines()[-1]))
+
+
 def plain(path_json: str, inputs: list[str], out: str) -> tuple[float, int]:
     import fastokens
     tok = fastokens.Tokenizer.from_json_str(open(path_json, encoding="utf-8").read())
@@ -98,7 +111,7 @@ def read_write_only(inputs: list[str], out: str) -> float:
     return time.perf_counter() - t0
 
 
-def raw_encode(path_json: str, inputs: list[str]) -> float:
+def raw_encode(path_json: str, inputs: list[str]) -> tuple[float]:
     import fastokens
     tok = fastokens.Tokenizer.from_json_str(open(path_json, encoding="utf-8").read())
     texts = [pq.read_table(p, columns=["text"]).column("text").to_pylist() for p in inputs]
@@ -106,7 +119,7 @@ def raw_encode(path_json: str, inputs: list[str]) -> float:
     for tx in texts:
         for i in range(0, len(tx), 8192):
             tok.encode_batch_flat(tx[i:i + 8192], add_special_tokens=True)
-    return time.perf_counter() - t0
+    return (time.perf_counter() - t0,)
 
 
 class _NaiveTokenize:
@@ -143,6 +156,7 @@ def main() -> None:
     ap.add_argument("--files", type=int, default=24)
     ap.add_argument("--tokenizer", default="llama3.2")
     ap.add_argument("--verify", type=int, default=300)
+    ap.add_argument("--threads", type=int, default=None, help="delta-ray's encode threads (default: the CPUs)")
     ap.add_argument("--ray", action="store_true", help="also run naive Ray Data (slow) and tokenize_dataset")
     args = ap.parse_args()
     path = bundled_tokenizer_path(args.tokenizer)
@@ -157,12 +171,12 @@ def main() -> None:
             outs = {k: os.path.join(root, f"{k}-{label[:3]}") for k in ("plain", "dr", "rw")}
             for d in outs.values():
                 os.makedirs(d)
-            t_plain, n_plain = plain(path, inputs, outs["plain"])
+            t_plain, n_plain = _in_own_process("plain", path, inputs, outs["plain"])
             rss0 = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-            s = tokenize_files(inputs, outs["dr"], dt, Options())
+            s = tokenize_files(inputs, outs["dr"], dt, Options(), threads=args.threads)
             rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
             t_rw = read_write_only(inputs, outs["rw"])
-            t_raw = raw_encode(path, inputs)
+            (t_raw,) = _in_own_process("raw_encode", path, inputs)
             limit = max(t_rw, t_raw)
             checked, bad = verify_outputs(inputs, outs["dr"], ref, Options(), args.verify)
             assert not bad, bad[:5]
