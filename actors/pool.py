@@ -127,80 +127,58 @@ def _kid(key: str) -> bytes:
 _ENTRY_OVERHEAD = 160  # bytes per table entry besides its values (dict slot, tuple, digest)
 
 
-def _parts_bytes(parts) -> int:
+def _ids_bytes(parts) -> int:
     return sum(p.nbytes for p in parts)
 
 
-class _IdMirror:
-    """The IDs this pool last returned per session (a rope of immutable parts), bounded by bytes
-    (LRU), keys by digest."""
+def _text_bytes(parts) -> int:
+    import sys
+    return sum(map(sys.getsizeof, parts))
 
-    def __init__(self, max_bytes: int):
+
+class _Mirror:
+    """session -> (state version, rope of immutable parts), LRU-bounded by bytes, keys by digest.
+
+    Two of them: the IDs this pool last returned (to splice workers' delta answers) and the text it
+    last sent (so a whole-transcript turn that extends it ships only the suffix). Their parts are
+    shared with the answers and the callers' strings, never copied.
+    """
+
+    def __init__(self, max_bytes: int, size_of):
         self.max_bytes = max_bytes
-        self._data: OrderedDict[bytes, tuple[int, tuple]] = OrderedDict()
+        self._size_of = size_of
+        self._data: OrderedDict[bytes, tuple[int, tuple, int]] = OrderedDict()
         self._bytes = 0
 
     def get(self, key: str):
         k = _kid(key)
         item = self._data.get(k)
-        if item is not None:
-            self._data.move_to_end(k)
-        return item
+        if item is None:
+            return None
+        self._data.move_to_end(k)
+        return item[0], item[1]
 
     def pop(self, key: str, default=None):
         item = self._data.pop(_kid(key), None)
-        if item is not None:
-            self._bytes -= _parts_bytes(item[1]) + _ENTRY_OVERHEAD
-        return item if item is not None else default
+        if item is None:
+            return default
+        self._bytes -= item[2]
+        return item[0], item[1]
 
     def put(self, key: str, version: int, parts: tuple) -> None:
         self.pop(key)
-        size = _parts_bytes(parts) + _ENTRY_OVERHEAD
+        size = self._size_of(parts) + _ENTRY_OVERHEAD
         if size > self.max_bytes:
             return
-        self._data[_kid(key)] = (version, parts)
+        self._data[_kid(key)] = (version, parts, size)
         self._bytes += size
         while self._bytes > self.max_bytes and self._data:
-            _, (_, old) = self._data.popitem(last=False)
-            self._bytes -= _parts_bytes(old) + _ENTRY_OVERHEAD
+            _, old = self._data.popitem(last=False)
+            self._bytes -= old[2]
 
     @property
     def resident_bytes(self) -> int:
         return self._bytes
-
-
-class _TextMirror:
-    """The text this pool last sent per session (a rope, parts shared with the caller's strings),
-    bounded by bytes (LRU): a whole-transcript turn that extends it ships only the new suffix."""
-
-    def __init__(self, max_bytes: int):
-        self.max_bytes = max_bytes
-        self._data: OrderedDict[bytes, tuple[int, tuple[str, ...], int, int]] = OrderedDict()
-        self._bytes = 0
-
-    def get(self, key: str):
-        k = _kid(key)
-        item = self._data.get(k)
-        if item is not None:
-            self._data.move_to_end(k)
-        return item
-
-    def pop(self, key: str) -> None:
-        item = self._data.pop(_kid(key), None)
-        if item is not None:
-            self._bytes -= item[3]
-
-    def put(self, key: str, version: int, parts: tuple[str, ...]) -> None:
-        import sys
-        self.pop(key)
-        size = sum(map(sys.getsizeof, parts)) + _ENTRY_OVERHEAD
-        if size > self.max_bytes:
-            return
-        self._data[_kid(key)] = (version, parts, sum(map(len, parts)), size)
-        self._bytes += size
-        while self._bytes > self.max_bytes and self._data:
-            _, old = self._data.popitem(last=False)
-            self._bytes -= old[3]
 
 
 def _extends(parts: tuple[str, ...], n: int, text: str) -> bool:
@@ -317,10 +295,10 @@ class TokenizerPool:
         self._requests: dict[int, _Request] = {}
         self._session_locks: dict[str, asyncio.Lock] = {}
         self._known = _Bounded(C.KNOWN_SESSIONS)  # session -> worker believed to hold it
-        self._mirror = _IdMirror(C.MIRROR_BYTES)  # session -> (state version, IDs) last returned
+        self._mirror = _Mirror(C.MIRROR_BYTES, _ids_bytes)  # session -> (state version, IDs) last returned
         # session -> version of the state this pool last saw: an extend must extend exactly that one
         self._versions = _Bounded(C.KNOWN_SESSIONS)
-        self._texts = _TextMirror(C.TEXT_MIRROR_BYTES)  # session -> the text last sent, to ship deltas
+        self._texts = _Mirror(C.TEXT_MIRROR_BYTES, _text_bytes)  # session -> the text last sent, to ship deltas
         self._placement = PlacementModel()
         self._starts: dict[bytes, int] = {}  # session -> first ID that changed in its last answer
         self._placement_enabled = placement
@@ -603,9 +581,10 @@ class TokenizerPool:
             known = self._mirror.get(key)
             sent = self._texts.get(key)
             version = self._versions.get(key)
-            if sent is not None and version is not None and sent[0] == version and _extends(sent[1], sent[2], text):
+            sent_chars = sum(map(len, sent[1])) if sent is not None else 0
+            if sent is not None and version is not None and sent[0] == version and _extends(sent[1], sent_chars, text):
                 # The text extends what this session last sent: ship only the suffix, as extend does.
-                delta = text[sent[2]:]
+                delta = text[sent_chars:]
                 call = ("extend", key, delta, known[0] if known else None, version)
                 try:
                     ids = await self._run("session", len(delta), key, call, share_of=delta,

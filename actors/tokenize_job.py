@@ -28,8 +28,6 @@ import sys
 import time
 from pathlib import Path
 
-_KINDS = {".txt": "text", ".jsonl": "json", ".json": "json", ".parquet": "parquet"}
-_COMPRESSED = (".gz", ".bz2", ".zst")
 
 
 class UsageError(Exception):
@@ -64,15 +62,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def _kind(path: str) -> str:
-    name, compressed = path.lower(), False
-    for comp in _COMPRESSED:
-        if name.endswith(comp):
-            name, compressed = name[: -len(comp)], True
-            break
-    kind = _KINDS.get(os.path.splitext(name)[1])
-    if kind is None or (compressed and kind == "parquet"):
+    from delta_ray.batch_files import COMPRESSED, input_kind
+    kind = input_kind(path)
+    if kind is None:
         raise UsageError(f"{path}: unknown input type (expected .txt, .jsonl, .json or .parquet; "
-                         f"text and JSON may be compressed with {', '.join(_COMPRESSED)})")
+                         f"text and JSON may be compressed with {', '.join(COMPRESSED)})")
     return kind
 
 

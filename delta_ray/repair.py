@@ -17,7 +17,7 @@ from . import constants as C
 from .cut_predicate import NFC_WINDOW, CutPredicate
 from .encoder import Encoder
 from .planner import Cut, PlannerConfig, plan_cuts, tail_cut
-from .session_store import SessionState, merge_id_parts, merge_text_parts
+from .session_store import SessionState, merge_id_parts, merge_text_parts, suffix_parts
 
 WINDOW_BACK = 2 * NFC_WINDOW + 64  # characters before a reused checkpoint the predicate may read
 
@@ -72,17 +72,6 @@ class RepairPlan:
         return "".join(self.text_parts)
 
 
-def _suffix(parts: tuple[str, ...], start: int) -> str:
-    """``"".join(parts)[start:]`` without joining the parts before ``start``."""
-    out, pos = [], 0
-    for p in parts:
-        end = pos + len(p)
-        if end > start:
-            out.append(p if pos >= start else p[start - pos:])
-        pos = end
-    return out[0] if len(out) == 1 else "".join(out)
-
-
 def plan_turn(text_parts: tuple[str, ...], n: int, base: SessionState | None, lcp: int, predicate: CutPredicate,
               cfg: PlannerConfig, workers: int, margin: int) -> RepairPlan:
     """Choose the last checkpoint of ``base`` valid for the new text and cut what follows it.
@@ -104,7 +93,7 @@ def plan_turn(text_parts: tuple[str, ...], n: int, base: SessionState | None, lc
         keep_pos = keep_tok = keep_ext = np.zeros(0, dtype=np.int64)
         b, k, b_ext, kept_parts = 0, 0, 0, ()
     w0 = max(0, b - (WINDOW_BACK + predicate.specials.max_len))
-    window = _suffix(text_parts, w0)
+    window = "".join(suffix_parts(text_parts, w0))
     wb, wb_ext = b - w0, max(0, b_ext - w0)
     cuts: list[Cut] = plan_cuts(window, predicate, cfg, workers, start=wb, start_ext=wb_ext)
     span = n - b

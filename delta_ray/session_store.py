@@ -58,6 +58,17 @@ def prefix_parts(parts: tuple[np.ndarray, ...], k: int) -> tuple[np.ndarray, ...
     return tuple(out)
 
 
+def suffix_parts(parts: tuple, start: int) -> list:
+    """The parts holding elements ``start:`` of a rope, the first one a slice."""
+    out, pos = [], 0
+    for p in parts:
+        end = pos + len(p)
+        if end > start:
+            out.append(p if pos >= start else p[start - pos:])
+        pos = end
+    return out
+
+
 def merge_text_parts(parts) -> tuple[str, ...]:
     return _merge_parts(list(parts), len, "".join, MERGE_TEXT_BELOW)
 
@@ -132,25 +143,15 @@ class SessionState:
 
     def ids_from(self, k: int) -> np.ndarray:
         """``ids[k:]`` as one array, touching only the parts after ``k``."""
-        out, pos = [], 0
-        for p in self.id_parts:
-            end = pos + len(p)
-            if end > k:
-                out.append(p if pos >= k else p[k - pos:])
-            pos = end
+        out = suffix_parts(self.id_parts, k)
         if not out:
             return _I32_EMPTY
         return out[0] if len(out) == 1 else np.concatenate(out).astype(np.int32, copy=False)
 
     def text_from(self, start: int) -> str:
         """``text[start:]``, touching only the parts after ``start``."""
-        out, pos = [], 0
-        for p in self.text_parts:
-            end = pos + len(p)
-            if end > start:
-                out.append(p if pos >= start else p[start - pos:])
-            pos = end
-        return "".join(out)
+        out = suffix_parts(self.text_parts, start)
+        return out[0] if len(out) == 1 else "".join(out)
 
     def prefix_of(self, text: str) -> bool:
         """Whether this state's text is a prefix of ``text`` (memcmp per part, no copies)."""
