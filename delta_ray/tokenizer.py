@@ -330,10 +330,11 @@ class DeltaTokenizer:
         return values, offsets
 
     def _thread_pool(self, threads: int):
-        pool = getattr(self, "_pool", None)
-        if pool is None or pool._max_workers < threads:
+        pool, size = getattr(self, "_pool", (None, 0))
+        if pool is None or size < threads:
             from concurrent.futures import ThreadPoolExecutor
-            pool = self._pool = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="delta-ray-encode")
+            pool = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="delta-ray-encode")
+            self._pool = (pool, threads)
         return pool
 
     # -- internals --------------------------------------------------------------------------
