@@ -192,3 +192,20 @@ def test_append_over_http_sends_and_receives_only_the_change(service, references
     assert got == 409 and "send the whole text" in out["error"]["message"]
     assert _post(f"{base}/tokenize", {"append": "x", "prompt": "y", "session_id": "app"})[0] == 400
     assert _post(f"{base}/tokenize", {"append": "x"})[0] == 400
+
+
+def test_require_tenant_refuses_requests_without_one(service, tokenizer_paths, references):
+    """With require_tenant, a session id is never a name shared by every caller."""
+    from ray import serve
+
+    from delta_ray import serve_app
+    base, _ = service
+    app = serve_app(tokenizer_paths["qwen-3"], model_name="qwen-3", num_workers=1, require_tenant=True)
+    serve.run(app, name="delta-ray-tenant", route_prefix="/t")
+    try:
+        got, out = _post(f"{base}/t/tokenize", {"prompt": "hello", "session_id": "shared-name"})
+        assert got == 400 and "cache_salt" in out["error"]["message"]
+        got, out = _post(f"{base}/t/tokenize", {"prompt": "hello", "session_id": "s", "cache_salt": "acme"})
+        assert got == 200 and out["tokens"] == references["qwen-3"].encode("hello").ids
+    finally:
+        serve.delete("delta-ray-tenant")
