@@ -26,11 +26,11 @@ import pyarrow as pa
 import ray
 
 from delta_ray import constants as C
-from delta_ray.assembly import concat_ids, to_arrow, to_chunked_arrow
+from delta_ray.assembly import concat_ids, to_arrow
 from delta_ray.loading import TokenizerLike, load_tokenizer
 from delta_ray.planner import chunk_count, plan_cuts
 from delta_ray.repair import finish_repair, plan_repair
-from delta_ray.session_store import SessionNotFound, merge_id_parts, prefix_parts
+from delta_ray.session_store import SessionNotFound, merge_id_parts, prefix_parts, rope_is_prefix
 from delta_ray.state_seal import seal_state
 from delta_ray.tokenizer import DeltaTokenizer, _check_text
 from scheduler import Dispatcher, PlacementModel, content_key, nonascii_share
@@ -179,18 +179,6 @@ class _Mirror:
     @property
     def resident_bytes(self) -> int:
         return self._bytes
-
-
-def _extends(parts: tuple[str, ...], n: int, text: str) -> bool:
-    """Whether ``text`` starts with the rope's text and is longer (memcmp per part, no copy)."""
-    if len(text) <= n:
-        return False
-    pos = 0
-    for p in parts:
-        if not text.startswith(p, pos):
-            return False
-        pos += len(p)
-    return True
 
 
 class _Bounded:
@@ -550,12 +538,7 @@ class TokenizerPool:
 
     def _finish_parts(self, parts, add_special_tokens: bool) -> pa.ChunkedArray:
         """A session's IDs as zero-copy chunks (as DeltaTokenizer returns them), template included."""
-        if isinstance(parts, np.ndarray):
-            parts = (parts,)
-        adm = self._local.admission
-        if add_special_tokens:
-            return to_chunked_arrow(parts, adm.prefix_ids, adm.suffix_ids)
-        return to_chunked_arrow(parts)
+        return self._local.session_arrow((parts,) if isinstance(parts, np.ndarray) else parts, add_special_tokens)
 
     # -- request coroutines (run on the pool's loop) ------------------------------------------------
     async def _encode(self, text: str, session: str | None, add: bool) -> pa.Int32Array:
@@ -582,7 +565,8 @@ class TokenizerPool:
             sent = self._texts.get(key)
             version = self._versions.get(key)
             sent_chars = sum(map(len, sent[1])) if sent is not None else 0
-            if sent is not None and version is not None and sent[0] == version and _extends(sent[1], sent_chars, text):
+            if sent is not None and version is not None and sent[0] == version and len(text) > sent_chars \
+                    and rope_is_prefix(sent[1], sent_chars, text):
                 # The text extends what this session last sent: ship only the suffix, as extend does.
                 delta = text[sent_chars:]
                 call = ("extend", key, delta, known[0] if known else None, version)

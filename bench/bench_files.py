@@ -34,7 +34,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 from tokenizers import Tokenizer  # noqa: E402
 
 from delta_ray import DeltaTokenizer  # noqa: E402
-from delta_ray.batch_files import Options, output_name, tokenize_files, verify_outputs  # noqa: E402
+from delta_ray.batch_files import Options, tokenize_files, verify_outputs  # noqa: E402
 from delta_ray.bundled import bundled_tokenizer_path  # noqa: E402
 from delta_ray.sample_text import corpus  # noqa: E402
 

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import hashlib
 import importlib.util
-import os
 import zipfile
 from pathlib import Path
 from .errors import DeltaRayError

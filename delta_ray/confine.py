@@ -67,6 +67,9 @@ class ConfiningEncoder:
         splits = [self.split(t) for t in texts]
         if all(len(s) == 1 for s in splits):
             return self.inner.encode_pieces(texts)
+        return self._encode_splits(splits)
+
+    def _encode_splits(self, splits: list[list[str]]) -> list[np.ndarray]:
         flat = [sub for s in splits for sub in s]
         arrays = self.inner.encode_pieces(flat)
         out, i = [], 0
@@ -79,7 +82,7 @@ class ConfiningEncoder:
         from .encoder import encode_flat
         from .fast_engine import flat_from_pieces
         texts = list(texts)
-        guard = self._guard()
-        if guard is None or all(len(t) < MIN_PIECE or guard.allows(t) for t in texts):
+        splits = [self.split(t) for t in texts]
+        if all(len(s) == 1 for s in splits):
             return encode_flat(self.inner, texts)
-        return flat_from_pieces(self.encode_pieces(texts))
+        return flat_from_pieces(self._encode_splits(splits))

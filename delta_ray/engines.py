@@ -10,8 +10,8 @@ probe, under a lock file), switching when it passes. The cuts, repairs, store an
 which encoder ran.
 
 An admission is one record (:mod:`delta_ray.cache_store`) bound to the tokenizer's SHA-256, the
-engine's name and version, the reference's version, delta-ray's version, the probe's format and
-derived contexts, and carrying the guard set with its own digest. A record that fails validation is
+engine's name and version, the reference's version, delta-ray's version, the probe's and the
+battery's formats, and carrying the guard set with its own digest. A record that fails validation is
 discarded and the admission re-run; a rejection (failed battery, a shadow mismatch) is persisted so
 that no later process admits the engine again for the same versions.
 """
@@ -37,7 +37,7 @@ def _delta_ray_version() -> str:
 
 
 def verdict_key(config_bytes: bytes, backend: str, backend_version: str | None) -> dict:
-    """The whole key of an admission record (cheap: package metadata and the derived contexts)."""
+    """The whole key of an admission record (cheap: package metadata, no tokenizer.json parse)."""
     from .guard import guard_key
     return {**guard_key(config_bytes, backend=backend, backend_version=backend_version),
             "delta_ray": _delta_ray_version(), "battery": BATTERY_FORMAT}

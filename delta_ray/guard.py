@@ -572,7 +572,7 @@ def guard_set_for(tokenizer_json_bytes: bytes | str | os.PathLike, backend: str 
         from tokenizers import Tokenizer
         ref_tokenizer = Tokenizer.from_str(data.decode("utf-8"))
     from .cache_store import load_record, save_record
-    from .probe_contexts import derived_contexts, fold_sensitive_code_points
+    from .probe_contexts import fold_sensitive_code_points
     cfg = json.loads(data)
     ref_key = {"tokenizer_sha256": key["tokenizer_sha256"], "tokenizers": key["tokenizers"]}
     ref_digests: dict[str, str] = {}

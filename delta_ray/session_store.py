@@ -69,6 +69,18 @@ def suffix_parts(parts: tuple, start: int) -> list:
     return out
 
 
+def rope_is_prefix(parts: tuple[str, ...], n_chars: int, text: str) -> bool:
+    """Whether the rope's text (``n_chars`` long) is a prefix of ``text``: memcmp per part, no copy."""
+    if len(text) < n_chars:
+        return False
+    pos = 0
+    for p in parts:
+        if not text.startswith(p, pos):
+            return False
+        pos += len(p)
+    return True
+
+
 def merge_text_parts(parts) -> tuple[str, ...]:
     return _merge_parts(list(parts), len, "".join, MERGE_TEXT_BELOW)
 
@@ -155,14 +167,7 @@ class SessionState:
 
     def prefix_of(self, text: str) -> bool:
         """Whether this state's text is a prefix of ``text`` (memcmp per part, no copies)."""
-        if len(text) < self.n_chars:
-            return False
-        pos = 0
-        for p in self.text_parts:
-            if not text.startswith(p, pos):
-                return False
-            pos += len(p)
-        return True
+        return rope_is_prefix(self.text_parts, self.n_chars, text)
 
     @property
     def nbytes(self) -> int:

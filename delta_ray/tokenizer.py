@@ -395,9 +395,13 @@ class DeltaTokenizer:
         return self._session_encode(key, text, state)[0].ids
 
     def _chunked(self, state: SessionState, add_special_tokens: bool) -> pa.ChunkedArray:
+        return self.session_arrow(state.id_parts, add_special_tokens)
+
+    def session_arrow(self, id_parts, add_special_tokens: bool) -> pa.ChunkedArray:
+        """A session's ID parts as a zero-copy ChunkedArray, post-processed (template) once."""
         if add_special_tokens:
-            return to_chunked_arrow(state.id_parts, self._admission.prefix_ids, self._admission.suffix_ids)
-        return to_chunked_arrow(state.id_parts)
+            return to_chunked_arrow(id_parts, self._admission.prefix_ids, self._admission.suffix_ids)
+        return to_chunked_arrow(id_parts)
 
     def _session_encode(self, key: str, text: str | None, state: SessionState | None, *,
                         delta: str | None = None) -> tuple[SessionState, int]:
