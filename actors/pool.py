@@ -33,7 +33,7 @@ from delta_ray.repair import finish_repair, plan_repair
 from delta_ray.session_store import SessionNotFound, merge_id_parts, prefix_parts, rope_is_prefix
 from delta_ray.state_seal import seal_state
 from delta_ray.tokenizer import DeltaTokenizer, _check_text
-from scheduler import Dispatcher, PlacementModel, content_key, nonascii_share
+from delta_ray.scheduler import Dispatcher, PlacementModel, content_key, nonascii_share
 
 from . import metrics
 from . import worker_channel

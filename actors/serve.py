@@ -189,7 +189,7 @@ def serve_app(tokenizer: TokenizerLike, *, model_name: "str | None" = None, pool
 
         async def _tokenize(self, req) -> dict:
             from .http_api import BadRequest, session_key
-            from scheduler import content_key
+            from delta_ray.scheduler import content_key
             import asyncio
 
             from delta_ray import constants as C

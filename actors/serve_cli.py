@@ -21,7 +21,7 @@ def run(args: argparse.Namespace) -> int:
     import ray
     from ray import serve
 
-    from actors.local_ray import local_init_kwargs
+    from delta_ray.actors.local_ray import local_init_kwargs
     from delta_ray.bundled import BUNDLED, bundled_tokenizer_config, bundled_tokenizer_path
 
     from .serve import DEFAULT_MAX_BODY_BYTES, serve_app

@@ -209,12 +209,12 @@ def run(args: argparse.Namespace) -> int:
 
     started = False
     if not ray.is_initialized():
-        from actors.local_ray import local_init_kwargs
+        from delta_ray.actors.local_ray import local_init_kwargs
 
         ray.init(**local_init_kwargs())
         started = True
     try:
-        from actors.data import tokenize_dataset
+        from delta_ray.actors.data import tokenize_dataset
 
         t0 = time.perf_counter()
         ds = _read(groups, args.text_column)

@@ -20,7 +20,7 @@ import numpy as np
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
-from actors import worker_channel  # noqa: E402
+from delta_ray.actors import worker_channel  # noqa: E402
 
 IDS = np.arange(330, dtype=np.int32)
 
@@ -72,7 +72,7 @@ def main() -> None:
         return
     import ray
 
-    from actors.local_ray import local_init_kwargs
+    from delta_ray.actors.local_ray import local_init_kwargs
     ray.init(address="local", **local_init_kwargs(num_cpus=2))
 
     @ray.remote

@@ -136,7 +136,7 @@ class _NaiveTokenize:
 def naive_ray_data(path: str, inputs: list[str], out: str) -> float:
     import ray
     import ray.data
-    from actors.local_ray import local_init_kwargs
+    from delta_ray.actors.local_ray import local_init_kwargs
     ray.init(address="local", **local_init_kwargs())
     try:
         ray.data.DataContext.get_current().enable_progress_bars = False

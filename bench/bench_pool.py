@@ -28,7 +28,7 @@ import numpy as np  # noqa: E402
 import ray  # noqa: E402
 from tokenizers import Tokenizer  # noqa: E402
 
-from actors.local_ray import local_init_kwargs  # noqa: E402
+from delta_ray.actors.local_ray import local_init_kwargs  # noqa: E402
 from delta_ray import DeltaTokenizer, TokenizerPool  # noqa: E402
 from delta_ray.bundled import bundled_tokenizer_path  # noqa: E402
 from delta_ray.sample_text import corpus  # noqa: E402

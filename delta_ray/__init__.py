@@ -20,12 +20,12 @@ __all__ = ["Admission", "DeltaRayError", "DeltaTokenizer", "FastEngineUnavailabl
            "load_tokenizer", "serve_app", "tokenize_dataset"]
 
 _LAZY = {
-    "TokenizerPool": ("actors.pool", "TokenizerPool"),
-    "serve_app": ("actors.serve", "serve_app"),
-    "tokenize_dataset": ("actors.data", "tokenize_dataset"),
-    "PoolClosed": ("actors.pool", "PoolClosed"),
-    "PoolStartupError": ("actors.pool", "PoolStartupError"),
-    "PoolAuthError": ("actors.pool", "PoolAuthError"),
+    "TokenizerPool": ("delta_ray.actors.pool", "TokenizerPool"),
+    "serve_app": ("delta_ray.actors.serve", "serve_app"),
+    "tokenize_dataset": ("delta_ray.actors.data", "tokenize_dataset"),
+    "PoolClosed": ("delta_ray.actors.pool", "PoolClosed"),
+    "PoolStartupError": ("delta_ray.actors.pool", "PoolStartupError"),
+    "PoolAuthError": ("delta_ray.actors.pool", "PoolAuthError"),
 }
 
 

@@ -7,8 +7,8 @@ import sys
 
 # Subcommands that need Ray live in actors/; each module offers add_arguments(parser) and run(args).
 _RAY_COMMANDS = {
-    "serve": ("actors.serve_cli", "start the HTTP tokenization service (vLLM/SGLang-compatible /tokenize)"),
-    "tokenize": ("actors.tokenize_job", "tokenize text/JSONL/Parquet files into Parquet with Ray Data"),
+    "serve": ("delta_ray.actors.serve_cli", "start the HTTP tokenization service (vLLM/SGLang-compatible /tokenize)"),
+    "tokenize": ("delta_ray.actors.tokenize_job", "tokenize text/JSONL/Parquet files into Parquet with Ray Data"),
 }
 
 

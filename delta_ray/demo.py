@@ -70,14 +70,14 @@ def run_pool(tokenizer: str | None = None, sessions: int = 8, turns: int = 6, fi
     os.environ.setdefault("RAY_ENABLE_AUTO_CONNECT", "0")
     import ray
 
-    from actors.pool import TokenizerPool
+    from delta_ray.actors.pool import TokenizerPool
 
     path = tokenizer or bundled_tokenizer_path(DEFAULT_TOKENIZER)
     ref = Tokenizer.from_file(path)
     ok = True
     started = not ray.is_initialized()
     if started:
-        from actors.local_ray import local_init_kwargs
+        from delta_ray.actors.local_ray import local_init_kwargs
 
         ray.init(**local_init_kwargs())
     try:

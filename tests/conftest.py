@@ -78,7 +78,7 @@ def ray_session():
     started = False
     if not ray.is_initialized():
         # address="local": always a fresh local instance, never another process's cluster.
-        from actors.local_ray import local_init_kwargs
+        from delta_ray.actors.local_ray import local_init_kwargs
 
         ray.init(address="local", **local_init_kwargs(num_cpus=4, env={"DELTA_RAY_FAST_BACKGROUND": "0"}))
         started = True

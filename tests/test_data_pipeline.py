@@ -73,7 +73,7 @@ def _check_rows(table: pa.Table, texts: list[str], ref: Tokenizer, ids_col: str,
 @pytest.mark.parametrize("name", ["llama3.2", "qwen-3"])
 def test_every_row_matches_reference(ray_session, name, tokenizer_paths, mixed_texts):
     ray = ray_session
-    from actors.data import tokenize_dataset
+    from delta_ray.actors.data import tokenize_dataset
 
     path = tokenizer_paths[name]
     ref = Tokenizer.from_file(path)
@@ -98,7 +98,7 @@ def test_every_row_matches_reference(ray_session, name, tokenizer_paths, mixed_t
 
 def test_bad_input_raises_before_running(ray_session, tokenizer_paths):
     ray = ray_session
-    from actors.data import tokenize_dataset
+    from delta_ray.actors.data import tokenize_dataset
 
     path = tokenizer_paths["qwen-3"]
     ds = ray.data.from_items([{"id": 1, "body": "x", "raw": b"y"}])
@@ -118,7 +118,7 @@ def test_bad_input_raises_before_running(ray_session, tokenizer_paths):
 
 def test_null_text_fails_clearly(ray_session, tokenizer_paths):
     ray = ray_session
-    from actors.data import tokenize_dataset
+    from delta_ray.actors.data import tokenize_dataset
 
     tok = DeltaTokenizer(tokenizer_paths["qwen-3"], reuse="none")  # a DeltaTokenizer is accepted too
     ds = ray.data.from_items([{"text": "fine"}, {"text": None}])
@@ -172,7 +172,7 @@ def test_cli_jsonl_and_txt(ray_session, tokenizer_paths, real_texts, tmp_path, c
 
 
 def test_cli_text_column_no_special_tokens(ray_session, tokenizer_paths, real_texts, tmp_path):
-    from actors import tokenize_job
+    from delta_ray.actors import tokenize_job
     import argparse
 
     name = "qwen-3"
@@ -214,7 +214,7 @@ def test_cli_usage_errors(tokenizer_paths, tmp_path, capsys):
 
 
 def _batch_fn(config: bytes, digest: str, **kw):
-    from actors.data import TokenizeBatch
+    from delta_ray.actors.data import TokenizeBatch
 
     opts = dict(text_column="text", output_column="input_ids", count_column="num_tokens", add_special_tokens=True,
                 chunk_size=65_536, cut_threshold=131_072, threads=None, engine="auto")

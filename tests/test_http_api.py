@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import pytest
 
-from actors.http_api import BadRequest, parse_detokenize, parse_tokenize, session_key
+from delta_ray.actors.http_api import BadRequest, parse_detokenize, parse_tokenize, session_key
 
 
 def test_prompt_and_defaults():
@@ -36,7 +36,7 @@ def test_detokenize_and_sessions():
 
 def test_tenant_keys_are_injective():
     """("acme", "corp:chat1") and ("acme:corp", "chat1") were one key; no pair may spell another's."""
-    from actors.http_api import content_session_key
+    from delta_ray.actors.http_api import content_session_key
     assert session_key("corp:chat1", "acme") != session_key("chat1", "acme:corp")
     assert session_key("x", None) != session_key("x", "")
     pairs = [(t, s) for t in (None, "", "a", "a:", "a|s:", "t1:a") for s in ("", "b", ":b", "|s:b", "s:b")]
@@ -48,7 +48,7 @@ def test_tenant_keys_are_injective():
 
 
 def test_nested_or_malformed_json_is_a_400():
-    from actors.http_api import loads_json
+    from delta_ray.actors.http_api import loads_json
     for raw in (b"[" * 100_000 + b"]" * 100_000, b'{"prompt": ', b"\xff\xfe", b'{"a": NaN'):
         with pytest.raises(BadRequest) as exc:
             loads_json(raw)
@@ -57,6 +57,6 @@ def test_nested_or_malformed_json_is_a_400():
 
 def test_ids_serialize_from_their_buffer():
     import numpy as np
-    from actors.http_api import dumps_json
+    from delta_ray.actors.http_api import dumps_json
     out = dumps_json({"count": 3, "tokens": np.array([1, 2, 3], dtype=np.int32)})
     assert out == b'{"count":3,"tokens":[1,2,3]}'

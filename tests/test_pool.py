@@ -107,7 +107,7 @@ def test_concurrent_threads_and_coroutines(pool, references, real_texts):
 
 def test_connect_to_named_pool(pool, references, real_texts):
     ref = references["llama3.2"]
-    from actors.pool import PoolAuthError
+    from delta_ray.actors.pool import PoolAuthError
     with pytest.raises(PoolAuthError):  # any job on the cluster could try: the secret is required
         TokenizerPool.connect("test-pool", b"wrong secret, 32 bytes long....")
     with pytest.raises(PoolAuthError):

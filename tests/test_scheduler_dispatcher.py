@@ -5,9 +5,9 @@ import zlib
 
 import pytest
 
-from scheduler.clock import FakeClock
-from scheduler.dispatcher import Assignment, Dispatcher
-from scheduler.routing import home_worker
+from delta_ray.scheduler.clock import FakeClock
+from delta_ray.scheduler.dispatcher import Assignment, Dispatcher
+from delta_ray.scheduler.routing import home_worker
 
 WORKERS = ["w0", "w1", "w2"]
 

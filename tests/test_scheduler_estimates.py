@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import pytest
 
-from scheduler.estimates import Estimator, nonascii_share
+from delta_ray.scheduler.estimates import Estimator, nonascii_share
 
 
 def test_initial_estimates():

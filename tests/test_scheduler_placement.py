@@ -1,7 +1,7 @@
 """The placement cost model: caller vs pool for a stateless text, Ray-free."""
 from __future__ import annotations
 
-from scheduler import PlacementModel
+from delta_ray.scheduler import PlacementModel
 
 
 def test_a_fast_caller_keeps_texts_a_slow_one_sends_them_out():

@@ -3,11 +3,11 @@ from __future__ import annotations
 
 import pytest
 
-from scheduler.clock import FakeClock
-from scheduler.dispatcher import Dispatcher
-from scheduler.policies import POLICIES, FifoPolicy, ShortestFirstPolicy, make_policy
-from scheduler.queues import TaskQueue, better_queue
-from scheduler.tasks import Task
+from delta_ray.scheduler.clock import FakeClock
+from delta_ray.scheduler.dispatcher import Dispatcher
+from delta_ray.scheduler.policies import POLICIES, FifoPolicy, ShortestFirstPolicy, make_policy
+from delta_ray.scheduler.queues import TaskQueue, better_queue
+from delta_ray.scheduler.tasks import Task
 
 
 def _task(task_id: int, key: float, kind: str = "stateless", session_key=None) -> Task:

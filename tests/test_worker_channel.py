@@ -8,8 +8,8 @@ import pytest
 
 import numpy as np
 
-from actors import worker_channel
-from actors.worker_channel import ChannelClient, ChannelClosed, ChannelServer, RemoteError
+from delta_ray.actors import worker_channel
+from delta_ray.actors.worker_channel import ChannelClient, ChannelClosed, ChannelServer, RemoteError
 
 pytestmark = pytest.mark.skipif(not worker_channel.supported(), reason="Linux abstract sockets only")
 
@@ -359,7 +359,7 @@ def test_close_stops_serving():
 
 
 def test_values_round_trip_including_64_bit_versions():
-    from actors.worker_channel import decode_values, encode_values
+    from delta_ray.actors.worker_channel import decode_values, encode_values
     vals = (2 ** 64 - 1, 2 ** 63, -2 ** 63, 0, "é\ud800x", None, False, np.arange(5, dtype=np.int32))
     out = decode_values(encode_values(vals))
     assert out[:7] == vals[:7] and np.array_equal(out[7], vals[7])
