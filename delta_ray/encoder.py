@@ -52,15 +52,21 @@ class ReferenceEncoder:
 
     def encode_pieces(self, texts: Sequence[str]) -> list[np.ndarray]:
         """Encode each text with the reference, no special tokens; reject what it rejects with ValueError."""
+        return self.encode_texts(texts, add_special_tokens=False)
+
+    def encode_texts(self, texts: Sequence[str], add_special_tokens: bool) -> list[np.ndarray]:
+        """The reference's own IDs of whole texts, its post-processing included when asked (the one
+        place that turns the reference's refusal of a text into ValueError)."""
         if not texts:
             return []
         try:
             if len(texts) > 1 and sum(map(len, texts)) < PARALLEL_MIN_CHARS:
                 # Small pieces (a repair's tail): a parallel batch costs more in thread hand-offs
                 # than it saves, so encode them one by one on this thread.
-                encs = [self.tokenizer.encode_batch_fast([t], add_special_tokens=False)[0] for t in texts]
+                encs = [self.tokenizer.encode_batch_fast([t], add_special_tokens=add_special_tokens)[0]
+                        for t in texts]
             else:
-                encs = self.tokenizer.encode_batch_fast(list(texts), add_special_tokens=False)
+                encs = self.tokenizer.encode_batch_fast(list(texts), add_special_tokens=add_special_tokens)
         except Exception as exc:  # the reference's own refusal (e.g. lone surrogates)
             raise ValueError(f"the reference tokenizer rejected the text: {exc}") from exc
         out = []
