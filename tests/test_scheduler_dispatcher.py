@@ -1,13 +1,11 @@
 """Dispatcher: routing to homes, in-flight limits, no interruption, lifecycle and rehoming."""
 from __future__ import annotations
 
-import zlib
-
 import pytest
 
 from delta_ray.scheduler.clock import FakeClock
 from delta_ray.scheduler.dispatcher import Assignment, Dispatcher
-from delta_ray.scheduler.routing import home_worker
+from delta_ray.scheduler.routing import home_worker, rendezvous_order
 
 WORKERS = ["w0", "w1", "w2"]
 
@@ -24,12 +22,12 @@ def _keys_homed_at(worker: str, workers=WORKERS, count: int = 3) -> list[str]:
     return [k for k in keys if home_worker(k, workers) == worker][:count]
 
 
-def test_session_tasks_queue_at_their_crc32_home():
+def test_session_tasks_queue_at_their_rendezvous_home():
     d, _ = _dispatcher()
     for i in range(30):
         key = f"sess-{i}"
         task = d.submit("session", 100, session_key=key)
-        home = sorted(WORKERS)[zlib.crc32(key.encode()) % 3]
+        home = rendezvous_order(key, WORKERS)[0]
         assert d.home_of(key) == home
         assert any(t is task for t in d.queued_on(home))
     assert sum(d.local_queue_len(w) for w in WORKERS) == 30
@@ -164,7 +162,7 @@ def test_retire_rehomes_queued_tasks_and_returns_running_one():
     assert d.workers == ("w0", "w2")
     remaining = ["w0", "w2"]
     for task in tasks[1:]:
-        home = remaining[zlib.crc32(task.session_key.encode()) % 2]
+        home = rendezvous_order(task.session_key, remaining)[0]
         assert any(t is task for t in d.queued_on(home))
     assert d.queued_count() == 3
     # The caller retries the returned task; it goes to its session's new home with its old key.

@@ -1,23 +1,54 @@
-"""Routing: CRC-32 homes, content keys, session vs stateless routes, chunk counts, purity."""
+"""Routing: rendezvous homes over CRC-32, content keys, session vs stateless routes, chunk counts, purity."""
 from __future__ import annotations
 
 import hashlib
 import subprocess
 import sys
 import zlib
+from collections import Counter
 
 import pytest
 
-from delta_ray.scheduler.routing import content_key, home_worker
+from delta_ray.scheduler.routing import content_key, home_worker, rendezvous_order
 
 WORKERS = ["w2", "w0", "w3", "w1"]
 
 
-def test_home_worker_is_crc32_mod_live_count_over_sorted_ids():
-    ordered = sorted(WORKERS)
+def test_home_worker_is_the_highest_rendezvous_weight_over_crc32():
+    """The home is the node with the highest mixed CRC-32 weight, recomputed here independently."""
+    def mix(h):
+        h ^= h >> 16
+        h = (h * 0x85EBCA6B) & 0xFFFFFFFF
+        h ^= h >> 13
+        h = (h * 0xC2B2AE35) & 0xFFFFFFFF
+        return h ^ (h >> 16)
     for key in ["alice", "bob", "", "séance-日本", "x" * 10_000]:
-        expected = ordered[zlib.crc32(key.encode("utf-8")) % len(ordered)]
+        k = zlib.crc32(key.encode("utf-8"))
+        expected = max(WORKERS, key=lambda w: (mix(k ^ mix(zlib.crc32(w.encode()))), w))
         assert home_worker(key, WORKERS) == expected
+        assert rendezvous_order(key, WORKERS)[0] == expected
+        assert sorted(rendezvous_order(key, WORKERS + WORKERS)) == sorted(WORKERS)
+
+
+def test_rendezvous_spreads_keys_evenly_and_moves_few_when_nodes_change():
+    """Even spread; a node joining takes only keys for itself, a node leaving moves only its own keys."""
+    keys = [f"t4:acme|s:conv-{i}" for i in range(20_000)]
+    nodes = [f"replica-{c}" for c in "abcd"]
+    homes = {k: home_worker(k, nodes) for k in keys}
+    counts = Counter(homes.values())
+    assert set(counts) == set(nodes) and all(abs(c - 5000) < 500 for c in counts.values()), counts
+    grown = nodes + ["replica-e"]
+    moved = [k for k in keys if home_worker(k, grown) != homes[k]]
+    assert all(home_worker(k, grown) == "replica-e" for k in moved)
+    assert 0.15 < len(moved) / len(keys) < 0.25  # about 1/5, not the ~4/5 a modulo moves
+    shrunk = nodes[1:]
+    moved = [k for k in keys if home_worker(k, shrunk) != homes[k]]
+    assert {homes[k] for k in moved} == {"replica-a"}
+    assert len(moved) == counts["replica-a"]
+    # The next in rendezvous order is where a key goes when its home leaves.
+    for k in keys[:500]:
+        order = rendezvous_order(k, nodes)
+        assert home_worker(k, [n for n in nodes if n != order[0]]) == order[1]
 
 
 def test_home_worker_is_stable_under_listing_order_and_duplicates():
