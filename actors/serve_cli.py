@@ -11,9 +11,23 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--host", default="127.0.0.1", help="bind address (loopback by default; the service has no auth)")
     p.add_argument("--require-tenant", action="store_true", help="refuse /tokenize requests without cache_salt")
     p.add_argument("--port", type=int, default=8000)
-    p.add_argument("--workers", type=int, default=None, help="pool workers (default: one per CPU)")
+    p.add_argument("--workers", type=int, default=None,
+                   help="pool workers per replica for long keyless texts and overflow (default: no pool)")
+    p.add_argument("--replicas", type=int, default=1, help="Serve replicas (sessions routed by x-session-id)")
+    p.add_argument("--autoscale", default=None, metavar="MIN:MAX",
+                   help="autoscale between MIN and MAX replicas instead of --replicas")
+    p.add_argument("--direct-ingress", action="store_true",
+                   help="replicas listen for HTTP themselves, no proxy (Ray 2.60 RAY_SERVE_ENABLE_DIRECT_INGRESS; "
+                        "only when this command starts Ray; replica ports from 30000)")
     p.add_argument("--model-name", default=None, help="the name clients send as 'model'")
     p.add_argument("--max-body-bytes", type=int, default=None)
+
+
+def _autoscaling(spec: "str | None") -> "dict | None":
+    if not spec:
+        return None
+    lo, _, hi = spec.partition(":")
+    return {"min_replicas": int(lo), "max_replicas": int(hi or lo), "target_ongoing_requests": 4}
 
 
 def run(args: argparse.Namespace) -> int:
@@ -32,6 +46,8 @@ def run(args: argparse.Namespace) -> int:
     if not os.path.exists(tok):
         print(f"delta-ray serve: no tokenizer at {tok!r}")
         return 2
+    if args.direct_ingress:
+        os.environ["RAY_SERVE_ENABLE_DIRECT_INGRESS"] = "1"  # read by the Serve controller and replicas
     if not ray.is_initialized():
         if os.environ.get("RAY_ADDRESS"):
             ray.init(address=os.environ["RAY_ADDRESS"])
@@ -40,9 +56,14 @@ def run(args: argparse.Namespace) -> int:
     serve.start(http_options={"host": args.host, "port": args.port})
     app = serve_app(tok, num_workers=args.workers, model_name=args.model_name or args.tokenizer,
                     tokenizer_config=cfg, max_body_bytes=args.max_body_bytes or DEFAULT_MAX_BODY_BYTES,
-                    require_tenant=args.require_tenant)
+                    require_tenant=args.require_tenant, num_replicas=args.replicas,
+                    autoscaling_config=_autoscaling(args.autoscale))
     serve.run(app, name="delta-ray", route_prefix="/")
     print(f"delta-ray serving {args.tokenizer} on http://{args.host}:{args.port} (Ctrl-C to stop)", flush=True)
+    if args.direct_ingress:
+        from .serve import replica_endpoints
+        for host, port, rid in replica_endpoints("delta-ray"):
+            print(f"  replica {rid}: http://{host}:{port} (direct ingress)", flush=True)
     try:
         while True:
             time.sleep(3600)
