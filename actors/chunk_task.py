@@ -6,6 +6,8 @@ import os
 import numpy as np
 import ray
 
+from delta_ray.config import TokenizerConfig
+
 from .local_ray import WORKER_ENV
 from .tokenizer_cache import get_tokenizer
 
@@ -32,21 +34,28 @@ def _lower_priority(nice: int) -> None:
 
 
 @ray.remote(max_retries=3)
-def encode_chunks(config_bytes: bytes, digest: str, pieces: list[str], options: dict,
+def encode_chunks(config_bytes: bytes, digest: str, pieces: list[str], config: TokenizerConfig,
                   nice: int = 0) -> list[np.ndarray]:
     """IDs of each piece (reference-exact, add_special_tokens=False) from a cached tokenizer."""
     _lower_priority(nice)
-    dt = get_tokenizer(config_bytes, digest, **options)
-    return dt.encoder.encode_pieces(pieces)
+    return get_tokenizer(config_bytes, digest, config).run_pieces(pieces)
+
+
+@ray.remote(max_retries=3)
+def encode_whole(config_bytes: bytes, digest: str, text: str, add_special_tokens: bool, config: TokenizerConfig,
+                 nice: int = 0) -> np.ndarray:
+    """A stateless text's IDs, post-processed: an unadmitted configuration's whole-text plan."""
+    _lower_priority(nice)
+    return get_tokenizer(config_bytes, digest, config).encode_ids(text, add_special_tokens=add_special_tokens)
 
 
 @ray.remote(max_retries=0)
-def warm_chunk_process(config_bytes: bytes, digest: str, options: dict, nice: int, hold_s: float) -> int:
+def warm_chunk_process(config_bytes: bytes, digest: str, config: TokenizerConfig, nice: int, hold_s: float) -> int:
     """Load the tokenizer in a chunk-task process and hold it ``hold_s`` seconds, so that n warm-up
     tasks occupy n distinct processes at once instead of reusing the first one."""
     import time
 
     _lower_priority(nice)
-    get_tokenizer(config_bytes, digest, **options).encoder.encode_pieces(["warm up"])
+    get_tokenizer(config_bytes, digest, config).run_pieces(["warm up"])
     time.sleep(hold_s)
     return os.getpid()

@@ -19,6 +19,7 @@ import pyarrow as pa
 
 from delta_ray import constants as C
 from delta_ray.assembly import flat_list_array, to_arrow
+from delta_ray.config import TokenizerConfig
 from delta_ray.loading import LoadedTokenizer, load_tokenizer
 from delta_ray.tokenizer import DeltaTokenizer
 
@@ -42,12 +43,10 @@ def _null_error(column: str, count: int) -> ValueError:
 class TokenizeBatch:
     """The actor-side callable: one DeltaTokenizer per actor, one batch encode per Arrow batch."""
 
-    def __init__(self, config_bytes: bytes, digest: str, *, text_column: str, output_column: str,
-                 count_column: str | None, add_special_tokens: bool, chunk_size: int,
-                 cut_threshold: int, threads: int | None, engine: str | None, encode_threads: int = 1):
+    def __init__(self, config_bytes: bytes, digest: str, config: TokenizerConfig, *, text_column: str,
+                 output_column: str, count_column: str | None, add_special_tokens: bool, encode_threads: int = 1):
         loaded = LoadedTokenizer.from_bytes(config_bytes, expected_digest=digest, source="<tokenize_dataset>")
-        self.tokenizer = DeltaTokenizer(loaded, chunk_size=chunk_size, cut_threshold=cut_threshold,
-                                        threads=threads, reuse="none", engine=engine or "auto")
+        self.tokenizer = DeltaTokenizer(loaded, config)
         self.encode_threads = max(1, int(encode_threads))
         self.text_column = text_column
         self.output_column = output_column
@@ -167,7 +166,7 @@ def tokenize_dataset(dataset, tokenizer, *, text_column: str = "text", output_co
             every CPU leave none for the read tasks and the pipeline stalls.
         chunk_size, cut_threshold: a text from ``cut_threshold`` characters is cut at safe cuts into
             chunks of about ``chunk_size`` characters, so one huge document does not stall a block.
-        engine: passed to :class:`DeltaTokenizer` when it accepts an ``engine`` keyword.
+        engine: the encode engine (``"auto"``, ``"reference"``, ``"fast"``).
         threads: the planner's chunk count per long text (DeltaTokenizer ``threads``; default its own).
 
     Validation happens before anything runs when the schema is known from sources alone (reads,
@@ -202,11 +201,9 @@ def tokenize_dataset(dataset, tokenizer, *, text_column: str = "text", output_co
             raise ValueError(f"concurrency must be an int >= 1 or a (min, max) pair, got {concurrency!r}")
     elif not isinstance(concurrency, int) or isinstance(concurrency, bool) or concurrency < 1:
         raise ValueError(f"concurrency must be an int >= 1 or a (min, max) pair, got {concurrency!r}")
-    for name, value in (("chunk_size", chunk_size), ("cut_threshold", cut_threshold)):
-        if not isinstance(value, int) or value < 1:
-            raise ValueError(f"{name} must be a positive int, got {value!r}")
-    if threads is not None and (not isinstance(threads, int) or threads < 1):
-        raise ValueError(f"threads must be a positive int or None, got {threads!r}")
+    # Validated once here, then sent as it is to every actor.
+    config = TokenizerConfig(chunk_size=chunk_size, cut_threshold=cut_threshold, threads=threads, reuse="none",
+                             engine=engine or "auto")
 
     loaded = _as_loaded(tokenizer)
     _check_schema(dataset, text_column)
@@ -218,11 +215,9 @@ def tokenize_dataset(dataset, tokenizer, *, text_column: str = "text", output_co
     dataset = dataset.repartition(target_num_rows_per_block=batch_size)
     return dataset.map_batches(
         TokenizeBatch,
-        fn_constructor_args=(loaded.config_bytes, loaded.digest),
+        fn_constructor_args=(loaded.config_bytes, loaded.digest, config),
         fn_constructor_kwargs=dict(text_column=text_column, output_column=output_column,
                                    count_column=count_column, add_special_tokens=bool(add_special_tokens),
-                                   chunk_size=chunk_size, cut_threshold=cut_threshold,
-                                   threads=threads, engine=engine,
                                    encode_threads=max(1, round(num_cpus))),
         batch_size=batch_size,
         batch_format="pyarrow",

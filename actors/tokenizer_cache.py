@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import threading
 
+from delta_ray.config import TokenizerConfig
 from delta_ray.loading import LoadedTokenizer
 from delta_ray.tokenizer import DeltaTokenizer
 
@@ -14,13 +15,13 @@ _CACHE: dict[tuple, DeltaTokenizer] = {}
 _LOCK = threading.Lock()
 
 
-def get_tokenizer(config_bytes: bytes, digest: str, **options) -> DeltaTokenizer:
-    """The process's DeltaTokenizer for these bytes (digest-checked on first load)."""
-    key = (digest, tuple(sorted(options.items())))
+def get_tokenizer(config_bytes: bytes, digest: str, config: TokenizerConfig) -> DeltaTokenizer:
+    """The process's DeltaTokenizer for these bytes and options (digest-checked on first load)."""
+    key = (digest, config)
     with _LOCK:
         dt = _CACHE.get(key)
         if dt is None:
             loaded = LoadedTokenizer.from_bytes(config_bytes, expected_digest=digest)
-            dt = DeltaTokenizer(loaded, **options)
+            dt = DeltaTokenizer(loaded, config)
             _CACHE[key] = dt
         return dt

@@ -14,14 +14,14 @@ import threading
 import numpy as np
 import ray
 
+from delta_ray.config import TokenizerConfig
 from delta_ray.session_store import SessionState
+from delta_ray.tokenizer import DeltaTokenizer
 
 from . import metrics
 from . import worker_channel
+from .calls import CHANNEL_METHODS
 from .tokenizer_cache import get_tokenizer
-
-# Worker methods the pool may call over the same-node side channel (actors/worker_channel.py).
-CHANNEL_METHODS = frozenset({"encode_session", "extend", "encode_reference", "extend_reference"})
 
 
 def _locked(method):
@@ -33,15 +33,71 @@ def _locked(method):
     return run
 
 
-@ray.remote(max_restarts=0, max_concurrency=1)
-class TokenizerWorker:
-    """Ray actor: session continuations, extends, installs, and chunk encodes."""
+class WorkerService:
+    """What a worker does, without Ray: one tokenizer and one session store, behind a lock.
 
-    def __init__(self, config_bytes: bytes, digest: str, options: dict, secret: bytes):
-        self._options = dict(options)
+    Its public methods are the :mod:`~delta_ray.actors.calls` kinds; the Ray actor below adds only
+    the side channel and readiness. Tests run it in process behind a fake transport.
+    """
+
+    def __init__(self, tokenizer: DeltaTokenizer, secret: bytes):
         self._lock = threading.Lock()
         self._secret = secret  # the pool's: authenticates the side channel and sealed session states
-        self._dt = get_tokenizer(config_bytes, digest, **self._options)
+        self._dt = tokenizer
+
+    @_locked
+    def encode_session(self, key: str, text: str, known_version: int | None) -> tuple[int, int, np.ndarray]:
+        """(version, k, tail): IDs (no post-processing) = caller's IDs of known_version[:k] + tail."""
+        return self._dt.encode_session_delta(key, text, known_version)
+
+    @_locked
+    def extend(self, key: str, delta: str, known_version: int | None,
+               expect_version: int | None = None) -> tuple[int, int, np.ndarray]:
+        """Like encode_session for the stored text plus delta; SessionNotFound if not held, or if the
+        held state is not the version the caller extends (a stale extend that outlived its timeout)."""
+        return self._dt.encode_session_delta(key, "", known_version, delta=delta, expect_version=expect_version)
+
+    @_locked
+    def install(self, key: str, state: SessionState, seal: bytes) -> bool:
+        """Adopt a state the pool computed (chunked initialization); refused unless its seal verifies."""
+        from delta_ray.state_seal import verify_state
+        if not verify_state(self._secret, key, state, seal):
+            raise PermissionError(f"refused to install session {key!r}: the state is not sealed by this pool")
+        self._dt.install_session(key, state)
+        return True
+
+    @_locked
+    def encode_pieces(self, pieces: list[str]) -> list[np.ndarray]:
+        return self._dt.run_pieces(pieces)
+
+    @_locked
+    def encode_whole(self, text: str, add_special_tokens: bool) -> np.ndarray:
+        """A stateless text's IDs, post-processed (an unadmitted configuration's whole-text plan)."""
+        return self._dt.encode_ids(text, add_special_tokens=add_special_tokens)
+
+    @_locked
+    def has_session(self, key: str) -> bool:
+        return self._dt.has_session(key)
+
+    @_locked
+    def drop_session(self, key: str) -> bool:
+        return self._dt.drop_session(key)
+
+    @_locked
+    def stats(self) -> dict:
+        sh = self._dt.shadow
+        return {"paths": dict(self._dt.stats), "sessions": len(self._dt.store),
+                "resident_bytes": self._dt.store.resident_bytes, "pid": os.getpid(),
+                "engine": self._dt.admission.engine,
+                "shadow": {"comparisons": sh.comparisons, "mismatches": sh.mismatches}}
+
+
+@ray.remote(max_restarts=0, max_concurrency=1)
+class TokenizerWorker(WorkerService):
+    """Ray actor: a :class:`WorkerService` plus its authenticated same-node side channel."""
+
+    def __init__(self, config_bytes: bytes, digest: str, config: TokenizerConfig, secret: bytes):
+        super().__init__(get_tokenizer(config_bytes, digest, config), secret)
         self._dt.shadow.add_listener(metrics.record_shadow)  # comparisons and mismatches as metrics
         self._channel = (worker_channel.ChannelServer(self._channel_call, secret, methods=CHANNEL_METHODS)
                          if worker_channel.supported() else None)
@@ -63,53 +119,3 @@ class TokenizerWorker:
         """Loaded and serving: the process id and node, for placement checks."""
         return {"pid": os.getpid(), "node": ray.get_runtime_context().get_node_id(),
                 "digest": self._dt.digest, "admitted": self._dt.admission.admitted}
-
-    @_locked
-    def encode_session(self, key: str, text: str, known_version: int | None) -> tuple[int, int, np.ndarray]:
-        """(version, k, tail): IDs (no post-processing) = caller's IDs of known_version[:k] + tail."""
-        return self._dt.encode_session_delta(key, text, known_version)
-
-    @_locked
-    def extend(self, key: str, delta: str, known_version: int | None,
-               expect_version: int | None = None) -> tuple[int, int, np.ndarray]:
-        """Like encode_session for the stored text plus delta; SessionNotFound if not held, or if the
-        held state is not the version the caller extends (a stale extend that outlived its timeout)."""
-        return self._dt.encode_session_delta(key, "", known_version, delta=delta, expect_version=expect_version)
-
-    @_locked
-    def encode_reference(self, key: str | None, text: str, add_special_tokens: bool) -> np.ndarray:
-        """Non-admitted configurations: the reference's own IDs (session text kept for extend)."""
-        return self._dt.encode_ids(text, session=key, add_special_tokens=add_special_tokens)
-
-    @_locked
-    def extend_reference(self, key: str, delta: str, add_special_tokens: bool) -> np.ndarray:
-        return self._dt.extend(key, delta, add_special_tokens=add_special_tokens).to_numpy()
-
-    @_locked
-    def install(self, key: str, state: SessionState, seal: bytes) -> bool:
-        """Adopt a state the pool computed (chunked initialization); refused unless its seal verifies."""
-        from delta_ray.state_seal import verify_state
-        if not verify_state(self._secret, key, state, seal):
-            raise PermissionError(f"refused to install session {key!r}: the state is not sealed by this pool")
-        self._dt.install_session(key, state)
-        return True
-
-    @_locked
-    def encode_pieces(self, pieces: list[str]) -> list[np.ndarray]:
-        return self._dt.encoder.encode_pieces(pieces)
-
-    @_locked
-    def has_session(self, key: str) -> bool:
-        return self._dt.has_session(key)
-
-    @_locked
-    def drop_session(self, key: str) -> bool:
-        return self._dt.drop_session(key)
-
-    @_locked
-    def stats(self) -> dict:
-        sh = self._dt.shadow
-        return {"paths": dict(self._dt.stats), "sessions": len(self._dt.store),
-                "resident_bytes": self._dt.store.resident_bytes, "pid": os.getpid(),
-                "engine": self._dt.admission.engine,
-                "shadow": {"comparisons": sh.comparisons, "mismatches": sh.mismatches}}

@@ -4,6 +4,9 @@ The core (everything imported eagerly here) never imports Ray; the Ray-backed en
 (``TokenizerPool``, ``serve_app``, ``tokenize_dataset``) are loaded on first use.
 """
 from delta_ray.errors import DeltaRayError as DeltaRayError
+from delta_ray.errors import PoolAuthError as PoolAuthError
+from delta_ray.errors import PoolClosed as PoolClosed
+from delta_ray.errors import PoolStartupError as PoolStartupError
 from delta_ray.reference_version import UnsupportedReference as UnsupportedReference
 from delta_ray.reference_version import check_reference as _check_reference
 
@@ -14,18 +17,18 @@ from delta_ray.fast_engine import FastEngineUnavailable as FastEngineUnavailable
 from delta_ray.loading import load_tokenizer as load_tokenizer  # noqa: E402
 from delta_ray.session_store import SessionNotFound as SessionNotFound  # noqa: E402
 from delta_ray.tokenizer import DeltaTokenizer as DeltaTokenizer  # noqa: E402
+from delta_ray.config import PoolConfig as PoolConfig  # noqa: E402
+from delta_ray.config import TokenizerConfig as TokenizerConfig  # noqa: E402
 
 __all__ = ["Admission", "DeltaRayError", "DeltaTokenizer", "FastEngineUnavailable", "PoolAuthError",
-           "PoolClosed", "PoolStartupError", "SessionNotFound", "TokenizerPool", "UnsupportedReference",
+           "PoolClosed", "PoolConfig", "PoolStartupError", "SessionNotFound", "TokenizerConfig", "TokenizerPool",
+           "UnsupportedReference",
            "load_tokenizer", "serve_app", "tokenize_dataset"]
 
 _LAZY = {
     "TokenizerPool": ("delta_ray.actors.pool", "TokenizerPool"),
     "serve_app": ("delta_ray.actors.serve", "serve_app"),
     "tokenize_dataset": ("delta_ray.actors.data", "tokenize_dataset"),
-    "PoolClosed": ("delta_ray.actors.pool", "PoolClosed"),
-    "PoolStartupError": ("delta_ray.actors.pool", "PoolStartupError"),
-    "PoolAuthError": ("delta_ray.actors.pool", "PoolAuthError"),
 }
 
 

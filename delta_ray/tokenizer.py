@@ -16,24 +16,27 @@ from tokenizers import normalizers
 from . import constants as C
 from .admission import Admission, admit
 from .assembly import concat_ids, insert_template, to_arrow, to_chunked_arrow, with_template
+from .config import REUSE_MODES, TokenizerConfig, tokenizer_config
 from .confine import ConfiningEncoder
 from .content_index import ContentIndex
 from .cut_predicate import CutPredicate
 from .encoder import Encoder, ReferenceEncoder
-from .engines import ENGINES, EngineSwitch, select_engine
+from .engines import EngineSwitch, select_engine
 from .shadow import ShadowVerifier
 from .families import FAMILIES
 from .loading import LoadedTokenizer, TokenizerLike, load_tokenizer
 from .nfc_anchors import anchor_table
-from .planner import PlannerConfig, plan_cuts
-from .repair import common_prefix_len, encode_turn, encode_with_base
+from .plan import CONTENT, SESSION, Plan, route
+from .planner import chunk_count, plan_cuts
+from .repair import RepairPlan, common_prefix_len, encode_turn, encode_with_base, plan_repair
 from .session_store import SessionNotFound, SessionState, SessionStore
 from .special_tokens import SpecialTokenIndex
 
-REUSE_MODES = ("session", "content", "none")
+__all__ = ["DeltaTokenizer", "REUSE_MODES", "TokenizerConfig", "build_predicate", "check_text"]
 
 
-def _check_text(text: object, what: str = "text") -> str:
+def check_text(text: object, what: str = "text") -> str:
+    """``text`` if it is a str; TypeError naming ``what`` otherwise (every public entry point checks)."""
     if not isinstance(text, str):
         raise TypeError(f"{what} must be str, not {type(text).__name__}")
     return text
@@ -65,20 +68,20 @@ class DeltaTokenizer:
     every session and content entry it produced.
     """
 
-    def __init__(self, tokenizer: TokenizerLike, *, chunk_size: int = C.CHUNK_SIZE,
-                 cut_threshold: int = C.CUT_THRESHOLD, max_chunks: int = C.MAX_CHUNKS,
-                 threads: int | None = None, reuse: str = "session",
-                 max_session_bytes: int = C.MAX_SESSION_BYTES, max_sessions: int = C.MAX_SESSIONS,
-                 engine: str = "auto", shadow_rate: float = C.SHADOW_RATE, encoder: Encoder | None = None):
-        if reuse not in REUSE_MODES:
-            raise ValueError(f"reuse must be one of {REUSE_MODES}, got {reuse!r}")
-        if threads is not None and (not isinstance(threads, int) or threads < 1):
-            raise ValueError(f"threads must be a positive int or None, got {threads!r}")
+    def __init__(self, tokenizer: TokenizerLike, config: TokenizerConfig | None = None, *,
+                 encoder: Encoder | None = None, **options):
+        """``config`` (a :class:`~delta_ray.config.TokenizerConfig`) and/or its fields as keywords
+        (``chunk_size``, ``cut_threshold``, ``max_chunks``, ``threads``, ``reuse``,
+        ``max_session_bytes``, ``max_sessions``, ``engine``, ``shadow_rate``); ``encoder`` replaces
+        the engine (tests)."""
+        cfg = tokenizer_config(config, options)
+        self.options = cfg
         self._loaded = load_tokenizer(tokenizer)
         self._tok = self._loaded.tokenizer
-        self.config = PlannerConfig(chunk_size=chunk_size, cut_threshold=cut_threshold, max_chunks=max_chunks)
-        self.threads = threads or os.cpu_count() or 1
-        self.reuse = reuse
+        self.config = cfg.planner
+        self.threads = cfg.threads or os.cpu_count() or 1
+        self.reuse = cfg.reuse
+        engine, shadow_rate = cfg.engine, cfg.shadow_rate
         self._admission = admit(self._loaded)
         self._reference = ReferenceEncoder(self._tok)
         # The encoder seam: a switchable engine (reference, or the guarded fast tier once admitted),
@@ -88,16 +91,14 @@ class DeltaTokenizer:
             self.engine_switch.use(encoder, f"{encoder.name} (given)")
         elif self._admission:
             select_engine(engine, self._loaded.config_bytes, self.engine_switch, digest=self._loaded.digest)
-        elif engine not in ENGINES:
-            raise ValueError(f"engine must be one of {ENGINES}, got {engine!r}")
         self.shadow = ShadowVerifier(self.engine_switch, shadow_rate)
         self._predicate = build_predicate(self._loaded, self._admission) if self._admission else None
         # A guarded code point sends only a window around it to the reference, not its whole chunk.
         self.encoder: Encoder = ConfiningEncoder(self.shadow, self.engine_switch, self._predicate)
         longest = max((len(t) for t in self._admission.added_tokens), default=0)
         self.margin = max(C.MIN_MARGIN, longest)
-        self._store = SessionStore(max_session_bytes, max_sessions)
-        self._content = ContentIndex() if reuse == "content" else None
+        self._store = SessionStore(cfg.max_session_bytes, cfg.max_sessions)
+        self._content = ContentIndex() if cfg.reuse == "content" else None
         self._entry_ids = itertools.count()
         self.stats: Counter[str] = Counter()
         # Thread safety: a session's read-encode-install runs under its stripe's lock, so two threads
@@ -131,9 +132,9 @@ class DeltaTokenizer:
         unchanged whatever the session does next (``combine_chunks()`` makes one contiguous copy).
         A stateless call returns a ``pyarrow.Int32Array``.
         """
-        _check_text(text)
+        check_text(text)
         if session is not None:
-            _check_text(session, "session")
+            check_text(session, "session")
             if self._predicate is not None:
                 with self._lock_for(session):
                     state, _ = self._session_encode(session, text, self._store.get(session))
@@ -148,16 +149,15 @@ class DeltaTokenizer:
         :meth:`encode` with a session). Raises :class:`SessionNotFound` when the session is unknown
         or was evicted: the caller must then send the whole text with ``encode(text, session=...)``.
         """
-        _check_text(session, "session")
-        _check_text(delta, "delta")
+        check_text(session, "session")
+        check_text(delta, "delta")
         with self._lock_for(session):
             state = self._store.get(session)
             if state is None:
                 raise SessionNotFound(f"session {session!r} is not held (unknown or evicted): "
                                       "send the whole text with encode(text, session=...)")
             if self._predicate is None:
-                ids = self._session_ids(session, state.text + delta, state)
-                return to_arrow(self._finish(ids, add_special_tokens))
+                return to_arrow(self._reference_session(session, state.text + delta, add_special_tokens))
             new, _ = self._session_encode(session, None, state, delta=delta)
         return self._chunked(new, add_special_tokens)
 
@@ -167,15 +167,53 @@ class DeltaTokenizer:
             raise TypeError("texts must be a sequence of str")
         texts = list(texts)
         for t in texts:
-            _check_text(t)
+            check_text(t)
         return [to_arrow(a) for a in self.encode_batch_ids(texts, add_special_tokens=add_special_tokens)]
 
     def cuts(self, text: str) -> list[int]:
         """The character offsets the planner would cut ``text`` at with this instance's settings."""
-        _check_text(text)
+        check_text(text)
+        return list(self.plan(text).cuts)
+
+    # -- the request path: plan -> run pieces (here, or a pool's executor) -> finish ----------------
+    def plan(self, text: str, slots: int | None = None) -> Plan:
+        """The pieces to encode ``text`` as (consecutive, between safe cuts), for ``slots`` parallel
+        encoders (default: this instance's threads). Unadmitted: the whole text, by the reference."""
         if self._predicate is None:
-            return []
-        return [c.pos for c in plan_cuts(text, self._predicate, self.config, self.threads)]
+            return Plan(text, by_reference=True)
+        cuts = plan_cuts(text, self._predicate, self.config, slots or self.threads)
+        return Plan(text, tuple(c.pos for c in cuts))
+
+    def plan_session_init(self, text: str, slots: int) -> RepairPlan:
+        """A long session's first encode as a plan (pieces in parallel, then checkpoints and state:
+        :func:`delta_ray.repair.finish_repair`), for an executor with ``slots`` parallel encoders."""
+        if self._predicate is None:
+            raise RuntimeError("session plans need an admitted configuration")
+        return plan_repair(text, None, 0, self._predicate, self.config, slots, self.margin)
+
+    def missed_cuts(self, text: str, plan: Plan, slots: int) -> int:
+        """How many of the planner's targets found no safe cut in their window (a metric)."""
+        return max(0, chunk_count(len(text), self.config, slots) - 1 - len(plan.cuts))
+
+    @property
+    def uses_fast_engine(self) -> bool:
+        """Whether the fast tier encodes now (it may be switched off for good by the shadow check)."""
+        return getattr(self.engine_switch.current, "fast", None) is not None
+
+    def run_pieces(self, pieces: list[str]) -> list[np.ndarray]:
+        """The in-process executor: each piece's IDs (no post-processing) from the current engine."""
+        return self.encoder.encode_pieces(pieces)
+
+    def finish(self, ids: np.ndarray, add_special_tokens: bool) -> np.ndarray:
+        """A plan's concatenated piece IDs, post-processed (template) when asked."""
+        if not add_special_tokens:
+            return ids
+        return with_template(ids, self._admission.prefix_ids, self._admission.suffix_ids)
+
+    def encode_by_reference(self, text: str, add_special_tokens: bool) -> np.ndarray:
+        """A ``by_reference`` plan: the reference's own IDs of the whole text, its post-processing included."""
+        self.stats["reference"] += 1
+        return self._reference.encode_texts([text], add_special_tokens)[0]
 
     def decode(self, ids, *, skip_special_tokens: bool = True) -> str:
         """The reference decode of IDs (list, numpy or Arrow)."""
@@ -227,42 +265,44 @@ class DeltaTokenizer:
 
     def install_session(self, session: str, state: SessionState) -> None:
         """Adopt a state computed elsewhere (a pool's chunked initialization)."""
-        _check_text(session, "session")
+        check_text(session, "session")
         with self._lock_for(session):
             self._store.put(session, state)
 
     # -- IDs as numpy (used by the pool and the batch pipeline) -----------------------------------
     def encode_ids(self, text: str, *, session: str | None = None, add_special_tokens: bool = True) -> np.ndarray:
         """Like :meth:`encode`, returning an int32 numpy array."""
-        if session is not None:
+        path = route(len(text), session, admitted=self._predicate is not None,
+                     cut_threshold=self.config.cut_threshold, content_reuse=self._content is not None)
+        if path == SESSION:
             with self._lock_for(session):
-                ids = self._session_ids(session, text, self._store.get(session))
-        elif self._content is not None and self._admission:
+                if self._predicate is None:
+                    return self._reference_session(session, text, add_special_tokens)
+                ids = self._session_encode(session, text, self._store.get(session))[0].ids
+        elif path == CONTENT:
             with self._content_lock:
                 ids = self._content_ids(text)
         else:
-            ids = self._stateless_ids(text)
-        return self._finish(ids, add_special_tokens)
+            plan = self.plan(text)
+            if plan.by_reference:
+                return self.encode_by_reference(text, add_special_tokens)
+            ids = self._run_plan(plan)
+        return self.finish(ids, add_special_tokens)
 
     def encode_batch_ids(self, texts: list[str], *, add_special_tokens: bool = True) -> list[np.ndarray]:
         """Stateless IDs for many texts through one batch encode of all their pieces."""
-        if self._predicate is None:
-            try:  # one GIL-releasing batch call, parallel across texts
-                encs = self._tok.encode_batch_fast(list(texts), add_special_tokens=add_special_tokens)
-            except Exception as exc:
-                raise ValueError(f"the reference tokenizer rejected a text: {exc}") from exc
+        if self._predicate is None:  # one GIL-releasing batch call, parallel across texts
             self.stats["reference"] += len(texts)
-            return [np.asarray(e.ids, dtype=np.int32) for e in encs]
-        bounds_per_text, pieces = [], []
+            return self._reference.encode_texts(list(texts), add_special_tokens)
+        counts, pieces = [], []
         for t in texts:
-            cuts = [c.pos for c in plan_cuts(t, self._predicate, self.config, self.threads)]
-            bounds = [0] + cuts + [len(t)]
-            bounds_per_text.append(len(bounds) - 1)
-            pieces.extend(t[s:e] for s, e in zip(bounds, bounds[1:]))
-        arrays = self.encoder.encode_pieces(pieces)
+            plan_pieces = self.plan(t).pieces
+            counts.append(len(plan_pieces))
+            pieces.extend(plan_pieces)
+        arrays = self.run_pieces(pieces)
         out, i = [], 0
-        for count in bounds_per_text:
-            out.append(self._finish(concat_ids(arrays[i:i + count]), add_special_tokens))
+        for count in counts:
+            out.append(self.finish(concat_ids(arrays[i:i + count]), add_special_tokens))
             i += count
         self.stats["batch_texts"] += len(texts)
         return out
@@ -280,19 +320,16 @@ class DeltaTokenizer:
         texts = list(texts)
         if self._predicate is None:
             from .fast_engine import flat_from_pieces
-            try:
-                encs = self._tok.encode_batch_fast(texts, add_special_tokens=add_special_tokens)
-            except Exception as exc:
-                raise ValueError(f"the reference tokenizer rejected a text: {exc}") from exc
-            return flat_from_pieces([np.asarray(e.ids, dtype=np.int32) for e in encs])
+            self.stats["reference"] += len(texts)
+            return flat_from_pieces(self._reference.encode_texts(texts, add_special_tokens))
         pieces: list[str] = []
         counts = np.ones(len(texts), dtype=np.int64)
         cut_from = max(self.config.cut_threshold, self.config.min_cut_text)
         for i, t in enumerate(texts):
             if len(t) >= cut_from:
-                bounds = [0] + [c.pos for c in plan_cuts(t, self._predicate, self.config, self.threads)] + [len(t)]
-                pieces.extend(t[a:b] for a, b in zip(bounds, bounds[1:]))
-                counts[i] = len(bounds) - 1
+                plan_pieces = self.plan(t).pieces
+                pieces.extend(plan_pieces)
+                counts[i] = len(plan_pieces)
             else:
                 pieces.append(t)
         values, piece_offsets = self._encode_flat(pieces, threads or 1)
@@ -310,8 +347,7 @@ class DeltaTokenizer:
     def _encode_flat(self, pieces: list[str], threads: int) -> tuple[np.ndarray, np.ndarray]:
         from .encoder import encode_flat
         total = sum(map(len, pieces))
-        uses_fast = getattr(self.engine_switch.current, "fast", None) is not None
-        if threads <= 1 or len(pieces) < 2 or total < 65536 or not uses_fast:
+        if threads <= 1 or len(pieces) < 2 or total < 65536 or not self.uses_fast_engine:
             return encode_flat(self.encoder, pieces)
         # contiguous groups of about equal characters, one per thread
         cum = np.cumsum([len(p) for p in pieces])
@@ -355,44 +391,21 @@ class DeltaTokenizer:
         else:
             self._store.pop(key)
 
-    def _finish(self, ids: np.ndarray | tuple, add_special_tokens: bool) -> np.ndarray:
-        if isinstance(ids, tuple):  # a non-admitted configuration: ids from the reference itself
-            return ids[1] if add_special_tokens else ids[0]
-        if not add_special_tokens:
-            return ids
-        return with_template(ids, self._admission.prefix_ids, self._admission.suffix_ids)
-
-    def _reference_full(self, text: str, add_special_tokens: bool) -> np.ndarray:
-        try:
-            enc = self._tok.encode_batch_fast([text], add_special_tokens=add_special_tokens)[0]
-        except Exception as exc:
-            raise ValueError(f"the reference tokenizer rejected the text: {exc}") from exc
-        self.stats["reference"] += 1
-        return np.asarray(enc.ids, dtype=np.int32)
-
-    def _reference_pair(self, text: str) -> tuple:
-        return (self._reference_full(text, False), self._reference_full(text, True))
-
-    def _stateless_ids(self, text: str):
-        if self._predicate is None:
-            return self._reference_pair(text)
-        cuts = plan_cuts(text, self._predicate, self.config, self.threads)
-        if not cuts:
+    def _run_plan(self, plan: Plan) -> np.ndarray:
+        """Run a stateless plan here: its pieces are consecutive, so their flat values are the text's
+        IDs; a fast engine runs them on ``threads`` threads (the reference's batch call is parallel)."""
+        if not plan.cuts:
             self.stats["whole"] += 1
-            return self.encoder.encode_pieces([text])[0]
-        bounds = [0] + [c.pos for c in cuts] + [len(text)]
+            return self.run_pieces([plan.text])[0]
         self.stats["chunked"] += 1
-        # The pieces are consecutive, so their flat values are the text's IDs; a fast engine runs
-        # them on ``threads`` threads (the reference's own batch call is parallel already).
-        values, _ = self._encode_flat([text[s:e] for s, e in zip(bounds, bounds[1:])], self.threads)
+        values, _ = self._encode_flat(plan.pieces, self.threads)
         return values
 
-    def _session_ids(self, key: str, text: str, state: SessionState | None):
-        if self._predicate is None:
-            ids = self._reference_pair(text)
-            self._store.put(key, SessionState(text, np.zeros(0, np.int32), *(np.zeros(0, np.int64),) * 3))
-            return ids
-        return self._session_encode(key, text, state)[0].ids
+    def _reference_session(self, key: str, text: str, add_special_tokens: bool) -> np.ndarray:
+        """An unadmitted session: one reference encode; the text is kept so that ``extend`` works."""
+        ids = self.encode_by_reference(text, add_special_tokens)
+        self._store.put(key, SessionState(text, np.zeros(0, np.int32), *(np.zeros(0, np.int64),) * 3))
+        return ids
 
     def _chunked(self, state: SessionState, add_special_tokens: bool) -> pa.ChunkedArray:
         return self.session_arrow(state.id_parts, add_special_tokens)
@@ -435,7 +448,7 @@ class DeltaTokenizer:
         except UnicodeEncodeError as exc:
             raise ValueError(f"the reference tokenizer rejects this text (not valid Unicode): {exc}") from exc
         if len(data) < self._content.min_bytes:
-            return self._stateless_ids(text)
+            return self._run_plan(self.plan(text))
         generation = self.engine_switch.generation
         entry = self._content.lookup(data)
         base = self._store.get("content:" + entry) if entry is not None else None

@@ -216,10 +216,12 @@ def test_cli_usage_errors(tokenizer_paths, tmp_path, capsys):
 def _batch_fn(config: bytes, digest: str, **kw):
     from delta_ray.actors.data import TokenizeBatch
 
-    opts = dict(text_column="text", output_column="input_ids", count_column="num_tokens", add_special_tokens=True,
-                chunk_size=65_536, cut_threshold=131_072, threads=None, engine="auto")
+    from delta_ray.config import TokenizerConfig
+
+    opts = dict(text_column="text", output_column="input_ids", count_column="num_tokens", add_special_tokens=True)
     opts.update(kw)
-    return TokenizeBatch(config, digest, **opts)
+    return TokenizeBatch(config, digest, TokenizerConfig(chunk_size=65_536, cut_threshold=131_072, reuse="none"),
+                         **opts)
 
 
 def test_actor_class_unadmitted_config_and_digest(tokenizer_paths, real_texts):

@@ -180,40 +180,28 @@ def test_killed_workers_lose_nothing(ray_session, tokenizer_paths, references, r
         p.close()
 
 
-def test_no_answer_fails_over_in_process(ray_session, tokenizer_paths, references, real_texts):
-    ref = references["qwen-3"]
-    text = real_texts["code"][:12_000]
-    with TokenizerPool(tokenizer_paths["qwen-3"], num_workers=2, request_timeout_s=1.0) as p:
-        assert p.encode(text, session="hung").to_pylist() == ref.encode(text).ids
-        home = p._dispatcher.home_of("hung")
-        assert home in p._channels
+# Timeouts, hung and dead workers and lost connections are tested on a fake transport in
+# tests/test_orchestrator.py (milliseconds, no Ray); killing real workers stays here.
 
-        async def never_answers(method, args):
-            await asyncio.Event().wait()
-        p._channels[home].call = never_answers  # a hung (not dead) worker
-        text += " and a new turn"
-        assert p.encode(text, session="hung").to_pylist() == ref.encode(text).ids  # in-process
-        assert p.stats.get("timeout_fallback") == 1
-        assert home not in p._dispatcher.workers  # retired: nothing queues behind it forever
-        with pytest.raises(SessionNotFound):  # the new home never held the session
-            p.extend("hung", "!")
-        assert p.encode(text, session="hung").to_pylist() == ref.encode(text).ids
-        new_home = p._dispatcher.home_of("hung")
-        p._channels[new_home].call = never_answers
-        with pytest.raises(SessionNotFound, match="timed out"):  # extend has no text to fall back on
-            p.extend("hung", "!")
-        assert not p._dispatcher.workers  # both hung: every request is now encoded in-process
-        text += " one more turn"
-        assert p.encode(text, session="hung").to_pylist() == ref.encode(text).ids
-        long_text = (real_texts["english"] * 2)[:150_000]
-        assert p.encode(long_text).to_pylist() == ref.encode(long_text).ids  # chunk tasks still run
-        assert p.stats.get("no_workers_fallback", 0) >= 1
+
+def _settled_free_cpus(timeout_s: float = 20.0) -> float:
+    """Ray's free CPUs once actors killed by earlier tests have released theirs (that is asynchronous)."""
+    import time
+    deadline, last, stable_since = time.monotonic() + timeout_s, None, time.monotonic()
+    while time.monotonic() < deadline:
+        free = ray.available_resources().get("CPU", 0)
+        if free != last:
+            last, stable_since = free, time.monotonic()
+        elif time.monotonic() - stable_since > 1.0:
+            break
+        time.sleep(0.1)
+    return last
 
 
 def test_chunks_never_wait_on_cpu_reservations(ray_session, tokenizer_paths, references, real_texts):
     # Workers (this pool's, another pool's, another job's) may hold every CPU Ray has: chunk tasks
     # must still run at once, bounded by the dispatcher rather than by a reservation.
-    free = ray.available_resources().get("CPU", 0)
+    free = _settled_free_cpus()
     ref = references["qwen-3"]
     text = (real_texts["english"] * 2)[:150_000]
     with TokenizerPool(tokenizer_paths["qwen-3"], num_workers=2, worker_cpus=free / 2, placement=False,
@@ -239,18 +227,3 @@ def test_whole_transcript_turns_ship_only_the_suffix(pool, references, real_text
     assert pool.extend("ship", " more").to_pylist() == ref.encode(diverged + " more").ids
     again = diverged + " more and more"
     assert pool.encode(again, session="ship").to_pylist() == ref.encode(again).ids
-
-
-def test_placement_keeps_a_text_in_a_fast_caller(ray_session, tokenizer_paths, references, real_texts):
-    """With the fast tier in the caller, a 200K stateless text is expected to finish first here:
-    it runs in the caller, and the answer is exact either way."""
-    ref = references["qwen-3"]
-    text = (real_texts["english"] * 3)[:200_000]
-    with TokenizerPool(tokenizer_paths["qwen-3"], num_workers=1, chunk_size=8192, cut_threshold=20_000) as p:
-        p._placement.local_chars_per_ms = 200_000.0  # as measured for a fast engine
-        p._fast_seen = True
-        assert p.encode(text).to_pylist() == ref.encode(text).ids
-        assert p.stats.get("placed_here") == 1 and "chunked" not in p.stats
-        p._placement.local_chars_per_ms = 100.0  # a slow caller: the pool's chunks win
-        assert p.encode(text + "!").to_pylist() == ref.encode(text + "!").ids
-        assert p.stats.get("chunked") == 1

@@ -1,0 +1,50 @@
+"""What a worker call means, declared once: the pool, the worker, the side channel and the failure
+policy all read it from here instead of checking method names.
+
+A :class:`CallKind` says whether the call may be re-run after a lost connection (an ``extend`` may
+or may not have been applied, so it must not), whether the same-node side channel may carry it
+(only values the channel's typed frames hold), and whether its answer is a session delta
+``(version, k, tail)`` to splice onto the IDs the pool holds. Adding a worker method means adding
+one kind here and the method on the worker.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class CallKind:
+    method: str  # the TokenizerWorker method that serves it
+    idempotent: bool  # safe to re-run after a connection was lost mid-call
+    channel: bool  # the side channel may carry it (None/bool/int/str/int32-array values only)
+    session_delta: bool  # answers (version, k, tail): spliced onto the pool's mirror of the session
+
+
+ENCODE_SESSION = CallKind("encode_session", idempotent=True, channel=True, session_delta=True)
+EXTEND = CallKind("extend", idempotent=False, channel=True, session_delta=True)
+INSTALL = CallKind("install", idempotent=True, channel=False, session_delta=False)
+ENCODE_PIECES = CallKind("encode_pieces", idempotent=True, channel=False, session_delta=False)
+ENCODE_WHOLE = CallKind("encode_whole", idempotent=True, channel=True, session_delta=False)
+DROP_SESSION = CallKind("drop_session", idempotent=True, channel=False, session_delta=False)
+
+KINDS = {k.method: k for k in (ENCODE_SESSION, EXTEND, INSTALL, ENCODE_PIECES, ENCODE_WHOLE, DROP_SESSION)}
+CHANNEL_METHODS = frozenset(k.method for k in KINDS.values() if k.channel)
+
+
+@dataclass(frozen=True)
+class Call:
+    """One call: its kind, its arguments, and the session it belongs to (None for shared work).
+
+    ``shared`` calls (pieces of a stateless plan) may run on any worker or as a chunk task.
+    """
+
+    kind: CallKind
+    args: tuple
+    key: str | None = None
+
+    @property
+    def shared(self) -> bool:
+        return self.key is None
+
+    def __repr__(self) -> str:  # never print megabytes of text in a log line
+        return f"Call({self.kind.method}, key={'-' if self.key is None else 'set'}, {len(self.args)} args)"

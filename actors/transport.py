@@ -1,0 +1,167 @@
+"""The transport seam: how the pool's orchestrator reaches a worker, and the few ways that can fail.
+
+``WorkerTransport.call(wid, call)`` runs one :class:`~delta_ray.actors.calls.Call` on worker
+``wid`` (or, with ``wid=None``, a shared call as a chunk task) and returns its answer. A worker's
+own exception (a refused text, ``SessionNotFound``) is raised as the worker raised it; the
+transport's failures are only these three, so the orchestrator's failure policy is written once:
+
+* :class:`WorkerDead` -- the worker is gone: retire it, its sessions move, its calls are retried;
+* :class:`ConnectionLost` -- a live worker's connection dropped mid-call and the call may have
+  been applied (only for calls that are not idempotent; idempotent ones are re-run here);
+* :class:`NoAnswer` -- raised by the orchestrator's own timer, never by a transport.
+
+``RayTransport`` uses actor calls and chunk tasks; ``ChannelTransport`` sends the calls the
+channel may carry over the authenticated same-node side channel and everything else through Ray.
+Tests use an in-process fake (tests/test_orchestrator.py) with no Ray at all.
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import Any, Callable, Protocol
+
+from delta_ray.errors import DeltaRayError
+
+from .calls import Call
+
+log = logging.getLogger("delta_ray.pool")
+
+
+class TransportFailure(DeltaRayError, RuntimeError):
+    """Base of the transport's own failures (never a worker's answer)."""
+
+
+class WorkerDead(TransportFailure):
+    """The worker process is gone."""
+
+    def __init__(self, wid: str | None, detail: str = ""):
+        super().__init__(f"worker {wid} is dead{': ' + detail if detail else ''}")
+        self.wid = wid
+
+
+class ConnectionLost(TransportFailure):
+    """A live worker's connection dropped during a call that must not be re-run."""
+
+    def __init__(self, wid: str):
+        super().__init__(f"the connection to worker {wid} was lost mid-call")
+        self.wid = wid
+
+
+class NoAnswer(TransportFailure):
+    """No answer within the request timeout (the orchestrator's timer)."""
+
+
+class WorkerTransport(Protocol):
+    async def call(self, wid: str | None, call: Call) -> Any:
+        """Run ``call`` on worker ``wid`` (a chunk task when None); raise only the failures above
+        or the worker's own exception."""
+        ...
+
+    def retire(self, wid: str, *, kill: bool) -> None:
+        """Stop using worker ``wid``; with ``kill`` (a hung worker) also stop the process, when this
+        process owns it."""
+        ...
+
+    def close(self) -> None:
+        ...
+
+
+def _unwrap(exc: BaseException) -> BaseException:
+    cause = getattr(exc, "cause", None)  # RayTaskError wraps the worker's own exception
+    return cause if isinstance(cause, BaseException) else exc
+
+
+class RayTransport:
+    """Actor calls on the workers and chunk tasks for shared calls."""
+
+    def __init__(self, workers: dict[str, Any], chunk_task: Callable[[Call], Any], *, owner: bool):
+        self._workers = workers
+        self._chunk_task = chunk_task
+        self._owner = owner
+
+    async def call(self, wid: str | None, call: Call) -> Any:
+        import ray
+
+        try:
+            if wid is None:
+                ref = self._chunk_task(call)
+            else:
+                ref = getattr(self._workers[wid], call.kind.method).remote(*call.args)
+        except (ray.exceptions.RayActorError, ray.exceptions.ActorUnavailableError) as exc:
+            raise WorkerDead(wid, str(exc)) from exc  # a handle to an actor already known dead
+        try:
+            return await asyncio.wrap_future(ref.future())
+        except asyncio.CancelledError:
+            if wid is None:  # an abandoned (hung) chunk task: free its process
+                try:
+                    ray.cancel(ref, force=True)
+                except Exception:  # noqa: BLE001 - best effort
+                    pass
+            raise
+        except (ray.exceptions.RayActorError, ray.exceptions.ActorUnavailableError) as exc:
+            raise WorkerDead(wid, type(exc).__name__) from exc
+        except ray.exceptions.RayTaskError as exc:
+            raise _unwrap(exc) from None
+
+    async def alive(self, wid: str) -> bool:
+        try:
+            await asyncio.wrap_future(self._workers[wid].ready.remote().future())
+        except Exception:  # noqa: BLE001 - any failure to answer 'ready' means not usable
+            return False
+        return True
+
+    def retire(self, wid: str, *, kill: bool) -> None:
+        if not (kill and self._owner):
+            return
+        import ray
+        try:
+            ray.kill(self._workers[wid])
+        except Exception:  # noqa: BLE001 - already gone
+            pass
+
+    def close(self) -> None:
+        pass
+
+
+class ChannelTransport:
+    """The side channel for the calls it may carry, Ray for the rest and for workers without one.
+
+    A lost connection says nothing certain, so Ray decides: a dead worker is :class:`WorkerDead`;
+    a live one gets idempotent calls re-run through Ray, and a call that is not idempotent raises
+    :class:`ConnectionLost` (it may have been applied: the orchestrator must not guess).
+    """
+
+    def __init__(self, ray_transport: RayTransport, clients: dict[str, Any]):
+        self._ray = ray_transport
+        self._clients = clients
+
+    @property
+    def channels(self) -> dict[str, Any]:
+        return self._clients
+
+    async def call(self, wid: str | None, call: Call) -> Any:
+        client = self._clients.get(wid) if wid is not None and call.kind.channel else None
+        if client is None or client.closed:
+            return await self._ray.call(wid, call)
+        from .worker_channel import ChannelClosed
+        try:
+            return await client.call(call.kind.method, call.args)
+        except ChannelClosed:
+            self._clients.pop(wid, None)
+        if not await self._ray.alive(wid):
+            raise WorkerDead(wid, "its side channel closed")
+        log.warning("lost the side channel to live worker %s; using Ray calls", wid)
+        if call.kind.idempotent:
+            return await self._ray.call(wid, call)
+        raise ConnectionLost(wid)
+
+    def retire(self, wid: str, *, kill: bool) -> None:
+        client = self._clients.pop(wid, None)
+        if client is not None:
+            client.close()
+        self._ray.retire(wid, kill=kill)
+
+    def close(self) -> None:
+        for client in list(self._clients.values()):
+            client.close()
+        self._clients.clear()

@@ -1,0 +1,211 @@
+"""The pool's orchestrator on a fake transport: routing, splicing, and every failure policy, without Ray.
+
+The fake runs each call on an in-process ``WorkerService`` (the worker's own code, its own session
+store) and injects the transport's failures: a dead worker, a hung one, a connection lost mid-call.
+Every answer is compared with the reference.
+"""
+from __future__ import annotations
+
+import asyncio
+import json
+
+import pytest
+
+from delta_ray import SessionNotFound
+from delta_ray.actors.calls import EXTEND
+from delta_ray.actors.orchestrator import PoolOrchestrator
+from delta_ray.actors.transport import ConnectionLost, WorkerDead
+from delta_ray.actors.worker import WorkerService
+from delta_ray.config import PoolConfig, TokenizerConfig
+from delta_ray.loading import load_tokenizer
+from delta_ray.tokenizer import DeltaTokenizer
+
+SECRET = b"s" * 32
+TOK = TokenizerConfig(chunk_size=4096, cut_threshold=12_000, threads=1, engine="reference", shadow_rate=0.0)
+
+
+class _NoMetrics:
+    def __getattr__(self, name):
+        return lambda *a, **k: None
+
+
+class FakeTransport:
+    """Calls run on in-process worker services; failures are injected per worker."""
+
+    def __init__(self, services: dict[str, WorkerService], shared: WorkerService):
+        self.services, self.shared = services, shared
+        self.dead: set[str] = set()
+        self.hung: set[str] = set()
+        self.drop_connection: set[str] = set()  # the next call's answer is lost after it was applied
+        self.calls: list[tuple[str | None, str]] = []
+        self.retired: list[tuple[str, bool]] = []
+
+    async def call(self, wid, call):
+        self.calls.append((wid, call.kind.method))
+        await asyncio.sleep(0)  # a real transport answers on a later loop turn
+        if wid in self.dead:
+            raise WorkerDead(wid)
+        if wid in self.hung:
+            await asyncio.Event().wait()
+        svc = self.shared if wid is None else self.services[wid]
+        out = getattr(svc, call.kind.method)(*call.args)
+        if wid in self.drop_connection:
+            self.drop_connection.discard(wid)
+            if not call.kind.idempotent:
+                raise ConnectionLost(wid)
+        return out
+
+    def retire(self, wid, *, kill):
+        self.retired.append((wid, kill))
+
+    def close(self):
+        pass
+
+
+@pytest.fixture(scope="module")
+def loaded(tokenizer_paths):
+    return load_tokenizer(tokenizer_paths["llama3.2"])
+
+
+def _orchestrator(loaded, n_workers=2, **pool):
+    services = {f"w{i}": WorkerService(DeltaTokenizer(loaded, TOK), SECRET) for i in range(n_workers)}
+    transport = FakeTransport(services, WorkerService(DeltaTokenizer(loaded, TOK), SECRET))
+    cfg = PoolConfig(tokenizer=TOK, **{"placement": False, "request_timeout_s": 5.0, **pool}).resolved(2)
+    loop = asyncio.new_event_loop()
+    local = DeltaTokenizer(loaded, TOK)
+    orch = PoolOrchestrator(local, transport, list(services), cfg, loop, SECRET, record=_NoMetrics())
+    return orch, transport, loop
+
+
+def _ids(arr) -> list[int]:
+    return arr.to_pylist()
+
+
+@pytest.fixture()
+def text(real_texts):
+    return real_texts["english"][:6_000]
+
+
+def test_sessions_extends_and_chunks_are_exact(loaded, references, real_texts, text):
+    ref = references["llama3.2"]
+    orch, transport, loop = _orchestrator(loaded)
+    run = loop.run_until_complete
+    assert _ids(run(orch.encode(text, "a", True))) == ref.encode(text).ids
+    grown = text + " and one more turn"
+    assert _ids(run(orch.encode(grown, "a", True))) == ref.encode(grown).ids
+    assert orch.stats["session_delta"] == 1  # only the suffix travelled
+    assert _ids(run(orch.extend("a", "!", False))) == ref.encode(grown + "!", add_special_tokens=False).ids
+    start, count, tail = run(orch.extend_tail("a", " And more.", True))
+    full = ref.encode(grown + "! And more.").ids
+    assert count == len(full) and list(tail) == full[start:] and 0 < start
+    long_text = real_texts["code"][:40_000]
+    assert _ids(run(orch.encode(long_text, None, True))) == ref.encode(long_text).ids
+    assert orch.stats["chunked"] == 1 and any(w is None for w, _ in transport.calls)
+    long_session = real_texts["multilingual"][:30_000]
+    assert _ids(run(orch.encode(long_session, "b", True))) == ref.encode(long_session).ids
+    assert orch.stats["chunked_init"] == 1  # pieces in parallel, then the home worker adopts the state
+    assert _ids(run(orch.extend("b", " x", True))) == ref.encode(long_session + " x").ids
+    loop.close()
+
+
+def test_dead_worker_is_retired_and_its_session_moves(loaded, references, text):
+    ref = references["llama3.2"]
+    orch, transport, loop = _orchestrator(loaded)
+    run = loop.run_until_complete
+    assert _ids(run(orch.encode(text, "s", True))) == ref.encode(text).ids
+    home = orch.dispatcher.home_of("s")
+    transport.dead.add(home)
+    grown = text + " after the crash"
+    assert _ids(run(orch.encode(grown, "s", True))) == ref.encode(grown).ids
+    assert home not in orch.dispatcher.workers and (home, False) in transport.retired
+    assert orch.stats["worker_retired"] == 1
+    assert orch.dispatcher.home_of("s") != home
+    # The suffix-only turn found no session on the new home, so the whole text went there.
+    assert _ids(run(orch.extend("s", "!", True))) == ref.encode(grown + "!").ids
+    loop.close()
+
+
+def test_hung_worker_times_out_to_in_process_and_is_killed(loaded, references, text):
+    ref = references["llama3.2"]
+    orch, transport, loop = _orchestrator(loaded, request_timeout_s=0.05)
+    run = loop.run_until_complete
+    assert _ids(run(orch.encode(text, "h", True))) == ref.encode(text).ids
+    home = orch.dispatcher.home_of("h")
+    transport.hung.add(home)
+    grown = text + " while it hangs"
+    assert _ids(run(orch.encode(grown, "h", True))) == ref.encode(grown).ids  # encoded in process
+    assert orch.stats["timeout_fallback"] == 1
+    assert (home, True) in transport.retired and home not in orch.dispatcher.workers
+    other = orch.dispatcher.home_of("h")
+    transport.hung.add(other)
+    with pytest.raises(SessionNotFound, match="timed out"):  # an extend has no text to fall back on
+        run(orch.extend("h", "!", True))
+    assert not orch.dispatcher.workers  # both hung: every request is now encoded in process
+    assert _ids(run(orch.encode(grown + " on", "h", True))) == ref.encode(grown + " on").ids
+    assert orch.stats["no_workers_fallback"] >= 1
+    loop.close()
+
+
+def test_connection_lost_mid_extend_refuses_instead_of_guessing(loaded, references, text):
+    ref = references["llama3.2"]
+    orch, transport, loop = _orchestrator(loaded)
+    run = loop.run_until_complete
+    run(orch.encode(text, "c", True))
+    home = orch.dispatcher.home_of("c")
+    transport.drop_connection.add(home)
+    with pytest.raises(SessionNotFound, match="connection"):
+        run(orch.extend("c", " applied or not?", True))
+    assert not transport.services[home].has_session("c")  # dropped on the worker, not half-known
+    assert home in orch.dispatcher.workers  # alive: not retired
+    assert _ids(run(orch.encode(text + " again", "c", True))) == ref.encode(text + " again").ids
+    # An idempotent call whose connection dropped is simply answered (the transport re-runs it).
+    transport.drop_connection.add(home)
+    assert _ids(run(orch.encode(text + " again!", "c", True))) == ref.encode(text + " again!").ids
+    loop.close()
+
+
+def test_hung_chunk_task_is_abandoned_and_encoded_here(loaded, references, real_texts):
+    ref = references["llama3.2"]
+    orch, transport, loop = _orchestrator(loaded, request_timeout_s=0.05)
+    transport.hung.add(None)
+    long_text = real_texts["code"][:30_000]
+    assert _ids(loop.run_until_complete(orch.encode(long_text, None, True))) == ref.encode(long_text).ids
+    assert orch.stats["timeout_fallback"] >= 1 and not transport.retired  # tasks are not workers
+    assert orch.dispatcher.workers == ("w0", "w1") or set(orch.dispatcher.workers) == {"w0", "w1"}
+    loop.close()
+
+
+def test_unadmitted_configuration_encodes_once_with_the_reference_template(tokenizer_paths, references, real_texts):
+    ref = references["llama3.2"]
+    cfg = json.loads(open(tokenizer_paths["llama3.2"], encoding="utf-8").read())
+    cfg["normalizer"] = {"type": "Lowercase"}  # not covered by the exactness argument
+    from tokenizers import Tokenizer
+    lowered_ref = Tokenizer.from_str(json.dumps(cfg))
+    loaded = load_tokenizer(lowered_ref)
+    orch, transport, loop = _orchestrator(loaded)
+    assert not orch.admitted
+    run = loop.run_until_complete
+    text = real_texts["english"][:9_000]
+    assert _ids(run(orch.encode(text, "u", True))) == lowered_ref.encode(text).ids
+    assert [m for _, m in transport.calls] == ["encode_whole"]  # one encode, template by the reference
+    assert _ids(run(orch.extend("u", " MORE", False))) == lowered_ref.encode(text + " MORE",
+                                                                              add_special_tokens=False).ids
+    with pytest.raises(SessionNotFound):
+        run(orch.extend("never-seen", "x", True))
+    assert ref is not None
+    loop.close()
+
+
+def test_placement_runs_a_text_where_it_finishes_first(loaded, real_texts):
+    orch, _, loop = _orchestrator(loaded, placement=True)
+    text = (real_texts["english"] * 3)[:200_000]
+    orch.placement.local_chars_per_ms = 200_000.0  # a fast engine in the caller: stay here
+    assert orch.runs_here(text)
+    orch.placement.local_chars_per_ms = 100.0  # a slow caller: the pool's chunks win
+    assert not orch.runs_here(text)
+    assert orch.runs_here("short text")  # under 4,096 bytes: always here
+    loop.close()
+
+
+def test_extend_calls_are_declared_not_idempotent():
+    assert not EXTEND.idempotent and EXTEND.session_delta and EXTEND.channel
