@@ -142,7 +142,9 @@ def serve_app(tokenizer: TokenizerLike, *, model_name: "str | None" = None, pool
             self.inflight = 0
             self.require_tenant = require_tenant
             self.tok = loaded.tokenizer
-            self.vocab_size = self.tok.get_vocab_size(with_added_tokens=True)
+            from delta_ray.reference_api import id_to_token_fn, vocab_size  # 0.x API or tokenizer.json (1.x)
+            self.vocab_size = vocab_size(self.tok, loaded.config)
+            self.id_to_token = id_to_token_fn(self.tok, loaded.config)
             self.template = ChatTemplate.from_config(chat_config)
             self.max_body = max_body_bytes
             self.max_model_len = max_model_len
@@ -328,7 +330,7 @@ def serve_app(tokenizer: TokenizerLike, *, model_name: "str | None" = None, pool
                     metrics.record_path(f"serve_session_{where}")
             out = {"count": int(len(tokens)), "max_model_len": self.max_model_len, "tokens": tokens}
             if req.return_token_strs:
-                out["token_strs"] = [self.tok.id_to_token(int(t)) for t in tokens]
+                out["token_strs"] = [self.id_to_token(int(t)) for t in tokens]
             return out, where
 
     return TokenizerService.bind(**init_args)

@@ -142,7 +142,8 @@ def confinement(path: str, sizes: list[int], corpus: str, clock) -> None:
     from delta_ray import DeltaTokenizer
     from delta_ray.encoder import ReferenceEncoder
     from delta_ray.fast_engine import cached_fast_encoder
-    from delta_ray.guard import GuardedEncoder, guard_set_for
+    from delta_ray.guard_probe import guard_set_for
+    from delta_ray.guard_runtime import GuardedEncoder
 
     ref = Tokenizer.from_file(path)
     data = Path(path).read_bytes()
@@ -188,7 +189,7 @@ def main(argv=None) -> int:
     clock = time.process_time if args.clock == "cpu" else time.perf_counter
     wanted = args.engines.split(",")
 
-    from delta_ray.guard import GuardSet
+    from delta_ray.guard_runtime import GuardSet
 
     engines = build_engines(bundled_tokenizer_path(args.tokenizer), wanted)
     guard = GuardSet(frozenset(range(0x31350, 0x323B0)) | frozenset(range(0x1AC0, 0x1AF0)) | frozenset(range(0x0890, 0x08A0)))

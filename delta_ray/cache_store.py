@@ -1,7 +1,9 @@
 """delta-ray's one on-disk cache: where it lives, how files are written, and records that are checked.
 
-Everything cached (class tables, guard sets, admission verdicts, the probe's reference digests)
-goes under :func:`cache_root`. A cached *decision* (a guard set, a verdict) decides which engine
+Everything cached (per-code-point tables derived from the reference, guard sets, admission
+verdicts, the probe's reference digests) goes under :func:`cache_root`, written by
+:func:`atomic_write` alone. Tables (:func:`cached_table`) are keyed by their name, a format version
+and the reference's version, so an upgrade of ``tokenizers`` re-derives every table. A cached *decision* (a guard set, a verdict) decides which engine
 encodes a user's text, so it is never trusted blindly:
 
 * the directory must be a real directory owned by this user and writable by nobody else (created
@@ -151,6 +153,32 @@ def delete_record(kind: str, key: dict, *, sub: str = "guard") -> None:
     if directory is not None:
         with contextlib.suppress(OSError):
             os.unlink(_record_path(directory, kind, key))
+
+
+def cached_table(name: str, version: int, derive: Callable[[], Any], shape: tuple, dtype) -> Any:
+    """A per-code-point numpy table derived from the installed reference: the cached copy (right
+    shape and dtype), or ``derive()`` stored atomically and returned."""
+    import io
+
+    import numpy as np
+
+    from .reference_version import reference_version
+    directory = private_dir()
+    path = directory / f"{name}-v{version}-tokenizers-{reference_version()}.npy" if directory else None
+    raw = read_file(path) if path is not None else None
+    if raw is not None:
+        try:
+            table = np.load(io.BytesIO(raw), allow_pickle=False)
+            if table.shape == shape and table.dtype == np.dtype(dtype):
+                return table
+        except Exception:  # noqa: BLE001 - a damaged file is derived again
+            pass
+    table = derive()
+    if path is not None:
+        buf = io.BytesIO()
+        np.save(buf, table, allow_pickle=False)
+        atomic_write(path, buf.getvalue())
+    return table
 
 
 @contextlib.contextmanager

@@ -1,21 +1,28 @@
 """Character classes as the reference's own regex engine sees them.
 
-The pre-tokenizer regexes run on the Oniguruma build inside ``tokenizers`` (Unicode 16 in current
-releases) while Python's ``unicodedata`` is Unicode 14 on 3.11: the two disagree on hundreds of code
-points. So the table is derived from the installed reference itself, by running its own ``Split``
-pre-tokenizer with one property pattern at a time over every code point, and cached on disk keyed
-by the ``tokenizers`` version.
+The pre-tokenizer regexes run on the regex engine inside ``tokenizers`` while Python's
+``unicodedata`` is Unicode 14 on 3.11: the two disagree on hundreds of code points. So the table is
+derived from the installed reference itself and cached on disk keyed by the ``tokenizers`` version:
+
+* **tokenizers 0.x** exposes its engine (Oniguruma, Unicode 16 in current wheels): its own
+  ``Split`` pre-tokenizer runs with one property pattern at a time over every code point.
+* **tokenizers 1.x** exposes no regex and runs only the Split patterns it knows. The table is then
+  a *candidate*, computed with the ``regex`` package (the same property syntax), and every use of it
+  is checked against the reference: :mod:`delta_ray.class_verify` probes every code point through
+  the reference's own pre-tokenizer (the tokenizer's patterns, in contexts) and any code point whose
+  pieces differ from what the candidate classes predict is *unverified*, a class next to which no
+  cut is ever accepted (docs/design.md §10).
 """
 from __future__ import annotations
 
 from functools import lru_cache
 
 import numpy as np
-from tokenizers import Regex, pre_tokenizers
 
-from .table_cache import cached_table
+from .reference_api import FULL_API
+from .cache_store import cached_table
 
-# One bit per property the families' patterns use. \s is Oniguruma's Unicode White_Space.
+# One bit per property the families' patterns use. \s is the regex engine's whitespace.
 L, LU, LL, LT, LM, LO, M, N, P, S, W = (1 << i for i in range(11))
 _PROPS = [
     (L, r"\p{L}"), (LU, r"\p{Lu}"), (LL, r"\p{Ll}"), (LT, r"\p{Lt}"), (LM, r"\p{Lm}"),
@@ -33,6 +40,8 @@ def all_codepoints_text() -> tuple[str, np.ndarray]:
 
 def derive_class_table() -> np.ndarray:
     """Run the reference's regex engine over all code points once per property; return uint16 bits."""
+    from tokenizers import Regex, pre_tokenizers
+
     text, cps = all_codepoints_text()
     table = np.zeros(N_CODEPOINTS, dtype=np.uint16)
     for bit, prop in _PROPS:
@@ -42,7 +51,35 @@ def derive_class_table() -> np.ndarray:
     return table
 
 
+def derive_candidate_table() -> np.ndarray:
+    """The same bits from the ``regex`` package (tokenizers 1.x): a candidate, verified before use."""
+    import regex
+
+    text, cps = all_codepoints_text()
+    table = np.zeros(N_CODEPOINTS, dtype=np.uint16)
+    for bit, prop in _PROPS:
+        for m in regex.finditer(prop + "+", text):
+            table[cps[m.start():m.end()]] |= bit
+    return table
+
+
+def candidate_source() -> str:
+    """What the table was derived with (part of every cache key built on it)."""
+    if FULL_API:
+        return "reference"
+    import regex
+    return f"regex-{regex.__version__}"
+
+
 @lru_cache(maxsize=1)
 def class_table() -> np.ndarray:
-    """The cached per-code-point class bits of the installed reference (derived on first use)."""
-    return cached_table("charclass", TABLE_VERSION, derive_class_table, (N_CODEPOINTS,), np.uint16)
+    """The cached per-code-point class bits of the installed reference (derived on first use).
+
+    Under tokenizers 1.x these are the ``regex`` package's candidate bits: use them only through
+    :func:`delta_ray.families.Family.class_table`, which sets every code point the reference does
+    not confirm to the unverified class.
+    """
+    if FULL_API:
+        return cached_table("charclass", TABLE_VERSION, derive_class_table, (N_CODEPOINTS,), np.uint16)
+    return cached_table(f"charclass-candidate-{candidate_source()}", TABLE_VERSION, derive_candidate_table,
+                        (N_CODEPOINTS,), np.uint16)

@@ -13,6 +13,9 @@ from typing import Protocol, Sequence, runtime_checkable
 import numpy as np
 from tokenizers import Tokenizer
 
+from .reference_api import encode_batch as _reference_batch
+from .reference_api import ids_of
+
 PARALLEL_MIN_CHARS = 32768  # below this total, pieces are encoded sequentially
 
 
@@ -40,9 +43,9 @@ def encode_flat(encoder, texts: Sequence[str]) -> tuple[np.ndarray, np.ndarray]:
 class ReferenceEncoder:
     """The reference ``tokenizers`` pipeline, used through its GIL-releasing batch form.
 
-    ``encode_batch_fast`` skips offsets and releases the GIL, so other threads (an event loop, a
-    Serve replica) keep running while it encodes; with several inputs it spreads them over the
-    tokenizers thread pool.
+    ``encode_batch_fast`` (``encode_batch`` under tokenizers 1.x, :mod:`delta_ray.reference_api`)
+    skips offsets and releases the GIL, so other threads (an event loop, a Serve replica) keep
+    running while it encodes; with several inputs it spreads them over the tokenizers thread pool.
     """
 
     name = "reference"
@@ -63,14 +66,13 @@ class ReferenceEncoder:
             if len(texts) > 1 and sum(map(len, texts)) < PARALLEL_MIN_CHARS:
                 # Small pieces (a repair's tail): a parallel batch costs more in thread hand-offs
                 # than it saves, so encode them one by one on this thread.
-                encs = [self.tokenizer.encode_batch_fast([t], add_special_tokens=add_special_tokens)[0]
-                        for t in texts]
+                encs = [_reference_batch(self.tokenizer, [t], add_special_tokens)[0] for t in texts]
             else:
-                encs = self.tokenizer.encode_batch_fast(list(texts), add_special_tokens=add_special_tokens)
+                encs = _reference_batch(self.tokenizer, texts, add_special_tokens)
         except Exception as exc:  # the reference's own refusal (e.g. lone surrogates)
             raise ValueError(f"the reference tokenizer rejected the text: {exc}") from exc
         out = []
         for enc in encs:
-            out.append(np.asarray(enc.ids, dtype=np.int32))
+            out.append(ids_of(enc))
         del encs  # Encoding objects are heavy; free them before the caller goes on
         return out

@@ -32,21 +32,21 @@ ADMISSION_FUZZ_SECONDS = 4.0  # fuzzing at admission (DELTA_RAY_ADMISSION_FUZZ_S
 
 
 def _delta_ray_version() -> str:
-    from .fast_engine import _version
-    return _version("delta-ray") or "0+unknown"
+    from .fast_engine import package_version
+    return package_version("delta-ray") or "0+unknown"
 
 
 def verdict_key(config_bytes: bytes, backend: str, backend_version: str | None) -> dict:
     """The whole key of an admission record (cheap: package metadata, no tokenizer.json parse)."""
-    from .guard import guard_key
+    from .guard_probe import guard_key
     return {**guard_key(config_bytes, backend=backend, backend_version=backend_version),
             "delta_ray": _delta_ray_version(), "battery": BATTERY_FORMAT}
 
 
 def _valid_verdict(p: dict) -> bool:
-    from .guard import _valid_guard_payload
+    from .guard_runtime import valid_guard_payload
     return (isinstance(p.get("ok"), bool) and isinstance(p.get("reason"), str)
-            and isinstance(p.get("at"), (int, float)) and _valid_guard_payload(p))
+            and isinstance(p.get("at"), (int, float)) and valid_guard_payload(p))
 
 
 def load_verdict(key: dict) -> dict | None:
@@ -57,7 +57,7 @@ def load_verdict(key: dict) -> dict | None:
 
 def save_verdict(key: dict, ok: bool, reason: str, ranges: list, stats: dict | None = None) -> bool:
     from .cache_store import save_record
-    from .guard import ranges_digest
+    from .guard_runtime import ranges_digest
     ranges = [list(map(int, r)) for r in ranges]
     return save_record("verdict", key, {"ok": bool(ok), "reason": str(reason), "at": time.time(),
                                         "ranges": ranges, "ranges_sha256": ranges_digest(ranges),
@@ -96,7 +96,9 @@ def _fuzz_at_admission(config_bytes: bytes, reference: ReferenceEncoder, fast, g
 def admit_fast(config_bytes: bytes, reference: ReferenceEncoder, backend: str = "auto") -> Encoder:
     """Load, guard, fuzz and verify the fast engine (cached); a GuardedEncoder or FastEngineUnavailable."""
     from .fast_engine import FastEngineUnavailable, cached_fast_encoder
-    from .guard import GuardedEncoder, GuardSet, guard_from_ranges, guard_set_for, verify_fast_engine
+    from .guard_battery import verify_fast_engine
+    from .guard_probe import guard_set_for
+    from .guard_runtime import GuardedEncoder, GuardSet, guard_from_ranges
 
     fast = cached_fast_encoder(config_bytes, backend)
     key = verdict_key(config_bytes, fast.backend, fast.backend_version)
@@ -113,7 +115,8 @@ def admit_fast(config_bytes: bytes, reference: ReferenceEncoder, backend: str = 
         if unguardable:
             ok, reason = False, f"the fuzzer found an ASCII text the engine gets wrong: {unguardable[0][:80]!r}"
         else:
-            ok, reason = verify_fast_engine(reference.tokenizer, fast, guard=guard)
+            import json
+            ok, reason = verify_fast_engine(reference.tokenizer, fast, guard=guard, config=json.loads(config_bytes))
         save_verdict(key, ok, reason, [list(r) for r in guard.ranges()], guard.stats)
     if not ok:
         raise FastEngineUnavailable(f"{fast.backend} {fast.backend_version} is not admitted: {reason}")
@@ -127,9 +130,9 @@ def cached_admission_exists(config_bytes: bytes, backend: str = "auto") -> bool:
 
     Computed from package metadata alone (loading an engine costs seconds).
     """
-    from .fast_engine import FAST_BACKENDS, _version
+    from .fast_engine import FAST_BACKENDS, package_version
     for cand in (FAST_BACKENDS if backend == "auto" else (backend,)):
-        version = _version(cand)
+        version = package_version(cand)
         if version is None:
             continue
         rec = load_verdict(verdict_key(config_bytes, cand, version))

@@ -10,7 +10,9 @@ contiguous, the first condition depends only on the classes of x and y, so each 
 table over character classes. The reason for each accepted transition is in docs/design.md; the
 tables are deliberately conservative (a missed cut costs time, never IDs).
 
-Classes are derived from the reference's own regex engine (:mod:`delta_ray.charclass`).
+Classes are derived from the reference's own regex engine (:mod:`delta_ray.charclass`); under
+tokenizers 1.x they are a candidate checked code point by code point against the reference's own
+pre-tokenizer (:mod:`delta_ray.class_verify`), and a code point it does not confirm is ``UNV``.
 """
 from __future__ import annotations
 
@@ -22,8 +24,10 @@ import numpy as np
 from . import charclass as cc
 
 # Family class ids (small ints indexing the accept matrix).
-LET, NUM, CRLF, WS, APOS, OTH, CJK, PS, GAP, MARK = range(10)
-CLASS_NAMES = ["L", "N", "CRLF", "W", "APOS", "O", "K", "PS", "G", "M"]
+LET, NUM, CRLF, WS, APOS, OTH, CJK, PS, GAP, MARK, UNV = range(11)
+# UNV: a code point whose class the reference did not confirm (tokenizers 1.x, delta_ray.class_verify);
+# no transition into or out of it is ever accepted.
+CLASS_NAMES = ["L", "N", "CRLF", "W", "APOS", "O", "K", "PS", "G", "M", "UNV"]
 N_CLASSES = len(CLASS_NAMES)
 
 _QWEN3 = ("(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}| ?[^\\s\\p{L}\\p{N}]+[\\r\\n]*"
@@ -86,7 +90,7 @@ _O200K_ACCEPT = (_pairs(LET, (NUM, CRLF, WS, OTH)) + _pairs(NUM, (LET, CRLF, WS,
 # DeepSeek-V3: three splits; a boundary made at level 1 (digits) or 2 (CJK/kana) is final.
 _DSV3_ACCEPT = tuple(
     (x, y) for x in range(N_CLASSES) for y in range(N_CLASSES)
-    if x not in (WS, CRLF) and (
+    if x not in (WS, CRLF, UNV) and y != UNV and (
         ((x == NUM) != (y == NUM))
         or (x != NUM and y != NUM and (x == CJK) != (y == CJK))
         or (x == LET and y in (PS, CRLF, WS, GAP))
@@ -112,6 +116,19 @@ def family_for_patterns(patterns: tuple[str, ...]) -> Family | None:
 
 @lru_cache(maxsize=None)
 def _family_class_table(name: str) -> np.ndarray:
+    """The candidate table, with every code point the reference does not confirm set to UNV (1.x)."""
+    from .reference_api import FULL_API
+    table = _candidate_family_table(name)
+    if FULL_API:  # the bits come from the reference's own regex engine
+        return table
+    from .class_verify import verified_mask
+    out = table.copy()
+    out[~verified_mask(name)] = UNV
+    return out
+
+
+@lru_cache(maxsize=None)
+def _candidate_family_table(name: str) -> np.ndarray:
     fam = FAMILIES[name]
     bits = cc.class_table()
     out = np.full(cc.N_CODEPOINTS, OTH, dtype=np.uint8)

@@ -48,7 +48,7 @@ pool; set it in the environment of the worker processes (e.g. Ray ``runtime_env=
 a similar cache). Loading costs 1.5-3 s for fastokens and 0.5-1.3 s for gigatoken: use
 :func:`cached_fast_encoder` to load once per process.
 
-An engine is only as exact as its checks: :mod:`delta_ray.guard` derives, per tokenizer and per
+An engine is only as exact as its checks: :mod:`delta_ray.guard_probe` derives, per tokenizer and per
 installed versions, the code points on which the engine may disagree with the reference, and runs a
 verification battery before the engine is admitted. Use :func:`delta_ray.engines.admit_fast`
 or ``GuardSet.allows`` before trusting a :class:`FastEncoder` with a text.
@@ -84,7 +84,8 @@ class FastEngineUnavailable(DeltaRayError, RuntimeError):
         self.reason = reason
 
 
-def _version(dist: str) -> str | None:
+def package_version(dist: str) -> str | None:
+    """The installed version of a distribution, or None."""
     try:
         return importlib.metadata.version(dist)
     except importlib.metadata.PackageNotFoundError:
@@ -95,8 +96,29 @@ def fast_engine_versions() -> dict[str, str | None]:
     """Installed versions of the reference and of each fast engine (None when not installed).
 
     Part of every cache key that records what a fast engine did (guard sets, verdicts)."""
-    return {"tokenizers": _version("tokenizers"),
-            **{name: _version(name) for name in FAST_BACKENDS}}
+    return {"tokenizers": package_version("tokenizers"),
+            **{name: package_version(name) for name in FAST_BACKENDS}}
+
+
+def engine_key(tokenizer_json_bytes: bytes, backend: str | None, backend_version: str | None) -> dict:
+    """What anything cached about an engine on a tokenizer depends on (guard sets, verdicts): the
+    tokenizer's SHA-256, the reference's version (and, under tokenizers 1.x, what its class tables
+    were derived with), the engine's name and version, and Python's Unicode tables.
+
+    Computable from package metadata alone: loading an engine costs seconds, a cache lookup should not.
+    """
+    import unicodedata
+
+    from .reference_api import FULL_API
+    from .reference_version import reference_version
+    key = {"tokenizer_sha256": hashlib.sha256(tokenizer_json_bytes).hexdigest(),
+           "tokenizers": reference_version(),
+           "backend": backend, "backend_version": backend_version,
+           "python_unicodedata": unicodedata.unidata_version}
+    if not FULL_API:  # 1.x: the fold set and class checks start from the regex package's tables
+        from .charclass import candidate_source
+        key["reference_tables"] = candidate_source()
+    return key
 
 
 def fast_engine_threads() -> dict[str, str]:
@@ -195,8 +217,8 @@ class FastEncoder:
 
     ``encode_pieces`` returns one int32 array per text, meant to equal the reference's IDs with
     ``add_special_tokens=False``. Exactness is *checked*, not assumed: gate texts with
-    :class:`delta_ray.guard.GuardSet` and admit the engine with
-    :func:`delta_ray.guard.verify_fast_engine`.
+    :class:`delta_ray.guard_runtime.GuardSet` and admit the engine with
+    :func:`delta_ray.engines.admit_fast`.
 
     ``backend="auto"`` takes the first loadable engine among :data:`FAST_BACKENDS` (fastokens, then
     gigatoken). A missing package or a tokenizer.json the engine refuses raises
@@ -222,7 +244,7 @@ class FastEncoder:
                 reasons.append(f"{cand}: {exc.reason}")
                 continue
             self.backend = cand
-            self.backend_version = _version(cand)
+            self.backend_version = package_version(cand)
             break
         else:
             raise FastEngineUnavailable("; ".join(reasons))
@@ -230,7 +252,7 @@ class FastEncoder:
     @property
     def cache_key(self) -> str:
         """tokenizer digest + engine name/version + reference version, for anything cached about it."""
-        return f"{self.digest}:{self.backend}-{self.backend_version}:tokenizers-{_version('tokenizers')}"
+        return f"{self.digest}:{self.backend}-{self.backend_version}:tokenizers-{package_version('tokenizers')}"
 
     def encode_pieces(self, texts: Sequence[str]) -> list[np.ndarray]:
         """Encode each text (no post-processing); reject what the reference rejects with ValueError."""

@@ -1,6 +1,6 @@
 """A differential fuzzer: the fast engine behind its guard against the reference, on generated text.
 
-The probe (:mod:`delta_ray.guard`) tests one code point at a time in derived contexts; the fuzzer
+The probe (:mod:`delta_ray.guard_probe`) tests one code point at a time in derived contexts; the fuzzer
 tests what the probe's model of an engine leaves out: interactions of several characters, case
 variants of the case-insensitive groups, special-token strings (whole, truncated, overlapping) and
 real text. Texts are random concatenations of fragments drawn from
@@ -51,11 +51,11 @@ def _case_variants(s: str, rng: random.Random, n: int = 3) -> list[str]:
 
 def fuzz_alphabet(tokenizer_json: dict, added_tokens: Sequence[str], *, seed: int = 0) -> list[str]:
     """The fragments the fuzzer concatenates, derived from this tokenizer's pipeline."""
-    from .guard import _ALPHABETS, _REAL_TEXT
+    from .guard_battery import ALPHABETS, REAL_TEXT
 
     rng = random.Random(seed)
     frags: list[str] = list(CLASS_NEIGHBOURS)
-    frags += [v for vals in _ALPHABETS.values() for v in vals]
+    frags += [v for vals in ALPHABETS.values() for v in vals]
     patterns = split_patterns(tokenizer_json)
     groups = case_insensitive_groups(patterns)
     if groups:
@@ -73,7 +73,7 @@ def fuzz_alphabet(tokenizer_json: dict, added_tokens: Sequence[str], *, seed: in
         specials = sorted({specials[round(i * step)] for i in range(24)})
     for s in specials:
         frags += [s, s[:-1], s[1:], s[: len(s) // 2], s + s[1:]]
-    words = _REAL_TEXT.replace("\n", " \n ").split(" ")
+    words = REAL_TEXT.replace("\n", " \n ").split(" ")
     frags += [w for w in words if w] + [" " + w for w in words if w]
     return [f for f in frags if f]
 

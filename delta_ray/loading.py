@@ -13,6 +13,7 @@ from typing import Any, Union
 
 from tokenizers import Tokenizer
 from .errors import DeltaRayError
+from .reference_api import tokenizer_from_str, tokenizer_to_str
 
 TokenizerLike = Union[str, "os.PathLike[str]", Tokenizer, "LoadedTokenizer"]
 
@@ -38,7 +39,7 @@ class LoadedTokenizer:
         if expected_digest is not None and digest != expected_digest:
             raise DigestMismatch(f"tokenizer configuration SHA-256 {digest} != expected {expected_digest}")
         text = data.decode("utf-8")
-        return cls(Tokenizer.from_str(text), data, digest, source, json.loads(text))
+        return cls(tokenizer_from_str(text), data, digest, source, json.loads(text))
 
 
 def load_tokenizer(tokenizer: TokenizerLike) -> LoadedTokenizer:
@@ -46,7 +47,7 @@ def load_tokenizer(tokenizer: TokenizerLike) -> LoadedTokenizer:
     if isinstance(tokenizer, LoadedTokenizer):
         return tokenizer
     if isinstance(tokenizer, Tokenizer):
-        data = tokenizer.to_str().encode("utf-8")
+        data = tokenizer_to_str(tokenizer).encode("utf-8")
         loaded = LoadedTokenizer.from_bytes(data, source="<Tokenizer>")
         loaded.tokenizer = tokenizer  # keep the caller's object: it may carry runtime settings
         return loaded

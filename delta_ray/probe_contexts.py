@@ -1,7 +1,7 @@
 r"""What the fast-tier probe must look at, derived from the tokenizer's own pipeline.
 
 A native engine reimplements the reference's pattern with its own Unicode tables. The guard probe
-(:mod:`delta_ray.guard`) finds the code points whose *class membership* differs, by encoding every
+(:mod:`delta_ray.guard_probe`) finds the code points whose *class membership* differs, by encoding every
 code point in contexts where each membership decision the pattern makes changes the IDs of the
 neighbours. This module derives those contexts from the tokenizer instead of a fixed list, and the
 one decision a per-code-point probe cannot see is guarded wholesale:
@@ -31,6 +31,8 @@ from __future__ import annotations
 
 import json
 import re
+
+import numpy as np
 from functools import lru_cache
 from typing import Iterable
 
@@ -137,12 +139,12 @@ def _python_folds(letters: frozenset[str], runs: set[str]) -> set[int]:
     return out
 
 
-def _reference_folds(letters: frozenset[str], groups: list[str]) -> set[int] | None:
+def _reference_folds(letters: frozenset[str], groups: list[str], patterns: tuple[str, ...] = ()) -> set[int] | None:
     """Non-ASCII code points the reference's regex engine matches to a group's letters (0.x API)."""
-    try:
-        from tokenizers import Regex, pre_tokenizers
-    except ImportError:  # tokenizers 1.x exposes no regex: Unicode's mappings alone (see design §8)
-        return None
+    from .reference_api import FULL_API
+    if not FULL_API:
+        return _reference_folds_1x(tuple(patterns))
+    from tokenizers import Regex, pre_tokenizers
     cps = [c for c in range(0x110000) if not 0xD800 <= c < 0xE000]
     text = "\x00".join(map(chr, cps))  # one code point per slot: no match can span two of them
     runs = {a.lstrip("'") for g in groups for a in _alternatives(g)}
@@ -157,6 +159,20 @@ def _reference_folds(letters: frozenset[str], groups: list[str]) -> set[int] | N
     return out
 
 
+def _reference_folds_1x(patterns: tuple[str, ...]) -> set[int]:
+    """tokenizers 1.x exposes no regex: the ``regex`` package's folds onto the group letters, plus
+    every non-ASCII code point the reference did not confirm for the family whose patterns these
+    are (its fold contexts are part of that check, :mod:`delta_ray.class_verify`)."""
+    from .class_verify import _fold_sensitive_regex
+    from .families import FAMILIES
+    out = _fold_sensitive_regex(patterns)
+    for fam in FAMILIES.values():
+        if fam.patterns == patterns:
+            from .class_verify import verified_mask
+            out |= {int(c) for c in np.flatnonzero(~verified_mask(fam.name)) if c >= 0x80}
+    return out
+
+
 @lru_cache(maxsize=16)
 def _fold_sensitive(patterns: tuple[str, ...]) -> frozenset[int]:
     groups = case_insensitive_groups(patterns)
@@ -164,7 +180,7 @@ def _fold_sensitive(patterns: tuple[str, ...]) -> frozenset[int]:
     if not letters:
         return frozenset()
     found = _python_folds(letters, _letter_runs(groups))
-    ref = _reference_folds(letters, groups)
+    ref = _reference_folds(letters, groups, patterns)
     if ref:
         found |= ref
     return frozenset(found)

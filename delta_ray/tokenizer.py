@@ -11,7 +11,6 @@ from typing import Iterable, Sequence
 
 import numpy as np
 import pyarrow as pa
-from tokenizers import normalizers
 
 from . import constants as C
 from .admission import Admission, admit
@@ -47,8 +46,8 @@ def build_predicate(loaded: LoadedTokenizer, admission: Admission) -> CutPredica
     fam = FAMILIES[admission.family]
     specials = SpecialTokenIndex(admission.added_tokens)
     if admission.normalizer == "nfc":
-        nfc = normalizers.NFC()
-        return CutPredicate(fam, specials, nfc.normalize_str, anchor_table())
+        from .reference_api import normalizer  # the reference's own NFC (0.x and 1.x)
+        return CutPredicate(fam, specials, normalizer("NFC"), anchor_table())
     return CutPredicate(fam, specials)
 
 

@@ -52,7 +52,8 @@ def test_guard_confines_a_disagreeing_engine_to_its_chunk(tokenizer_paths, refer
     """gigatoken disagrees with the reference on some recent code points: with its guard, only the
     chunk holding one goes to the reference and the IDs stay exact; without it they would not."""
     from delta_ray.fast_engine import cached_fast_encoder
-    from delta_ray.guard import GuardedEncoder, guard_set_for
+    from delta_ray.guard_probe import guard_set_for
+    from delta_ray.guard_runtime import GuardedEncoder
 
     name = "qwen-3"
     ref = references[name]
@@ -187,7 +188,7 @@ def test_a_guarded_code_point_sends_only_a_window_to_the_reference(tokenizer_pat
     """One guarded character in a long text: the reference encodes a few thousand characters
     around it, not its whole chunk, and the IDs are exact."""
     from delta_ray.fast_engine import cached_fast_encoder
-    from delta_ray.guard import GuardedEncoder, GuardSet
+    from delta_ray.guard_runtime import GuardedEncoder, GuardSet
     name = "minimax-m3"
     ref = references[name]
 

@@ -21,7 +21,7 @@ from delta_ray.fast_engine import (
     cached_fast_encoder,
     fast_engine_versions,
 )
-from delta_ray.guard import adversarial_battery, verify_fast_engine
+from delta_ray.guard_battery import adversarial_battery, verify_fast_engine
 
 tokenizers = pytest.importorskip("tokenizers")
 
@@ -69,7 +69,8 @@ def test_fast_encoder_equals_reference_on_adversarial_battery(name, backend, tok
     ref = references[name]
     if backend == "gigatoken":
         # gigatoken's Unicode tables are not the reference's: judge it where its guard lets it work
-        from delta_ray.guard import GuardSet, _ALPHABETS
+        from delta_ray.guard_battery import ALPHABETS as _ALPHABETS
+        from delta_ray.guard_runtime import GuardSet
         recent = {ord(ch) for s in _ALPHABETS["recent"] for ch in s}
         ok, reason = verify_fast_engine(ref, fast, guard=GuardSet(frozenset(recent)))
     else:

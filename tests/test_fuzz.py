@@ -10,7 +10,7 @@ import pytest
 
 from delta_ray.encoder import ReferenceEncoder
 from delta_ray.fuzz import fuzz, fuzz_alphabet, shrink
-from delta_ray.guard import GuardSet
+from delta_ray.guard_runtime import GuardSet
 from delta_ray.probe_contexts import fold_sensitive_code_points
 
 HAS_FAST = importlib.util.find_spec("fastokens") is not None

@@ -12,16 +12,9 @@ import pytest
 from delta_ray.bundled import TEST_TOKENIZERS, BundledTokenizerError, bundled_tokenizer_json, bundled_tokenizer_path
 from delta_ray.encoder import Encoder, ReferenceEncoder
 from delta_ray.fast_engine import cached_fast_encoder
-from delta_ray.guard import (
-    CONTEXTS,
-    GuardedEncoder,
-    GuardSet,
-    _pick_separator,
-    check_probe_isolation,
-    guard_set_for,
-    probe_disagreements,
-    verify_fast_engine,
-)
+from delta_ray.guard_battery import verify_fast_engine
+from delta_ray.guard_probe import CONTEXTS, _pick_separator, check_probe_isolation, guard_set_for, probe_disagreements
+from delta_ray.guard_runtime import GuardedEncoder, GuardSet
 
 tokenizers = pytest.importorskip("tokenizers")
 HAS_GIGATOKEN = importlib.util.find_spec("gigatoken") is not None

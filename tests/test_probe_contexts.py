@@ -9,7 +9,7 @@ import pytest
 
 from delta_ray import probe_contexts as pc
 from delta_ray.encoder import ReferenceEncoder
-from delta_ray.guard import probe_disagreements
+from delta_ray.guard_probe import probe_disagreements
 
 HAS_FAST = importlib.util.find_spec("fastokens") is not None
 

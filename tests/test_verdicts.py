@@ -139,9 +139,9 @@ def test_reference_engine_never_touches_the_cache(tokenizer_paths, tmp_path, mon
 @pytest.mark.skipif(not HAS_FAST, reason="fastokens is not installed")
 def test_a_rejected_verdict_is_not_admitted_again(tokenizer_paths):
     from delta_ray import DeltaTokenizer
-    from delta_ray.fast_engine import FastEngineUnavailable, _version
+    from delta_ray.fast_engine import FastEngineUnavailable, package_version
     data = open(tokenizer_paths["glm-4"], "rb").read()
-    k = verdict_key(data, "fastokens", _version("fastokens"))
+    k = verdict_key(data, "fastokens", package_version("fastokens"))
     reject_verdict(k, "shadow mismatch in an earlier process")
     with pytest.raises(FastEngineUnavailable, match="shadow mismatch"):
         DeltaTokenizer(tokenizer_paths["glm-4"], engine="fast")

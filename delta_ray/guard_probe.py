@@ -1,4 +1,4 @@
-r"""Guarding the fast encoder: where it may disagree with the reference, and the admission battery.
+r"""The guard probe: where a fast engine may disagree with the reference, per tokenizer (cached).
 
 A native engine (:mod:`delta_ray.fast_engine`) reimplements the reference's normalizer, pre-tokenizer
 regex and BPE. Its Unicode tables are not the reference's: the reference's regex classes come from its
@@ -9,10 +9,9 @@ ones. So, per tokenizer (SHA-256 of its tokenizer.json) and per installed pair o
    reference and collects the code points on which the engine's IDs differ -- the *guard set*;
 2. caches that set on disk (``$DELTA_RAY_CACHE/guard`` or ``~/.cache/delta_ray/guard``), keyed by
    (tokenizer digest, tokenizers version, engine name + version, probe format);
-3. answers ``GuardSet.allows(text)``: the fast engine may encode a text only when it holds none of the
-   guarded code points (an ``isascii`` fast path, then one precompiled character class);
-4. runs :func:`verify_fast_engine`, a battery of real and adversarial texts the engine must pass before
-   it is admitted.
+3. hands it to :class:`delta_ray.guard_runtime.GuardSet`, whose ``allows(text)`` lets the fast engine
+   encode a text only when it holds none of the guarded code points; the admission battery that
+   follows is :mod:`delta_ray.guard_battery`.
 
 How the probe isolates probes
 -----------------------------
@@ -56,18 +55,19 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import re
-import sys
 import time
 import unicodedata
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Iterable, Sequence
+from typing import Callable, Sequence
 
 import numpy as np
 
-from delta_ray.fast_engine import FastEncoder, FastEngineUnavailable, fast_engine_versions
-from delta_ray.probe_contexts import BASE_CONTEXTS, derived_contexts
+from .cache_store import load_record, save_record
+from .fast_engine import FastEncoder, FastEngineUnavailable, engine_key
+from .guard_runtime import GuardSet, guard_from_ranges, ranges_digest, valid_guard_payload
+from .probe_contexts import BASE_CONTEXTS, derived_contexts
+from .reference_api import encode_batch_ids, tokenizer_from_str
 
 GUARD_FORMAT = 5  # bump when the probe changes: old cache entries are then ignored
 
@@ -91,131 +91,6 @@ NEW_COMPOSITION_BLOCKS: tuple[tuple[int, int], ...] = (
 
 
 
-# ----------------------------------------------------------------------------------------------
-# GuardSet
-# ----------------------------------------------------------------------------------------------
-
-def _ranges(cps: Iterable[int]) -> list[tuple[int, int]]:
-    out: list[tuple[int, int]] = []
-    for cp in sorted(set(cps)):
-        if out and cp == out[-1][1] + 1:
-            out[-1] = (out[-1][0], cp)
-        else:
-            out.append((cp, cp))
-    return out
-
-
-def _class_pattern(cps: Iterable[int]) -> re.Pattern | None:
-    parts = []
-    for lo, hi in _ranges(cps):
-        if lo == hi:
-            parts.append(re.escape(chr(lo)) if lo > 0x20 else f"\\x{lo:02x}")
-        else:
-            a = re.escape(chr(lo)) if lo > 0x20 else f"\\x{lo:02x}"
-            b = re.escape(chr(hi)) if hi > 0x20 else f"\\x{hi:02x}"
-            parts.append(f"{a}-{b}")
-    if not parts:
-        return None
-    return re.compile("[" + "".join(parts) + "]")
-
-
-def _str_header() -> int | None:
-    """Bytes of a compact non-ASCII str object besides its characters (CPython), or None."""
-    try:
-        h = sys.getsizeof("\u00e9") - 2
-        if (sys.getsizeof("\u0101\u0101") == h + 3 * 2 and sys.getsizeof("\U0001f600") == h + 2 * 4
-                and sys.getsizeof("\u00e9" * 9) == h + 10):
-            return h
-    except TypeError:  # pragma: no cover - no getsizeof (PyPy)
-        pass
-    return None  # pragma: no cover
-
-
-_STR_HEADER = _str_header()
-
-
-def _str_kind(text: str) -> int:
-    """1, 2 or 4: bytes per character of a non-ASCII str (its widest character fits), 0 if unknown."""
-    if _STR_HEADER is None:  # pragma: no cover
-        return 0
-    k, r = divmod(sys.getsizeof(text) - _STR_HEADER, len(text) + 1)
-    return k if r == 0 and k in (1, 2, 4) else 0
-
-
-@dataclass(frozen=True)
-class GuardSet:
-    """The code points on which a fast engine may disagree with the reference, for one tokenizer.
-
-    ``allows(text)`` is True when the text holds none of them. It costs nothing when the set is empty
-    or the text is ASCII (the str's own flag, O(1)), and nothing more than a width check when the text's
-    widest character is below every guarded one (CPython stores a str with 1, 2 or 4 bytes per
-    character, which ``sys.getsizeof`` reveals); otherwise one pass: a precompiled character class
-    (``re``) over 1- and 2-byte strings, a numpy lookup table over the UTF-32 form of 4-byte ones.
-    """
-
-    code_points: frozenset[int]
-    key: dict = field(default_factory=dict, compare=False)
-    stats: dict = field(default_factory=dict, compare=False)
-
-    def __post_init__(self):
-        cps = sorted(self.code_points)
-        bmp = [c for c in cps if c < 0x10000]
-        lut = np.zeros(0x110000, dtype=bool)
-        if cps:
-            lut[np.asarray(cps, dtype=np.int64)] = True
-        setattr_ = object.__setattr__
-        setattr_(self, "_empty", not cps)
-        setattr_(self, "_ascii_ok", not cps or cps[0] >= 0x80)
-        setattr_(self, "_latin1_ok", not cps or cps[0] >= 0x100)
-        setattr_(self, "_ucs2_ok", not bmp)
-        setattr_(self, "_bmp_pattern", _class_pattern(bmp))
-        setattr_(self, "_lut", lut)
-
-    def allows(self, text: str) -> bool:
-        """True when ``text`` contains no guarded code point (the fast engine may encode it)."""
-        if self._empty:
-            return True
-        if text.isascii():
-            return self._ascii_ok or self._bmp_pattern.search(text) is None
-        kind = _str_kind(text)
-        if kind == 1:
-            return self._latin1_ok or self._bmp_pattern.search(text) is None
-        if kind == 2:
-            return self._ucs2_ok or self._bmp_pattern.search(text) is None
-        return not self._lut.take(np.frombuffer(text.encode("utf-32-le", "surrogatepass"), dtype=np.uint32)).any()
-
-    def positions(self, text: str) -> np.ndarray:
-        """Indices of every guarded code point in ``text``."""
-        if self._empty or not text:
-            return np.zeros(0, dtype=np.int64)
-        return np.flatnonzero(self._lut.take(np.frombuffer(text.encode("utf-32-le", "surrogatepass"), dtype=np.uint32)))
-
-    def first_guarded(self, text: str) -> int | None:
-        """Index of the first guarded code point in ``text``, or None."""
-        if self._empty or not text:
-            return None
-        hits = np.flatnonzero(self._lut.take(np.frombuffer(text.encode("utf-32-le", "surrogatepass"),
-                                                            dtype=np.uint32)))
-        return int(hits[0]) if len(hits) else None
-
-    def __contains__(self, cp: object) -> bool:
-        if isinstance(cp, str):
-            cp = ord(cp)
-        return cp in self.code_points
-
-    def __len__(self) -> int:
-        return len(self.code_points)
-
-    def ranges(self) -> list[tuple[int, int]]:
-        return _ranges(self.code_points)
-
-    def __repr__(self) -> str:
-        return f"GuardSet({len(self.code_points)} code points, backend={self.key.get('backend')})"
-
-
-# ----------------------------------------------------------------------------------------------
-# The probe
-# ----------------------------------------------------------------------------------------------
 
 def _pick_separator(tokenizer_json: dict) -> tuple[str, int]:
     """The shortest special added token that is matched verbatim with no stripping."""
@@ -282,12 +157,7 @@ def _workers() -> int:
 
 
 def _encode_ref(ref_tokenizer, texts: list[str]) -> list[np.ndarray]:
-    if not texts:
-        return []
-    encs = ref_tokenizer.encode_batch_fast(texts, add_special_tokens=False)
-    out = [np.asarray(e.ids, dtype=np.int32) for e in encs]
-    del encs
-    return out
+    return encode_batch_ids(ref_tokenizer, texts, False)
 
 
 def _encode_ref_parallel(ref_tokenizer, texts: list[str], pool) -> list[np.ndarray]:
@@ -475,7 +345,6 @@ def check_probe_isolation(ref_tokenizer, tokenizer_json: dict, probes: Sequence[
         expect.append(p)
     return np.array_equal(whole, np.concatenate(expect) if expect else whole)
 
-
 # ----------------------------------------------------------------------------------------------
 # The guard set, cached per (tokenizer, versions)
 # ----------------------------------------------------------------------------------------------
@@ -488,52 +357,21 @@ def guard_key(tokenizer_json_bytes: bytes, fast: FastEncoder | None = None, *, b
     costs seconds, and a cached admission should not.
     """
     # The derived contexts are a function of the tokenizer's bytes and this code (GUARD_FORMAT), both
-    # in the key already: no need to parse a 10 MB tokenizer.json to look a cached verdict up.
-    return {"format": GUARD_FORMAT,
-            "tokenizer_sha256": hashlib.sha256(tokenizer_json_bytes).hexdigest(),
-            "tokenizers": fast_engine_versions()["tokenizers"],
-            "backend": fast.backend if fast is not None else backend,
-            "backend_version": fast.backend_version if fast is not None else backend_version,
-            "python_unicodedata": unicodedata.unidata_version}
-
-
-def ranges_digest(ranges: Sequence[Sequence[int]]) -> str:
-    """SHA-256 of a guard set's canonical range list (part of every record that carries one)."""
-    return hashlib.sha256(json.dumps([[int(a), int(b)] for a, b in ranges]).encode()).hexdigest()
-
-
-def valid_ranges(ranges: object) -> bool:
-    """Sorted, disjoint, in-range ``[lo, hi]`` integer pairs (what a stored guard set must be)."""
-    if not isinstance(ranges, list):
-        return False
-    prev = -2
-    for r in ranges:
-        if (not isinstance(r, list) or len(r) != 2 or not all(type(v) is int for v in r)
-                or not prev + 1 < r[0] <= r[1] <= 0x10FFFF):
-            return False
-        prev = r[1]
-    return True
-
-
-def guard_from_ranges(ranges: Sequence[Sequence[int]], key: dict, stats: dict) -> GuardSet:
-    return GuardSet(frozenset(c for lo, hi in ranges for c in range(lo, hi + 1)), key=key, stats=stats)
-
-
-def _valid_guard_payload(p: dict) -> bool:
-    return (valid_ranges(p.get("ranges")) and p.get("ranges_sha256") == ranges_digest(p["ranges"])
-            and isinstance(p.get("stats"), dict))
+    # in the key already: no need to parse a 10 MB tokenizer.json to look a cached verdict up. The
+    # engine's module builds the rest (the tokenizer, the reference's version, the engine's).
+    if fast is not None:
+        backend, backend_version = fast.backend, fast.backend_version
+    return {"format": GUARD_FORMAT, **engine_key(tokenizer_json_bytes, backend, backend_version)}
 
 
 def _load_cached(key: dict) -> GuardSet | None:
-    from .cache_store import load_record
-    doc = load_record("guardset", key, validate=_valid_guard_payload)
+    doc = load_record("guardset", key, validate=valid_guard_payload)
     if doc is None:
         return None
     return guard_from_ranges(doc["ranges"], key, {**doc["stats"], "cached": True})
 
 
 def _store(guard: GuardSet) -> None:
-    from .cache_store import save_record
     ranges = [list(r) for r in guard.ranges()]
     save_record("guardset", guard.key, {"ranges": ranges, "ranges_sha256": ranges_digest(ranges),
                                         "stats": guard.stats})
@@ -569,9 +407,7 @@ def guard_set_for(tokenizer_json_bytes: bytes | str | os.PathLike, backend: str 
         if hit is not None:
             return hit
     if ref_tokenizer is None:
-        from tokenizers import Tokenizer
-        ref_tokenizer = Tokenizer.from_str(data.decode("utf-8"))
-    from .cache_store import load_record, save_record
+        ref_tokenizer = tokenizer_from_str(data.decode("utf-8"))
     from .probe_contexts import fold_sensitive_code_points
     cfg = json.loads(data)
     ref_key = {"tokenizer_sha256": key["tokenizer_sha256"], "tokenizers": key["tokenizers"]}
@@ -599,200 +435,3 @@ def guard_set_for(tokenizer_json_bytes: bytes | str | os.PathLike, backend: str 
     return guard
 
 
-# ----------------------------------------------------------------------------------------------
-# The verification battery
-# ----------------------------------------------------------------------------------------------
-
-_REAL_TEXT = (
-    "The quick brown fox jumps over the lazy dog. It's 12:45 and we've got 3,000,000 reasons to "
-    "stay -- don't we? Mr. O'Neil's café served crème brûlée in Zürich.\n\n"
-    "def encode(self, text: str) -> list[int]:\n    return [ord(c) for c in text]  # TODO\r\n"
-    "\tif (x != 0 && y >= 10) { return -1; }\n"
-    "Москва — столица России. Ελληνικά γράμματα. עברית מימין לשמאל. العربية ١٢٣.\n"
-    "日本語のテキストと English が混ざる。中文句子，还有标点！한국어 문장입니다.\n"
-    "हिन्दी में लिखा गया वाक्य। ภาษาไทยไม่มีช่องว่าง Tiếng Việt có dấu.\n"
-)
-
-_ALPHABETS: dict[str, list[str]] = {
-    "decomposed": ["e\u0301", "a\u0300", "o\u0308", "n\u0303", "c\u0327", "A\u030a", "u\u0308\u0301",
-                   "a\u0327\u0301", "a\u0301\u0327", "e\u0323\u0302", "i\u0307", "\u0301", "\u0345"],
-    "exclusions": ["\u0958", "\u0959", "\u095f", "\u09dc", "\u0a33", "\u0b5c", "\u0f43", "\u0f73", "\ufb1d",
-                   "\ufb2a", "\u2126", "\u212b", "\u0340", "\u0341", "\u0374", "\u037e", "\u0387", "\u1f71",
-                   "\u0915\u093c", "\u0915", "\u093c", "\uf900", "\U0002f800"],
-    "hangul": ["\u1100", "\u1161", "\u11a8", "\u1100\u1161", "\u1100\u1161\u11a8", "\uac00", "\uac00\u11a8",
-               "\ud55c", "\uad6d", "\uc5b4", "\u3131", "\u314f", "\u115f", "\u1160", "\u3164"],
-    "marks": ["\u0300", "\u0301", "\u0302", "\u0303", "\u0308", "\u030a", "\u0327", "\u0328", "\u0336",
-              "\u20dd", "\u20e3", "\ufe0f", "\ufe0e", "\u200d", "\u200c", "\u093f", "\u0e31", "\u0650",
-              "\u05b7", "\u1ab0", "\u1dc0", "\u302a", "\u3099", "\u309a"],
-    "space": [" ", "  ", "\t", "\n", "\r\n", "\r", "\n\n", " \n", "\u00a0", "\u2009", "\u3000", "\u200b",
-              "\x0b", "\x0c", "\x85", "\u2028", "\u2029", "\u1680", "\u180e"],
-    "contraction": ["'s", "'t", "'re", "'ve", "'m", "'ll", "'d", "'S", "'T", "'RE", "'LL", "'", "''",
-                    "\u2019s", "n't", "I'm", "don't", "rock'n'roll"],
-    "digits": ["0", "1", "12", "123", "1234", "12345", "3.14", "1,000", "\u0663", "\u0664", "\uff11",
-               "\u2460", "\u00b2", "\u00bd", "\u0e51", "\u096a", "\u216b", "\U0001d7d8"],
-    "punct": ["!", "!!!", "...", "?!", "---", ":)", "\u3002", "\uff01", "\u00bf", "\u2014", "\u2026",
-              "###", "```", "//", "/*", "*/", "->", "=>", "<", ">", "|", "<|", "|>", "[", "]", "~"],
-    "cjk": ["\u65e5", "\u672c", "\u8a9e", "\u4e2d\u6587", "\u3042", "\u30c6\u30b9\u30c8", "\u30fc",
-            "\uff21", "\uff41", "\u3400", "\U00020000", "\U0002a700", "\u3005", "\u3007"],
-    "latin": ["a", "b", "Z", "word", "Hello", "WORLD", "camelCase", "x", "\u00e9", "\u00df", "\u0131",
-              "\u0130", "\u01c5", "\u1e9e", "\u00c5", "\u2c65"],
-    "emoji": ["\U0001f468\u200d\U0001f469\u200d\U0001f467\u200d\U0001f466", "\U0001f3f3\ufe0f\u200d\U0001f308",
-              "\U0001f44d\U0001f3fd", "\u2764\ufe0f", "\U0001f1fa\U0001f1f8", "1\ufe0f\u20e3",
-              "\U0001f600", "\U0001f9d1\u200d\U0001f4bb", "\u263a", "\U0001faf6"],
-    # assigned in Unicode 14-17: where engines' tables and the reference's (Oniguruma 16, NFC 9.0) part
-    "recent": ["\u0899", "\u08cf", "\u0c3c", "\u1abf", "\u1ac3", "\u1acf", "\u1aeb", "\u1df6", "\u1dfa",
-               "\ua7cf", "\U00010efd", "\U00011f00", "\U00011f41", "\U0001e4d0", "\U0001e4ec",
-               "\U00016d67\U00016d67", "\U0001611e\U0001611e", "\U000113c2\U000113c2", "\U00031350",
-               "\U0002ebf0", "\U0001fae8", "\U00011de0", "\U00016ff4"],
-    "other": ["\x00", "\x01", "\x7f", "\u00ad", "\ufeff", "\ufffd", "\ue000", "\U000f0000", "\U0010ffff",
-              "\U000e0041", "\u202e", "\u0600", "\U00011a00"],
-}
-
-
-def _special_strings(ref_tokenizer) -> list[str]:
-    try:
-        dec = ref_tokenizer.get_added_tokens_decoder()
-        return sorted({tok.content for tok in dec.values()})
-    except Exception:  # noqa: BLE001 - older tokenizers
-        return []
-
-
-def adversarial_battery(ref_tokenizer, *, seed: int = 0, n_random: int = 1000) -> list[str]:
-    """Deterministic adversarial texts for this tokenizer (special-token strings included)."""
-    import random
-
-    rng = random.Random(seed)
-    specials = all_specials = _special_strings(ref_tokenizer)
-    if len(specials) > 12:  # a spread of them: shortest, longest and between
-        step = (len(specials) - 1) / 11
-        specials = sorted({sorted(specials, key=len)[round(i * step)] for i in range(12)})
-    alph = dict(_ALPHABETS)
-    sp_frag = []
-    for s in specials:
-        sp_frag += [s, s[:-1], s[1:], s[: len(s) // 2], s + s, s[:-1] + s, s + s[1:]]
-    alph["special"] = sp_frag or ["<|", "|>"]
-    out: list[str] = []
-    # every element alone, and next to each other class's first element
-    firsts = [v[0] for v in alph.values()]
-    for vals in alph.values():
-        for v in vals:
-            out.append(v)
-            for f in firsts:
-                out.append(f + v)
-                out.append(v + f)
-    out += [s + "\n" for s in all_specials] + [" " + s + " " for s in all_specials] + ["x" + s + "y" for s in all_specials]
-    out += _REAL_TEXT.splitlines(keepends=True) + [_REAL_TEXT]
-    out += ["a" + " " * n + "b" for n in (1, 2, 3, 7, 16, 33)] + [" " * n for n in (1, 2, 5, 40)]
-    out += ["x" + "\r\n" * 3 + "  \n \r\n\t\n" + "y", "word!!!\n\nnext", "end...\r\n", "a?\n", "ok:)\n\n\n"]
-    out += ["1" * n for n in (1, 2, 3, 4, 5, 6, 7, 10, 31)] + ["v1.2.3-rc4", "0x7fffffff", "2024-01-01T00:00:00Z"]
-    out += ["\u0958\u093f\u0928\u093e", "\u0915\u093c\u093f\u0928\u093e", "\u1100\u1161\u11a8\u1100\u1161\u11a8\uac00",
-            "Cafe\u0301 re\u0301sume\u0301 na\u0308i\u0308ve", "\u0301\u0301\u0301abc", "\u00e9\u0301\u0327"]
-    keys = list(alph)
-    for _ in range(n_random):
-        k = rng.randint(1, 12)
-        parts = []
-        for _ in range(k):
-            cls = keys[rng.randrange(len(keys))]
-            parts.append(rng.choice(alph[cls]))
-        out.append("".join(parts))
-    # long inputs: shapes that cross engine-internal thresholds (chunking, prefix reuse)
-    filler = (_REAL_TEXT * 40)[:5000]
-    out += [filler + " " * 700 + "x" + filler[:2000], filler + " " * 701, filler + " " * 700 + "\n",
-            filler + " " * 700 + "\tx", "a" * 3000, " " * 5000 + "b", ("ab1 " * 6000), (_REAL_TEXT * 30)]
-    return out
-
-
-def _utf8_ok(text: str) -> bool:
-    """Texts with lone surrogates are refused by both engines alike; the battery leaves them out."""
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError:
-        return False
-    return True
-
-
-def verify_fast_engine(ref_tokenizer, fast_encoder, texts: Iterable[str] = (), *,
-                       guard: GuardSet | None = None, seed: int = 0) -> tuple[bool, str]:
-    """Admission battery: ``fast_encoder`` must equal the reference on real + adversarial texts.
-
-    ``texts`` (e.g. a sample of the workload) come first, then :func:`adversarial_battery`. With
-    ``guard``, texts it does not allow are skipped (they will never reach the engine). The battery is
-    encoded as one batch, then again one text at a time in reverse order, so an engine whose answer
-    depends on what it encoded before is caught. Returns ``(ok, reason)``.
-    """
-    battery = [t for t in texts if _utf8_ok(t)] + adversarial_battery(ref_tokenizer, seed=seed)
-    skipped = 0
-    if guard is not None:
-        kept = [t for t in battery if guard.allows(t)]
-        skipped = len(battery) - len(kept)
-        battery = kept
-    try:
-        expected = _encode_ref(ref_tokenizer, battery)
-    except Exception as exc:  # noqa: BLE001
-        return False, f"the reference rejected a battery text: {exc}"
-    try:
-        got_batch = fast_encoder.encode_pieces(battery)
-        got_single = [None] * len(battery)
-        for i in range(len(battery) - 1, -1, -1):
-            got_single[i] = fast_encoder.encode_pieces([battery[i]])[0]
-    except Exception as exc:  # noqa: BLE001
-        return False, f"the fast engine failed: {type(exc).__name__}: {exc}"
-    for how, got in (("batch", got_batch), ("one by one", got_single)):
-        if len(got) != len(expected):
-            return False, f"the fast engine returned {len(got)} arrays for {len(expected)} texts ({how})"
-        for i, (e, g) in enumerate(zip(expected, got)):
-            if g.dtype != np.int32:
-                return False, f"text #{i} ({how}): dtype {g.dtype}, expected int32"
-            if not np.array_equal(e, g):
-                n = min(len(e), len(g))
-                mism = np.flatnonzero(e[:n] != g[:n])
-                at = int(mism[0]) if len(mism) else n
-                return False, (f"text #{i} ({how}) differs from the reference at token {at}: "
-                               f"text={battery[i][:80]!r} reference={e[at:at + 6].tolist()} fast={g[at:at + 6].tolist()}")
-    return True, f"{len(battery)} texts equal to the reference ({skipped} skipped by the guard)"
-
-
-# ----------------------------------------------------------------------------------------------
-# A guarded encoder: the fast engine where the guard allows it, the reference elsewhere
-# ----------------------------------------------------------------------------------------------
-
-class GuardedEncoder:
-    """``Encoder`` that sends each text to the fast engine when the guard allows it, else to the reference."""
-
-    name = "fast"
-
-    def __init__(self, fast: FastEncoder, guard: GuardSet, fallback, *, verdict_key: dict | None = None):
-        self.fast = fast
-        self.guard = guard
-        self.fallback = fallback  # an Encoder, e.g. delta_ray.encoder.ReferenceEncoder
-        self.verdict_key = verdict_key  # where a caught mismatch persists the rejection
-        self.fast_texts = 0
-        self.fallback_texts = 0
-
-    def encode_flat(self, texts: Sequence[str]) -> tuple[np.ndarray, np.ndarray]:
-        """Flat IDs straight from the engine when the guard allows every text, else via pieces."""
-        texts = list(texts)
-        if all(self.guard.allows(t) for t in texts):
-            self.fast_texts += len(texts)
-            return self.fast.encode_flat(texts)
-        from .fast_engine import flat_from_pieces
-        return flat_from_pieces(self.encode_pieces(texts))
-
-    def encode_pieces(self, texts: Sequence[str]) -> list[np.ndarray]:
-        texts = list(texts)
-        if not texts:
-            return []
-        ok = [self.guard.allows(t) for t in texts]
-        if all(ok):
-            self.fast_texts += len(texts)
-            return self.fast.encode_pieces(texts)
-        out: list[np.ndarray | None] = [None] * len(texts)
-        fast_idx = [i for i, k in enumerate(ok) if k]
-        slow_idx = [i for i, k in enumerate(ok) if not k]
-        for i, ids in zip(fast_idx, self.fast.encode_pieces([texts[i] for i in fast_idx]) if fast_idx else []):
-            out[i] = ids
-        for i, ids in zip(slow_idx, self.fallback.encode_pieces([texts[i] for i in slow_idx])):
-            out[i] = ids
-        self.fast_texts += len(fast_idx)
-        self.fallback_texts += len(slow_idx)
-        return out  # type: ignore[return-value]
