@@ -1,11 +1,14 @@
 """Pool and service metrics through ``ray.util.metrics`` (exported by Ray's Prometheus endpoint).
 
 Created lazily in whichever process records first; recording never raises (metrics must not fail
-a request).
+a request) and costs a deque append: the events reach Ray from a background thread.
 """
 from __future__ import annotations
 
 import logging
+import threading
+import time
+from collections import Counter, deque
 
 log = logging.getLogger("delta_ray.metrics")
 _M: dict = {}
@@ -29,39 +32,77 @@ def _metrics() -> dict:
     return _M
 
 
-def record_path(path: str) -> None:
+# Recording only appends to a bounded deque (atomic, no lock); a daemon thread pushes the events to
+# Ray's metrics once a second. Ray's own calls cost tens of microseconds each, a measurable share
+# of a sub-millisecond pool call, so they stay off the request path.
+FLUSH_S = 1.0
+_EVENTS: deque = deque(maxlen=100_000)  # under sustained overload the oldest events are dropped
+_FLUSHER: list = []
+_FLUSH_LOCK = threading.Lock()
+
+
+def _record(event: tuple) -> None:
+    _EVENTS.append(event)
+    if not _FLUSHER:
+        _start_flusher()
+
+
+def _start_flusher() -> None:
+    with _FLUSH_LOCK:
+        if _FLUSHER:
+            return
+        t = threading.Thread(target=_flush_forever, name="delta-ray-metrics", daemon=True)
+        _FLUSHER.append(t)
+        t.start()
+
+
+def _flush_forever() -> None:
+    while True:
+        time.sleep(FLUSH_S)
+        flush()
+
+
+def flush() -> None:
+    """Push the recorded events to Ray's metrics now (counters aggregated); never raises."""
+    counts: Counter = Counter()
+    observations = []
+    while True:
+        try:
+            event = _EVENTS.popleft()
+        except IndexError:
+            break
+        if event[0] == "inc":
+            counts[event[1:3]] += event[3]
+        else:
+            observations.append(event[1:])
     try:
-        _metrics()["requests"].inc(1, tags={"path": path})
-    except Exception:  # noqa: BLE001
+        m = _metrics()
+        for (name, tags), n in counts.items():
+            m[name].inc(n, tags=dict(tags) if tags else None)
+        for name, tags, value in observations:
+            m[name].observe(value, tags=dict(tags))
+    except Exception:  # noqa: BLE001 - metrics must not fail anything
         log.debug("metric failed", exc_info=True)
+
+
+def record_path(path: str) -> None:
+    _record(("inc", "requests", (("path", path),), 1))
 
 
 def record_cut_misses(n: int) -> None:
     if n > 0:
-        try:
-            _metrics()["cut_misses"].inc(n)
-        except Exception:  # noqa: BLE001
-            log.debug("metric failed", exc_info=True)
+        _record(("inc", "cut_misses", (), n))
 
 
 def record_times(kind: str, wait_ms: float, service_ms: float) -> None:
-    try:
-        m = _metrics()
-        m["queue_wait"].observe(max(0.0, wait_ms), tags={"kind": kind})
-        m["service"].observe(max(0.0, service_ms), tags={"kind": kind})
-    except Exception:  # noqa: BLE001
-        log.debug("metric failed", exc_info=True)
+    tags = (("kind", kind),)
+    _record(("obs", "queue_wait", tags, max(0.0, wait_ms)))
+    _record(("obs", "service", tags, max(0.0, service_ms)))
 
 
 def record_http(endpoint: str, status: int) -> None:
-    try:
-        _metrics()["http"].inc(1, tags={"endpoint": endpoint, "status": str(status)})
-    except Exception:  # noqa: BLE001
-        log.debug("metric failed", exc_info=True)
+    _record(("inc", "http", (("endpoint", endpoint), ("status", str(status))), 1))
 
 
 def record_shadow(same: bool) -> None:
-    try:
-        _metrics()["shadow"].inc(1, tags={"outcome": "match" if same else "mismatch"})
-    except Exception:  # noqa: BLE001
-        log.debug("metric failed", exc_info=True)
+    _record(("inc", "shadow", (("outcome", "match" if same else "mismatch"),), 1))
