@@ -14,6 +14,7 @@ that may or may not have been applied is refused with ``SessionNotFound`` (send 
 from __future__ import annotations
 
 import asyncio
+import functools
 import hashlib
 import logging
 import sys
@@ -29,7 +30,8 @@ from delta_ray.assembly import concat_ids, to_arrow
 from delta_ray.config import PoolConfig
 from delta_ray.plan import CHUNKED, SESSION, route
 from delta_ray.repair import finish_repair
-from delta_ray.session_store import SessionNotFound, merge_id_parts, prefix_parts, rope_is_prefix
+from delta_ray.session_store import (SessionNotFound, merge_id_parts, merge_text_parts, prefix_parts,
+                                     rope_is_prefix)
 from delta_ray.state_seal import seal_state
 from delta_ray.tokenizer import DeltaTokenizer
 from delta_ray.scheduler import Dispatcher, PlacementModel, content_key, nonascii_share
@@ -54,6 +56,7 @@ class _Request:
         self.running: asyncio.Task | None = None  # cancelled when the call hangs
 
 
+@functools.lru_cache(maxsize=256)  # one request looks its key up in several tables
 def _kid(key: str) -> bytes:
     """A fixed-size stand-in for a session key in the pool's own tables (keys may be megabytes)."""
     return hashlib.blake2b(key.encode("utf-8", "surrogatepass"), digest_size=16).digest()
@@ -243,7 +246,7 @@ class PoolOrchestrator:
             call = Call(EXTEND, (key, delta, known[0] if known else None, version), key)
             ids = await self._run("session", len(delta), call, fallback=no_fallback, share_of=delta)
             if sent is not None and sent[0] == version:
-                self._texts.put(key, self._versions.get(key), sent[1] + (delta,))
+                self._texts.put(key, self._versions.get(key), merge_text_parts(sent[1] + (delta,)))
             else:
                 self._texts.pop(key)
             self.count("extend")
@@ -311,7 +314,7 @@ class PoolOrchestrator:
         if sent is None:
             raise SessionNotFound(f"session {key!r} is not held (unknown or evicted): "
                                   "send the whole text with encode(text, session=...)")
-        parts = sent[1] + (delta,)
+        parts = merge_text_parts(sent[1] + (delta,))
         ids = await self._whole("".join(parts), add)
         self._texts.put(key, 0, parts)
         self.count("extend")
@@ -343,7 +346,7 @@ class PoolOrchestrator:
                 except SessionNotFound:  # evicted, moved or changed on the worker: send it whole
                     self._texts.pop(key)
                 else:
-                    self._texts.put(key, self._versions.get(key), sent[1] + (delta,))
+                    self._texts.put(key, self._versions.get(key), merge_text_parts(sent[1] + (delta,)))
                     self.count("session_delta")
                     return self.local.session_arrow(ids, add)
                 known = self._mirror.get(key)
