@@ -111,6 +111,40 @@ def run_delta(ray, ds, path: str, args) -> tuple[float, object]:
     return time.perf_counter() - t0, out
 
 
+class ActorPeakRSS:
+    """Samples the resident memory of the pipelines' actor processes (Ray names them after their
+    UDF class) every 50 ms in a background thread; ``peak_mb()`` is the largest one seen."""
+
+    def __init__(self, marker: str):
+        import threading
+
+        self.marker, self.peak = marker, 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def __enter__(self):
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc):
+        self._stop.set()
+        self._thread.join()
+
+    def _run(self):
+        import psutil
+
+        while not self._stop.wait(0.05):
+            for proc in psutil.process_iter(["cmdline", "memory_info"]):
+                try:
+                    if any(self.marker in part for part in (proc.info["cmdline"] or [])):
+                        self.peak = max(self.peak, proc.info["memory_info"].rss)
+                except (psutil.Error, TypeError):
+                    continue
+
+    def peak_mb(self) -> float:
+        return self.peak / 2 ** 20
+
+
 _UNITS = {"us": 1e-6, "ms": 1e-3, "s": 1.0, "m": 60.0, "h": 3600.0}
 
 
@@ -189,14 +223,17 @@ def main(argv: list[str] | None = None) -> int:
         names = ["naive"] + [f"delta-ray[{e}]" for e in engines]
         times: dict[str, list[float]] = {k: [] for k in names}
         cpu: dict[str, list[float]] = {k: [] for k in names}
+        peak: dict[str, float] = {k: 0.0 for k in names}
         outputs = {}
         for r in range(args.repeats):
             for name in names:
-                if name == "naive":
-                    elapsed, out = run_naive(ray, source, path, args)
-                else:
-                    args.current_engine = name[len("delta-ray["):-1]
-                    elapsed, out = run_delta(ray, source, path, args)
+                with ActorPeakRSS("NaiveHFTokenize" if name == "naive" else "TokenizeBatch") as rss:
+                    if name == "naive":
+                        elapsed, out = run_naive(ray, source, path, args)
+                    else:
+                        args.current_engine = name[len("delta-ray["):-1]
+                        elapsed, out = run_delta(ray, source, path, args)
+                peak[name] = max(peak[name], rss.peak_mb())
                 times[name].append(elapsed)
                 outputs[name] = out  # keep the last output of each for the comparison
                 stats = out.stats()
@@ -236,6 +273,8 @@ def main(argv: list[str] | None = None) -> int:
         for k in names[1:]:
             print(f"speed-up {k} / naive: {best['naive'] / best[k]:.2f}x (best), "
                   f"{med['naive'] / med[k]:.2f}x (median)  (target >= 1.3x)")
+        print("peak actor RSS (largest actor process; target <= 2048 MB with the 4M-character document): "
+              + ", ".join(f"{k} {v:,.0f} MB" for k, v in peak.items()))
         if all(cpu.values()):
             c = {k: statistics.median(v) for k, v in cpu.items()}
             print("actor CPU (median; less sensitive to a busy machine): "
