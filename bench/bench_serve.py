@@ -1,0 +1,507 @@
+"""Serve load benchmark: delta-ray's Serve app against what a user could write instead.
+
+Real HTTP on loopback, the same clients for everyone (``--clients`` threads in their own process,
+persistent connections, orjson to parse), sessions growing by ``--append`` characters per turn:
+
+* ``plain``: a uvicorn + FastAPI process re-encoding every request whole with fastokens (stdlib json);
+* ``peer``: a Ray Serve deployment re-encoding every request whole with fastokens (orjson, numpy IDs);
+* ``delta``: ``delta_ray.serve_app`` with the whole transcript sent (vLLM body, ``session_id``);
+* ``append``: ``delta_ray.serve_app`` with the append API (the delta in, ``start`` + the tail out).
+
+Each session's first request (its whole initial text) is a warm-up outside the timed part. Every
+answer is checked: its count and the CRC-32 of its IDs (for ``append``, of the IDs spliced from
+``start``) against a whole encode of the same text, and the last text of every session against the
+reference ``tokenizers``. CPU per request is read from /proc for each process during the timed part
+(Serve proxy, replicas, pool workers and tasks, raylet, GCS, the clients, the plain server).
+
+``--direct-ingress`` starts Ray with ``RAY_SERVE_ENABLE_DIRECT_INGRESS=1`` (Ray 2.60): replicas then
+listen for HTTP themselves, and every Serve mode is measured through the proxy (head node) and
+straight to its replica (``peer-di``, ``delta-di``, ``append-di``).
+
+    .venv/bin/python bench/bench_serve.py                 # short: 100K and 1M, one round
+    .venv/bin/python bench/bench_serve.py --rounds 3 --turns 16 --direct-ingress
+"""
+import argparse
+import array
+import json
+import os
+import socket
+import subprocess
+import sys
+import threading
+import time
+import zlib
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+SIZES = {"100k": (100_000, 32), "1m": (1_000_000, 8)}
+
+
+# -- workload (rebuilt identically in the client process) -------------------------------------------
+def workload(size: int, sessions: int, turns: int, append: int) -> tuple[list[str], list[list[str]]]:
+    """Initial texts (one per session) and each session's deltas, from the corpus."""
+    from delta_ray.sample_text import corpus
+    src = corpus("english", size + sessions * 7919 + sessions * turns * append + 10_000)
+    bases, deltas = [], []
+    pos = size + sessions * 7919
+    for s in range(sessions):
+        bases.append(f"[session {s}]\n" + src[s * 7919: s * 7919 + size])
+        ds = []
+        for _ in range(turns):
+            ds.append(src[pos: pos + append])
+            pos += append
+        deltas.append(ds)
+    return bases, deltas
+
+
+def _ids_crc(ids) -> int:
+    return zlib.crc32(ids if isinstance(ids, (bytes, memoryview)) else array.array("i", ids))
+
+
+# -- the plain peer: uvicorn + FastAPI + fastokens whole, stdlib json --------------------------------
+def plain_server(tokenizer_path: str, port: int) -> None:
+    import fastokens
+    import uvicorn
+    from fastapi import FastAPI, Request, Response
+
+    tok = fastokens.Tokenizer.from_file(tokenizer_path)
+    app = FastAPI()
+
+    @app.post("/tokenize")
+    async def tokenize(request: Request):
+        body = json.loads(await request.body())
+        ids = tok.encode(body["prompt"], add_special_tokens=body.get("add_special_tokens", True)).ids
+        return Response(json.dumps({"count": len(ids), "tokens": ids}), media_type="application/json")
+
+    uvicorn.run(app, host="127.0.0.1", port=port, log_level="warning", access_log=False)
+
+
+# -- the Serve peer: fastokens whole, orjson -----------------------------------------------------------
+def serve_peer(config_bytes: bytes):
+    from fastapi import FastAPI, Request, Response
+    from ray import serve
+
+    app = FastAPI()
+
+    @serve.deployment(ray_actor_options={"num_cpus": 0.25}, max_ongoing_requests=32)
+    @serve.ingress(app)
+    class WholePeer:
+        def __init__(self, data: bytes):
+            import fastokens
+            self.tok = fastokens.Tokenizer.from_json_str(data.decode())
+
+        @app.post("/tokenize")
+        async def tokenize(self, request: Request):
+            import numpy as np
+            import orjson
+            body = orjson.loads(await request.body())
+            buf, _ = self.tok.encode_batch_flat([body["prompt"]], add_special_tokens=body.get("add_special_tokens", True))
+            ids = np.frombuffer(buf, dtype="<u4").view("<i4")
+            return Response(orjson.dumps({"count": len(ids), "tokens": ids}, option=orjson.OPT_SERIALIZE_NUMPY),
+                            media_type="application/json")
+
+    return WholePeer.bind(config_bytes)
+
+
+# -- clients (their own process) ---------------------------------------------------------------------------
+def client_main(spec_path: str) -> None:
+    import http.client
+
+    import numpy as np
+    import orjson
+
+    from delta_ray.actors.serve_router import routing_headers
+
+    spec = json.loads(Path(spec_path).read_text())
+    bases, deltas = workload(spec["size"], spec["sessions"], spec["turns"], spec["append"])
+    expect = spec["expect"]  # [session][turn] -> [count, crc]
+    mode, nclients = spec["mode"], spec["clients"]
+    host, port, path = spec["host"], spec["port"], spec["path"]
+    lat: list[float] = []
+    errors: list[str] = []
+    counters = {"requests": 0, "resends": 0, "bytes_in": 0, "bytes_out": 0}
+    lock = threading.Lock()
+    finals: dict[int, tuple[int, int]] = {}
+
+    def post(conn, body: dict, headers: dict) -> tuple[int, bytes]:
+        data = orjson.dumps(body)
+        conn.request("POST", path, body=data, headers={"Content-Type": "application/json", **headers})
+        r = conn.getresponse()
+        out = r.read()
+        with lock:
+            counters["bytes_out"] += len(data)
+            counters["bytes_in"] += len(out)
+        return r.status, out
+
+    def run(c: int, barrier: threading.Barrier, go: threading.Event) -> None:
+        conn = http.client.HTTPConnection(host, port, timeout=600)
+        mine = [s for s in range(spec["sessions"]) if s % nclients == c]
+        texts = {s: bases[s] for s in mine}
+        bufs = {s: np.zeros(0, dtype=np.int32) for s in mine}
+        counts = {s: 0 for s in mine}
+        sid = {s: f"bench-{spec['run']}-{s}" for s in mine}
+        tenant = {s: f"tenant-{s % 3}" for s in mine}
+        hdrs = {s: routing_headers(sid[s], tenant[s]) for s in mine}
+
+        def whole(s: int, t: int, timed: bool) -> None:
+            t0 = time.perf_counter()
+            status, out = post(conn, {"prompt": texts[s], "session_id": sid[s], "cache_salt": tenant[s]}, hdrs[s])
+            dt = time.perf_counter() - t0
+            if status != 200:
+                errors.append(f"session {s} turn {t}: HTTP {status} {out[:200]!r}")
+                return
+            ans = orjson.loads(out)
+            n, crc = expect[s][t]
+            if ans["count"] != n or len(ans["tokens"]) != n or _ids_crc(ans["tokens"]) != crc:
+                errors.append(f"session {s} turn {t}: IDs differ from the reference")
+            if mode == "append":
+                bufs[s] = np.asarray(ans["tokens"], dtype=np.int32)
+                counts[s] = n
+            if timed:
+                lat.append(dt)
+
+        def appended(s: int, t: int) -> None:
+            t0 = time.perf_counter()
+            status, out = post(conn, {"append": deltas[s][t - 1], "session_id": sid[s], "cache_salt": tenant[s]},
+                               hdrs[s])
+            if status == 409:  # the session is not held where it landed: resend the whole transcript
+                with lock:
+                    counters["resends"] += 1
+                whole(s, t, False)
+                lat.append(time.perf_counter() - t0)
+                return
+            dt = time.perf_counter() - t0
+            if status != 200:
+                errors.append(f"session {s} turn {t}: HTTP {status} {out[:200]!r}")
+                return
+            ans = orjson.loads(out)
+            start, tail = ans["start"], np.asarray(ans["tokens"], dtype=np.int32)
+            n = ans["count"]
+            buf = bufs[s]
+            if len(buf) < n:
+                grown = np.empty(max(n, int(len(buf) * 1.25) + 4096), dtype=np.int32)
+                grown[:start] = buf[:start]
+                bufs[s] = buf = grown
+            buf[start:start + len(tail)] = tail
+            counts[s] = n
+            en, crc = expect[s][t]
+            if n != en or start + len(tail) != n or _ids_crc(memoryview(buf[:n])) != crc:
+                errors.append(f"session {s} turn {t}: spliced IDs differ from the reference")
+            lat.append(dt)
+
+        for s in mine:  # warm-up: every session's first (whole) request, untimed
+            whole(s, 0, False)
+        barrier.wait()
+        go.wait()
+        for t in range(1, spec["turns"] + 1):
+            for s in mine:
+                texts[s] += deltas[s][t - 1]
+                if mode == "append":
+                    appended(s, t)
+                else:
+                    whole(s, t, True)
+                with lock:
+                    counters["requests"] += 1
+        for s in mine:
+            finals[s] = (counts[s], _ids_crc(memoryview(bufs[s][:counts[s]]))) if mode == "append" else (0, 0)
+        conn.close()
+
+    barrier = threading.Barrier(nclients + 1)
+    go = threading.Event()
+    threads = [threading.Thread(target=run, args=(c, barrier, go)) for c in range(nclients)]
+    for t in threads:
+        t.start()
+    barrier.wait()
+    print("WARM", flush=True)
+    sys.stdin.readline()  # the orchestrator samples CPU, then says go
+    t0 = time.perf_counter()
+    go.set()
+    for t in threads:
+        t.join()
+    wall = time.perf_counter() - t0
+    lat.sort()
+    res = {"wall": wall, "requests": counters["requests"], "resends": counters["resends"],
+           "p50": lat[len(lat) // 2] if lat else float("nan"),
+           "p99": lat[min(len(lat) - 1, int(len(lat) * 0.99))] if lat else float("nan"),
+           "bytes_in": counters["bytes_in"], "bytes_out": counters["bytes_out"], "errors": errors[:20],
+           "n_errors": len(errors)}
+    print("RESULT " + json.dumps(res), flush=True)
+
+
+# -- CPU per process from /proc --------------------------------------------------------------------------
+_TICK = os.sysconf("SC_CLK_TCK")
+
+
+def _classify(cmd: str, special: dict[int, str], pid: int) -> str | None:
+    if pid in special:
+        return special[pid]
+    if cmd.startswith("ray::ServeReplica:"):
+        return "replica:" + cmd.split(":")[3].split()[0] if cmd.count(":") >= 3 else "replica"
+    if cmd.startswith("ray::ProxyActor"):
+        return "proxy"
+    if cmd.startswith("ray::ServeController"):
+        return "controller"
+    if cmd.startswith(("ray::TokenizerWorker", "ray::encode_chunks", "ray::warm_chunk_process", "ray::IDLE")):
+        return "pool"
+    if "raylet" in cmd.split(" ")[0]:
+        return "raylet"
+    if "gcs_server" in cmd.split(" ")[0]:
+        return "gcs"
+    return None
+
+
+def _descendants(root: int) -> set[int]:
+    """``root`` and every process below it (this machine may run other people's Ray clusters)."""
+    children: dict[int, list[int]] = {}
+    for p in os.listdir("/proc"):
+        if p.isdigit():
+            try:
+                ppid = int(Path(f"/proc/{p}/stat").read_text().rsplit(")", 1)[1].split()[1])
+            except (OSError, IndexError, ValueError):
+                continue
+            children.setdefault(ppid, []).append(int(p))
+    out, todo = set(), [root]
+    while todo:
+        pid = todo.pop()
+        if pid not in out:
+            out.add(pid)
+            todo.extend(children.get(pid, ()))
+    return out
+
+
+def cpu_snapshot(special: dict[int, str]) -> dict[str, float]:
+    """CPU seconds so far by kind, over this process's descendants (Ray's processes included)."""
+    out: dict[str, float] = {}
+    for pid in _descendants(os.getpid()) | set(special):
+        try:
+            cmd = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace").strip()
+            kind = _classify(cmd, special, pid) or "other-ray"
+            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+            out[kind] = out.get(kind, 0.0) + (int(fields[11]) + int(fields[12])) / _TICK
+        except (OSError, IndexError, ValueError):
+            continue
+    return out
+
+
+# -- orchestration ---------------------------------------------------------------------------------------
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _wait_http(host: str, port: int, path: str = "/tokenize", timeout: float = 120) -> None:
+    import urllib.request
+    deadline = time.time() + timeout
+    while True:
+        try:
+            req = urllib.request.Request(f"http://{host}:{port}{path}", data=b'{"prompt": "warm"}',
+                                         headers={"Content-Type": "application/json"})
+            with urllib.request.urlopen(req, timeout=30) as r:
+                if r.status == 200:
+                    return
+        except Exception:  # noqa: BLE001
+            if time.time() > deadline:
+                raise
+            time.sleep(0.5)
+
+
+def expectations(size, sessions, turns, append, tokenizer_path) -> list[list[list[int]]]:
+    """[session][turn] -> [count, crc] from fastokens whole; each session's last text also by the reference."""
+    import fastokens
+    import numpy as np
+    from tokenizers import Tokenizer
+
+    fast = fastokens.Tokenizer.from_file(tokenizer_path)
+    fast.enable_segment_cache(0) if hasattr(fast, "enable_segment_cache") else None
+    ref = Tokenizer.from_file(tokenizer_path)
+    bases, deltas = workload(size, sessions, turns, append)
+    out = []
+    for s in range(sessions):
+        text, row = bases[s], []
+        for t in range(turns + 1):
+            if t:
+                text += deltas[s][t - 1]
+            buf, _ = fast.encode_batch_flat([text], add_special_tokens=True)
+            ids = np.frombuffer(buf, dtype="<u4").view("<i4")
+            row.append([len(ids), zlib.crc32(memoryview(ids))])
+        ref_ids = np.asarray(ref.encode(text).ids, dtype=np.int32)
+        if [len(ref_ids), zlib.crc32(memoryview(ref_ids))] != row[-1]:
+            raise SystemExit(f"fastokens differs from the reference on session {s}: no trustworthy expectation")
+        out.append(row)
+    return out
+
+
+def run_clients(spec: dict, special: dict[int, str]) -> dict:
+    import tempfile
+    with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as fh:
+        json.dump(spec, fh)
+    proc = subprocess.Popen([sys.executable, __file__, "--client", fh.name], stdin=subprocess.PIPE,
+                            stdout=subprocess.PIPE, text=True, cwd=ROOT)
+    try:
+        line = proc.stdout.readline()
+        if not line.startswith("WARM"):
+            raise RuntimeError(f"client failed during warm-up: {line!r}")
+        special = {**special, proc.pid: "clients"}
+        before = cpu_snapshot(special)
+        proc.stdin.write("go\n")
+        proc.stdin.flush()
+        result = None
+        for line in proc.stdout:
+            if line.startswith("RESULT "):
+                result = json.loads(line[7:])
+        after = cpu_snapshot(special)
+        proc.wait()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        os.unlink(fh.name)
+    if result is None:
+        raise RuntimeError("client produced no result")
+    n = max(1, result["requests"])
+    result["cpu_ms"] = {k: (after.get(k, 0.0) - before.get(k, 0.0)) * 1e3 / n for k in after
+                        if after.get(k, 0.0) - before.get(k, 0.0) > 0.0005}
+    return result
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--client", help=argparse.SUPPRESS)
+    ap.add_argument("--plain-server", nargs=2, metavar=("TOKENIZER", "PORT"), help=argparse.SUPPRESS)
+    ap.add_argument("--tokenizer", default="qwen-3")
+    ap.add_argument("--sizes", default="100k,1m", help="comma list of 100k, 1m")
+    ap.add_argument("--modes", default="plain,peer,delta,append")
+    ap.add_argument("--turns", type=int, default=0, help="timed turns per session (default 8 at 100K, 4 at 1M)")
+    ap.add_argument("--append", type=int, default=1300, help="characters appended per turn")
+    ap.add_argument("--clients", type=int, default=4)
+    ap.add_argument("--rounds", type=int, default=1, help="rounds, each mode once per round in alternating order")
+    ap.add_argument("--replicas", type=int, default=1)
+    ap.add_argument("--workers", type=int, default=0, help="pool workers per delta-ray replica (0: no pool)")
+    ap.add_argument("--direct-ingress", action="store_true", help="also measure Serve without its proxy")
+    ap.add_argument("--json", default=None, help="write all results here")
+    args = ap.parse_args()
+    if args.client:
+        return client_main(args.client)
+    if args.plain_server:
+        return plain_server(args.plain_server[0], int(args.plain_server[1]))
+
+    os.environ.setdefault("RAY_ENABLE_AUTO_CONNECT", "0")
+    if args.direct_ingress:
+        os.environ["RAY_SERVE_ENABLE_DIRECT_INGRESS"] = "1"  # inherited by the controller and replicas
+    from delta_ray.bundled import BUNDLED, bundled_tokenizer_path
+
+    path = bundled_tokenizer_path(args.tokenizer) if args.tokenizer in BUNDLED else args.tokenizer
+    modes = args.modes.split(",")
+    sizes = [SIZES[s] + (s,) for s in args.sizes.split(",")]
+    specials: dict[int, str] = {}
+    plain_proc = None
+    if "plain" in modes:
+        pport = _free_port()
+        plain_proc = subprocess.Popen([sys.executable, __file__, "--plain-server", path, str(pport)], cwd=ROOT,
+                                      stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        specials[plain_proc.pid] = "plain"
+    try:
+        _run(args, path, modes, sizes, specials, plain_proc, pport if plain_proc else 0)
+    finally:
+        if plain_proc is not None:
+            plain_proc.terminate()
+            plain_proc.wait(timeout=30)
+
+
+def _run(args, path, modes, sizes, specials, plain_proc, pport) -> None:
+    import ray
+    from ray import serve
+
+    from delta_ray import serve_app
+    from delta_ray.actors.local_ray import local_init_kwargs
+    from delta_ray.actors.serve import replica_endpoints
+    from delta_ray.loading import load_tokenizer
+
+    if plain_proc is not None:
+        _wait_http("127.0.0.1", pport)
+    ray.init(address="local", **local_init_kwargs())
+    specials[os.getpid()] = "driver"
+    sport = _free_port()
+    serve.start(http_options={"host": "127.0.0.1", "port": sport})
+    endpoints: dict[str, tuple[str, int, str]] = {}
+    if "peer" in modes:
+        serve.run(serve_peer(load_tokenizer(path).config_bytes), name="peer", route_prefix="/peer")
+        endpoints["peer"] = ("127.0.0.1", sport, "/peer/tokenize")
+    if "delta" in modes or "append" in modes:
+        serve.run(serve_app(path, model_name=args.tokenizer, num_replicas=args.replicas,
+                            num_workers=args.workers or None, engine="auto"),
+                  name="delta", route_prefix="/delta")
+        endpoints["delta"] = endpoints["append"] = ("127.0.0.1", sport, "/delta/tokenize")
+    if plain_proc is not None:
+        endpoints["plain"] = ("127.0.0.1", pport, "/tokenize")
+    if args.direct_ingress:
+        for app, ms in (("peer", ["peer"]), ("delta", ["delta", "append"])):
+            eps = replica_endpoints(app) if app in serve.status().applications else []
+            if eps:
+                _, port, _ = eps[0]  # replicas bind the http_options host (loopback here)
+                for m in ms:
+                    if m in modes:
+                        endpoints[m + "-di"] = ("127.0.0.1", port, f"/{app}/tokenize")
+                        modes.append(m + "-di")
+            else:
+                print(f"# direct ingress: no replica endpoint for {app}", flush=True)
+    for host, port, p in set(endpoints.values()):
+        _wait_http(host, port, p)
+    # The fast tier: wait (bounded) until the delta-ray replica's admission is cached and in use.
+    print(f"# bench_serve: {args.tokenizer}, {args.clients} clients, +{args.append} chars/turn, modes {modes}",
+          flush=True)
+    results: dict = {}
+    run_id = 0
+    for size, sessions, label in sizes:
+        turns = args.turns or (8 if size < 1_000_000 else 4)
+        t0 = time.perf_counter()
+        expect = expectations(size, sessions, turns, args.append, path)
+        print(f"\n## {label}: {sessions} sessions of {size:,} chars, {turns} timed turns each "
+              f"(expectations in {time.perf_counter() - t0:.1f} s)", flush=True)
+        for rnd in range(args.rounds):
+            order = modes if rnd % 2 == 0 else list(reversed(modes))
+            for mode in order:
+                run_id += 1
+                host, port, p = endpoints[mode]
+                spec = {"size": size, "sessions": sessions, "turns": turns, "append": args.append,
+                        "expect": expect, "mode": "append" if mode.startswith("append") else "whole",
+                        "clients": args.clients, "host": host, "port": port, "path": p,
+                        "run": f"{os.getpid()}-{run_id}"}
+                r = run_clients(spec, specials)
+                rate = r["requests"] / r["wall"]
+                results.setdefault(label, {}).setdefault(mode, []).append({**r, "rate": rate})
+                cpu = ", ".join(f"{k} {v:.1f}" for k, v in sorted(r["cpu_ms"].items(), key=lambda kv: -kv[1]))
+                print(f"{mode:>10}: {rate:8.1f} turns/s  P50 {r['p50'] * 1e3:7.1f} ms  P99 {r['p99'] * 1e3:7.1f} ms  "
+                      f"resends {r['resends']}  errors {r['n_errors']}  | CPU ms/request: {cpu}", flush=True)
+                for e in r["errors"][:3]:
+                    print("    ", e)
+    # Ratios against the targets (ranges over rounds).
+    print("\n## Ratios (min-max over rounds)")
+    for label, by_mode in results.items():
+        def rng(mode, key="rate"):
+            vals = [r[key] for r in by_mode.get(mode, [])]
+            return (min(vals), max(vals)) if vals else None
+
+        for mine, peer in (("delta", "peer"), ("append", "peer"), ("append", "plain"), ("delta-di", "peer"),
+                           ("append-di", "peer"), ("append-di", "plain"), ("delta-di", "peer-di")):
+            a, b = rng(mine), rng(peer)
+            if a and b:
+                print(f"{label}: {mine} / {peer}: {a[0] / b[1]:.2f}-{a[1] / b[0]:.2f}x turns/s; "
+                      f"P99 {rng(mine, 'p99')[0] * 1e3:.0f}-{rng(mine, 'p99')[1] * 1e3:.0f} ms vs "
+                      f"{rng(peer, 'p99')[0] * 1e3:.0f}-{rng(peer, 'p99')[1] * 1e3:.0f} ms")
+    errors = sum(r["n_errors"] for m in results.values() for rs in m.values() for r in rs)
+    print(f"\nanswers that differ from the reference: {errors}")
+    if args.json:
+        Path(args.json).write_text(json.dumps(results, indent=1))
+    for app in list(serve.status().applications):
+        serve.delete(app)
+    serve.shutdown()
+    ray.shutdown()
+    if errors:
+        sys.exit(1)
+
+
+if __name__ == "__main__":
+    main()
