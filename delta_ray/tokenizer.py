@@ -74,10 +74,10 @@ class DeltaTokenizer:
         ``max_session_bytes``, ``max_sessions``, ``engine``, ``shadow_rate``); ``encoder`` replaces
         the engine (tests)."""
         cfg = tokenizer_config(config, options)
-        self.options = cfg
+        self.config = cfg  # the options, as given (validated)
         self._loaded = load_tokenizer(tokenizer)
         self._tok = self._loaded.tokenizer
-        self.config = cfg.planner
+        self.planner = cfg.planner
         self.threads = cfg.threads or os.cpu_count() or 1
         self.reuse = cfg.reuse
         engine, shadow_rate = cfg.engine, cfg.shadow_rate
@@ -180,7 +180,7 @@ class DeltaTokenizer:
         encoders (default: this instance's threads). Unadmitted: the whole text, by the reference."""
         if self._predicate is None:
             return Plan(text, by_reference=True)
-        cuts = plan_cuts(text, self._predicate, self.config, slots or self.threads)
+        cuts = plan_cuts(text, self._predicate, self.planner, slots or self.threads)
         return Plan(text, tuple(c.pos for c in cuts))
 
     def plan_session_init(self, text: str, slots: int) -> RepairPlan:
@@ -188,11 +188,11 @@ class DeltaTokenizer:
         :func:`delta_ray.repair.finish_repair`), for an executor with ``slots`` parallel encoders."""
         if self._predicate is None:
             raise RuntimeError("session plans need an admitted configuration")
-        return plan_repair(text, None, 0, self._predicate, self.config, slots, self.margin)
+        return plan_repair(text, None, 0, self._predicate, self.planner, slots, self.margin)
 
     def missed_cuts(self, text: str, plan: Plan, slots: int) -> int:
         """How many of the planner's targets found no safe cut in their window (a metric)."""
-        return max(0, chunk_count(len(text), self.config, slots) - 1 - len(plan.cuts))
+        return max(0, chunk_count(len(text), self.planner, slots) - 1 - len(plan.cuts))
 
     @property
     def uses_fast_engine(self) -> bool:
@@ -323,7 +323,7 @@ class DeltaTokenizer:
             return flat_from_pieces(self._reference.encode_texts(texts, add_special_tokens))
         pieces: list[str] = []
         counts = np.ones(len(texts), dtype=np.int64)
-        cut_from = max(self.config.cut_threshold, self.config.min_cut_text)
+        cut_from = max(self.planner.cut_threshold, self.planner.min_cut_text)
         for i, t in enumerate(texts):
             if len(t) >= cut_from:
                 plan_pieces = self.plan(t).pieces
@@ -435,7 +435,7 @@ class DeltaTokenizer:
             else:
                 lcp = common_prefix_len(state.text, text) if state is not None else 0
         generation = self.engine_switch.generation
-        res = encode_turn(parts, n, state, lcp, self._predicate, self.encoder, self.config,
+        res = encode_turn(parts, n, state, lcp, self._predicate, self.encoder, self.planner,
                           self.threads, self.margin)
         self.stats["repair" if res.reused_tokens else "init"] += 1
         self._install(key, res.state, generation)
@@ -456,7 +456,7 @@ class DeltaTokenizer:
             self.stats["content_hit"] += 1
             return base.ids
         res = encode_with_base(text, base if lcp else None, lcp, self._predicate, self.encoder,
-                               self.config, self.threads, self.margin)
+                               self.planner, self.threads, self.margin)
         self.stats["content_hit" if res.reused_tokens else "content_miss"] += 1
         # A request that extends a stored text replaces it (the conversation grew); others add one.
         if base is None or lcp < len(base.text):
