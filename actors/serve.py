@@ -37,6 +37,11 @@ DEFAULT_MAX_BODY_BYTES = 64 * 1024 * 1024
 OFF_LOOP_BYTES = 256 * 1024  # bodies larger than this are parsed and serialized in a thread
 OFF_LOOP_CHARS = 128 * 1024  # session texts longer than this are encoded in a thread
 MANY_TOKENS = 65536  # answers with more IDs than this are serialized in a thread
+# Serve settings read by each replica process at import (Ray 2.60; RAY_SERVE_THROUGHPUT_OPTIMIZED sets
+# the same ones cluster-wide): no hop between Serve's loop and a user-code thread per request,
+# request-path logs buffered, no per-request log line to stderr.
+FAST_REPLICA_ENV = {"RAY_SERVE_RUN_USER_CODE_IN_SEPARATE_THREAD": "0", "RAY_SERVE_REQUEST_PATH_LOG_BUFFER_SIZE": "1000",
+                    "RAY_SERVE_LOG_TO_STDERR": "0"}
 
 
 def _chat_config(tokenizer: Any, tokenizer_config: Any) -> "dict | None":
@@ -68,7 +73,7 @@ def serve_app(tokenizer: TokenizerLike, *, model_name: "str | None" = None, pool
               max_body_bytes: int = DEFAULT_MAX_BODY_BYTES, max_model_len: "int | None" = None,
               tokenizer_config: Any = None, replica_cpus: float = 0.25, threads: "int | None" = None,
               require_tenant: bool = False, pool_secret: "str | None" = None, pool_min_chars: "int | None" = None,
-              overflow_inflight: "int | None" = None, **options: Any):
+              overflow_inflight: "int | None" = None, fast_replica: bool = True, **options: Any):
     """A Ray Serve application serving exact tokenization for one tokenizer.
 
     Each replica encodes in process (a ``DeltaTokenizer`` with ``threads`` threads for chunks,
@@ -87,6 +92,10 @@ def serve_app(tokenizer: TokenizerLike, *, model_name: "str | None" = None, pool
     tenant, never names shared by all callers. Other keyword arguments (``chunk_size``,
     ``cut_threshold``, ``max_chunks``, ``engine``, ``shadow_rate``, ``max_session_bytes``,
     ``max_sessions``) configure the replica's tokenizer and the pool; the rest go to the pool.
+
+    ``fast_replica`` (default) trims Serve's per-request work in the replicas: user code on the
+    replica's own event loop (``RAY_SERVE_RUN_USER_CODE_IN_SEPARATE_THREAD=0``: the handlers only
+    await, heavy steps run in threads), buffered request-path logs and no access log lines.
     """
     from fastapi import FastAPI, Request
     from fastapi.responses import JSONResponse, Response
@@ -109,6 +118,9 @@ def serve_app(tokenizer: TokenizerLike, *, model_name: "str | None" = None, pool
                      pool_min_chars=pool_min_chars, overflow_inflight=overflow_inflight)
     deployment_options: dict[str, Any] = {"ray_actor_options": {"num_cpus": replica_cpus},
                                           "max_ongoing_requests": max_ongoing_requests}
+    if fast_replica:
+        deployment_options["ray_actor_options"]["runtime_env"] = {"env_vars": dict(FAST_REPLICA_ENV)}
+        deployment_options["logging_config"] = {"enable_access_log": False}
     if autoscaling_config is not None:
         deployment_options["autoscaling_config"] = autoscaling_config
     else:
