@@ -39,7 +39,7 @@ from . import charclass as cc
 from .reference_api import PROBE_SEPARATOR, encode_batch_ids, split_probe_tokenizer
 from .cache_store import cached_table
 
-VERIFY_VERSION = 1
+VERIFY_VERSION = 2
 REPRESENTATIVES: tuple[str, ...] = (
     "a", "A", "\u01c5", "\u02b0", "\u4e2d", "\u0301", "1", "11", " ", "  ", "\t", "\r", "\n",
     "!", "'", "/", " !", "'s", "x'",
@@ -77,6 +77,28 @@ def contexts(patterns: Sequence[str]) -> list[str]:
     for r in REPRESENTATIVES:
         out += [r + "{c}", "{c}" + r]
     return out + _fold_contexts(patterns)
+
+
+def _predictions(stages: list[dict], templates: Sequence[str], vocab: dict, cps: Sequence[int]) -> np.ndarray:
+    """Predicted key of every template (columns) for each code point (rows), with the ``regex`` package."""
+    return np.array([[_key([vocab.get(p, 0) for p in _simulate(stages, t.replace("{c}", chr(cp)))])
+                      for t in templates] for cp in cps], dtype=np.int64)
+
+
+def _distinguishing(pred: np.ndarray, fam_cls: np.ndarray) -> list[int]:
+    """A small set of template columns that gives different predictions to every pair of rows in
+    different family classes (greedy cover; every column is kept if the cover is incomplete)."""
+    n, m = pred.shape
+    need = fam_cls[:, None] != fam_cls[None, :]
+    chosen: list[int] = []
+    while need.any():
+        gains = [int((need & (pred[:, j][:, None] != pred[:, j][None, :])).sum()) for j in range(m)]
+        j = int(np.argmax(gains))
+        if gains[j] == 0:
+            return list(range(m))  # some pair cannot be told apart: probe everything (check_sensitivity says which)
+        chosen.append(j)
+        need &= ~(pred[:, j][:, None] != pred[:, j][None, :])
+    return sorted(chosen)
 
 
 def _fragments(templates: Sequence[str]) -> list[str]:
@@ -229,28 +251,36 @@ def _reference_keys(tok, template: str, cps: np.ndarray) -> np.ndarray:
     return out
 
 
-def derive_verified(stages: list[dict]) -> np.ndarray:
-    """Bool per code point: the reference's pieces equal the candidate classes' prediction everywhere."""
+def derive_verified(stages: list[dict], fam_cls: np.ndarray) -> np.ndarray:
+    """Bool per code point: the reference's pieces equal the candidate classes' prediction everywhere.
+
+    Every code point is probed in the templates that tell the family classes apart (``fam_cls``, the
+    candidate family class per code point) and ``{c}`` alone; letters (and every code point that is
+    its own group) also in all the other templates, the case-insensitive ones included.
+    """
     patterns = [st["pattern"]["Regex"] for st in stages]
     templates = contexts(patterns)
     tok, vocab = split_probe_tokenizer(stages, _fragments(templates))
     sig = signatures(patterns)
-    text, cps = cc.all_codepoints_text()
-    chars = list(text)
+    _text, cps = cc.all_codepoints_text()
     groups, first, inverse = np.unique(sig[cps], return_index=True, return_inverse=True)
-    verified = np.zeros(cc.N_CODEPOINTS, dtype=bool)
+    rep = cps[first].astype(np.int64)
+    pred = _predictions(stages, templates, vocab, rep.tolist())
+    core = set(_distinguishing(pred, fam_cls[rep])) | {0}
+    bits = cc.class_table()
+    wide = ((bits[cps] & cc.L) > 0) | (groups[inverse] >= (1 << 40))
     ok = np.ones(len(cps), dtype=bool)
     # Characters of the separator are probed one by one (a joined probe could form or break it).
     risky = np.isin(cps, np.frombuffer(PROBE_SEPARATOR.encode("utf-32-le"), dtype=np.uint32))
-    for tmpl in templates:
-        pred = np.array([_key([vocab.get(p, 0) for p in _simulate(stages, tmpl.replace("{c}", chars[i]))])
-                         for i in first], dtype=np.int64)
-        got = _reference_keys(tok, tmpl, cps)
-        if risky.any():
-            idx = np.flatnonzero(risky)
-            alone = [tmpl.replace("{c}", chars[i]) for i in idx]
-            got[idx] = [_key(x.tolist()) for x in encode_batch_ids(tok, alone, False)]
-        ok &= (got == pred[inverse]) & (got >= 0)
+    for j, tmpl in enumerate(templates):
+        sel = np.arange(len(cps)) if j in core else np.flatnonzero(wide)
+        got = _reference_keys(tok, tmpl, cps[sel])
+        r = np.flatnonzero(risky[sel])
+        if len(r):
+            alone = [tmpl.replace("{c}", chr(c)) for c in cps[sel][r].tolist()]
+            got[r] = [_key(x.tolist()) for x in encode_batch_ids(tok, alone, False)]
+        ok[sel] &= (got == pred[inverse[sel], j]) & (got >= 0)
+    verified = np.zeros(cc.N_CODEPOINTS, dtype=bool)
     verified[cps[ok]] = True
     return verified
 
@@ -262,12 +292,14 @@ def stages_digest(stages: list[dict]) -> str:
 @lru_cache(maxsize=None)
 def verified_mask(family_name: str) -> np.ndarray:
     """Bool per code point: verified under every accepted Split behavior of the family (cached on disk)."""
-    from .families import FAMILIES
+    from .families import FAMILIES, _candidate_family_table
     fam = FAMILIES[family_name]
+    fam_cls = _candidate_family_table(family_name)
     mask = np.ones(cc.N_CODEPOINTS, dtype=bool)
     for stages in family_stages(fam):
         name = f"classverify-{family_name}-{stages_digest(stages)}-{cc.candidate_source()}"
-        mask &= cached_table(name, VERIFY_VERSION, lambda s=stages: derive_verified(s), (cc.N_CODEPOINTS,), np.bool_)
+        mask &= cached_table(name, VERIFY_VERSION, lambda s=stages: derive_verified(s, fam_cls),
+                             (cc.N_CODEPOINTS,), np.bool_)
     return mask
 
 
@@ -286,14 +318,13 @@ def check_sensitivity(family_name: str) -> list[tuple[int, int]]:
         patterns = [st["pattern"]["Regex"] for st in stages]
         templates = contexts(patterns)
         _tok, vocab = split_probe_tokenizer(stages, _fragments(templates))
-        sig = signatures(patterns)
-        _groups, first = np.unique(sig, return_index=True)
-        first = [int(c) for c in first if not 0xD800 <= c < 0xE000]
-        vectors: dict[tuple, int] = {}
-        for cp in first:
-            vec = tuple(_key([vocab.get(p, 0) for p in _simulate(stages, t.replace("{c}", chr(cp)))])
-                        for t in templates)
-            other = vectors.setdefault(vec, cp)
+        _groups, first = np.unique(signatures(patterns), return_index=True)
+        rep = [int(c) for c in first if not 0xD800 <= c < 0xE000]
+        pred = _predictions(stages, templates, vocab, rep)
+        cols = _distinguishing(pred, fam_cls[rep])
+        seen: dict[tuple, int] = {}
+        for cp, row in zip(rep, pred[:, cols].tolist()):
+            other = seen.setdefault(tuple(row), cp)
             if fam_cls[other] != fam_cls[cp]:
                 out.append((other, cp))
     return out

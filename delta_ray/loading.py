@@ -13,7 +13,7 @@ from typing import Any, Union
 
 from tokenizers import Tokenizer
 from .errors import DeltaRayError
-from .reference_api import tokenizer_from_str, tokenizer_to_str
+from .reference_api import check_encodes, tokenizer_from_str, tokenizer_to_str
 
 TokenizerLike = Union[str, "os.PathLike[str]", Tokenizer, "LoadedTokenizer"]
 
@@ -39,7 +39,7 @@ class LoadedTokenizer:
         if expected_digest is not None and digest != expected_digest:
             raise DigestMismatch(f"tokenizer configuration SHA-256 {digest} != expected {expected_digest}")
         text = data.decode("utf-8")
-        return cls(tokenizer_from_str(text), data, digest, source, json.loads(text))
+        return cls(check_encodes(tokenizer_from_str(text)), data, digest, source, json.loads(text))
 
 
 def load_tokenizer(tokenizer: TokenizerLike) -> LoadedTokenizer:

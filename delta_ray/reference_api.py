@@ -56,6 +56,27 @@ def tokenizer_from_str(text: str) -> Tokenizer:
             pass
 
 
+class ReferenceRefused(ValueError):
+    """The installed reference loads this tokenizer.json but cannot encode with it."""
+
+
+def check_encodes(tok: Tokenizer) -> Tokenizer:
+    """``tok`` if the reference can encode with it; :class:`ReferenceRefused` with its reason otherwise.
+
+    tokenizers 1.x loads a tokenizer.json whose Split pattern it does not recognize (Qwen3.5's) and
+    refuses at the first encode ("needs a system-regex backend"): say so when the tokenizer is
+    loaded, not on the first request. (0.x encodes whatever it loads: no probe there.)
+    """
+    if FULL_API:
+        return tok
+    try:
+        tok.encode("a", add_special_tokens=False)
+    except Exception as exc:  # noqa: BLE001 - the reference's own refusal, reported as is
+        raise ReferenceRefused(f"tokenizers {tokenizers.__version__} cannot encode with this tokenizer.json: "
+                               f"{exc}") from exc
+    return tok
+
+
 def tokenizer_to_str(tok: Tokenizer) -> str:
     """The tokenizer.json text of a loaded tokenizer (0.x only: 1.x cannot serialize)."""
     to_str = getattr(tok, "to_str", None)
@@ -78,6 +99,8 @@ def ids_of(enc) -> np.ndarray:
     arr = getattr(enc, "ids_array", None)
     if arr is not None:
         a = np.asarray(arr)
+        if a.dtype == np.uint32 and a.flags.c_contiguous:  # 1.x: an owned uint32 array; IDs < 2**31
+            return a.view(np.int32)
         return a if a.dtype == np.int32 else a.astype(np.int32)
     return np.asarray(enc.ids, dtype=np.int32)
 

@@ -7,6 +7,7 @@ from typing import Iterable, Sequence
 from tokenizers import Tokenizer
 
 from delta_ray.cut_predicate import CutPredicate
+from delta_ray.reference_api import added_token_contents
 
 # Fragments that stress each guard: normalization (decomposed accents, U+0958, Hangul jamo,
 # reordering marks), the regex families (contractions, digit runs, whitespace and CR/LF runs,
@@ -29,9 +30,12 @@ REPRESENTATIVES = ["a", "B", "ǅ", "ʰ", "中", "カ", "5", "٣", " ", "\t", "\n
                    "\u0301", "\u0958", "\u1161", "😀", "\u200d", "<", "\u00a0", "\uac00", "\u0915"]
 
 
+CONFIGS: dict[int, dict] = {}  # id(reference) -> its tokenizer.json (tokenizers 1.x lists no added tokens)
+
+
 def special_fragments(ref: Tokenizer, limit: int = 6) -> list[str]:
     """Added-token strings whole, truncated, overlapping and adjacent."""
-    added = [t.content for t in ref.get_added_tokens_decoder().values()]
+    added = added_token_contents(ref, CONFIGS.get(id(ref)))
     added.sort(key=len, reverse=True)
     picks = added[:limit // 2] + added[-(limit // 2):]
     out = []
@@ -57,8 +61,8 @@ class Battery:
         for i in range(0, len(missing), 4096):
             batch = missing[i:i + 4096]
             for t, enc in zip(batch, self.ref.encode_batch(batch, add_special_tokens=False)):
-                w = enc.word_ids
-                starts = [j for j in range(len(w)) if j == 0 or w[j] != w[j - 1]]
+                w = getattr(enc, "word_ids", None)  # tokenizers 1.x has no word ids: the IDs alone
+                starts = [j for j in range(len(w)) if j == 0 or w[j] != w[j - 1]] if w is not None else []
                 self._cache[t] = (enc.ids, starts)
         return [self._cache[t] for t in texts]
 

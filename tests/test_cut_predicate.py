@@ -12,6 +12,8 @@ from delta_ray import DeltaTokenizer
 from delta_ray.cut_predicate import CutPredicate
 from exactness import ADVERSARIAL, REPRESENTATIVES, Battery, accepted_cuts, all_strings, special_fragments
 
+pytestmark = pytest.mark.battery  # the quick exactness battery (also run under tokenizers 1.x)
+
 
 @pytest.fixture(scope="module")
 def deltas(tokenizer_paths):

@@ -3,8 +3,14 @@ from __future__ import annotations
 
 import time
 
+import pytest
+
 from delta_ray import DeltaTokenizer
 from delta_ray.planner import PlannerConfig, chunk_count
+from delta_ray.reference_api import encode_batch_ids
+from delta_ray.reference_version import reference_major
+
+pytestmark = pytest.mark.battery  # the quick exactness battery (also run under tokenizers 1.x)
 
 
 def test_most_long_real_texts_get_cuts_at_small_chunk_size(name, tokenizer_paths, real_texts):
@@ -58,6 +64,8 @@ def test_unsplittable_text_is_encoded_whole(tokenizer_paths, references):
     assert dt.encode(text).to_pylist() == ref.encode(text).ids
 
 
+@pytest.mark.skipif(reference_major() >= 1, reason="a 0.x cost ratio: the 1.x reference encodes ~100x faster "
+                    "than 0.x, so planning is not a small share of it (bench/bench_tk1.py measures both)")
 def test_planner_is_a_small_share_of_encode_time(tokenizer_paths, references, real_texts):
     """Planning 1M characters costs a few percent of encoding them (measured, loosely bounded)."""
     ref = references["qwen-3"]
@@ -67,7 +75,7 @@ def test_planner_is_a_small_share_of_encode_time(tokenizer_paths, references, re
     cuts = dt.cuts(text)
     plan = time.perf_counter() - t0
     t0 = time.perf_counter()
-    ref.encode_batch_fast([text[:200_000]], add_special_tokens=False)
+    encode_batch_ids(ref, [text[:200_000]], False)
     enc = (time.perf_counter() - t0) * 5
     assert len(cuts) == 15
     assert plan < 0.25 * enc  # the bench reports the real share; this only catches a blow-up

@@ -10,6 +10,8 @@ import pytest
 from delta_ray import DeltaTokenizer, SessionNotFound
 from exactness import ADVERSARIAL, special_fragments
 
+pytestmark = pytest.mark.battery  # the quick exactness battery (also run under tokenizers 1.x)
+
 
 def _transcript(ref, real_texts, n_chars=60_000) -> str:
     """A chat-like transcript with every feature appends must survive landing inside."""

@@ -3,7 +3,11 @@ from __future__ import annotations
 
 import random
 
+import pytest
+
 from delta_ray.special_tokens import SpecialTokenIndex
+
+pytestmark = pytest.mark.battery  # the quick exactness battery (also run under tokenizers 1.x)
 
 
 def _brute_crosses(tokens, text, b):
