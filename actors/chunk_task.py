@@ -42,16 +42,6 @@ def encode_chunks(config_bytes: bytes, digest: str, pieces: list[str], config: T
 
 
 @ray.remote(max_retries=3)
-def encode_chunk_bytes(config_bytes: bytes, digest: str, data: np.ndarray, config: TokenizerConfig,
-                       nice: int = 0) -> list[np.ndarray]:
-    """One piece given as its UTF-8 bytes (a uint8 buffer read in place from the object store, not a
-    pickled str): its IDs, reference-exact, add_special_tokens=False."""
-    _lower_priority(nice)
-    piece = data.tobytes().decode("utf-8", "surrogatepass")  # the encoder refuses a lone surrogate itself
-    return get_tokenizer(config_bytes, digest, config).run_pieces([piece])
-
-
-@ray.remote(max_retries=3)
 def encode_whole(config_bytes: bytes, digest: str, text: str, add_special_tokens: bool, config: TokenizerConfig,
                  nice: int = 0) -> np.ndarray:
     """A stateless text's IDs, post-processed: an unadmitted configuration's whole-text plan."""

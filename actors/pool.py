@@ -37,7 +37,7 @@ from delta_ray.tokenizer import DeltaTokenizer, check_text
 
 from . import worker_channel
 from .calls import ENCODE_PIECES, ENCODE_WHOLE, Call
-from .chunk_task import CHUNK_ENV, encode_chunk_bytes, encode_chunks, encode_whole, warm_chunk_process
+from .chunk_task import CHUNK_ENV, encode_chunks, encode_whole, warm_chunk_process
 from .local_ray import ensure_ray
 from .orchestrator import PoolOrchestrator
 from .transport import ChannelTransport, RayTransport
@@ -188,14 +188,7 @@ class TokenizerPool:
         """A shared call as a Ray task (the transport's ``wid=None``)."""
         cfg, opts = self.config, self._chunk_options()
         if call.kind is ENCODE_PIECES:
-            pieces = call.args[0]
-            if len(pieces) == 1 and len(pieces[0]) >= C.BYTES_ARG_CHARS:
-                # A long piece travels as UTF-8 bytes in the object store (read in place by the
-                # task), not as a pickled str argument.
-                data = np.frombuffer(pieces[0].encode("utf-8", "surrogatepass"), dtype=np.uint8)
-                return encode_chunk_bytes.options(**opts).remote(self._config_ref, self._loaded.digest,
-                                                                 ray.put(data), cfg.tokenizer, cfg.task_nice)
-            return encode_chunks.options(**opts).remote(self._config_ref, self._loaded.digest, pieces,
+            return encode_chunks.options(**opts).remote(self._config_ref, self._loaded.digest, call.args[0],
                                                         cfg.tokenizer, cfg.task_nice)
         if call.kind is ENCODE_WHOLE:
             text, add = call.args

@@ -23,7 +23,6 @@ CONTENT_MIN_BYTES = 4096  # keyless content reuse starts at this size
 CONTENT_MAX_ENTRIES = 1024
 
 # The Ray pool.
-BYTES_ARG_CHARS = 65536  # a chunk from this many characters travels to its task as UTF-8 bytes in the object store
 LOCAL_MAX_BYTES = 4096  # stateless texts under this many UTF-8 bytes are encoded in the caller
 REQUEST_TIMEOUT_S = 60.0  # no answer this long after first dispatch: encode in-process instead
 STARTUP_TIMEOUT_S = 300.0
