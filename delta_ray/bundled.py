@@ -37,11 +37,6 @@ class BundledTokenizerError(DeltaRayError, RuntimeError):
     """A bundled tokenizer is missing or its bytes do not match the recorded SHA-256."""
 
 
-def _cache_dir() -> Path:
-    from .cache_store import cache_root
-    return cache_root()
-
-
 def bundled_tokenizer_json(name: str) -> bytes:
     """Return the bytes of a bundled tokenizer.json after checking its SHA-256."""
     if name not in BUNDLED:
@@ -66,11 +61,11 @@ def bundled_tokenizer_json(name: str) -> bytes:
 
 def bundled_tokenizer_path(name: str) -> str:
     """Unpack (once) and return a checked path to a bundled tokenizer.json."""
+    from .cache_store import atomic_write, cache_root
     data = bundled_tokenizer_json(name)
     digest = BUNDLED[name][2]
-    out = _cache_dir() / "bundled" / f"{name}-{digest[:16]}" / "tokenizer.json"
+    out = cache_root() / "bundled" / f"{name}-{digest[:16]}" / "tokenizer.json"
     if not out.exists() or hashlib.sha256(out.read_bytes()).hexdigest() != digest:
-        from .cache_store import atomic_write
         out.parent.mkdir(parents=True, exist_ok=True)
         atomic_write(out, data)
         if not out.exists():  # an unwritable cache: a private temporary copy instead
