@@ -372,3 +372,43 @@ def test_sessions_moved_by_a_redeploy_reinitialize_exactly(service, tokenizer_pa
         assert len(replicas) >= 2  # autoscaling's minimum is running and routed to
     finally:
         serve.delete("delta-ray-moves")
+
+
+@pytest.fixture(scope="module")
+def forwarding(service, tokenizer_paths):
+    """Two replicas that forward header-less session requests to the session's home."""
+    import time
+
+    from ray import serve
+
+    from delta_ray import serve_app
+    base, _ = service
+    app = serve_app(tokenizer_paths["qwen-3"], num_replicas=2, replica_cpus=0.1, forward_unrouted=True)
+    serve.run(app, name="delta-ray-forwarding", route_prefix="/f")
+    time.sleep(5)  # each replica's handle learns the replica set by long poll
+    yield f"{base}/f"
+    serve.delete("delta-ray-forwarding")
+
+
+def test_a_session_without_routing_header_is_forwarded_to_its_home(forwarding, references, real_texts):
+    """A plain vLLM client (no x-session-id) still reaches the replica holding its session: the
+    replica it lands on forwards it through a handle call carrying the key."""
+    routed = forwarding
+    ref = references["qwen-3"]
+    text = real_texts["code"][:8000]
+    homes, states = set(), []
+    for turn in range(6):
+        text += f"\n# turn {turn}\n"
+        got, out, h = _post_h(f"{routed}/tokenize", {"prompt": text, "session_id": "plain-client", "cache_salt": "v"},
+                              {})
+        assert got == 200 and out["tokens"] == ref.encode(text).ids
+        homes.add(h["x-delta-ray-replica"])
+        states.append(h["x-delta-ray-session"])
+    assert len(homes) == 1 and states == ["new"] + ["held"] * 5
+    got, out, _ = _post_h(f"{routed}/tokenize", {"append": "x = 1\n", "session_id": "plain-client", "cache_salt": "v"},
+                          {})
+    assert got == 200 and ref.encode(text).ids[:out["start"]] + out["tokens"] == ref.encode(text + "x = 1\n").ids
+    got, out, _ = _post_h(f"{routed}/tokenize", {"append": "x", "session_id": "nobody", "cache_salt": "v"}, {})
+    assert got == 409 and "Traceback" not in out["error"]["message"]
+    got, out, _ = _post_h(f"{routed}/tokenize", {"prompt": "bad \ud800", "session_id": "s", "cache_salt": "v"}, {})
+    assert got == 400 and "Traceback" not in out["error"]["message"]
