@@ -39,7 +39,7 @@ from . import charclass as cc
 from .reference_api import PROBE_SEPARATOR, encode_batch_ids, split_probe_tokenizer
 from .cache_store import cached_table
 
-VERIFY_VERSION = 2
+VERIFY_VERSION = 3
 REPRESENTATIVES: tuple[str, ...] = (
     "a", "A", "\u01c5", "\u02b0", "\u4e2d", "\u0301", "1", "11", " ", "  ", "\t", "\r", "\n",
     "!", "'", "/", " !", "'s", "x'",
@@ -85,17 +85,23 @@ def _predictions(stages: list[dict], templates: Sequence[str], vocab: dict, cps:
                       for t in templates] for cp in cps], dtype=np.int64)
 
 
+def _indistinct(pred: np.ndarray, fam_cls: np.ndarray) -> np.ndarray:
+    """Pairs of rows in different family classes with the same prediction in every column."""
+    same = np.ones((len(pred), len(pred)), dtype=bool)
+    for j in range(pred.shape[1]):
+        same &= pred[:, j][:, None] == pred[:, j][None, :]
+    return same & (fam_cls[:, None] != fam_cls[None, :])
+
+
 def _distinguishing(pred: np.ndarray, fam_cls: np.ndarray) -> list[int]:
     """A small set of template columns that gives different predictions to every pair of rows in
-    different family classes (greedy cover; every column is kept if the cover is incomplete)."""
+    different family classes that some column tells apart (greedy cover)."""
     n, m = pred.shape
-    need = fam_cls[:, None] != fam_cls[None, :]
+    need = (fam_cls[:, None] != fam_cls[None, :]) & ~_indistinct(pred, fam_cls)
     chosen: list[int] = []
     while need.any():
         gains = [int((need & (pred[:, j][:, None] != pred[:, j][None, :])).sum()) for j in range(m)]
         j = int(np.argmax(gains))
-        if gains[j] == 0:
-            return list(range(m))  # some pair cannot be told apart: probe everything (check_sensitivity says which)
         chosen.append(j)
         need &= ~(pred[:, j][:, None] != pred[:, j][None, :])
     return sorted(chosen)
@@ -267,9 +273,12 @@ def derive_verified(stages: list[dict], fam_cls: np.ndarray) -> np.ndarray:
     rep = cps[first].astype(np.int64)
     pred = _predictions(stages, templates, vocab, rep.tolist())
     core = set(_distinguishing(pred, fam_cls[rep])) | {0}
+    # Fail closed: groups the contexts cannot tell from a group of another family class are never
+    # verified (none for the five families; check_sensitivity reports them).
+    blind = _indistinct(pred, fam_cls[rep]).any(axis=1)
     bits = cc.class_table()
     wide = ((bits[cps] & cc.L) > 0) | (groups[inverse] >= (1 << 40))
-    ok = np.ones(len(cps), dtype=bool)
+    ok = ~blind[inverse]
     # Characters of the separator are probed one by one (a joined probe could form or break it).
     risky = np.isin(cps, np.frombuffer(PROBE_SEPARATOR.encode("utf-32-le"), dtype=np.uint32))
     for j, tmpl in enumerate(templates):
@@ -321,10 +330,6 @@ def check_sensitivity(family_name: str) -> list[tuple[int, int]]:
         _groups, first = np.unique(signatures(patterns), return_index=True)
         rep = [int(c) for c in first if not 0xD800 <= c < 0xE000]
         pred = _predictions(stages, templates, vocab, rep)
-        cols = _distinguishing(pred, fam_cls[rep])
-        seen: dict[tuple, int] = {}
-        for cp, row in zip(rep, pred[:, cols].tolist()):
-            other = seen.setdefault(tuple(row), cp)
-            if fam_cls[other] != fam_cls[cp]:
-                out.append((other, cp))
+        bad = np.argwhere(np.triu(_indistinct(pred, fam_cls[rep])))
+        out += [(rep[a], rep[b]) for a, b in bad.tolist()]
     return out
