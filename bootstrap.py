@@ -91,7 +91,11 @@ def ensure_tk1_env() -> None:
 
 
 def run_tk1(rest: list[str], env: dict) -> int:
-    ensure_tk1_env()
+    try:
+        ensure_tk1_env()
+    except subprocess.CalledProcessError as exc:
+        print(f"could not build {TK1_VENV} with {TK1_REFERENCE}: {exc}", flush=True)
+        return 1
     args = [str(TK1_PY), "-m", "pytest", "-m", "battery", *TK1_TESTS, *rest]
     print("+", " ".join(args), flush=True)
     return subprocess.call(args, cwd=ROOT, env=env)
