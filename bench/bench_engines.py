@@ -12,6 +12,7 @@ checked against the reference's (add_special_tokens=False) on each slice.
 
 Engines, all on the calling thread:
   reference   tokenizers ``encode_batch_fast([text], add_special_tokens=False)`` + ids to numpy
+              (``encode_batch`` under tokenizers 1.x, through delta_ray.reference_api)
               (one input, so its rayon pool is not used)
   fastokens   ``Tokenizer.from_json_str`` + ``encode_batch_flat([text])`` -> numpy, FASTOKENS_BPE_THREADS=1
   gigatoken   ``load_hf_json`` backend ``encode(text)`` -> uint32 numpy (holds the GIL)
@@ -36,6 +37,7 @@ import numpy as np  # noqa: E402
 
 from delta_ray.bundled import bundled_tokenizer_path  # noqa: E402
 from delta_ray.fast_engine import fast_engine_threads, fast_engine_versions  # noqa: E402
+from delta_ray.reference_api import encode_batch_ids  # noqa: E402 - encode_batch_fast (0.x) or encode_batch (1.x)
 
 CORPUS_DIR = Path(os.environ.get("DELTA_RAY_CORPUS", "/work/shared/corpus"))
 
@@ -89,8 +91,7 @@ def build_engines(path: str, wanted: list[str]):
     ref = Tokenizer.from_file(path)
 
     def reference(t):
-        enc = ref.encode_batch_fast([t], add_special_tokens=False)[0]
-        return np.asarray(enc.ids, dtype=np.int32)
+        return encode_batch_ids(ref, [t], False)[0]
 
     engines = {"reference": reference}
     data = Path(path).read_bytes()
@@ -163,7 +164,7 @@ def confinement(path: str, sizes: list[int], corpus: str, clock) -> None:
     for size in sizes:
         text = corpus[:size // 2] + bad + corpus[size // 2:size]
         mb = len(text.encode()) / 1e6
-        t = clock(); want = ref.encode_batch_fast([text], add_special_tokens=False)[0].ids; tr = clock() - t
+        t = clock(); want = encode_batch_ids(ref, [text], False)[0].tolist(); tr = clock() - t
         t = clock(); a = whole.encode_ids(text, add_special_tokens=False); tw = clock() - t
         t = clock(); b = chunked.encode_ids(text, add_special_tokens=False); tc = clock() - t
         ok = a.tolist() == want == b.tolist()
