@@ -168,3 +168,25 @@ def test_fast_tier_is_admitted_against_the_installed_reference(references, real_
     texts = [t[:50_000] for t in real_texts.values()] + _sample_texts(real_texts)[:6]
     for t in texts:
         assert dt.encode(t).to_pylist() == ref.encode(t).ids
+
+
+@pytest.mark.parametrize("family", ["qwen3", "o200k", "deepseek-v3"])
+def test_class_verification_catches_a_wrong_candidate(family, monkeypatch):
+    """Control: give the candidate table a wrong class for a few code points (a letter called a
+    digit, a digit called a letter, a space called punctuation); the reference's pieces disagree and
+    exactly those code points come out unverified, while their neighbours stay verified."""
+    from delta_ray import charclass as cc
+    from delta_ray import class_verify as cv
+    from delta_ray.families import FAMILIES, _candidate_family_table
+    table = cc.class_table().copy()
+    wrong = {0xE9: cc.N, 0x0663: cc.L | cc.LO, 0x2003: cc.P}  # é, ARABIC-INDIC THREE, EM SPACE
+    for cp, bits in wrong.items():
+        table[cp] = bits
+    cps = np.array(sorted(set(range(0x20, 0x300)) | {0x0660, 0x0661, 0x0662, 0x0663, 0x0664, 0x2002, 0x2003,
+                                                          0x2004, 0x4E2D, 0x4E2E}), dtype=np.uint32)
+    monkeypatch.setattr(cc, "class_table", lambda: table)
+    monkeypatch.setattr(cc, "all_codepoints_text", lambda: (cps.tobytes().decode("utf-32-le"), cps))
+    fam_cls = _candidate_family_table.__wrapped__(family)
+    verified = cv.derive_verified(cv.family_stages(FAMILIES[family])[0], fam_cls)
+    assert not any(verified[cp] for cp in wrong)
+    assert all(verified[cp] for cp in (0xE8, 0xEA, 0x0662, 0x0664, 0x2002, 0x4E2D, ord("a"), ord("1"), ord(" ")))
