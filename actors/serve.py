@@ -396,7 +396,10 @@ def serve_app(tokenizer: TokenizerLike, *, model_name: "str | None" = None, pool
 
 
 def replica_endpoints(app_name: str, timeout_s: float = 30.0) -> "list[tuple[str, int, str]]":
-    """``(host, port, replica id)`` of each running replica of ``app_name`` under direct ingress.
+    """``(node ip, port, replica id)`` of each running replica of ``app_name`` under direct ingress.
+
+    A replica listens on the ``http_options`` host (``serve.start``), which may be loopback rather
+    than the node's address.
 
     With ``RAY_SERVE_ENABLE_DIRECT_INGRESS=1`` in the environment of the process that starts Ray
     (Ray 2.60), every ingress replica listens for HTTP itself (ports from 30000) and no proxy
@@ -412,8 +415,10 @@ def replica_endpoints(app_name: str, timeout_s: float = 30.0) -> "list[tuple[str
     deadline = time.monotonic() + timeout_s
     while True:
         groups = ray.get(controller.get_target_groups.remote(app_name))
-        out = [(t.ip, t.port, t.instance_id) for g in groups if str(getattr(g.protocol, "value", g.protocol)).upper()
-               == "HTTP" and g.app_name == app_name for t in g.targets]
+        # A target's name is the replica's actor name, "SERVE_REPLICA::<app>#<deployment>#<replica id>".
+        out = [(t.ip, t.port, t.name.rsplit("#", 1)[-1]) for g in groups
+               if str(getattr(g.protocol, "value", g.protocol)).upper() == "HTTP" and g.app_name == app_name
+               for t in g.targets]
         if out or time.monotonic() > deadline:
             return out
         time.sleep(0.5)

@@ -62,8 +62,8 @@ def run(args: argparse.Namespace) -> int:
     print(f"delta-ray serving {args.tokenizer} on http://{args.host}:{args.port} (Ctrl-C to stop)", flush=True)
     if args.direct_ingress:
         from .serve import replica_endpoints
-        for host, port, rid in replica_endpoints("delta-ray"):
-            print(f"  replica {rid}: http://{host}:{port} (direct ingress)", flush=True)
+        for _, port, rid in replica_endpoints("delta-ray"):
+            print(f"  replica {rid}: http://{args.host}:{port} (direct ingress)", flush=True)
     try:
         while True:
             time.sleep(3600)
