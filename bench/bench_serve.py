@@ -119,6 +119,7 @@ def client_main(spec_path: str) -> None:
     import orjson
 
     from delta_ray.actors.serve_router import routing_headers
+    from delta_ray.scheduler.routing import rendezvous_order
 
     spec = json.loads(Path(spec_path).read_text())
     bases, deltas = workload(spec["size"], spec["sessions"], spec["turns"], spec["append"])
@@ -127,8 +128,10 @@ def client_main(spec_path: str) -> None:
     host, port, path = spec["host"], spec["port"], spec["path"]
     lat: list[float] = []
     errors: list[str] = []
-    counters = {"requests": 0, "resends": 0, "bytes_in": 0, "bytes_out": 0}
+    counters = {"requests": 0, "resends": 0, "bytes_in": 0, "bytes_out": 0, "reinit": 0}
+    replicas_seen: set = set()
     lock = threading.Lock()
+    go = threading.Event()
 
     def post(conn, body: dict, headers: dict) -> tuple[int, bytes]:
         data = orjson.dumps(body)
@@ -138,10 +141,26 @@ def client_main(spec_path: str) -> None:
         with lock:
             counters["bytes_out"] += len(data)
             counters["bytes_in"] += len(out)
+            if go.is_set() and r.getheader("x-delta-ray-session") == "new":
+                counters["reinit"] += 1  # a timed turn whose session was not held where it ran
+            rid = r.getheader("x-delta-ray-replica")
+            if rid:
+                replicas_seen.add(rid)
         return r.status, out
 
     def run(c: int, barrier: threading.Barrier, go: threading.Event) -> None:
-        conn = http.client.HTTPConnection(host, port, timeout=600)
+        conns: dict = {}
+
+        def conn_for(s: int):
+            """Direct ingress with several replicas: the client routes each session to its home, by
+            the same rendezvous order the in-cluster router uses, over the replica ids."""
+            target = (host, port)
+            if spec.get("replicas"):
+                rid = rendezvous_order(hdrs[s]["x-session-id"], list(spec["replicas"]))[0]
+                target = tuple(spec["replicas"][rid])
+            if target not in conns:
+                conns[target] = http.client.HTTPConnection(*target, timeout=600)
+            return conns[target]
         mine = [s for s in range(spec["sessions"]) if s % nclients == c]
         texts = {s: bases[s] for s in mine}
         bufs = {s: np.zeros(0, dtype="<i4") for s in mine}
@@ -152,7 +171,8 @@ def client_main(spec_path: str) -> None:
 
         def whole(s: int, t: int, timed: bool) -> None:
             t0 = time.perf_counter()
-            status, out = post(conn, {"prompt": texts[s], "session_id": sid[s], "cache_salt": tenant[s]}, hdrs[s])
+            status, out = post(conn_for(s), {"prompt": texts[s], "session_id": sid[s], "cache_salt": tenant[s]},
+                               hdrs[s])
             dt = time.perf_counter() - t0
             if status != 200:
                 errors.append(f"session {s} turn {t}: HTTP {status} {out[:200]!r}")
@@ -177,7 +197,7 @@ def client_main(spec_path: str) -> None:
 
         def appended(s: int, t: int) -> None:
             t0 = time.perf_counter()
-            status, out = post(conn, {"append": deltas[s][t - 1], "session_id": sid[s], "cache_salt": tenant[s]},
+            status, out = post(conn_for(s), {"append": deltas[s][t - 1], "session_id": sid[s], "cache_salt": tenant[s]},
                                hdrs[s])
             if status == 409:  # the session is not held where it landed: resend the whole transcript
                 with lock:
@@ -217,10 +237,10 @@ def client_main(spec_path: str) -> None:
                     whole(s, t, True)
                 with lock:
                     counters["requests"] += 1
-        conn.close()
+        for c in conns.values():
+            c.close()
 
     barrier = threading.Barrier(nclients + 1)
-    go = threading.Event()
     threads = [threading.Thread(target=run, args=(c, barrier, go)) for c in range(nclients)]
     for t in threads:
         t.start()
@@ -234,6 +254,7 @@ def client_main(spec_path: str) -> None:
     wall = time.perf_counter() - t0
     lat.sort()
     res = {"wall": wall, "requests": counters["requests"], "resends": counters["resends"],
+           "reinit": counters["reinit"], "replicas": len(replicas_seen),
            "p50": lat[len(lat) // 2] if lat else float("nan"),
            "p99": lat[min(len(lat) - 1, int(len(lat) * 0.99))] if lat else float("nan"),
            "bytes_in": counters["bytes_in"], "bytes_out": counters["bytes_out"], "errors": errors[:20],
@@ -458,11 +479,18 @@ def _run(args, path, modes, sizes, specials, plain_proc, pport) -> None:
         endpoints["delta-std"] = endpoints["append-std"] = ("127.0.0.1", sport, "/std/tokenize")
     if plain_proc is not None:
         endpoints["plain"] = ("127.0.0.1", pport, "/tokenize")
+    di_replicas: dict[str, dict] = {}
     if args.direct_ingress:
         for app, ms in (("peer", ["peer"]), ("delta", ["delta", "append"])):
             eps = replica_endpoints(app) if app in serve.status().applications else []
+            want = args.replicas if app == "delta" else 1
+            deadline = time.time() + 60
+            while eps and len(eps) < want and time.time() < deadline:  # targets follow the replicas by a tick
+                time.sleep(1)
+                eps = replica_endpoints(app)
             if eps:
                 _, port, _ = eps[0]  # replicas bind the http_options host (loopback here)
+                di_replicas[app] = {rid: ["127.0.0.1", p] for _, p, rid in eps}
                 for m in ms:
                     if m in modes:
                         endpoints[m + "-di"] = ("127.0.0.1", port, f"/{app}/tokenize")
@@ -490,13 +518,14 @@ def _run(args, path, modes, sizes, specials, plain_proc, pport) -> None:
                 spec = {"size": size, "sessions": sessions, "turns": turns, "append": args.append,
                         "expect": expect, "mode": "append" if mode.startswith("append") else "whole",
                         "clients": args.clients, "host": host, "port": port, "path": p,
-                        "run": f"{os.getpid()}-{run_id}"}
+                        "run": f"{os.getpid()}-{run_id}",
+                        "replicas": di_replicas.get("delta") if mode in ("delta-di", "append-di") else None}
                 r = run_clients(spec, specials)
                 rate = r["requests"] / r["wall"]
                 results.setdefault(label, {}).setdefault(mode, []).append({**r, "rate": rate})
                 cpu = ", ".join(f"{k} {v:.1f}" for k, v in sorted(r["cpu_ms"].items(), key=lambda kv: -kv[1]))
                 print(f"{mode:>10}: {rate:8.1f} turns/s  P50 {r['p50'] * 1e3:7.1f} ms  P99 {r['p99'] * 1e3:7.1f} ms  "
-                      f"resends {r['resends']}  errors {r['n_errors']}  | CPU ms/request: {cpu}", flush=True)
+                      f"resends {r['resends']}  re-inits {r['reinit']}  replicas {r['replicas']}  errors {r['n_errors']}  | CPU ms/request: {cpu}", flush=True)
                 for e in r["errors"][:3]:
                     print("    ", e)
     # Ratios against the targets (ranges over rounds).
