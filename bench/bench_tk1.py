@@ -10,7 +10,8 @@ in this run are printed; no absolute time is asserted.
 
     .venv-tk1/bin/python bench/bench_tk1.py [--tokenizer qwen-3] [--quick]
 
-(``python3 bootstrap.py test`` builds .venv-tk1; the bench runs under 0.x too, for comparison.)
+(``python3 bootstrap.py test`` builds .venv-tk1, without Ray: for the pool rows,
+``.venv-tk1/bin/pip install 'ray==2.60.0'`` first. The bench runs under 0.x too, for comparison.)
 """
 from __future__ import annotations
 
