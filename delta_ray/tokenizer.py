@@ -26,6 +26,7 @@ from .families import FAMILIES
 from .loading import LoadedTokenizer, TokenizerLike, load_tokenizer
 from .nfc_anchors import anchor_table
 from .plan import CONTENT, SESSION, Plan, route
+from .reference_api import api_generation
 from .planner import chunk_count, plan_cuts
 from .repair import RepairPlan, common_prefix_len, encode_turn, encode_with_base, plan_repair
 from .session_store import SessionNotFound, SessionState, SessionStore
@@ -83,6 +84,7 @@ class DeltaTokenizer:
         engine, shadow_rate = cfg.engine, cfg.shadow_rate
         self._admission = admit(self._loaded)
         self._reference = ReferenceEncoder(self._tok)
+        self._reference_is_native = api_generation() >= 1  # tokenizers 1.x: as fast as the fast tier
         # The encoder seam: a switchable engine (reference, or the guarded fast tier once admitted),
         # sampled by the shadow verifier. Unadmitted configurations only ever use the reference.
         self.engine_switch = EngineSwitch(self._reference)
@@ -290,7 +292,7 @@ class DeltaTokenizer:
 
     def encode_batch_ids(self, texts: list[str], *, add_special_tokens: bool = True) -> list[np.ndarray]:
         """Stateless IDs for many texts through one batch encode of all their pieces."""
-        if self._predicate is None:  # one GIL-releasing batch call, parallel across texts
+        if self._batch_by_reference():  # one GIL-releasing batch call, parallel across texts
             self.stats["reference"] += len(texts)
             return self._reference.encode_texts(list(texts), add_special_tokens)
         counts, pieces = [], []
@@ -317,7 +319,7 @@ class DeltaTokenizer:
         pieces are split over ``threads`` threads (the engine releases the GIL).
         """
         texts = list(texts)
-        if self._predicate is None:
+        if self._batch_by_reference():
             from .fast_engine import flat_from_pieces
             self.stats["reference"] += len(texts)
             return flat_from_pieces(self._reference.encode_texts(texts, add_special_tokens))
@@ -389,6 +391,12 @@ class DeltaTokenizer:
             self._store.put(key, state)
         else:
             self._store.pop(key)
+
+    def _batch_by_reference(self) -> bool:
+        """Whether batches go to the reference's own batch call whole: always when unadmitted, and
+        when the reference itself encodes now and is a native-speed engine (tokenizers 1.x), since
+        per-text planning then costs more than it saves (the batch call is parallel across texts)."""
+        return self._predicate is None or (self._reference_is_native and not self.uses_fast_engine)
 
     def _run_plan(self, plan: Plan) -> np.ndarray:
         """Run a stateless plan here: its pieces are consecutive, so their flat values are the text's
