@@ -73,8 +73,8 @@ class _PoolRegistry:
 class TokenizerPool:
     """A Ray actor pool that returns exactly the reference's IDs.
 
-    ``encode(text, session=key)`` goes to the session's home worker (CRC-32 of the key over the
-    live workers), which repairs only the tail; long stateless texts are cut at safe cuts and the
+    ``encode(text, session=key)`` goes to the session's home worker (rendezvous over CRC-32 of the
+    key and the live workers), which repairs only the tail; long stateless texts are cut at safe cuts and the
     chunks run in parallel; stateless texts under 4,096 bytes are encoded in the caller's process.
     Thread-safe and coroutine-safe; use ``close()`` or a ``with`` block.
 

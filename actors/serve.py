@@ -17,7 +17,6 @@ import asyncio
 import functools
 import json
 import logging
-import os
 import time
 import uuid
 from typing import Any
@@ -38,7 +37,6 @@ DEFAULT_MAX_BODY_BYTES = 64 * 1024 * 1024
 OFF_LOOP_BYTES = 256 * 1024  # bodies larger than this are parsed and serialized in a thread
 OFF_LOOP_CHARS = 128 * 1024  # session texts longer than this are encoded in a thread
 MANY_TOKENS = 65536  # answers with more IDs than this are serialized in a thread
-FORWARD_TIMEOUT_S = 30.0  # a forward to the home replica unanswered this long is served locally
 # Serve settings read by each replica process at import (Ray 2.60; RAY_SERVE_THROUGHPUT_OPTIMIZED sets
 # the same ones cluster-wide): no hop between Serve's loop and a user-code thread per request,
 # request-path logs buffered, no per-request log line to stderr.
@@ -75,8 +73,7 @@ def serve_app(tokenizer: TokenizerLike, *, model_name: "str | None" = None, pool
               max_body_bytes: int = DEFAULT_MAX_BODY_BYTES, max_model_len: "int | None" = None,
               tokenizer_config: Any = None, replica_cpus: float = 0.25, threads: "int | None" = None,
               require_tenant: bool = False, pool_secret: "str | None" = None, pool_min_chars: "int | None" = None,
-              overflow_inflight: "int | None" = None, fast_replica: bool = True,
-              forward_unrouted: bool = False, **options: Any):
+              overflow_inflight: "int | None" = None, fast_replica: bool = True, **options: Any):
     """A Ray Serve application serving exact tokenization for one tokenizer.
 
     Each replica encodes in process (a ``DeltaTokenizer`` with ``threads`` threads for chunks,
@@ -99,12 +96,6 @@ def serve_app(tokenizer: TokenizerLike, *, model_name: "str | None" = None, pool
     ``fast_replica`` (default) trims Serve's per-request work in the replicas: user code on the
     replica's own event loop (``RAY_SERVE_RUN_USER_CODE_IN_SEPARATE_THREAD=0``: the handlers only
     await, heavy steps run in threads), buffered request-path logs and no access log lines.
-
-    ``forward_unrouted`` (opt-in, experimental): a session request that arrives without the routing
-    header (a plain vLLM client) is passed, through a handle call carrying its key, to its home
-    replica: one more hop for such clients instead of a re-initialization wherever it lands. A
-    forward with no answer within ``FORWARD_TIMEOUT_S`` is served where it landed (exact: a
-    re-initialization, or 409 for an append).
     """
     from fastapi import FastAPI, Request
     from fastapi.responses import JSONResponse, Response
@@ -124,8 +115,7 @@ def serve_app(tokenizer: TokenizerLike, *, model_name: "str | None" = None, pool
                      pool_name=pool_name, num_workers=num_workers, max_body_bytes=max_body_bytes,
                      max_model_len=max_model_len, model_name=name, pool_options=pool_options,
                      require_tenant=require_tenant, pool_secret=pool_secret, core_options=core, threads=threads,
-                     pool_min_chars=pool_min_chars, overflow_inflight=overflow_inflight,
-                     forward=bool(forward_unrouted) and session_routing)
+                     pool_min_chars=pool_min_chars, overflow_inflight=overflow_inflight)
     deployment_options: dict[str, Any] = {"ray_actor_options": {"num_cpus": replica_cpus},
                                           "max_ongoing_requests": max_ongoing_requests}
     if fast_replica:
@@ -144,7 +134,7 @@ def serve_app(tokenizer: TokenizerLike, *, model_name: "str | None" = None, pool
     class TokenizerService:
         def __init__(self, config_bytes, digest, chat_config, pool_name, num_workers, max_body_bytes,
                      max_model_len, model_name, pool_options, require_tenant=False, pool_secret=None,
-                     core_options=None, threads=None, pool_min_chars=None, overflow_inflight=None, forward=False):
+                     core_options=None, threads=None, pool_min_chars=None, overflow_inflight=None):
             from delta_ray.chat_template import ChatTemplate
             from delta_ray.loading import LoadedTokenizer
             from delta_ray.tokenizer import DeltaTokenizer
@@ -174,9 +164,6 @@ def serve_app(tokenizer: TokenizerLike, *, model_name: "str | None" = None, pool
             adm = self.delta.admission
             self.prefix = np.asarray(adm.prefix_ids, dtype=np.int32)
             self.suffix = np.asarray(adm.suffix_ids, dtype=np.int32)
-            self.forward = forward
-            self._home_handle = None
-            self.session_header = os.environ.get("RAY_SERVE_SESSION_ID_HEADER_KEY", SESSION_HEADER).lower()
             try:
                 from ray import serve as _serve
                 self.replica_id = _serve.get_replica_context().replica_id.unique_id
@@ -206,38 +193,6 @@ def serve_app(tokenizer: TokenizerLike, *, model_name: "str | None" = None, pool
             out, _ = await self._detokenize_body(body)
             return out
 
-        async def _at_home(self, body: dict) -> "tuple[dict, str, str]":
-            """A session request forwarded by a replica it reached without a routing header."""
-            out, where = await self._tokenize_body(body)
-            return out, where, self.replica_id
-
-        async def _forwarding_tokenize_body(self, body: dict) -> "tuple":
-            """Without a routing header, a session request goes to its home replica (one handle hop)."""
-            req = parse_tokenize(body, self.served)
-            if self.require_tenant and req.tenant is None:
-                raise BadRequest("this service requires a tenant: give 'cache_salt'", 400)
-            if req.session is None:
-                return await self._tokenize(req)
-            if self._home_handle is None:
-                from ray import serve as _serve
-                ctx = _serve.get_replica_context()
-                self._home_handle = _serve.get_deployment_handle(ctx.deployment, ctx.app_name)
-            key = routing_headers(req.session, req.tenant)[SESSION_HEADER]
-            try:
-                return await asyncio.wait_for(self._home_handle.options(session_id=key)._at_home.remote(body),
-                                              FORWARD_TIMEOUT_S)
-            except asyncio.TimeoutError:
-                log.warning("forward to the home replica timed out; serving where the request landed")
-                metrics.record_path("serve_forward_timeout")
-                return await self._tokenize(req)
-            except Exception as exc:  # noqa: BLE001 - a client error at home is the client's error here
-                cause = getattr(exc, "cause", None)
-                if isinstance(cause, BadRequest):
-                    raise BadRequest(str(cause), cause.status) from None
-                if isinstance(cause, (ValueError, TypeError)):
-                    raise BadRequest(str(cause)) from None
-                raise
-
         async def _detokenize_body(self, body: dict) -> "tuple[dict, str]":
             tokens = parse_detokenize(body, self.served, self.vocab_size)
             if len(tokens) > 65536:
@@ -251,8 +206,6 @@ def serve_app(tokenizer: TokenizerLike, *, model_name: "str | None" = None, pool
 
         @app.post("/tokenize")
         async def tokenize_http(self, request: Request):
-            if self.forward and self.session_header not in request.headers:
-                return await self._http("tokenize", request, self._forwarding_tokenize_body)
             return await self._http("tokenize", request, self._tokenize_body)
 
         @app.post("/detokenize")
