@@ -105,28 +105,29 @@ def test_pool_session_calls_use_the_channel_and_survive_losing_it(ray_session, t
     ref = references["qwen-3"]
     text = real_texts["code"][:20_000]
     with TokenizerPool(tokenizer_paths["qwen-3"], num_workers=2) as pool:
-        assert set(pool._channels) == set(pool._workers)  # one node: every worker has a channel
+        channels = pool._orch.transport.channels  # the side-channel transport's clients
+        assert set(channels) == set(pool._workers)  # one node: every worker has a channel
         assert pool.encode(text, session="a").to_pylist() == ref.encode(text).ids
         text += "\nmore"
         assert pool.extend("a", "\nmore").to_pylist() == ref.encode(text).ids
-        home = pool._dispatcher.home_of("a")
+        home = pool.home_of("a")
 
         async def broken(method, args):
             raise ChannelClosed("simulated: the connection dropped")
         # An extend whose connection drops may or may not have been applied: the pool must not
         # guess, so the caller is told to send the whole text, and that text is then exact.
-        pool._channels[home].call = broken
+        channels[home].call = broken
         with pytest.raises(SessionNotFound, match="connection"):
             pool.extend("a", " and more")
-        assert home not in pool._channels  # that worker is now served through Ray
+        assert home not in channels  # that worker is now served through Ray
         text += " and more"
         assert pool.encode(text, session="a").to_pylist() == ref.encode(text).ids
         # A whole-text call over a dropped channel is simply re-run through Ray.
-        other = next(w for w in pool._channels)
-        pool._channels[other].call = broken
-        key = next(f"k{i}" for i in range(1000) if pool._dispatcher.home_of(f"k{i}") == other)
+        other = next(w for w in channels)
+        channels[other].call = broken
+        key = next(f"k{i}" for i in range(1000) if pool.home_of(f"k{i}") == other)
         assert pool.encode(text, session=key).to_pylist() == ref.encode(text).ids
-        assert not pool._channels
+        assert not channels
 
 
 def test_a_broken_frame_ends_only_its_connection():
