@@ -18,6 +18,7 @@ import functools
 import hashlib
 import logging
 import sys
+import threading
 import time
 from collections import OrderedDict
 from typing import Any, Callable, Sequence
@@ -181,7 +182,6 @@ class PoolOrchestrator:
         self.dispatcher = Dispatcher(config.policy, workers=list(worker_ids),
                                      max_inflight_tasks=config.max_inflight_tasks,
                                      workers_take_shared=config.workers_take_shared, clock=clock)
-        import threading
         self._lock = threading.Lock()  # guards the dispatcher against the loop and callers
         self._requests: dict[int, _Request] = {}
         self._session_locks: dict[bytes, list] = {}

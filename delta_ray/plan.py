@@ -5,14 +5,13 @@ consecutive pieces between safe cuts, each encoded with no post-processing, whos
 to the whole text's; the template (BOS, suffix) is applied once when finishing. A configuration the
 exactness argument does not cover is a plan with no cuts that the reference encodes whole, its own
 post-processing included: one encode, never a guess. ``DeltaTokenizer`` runs plans on its threads;
-``TokenizerPool`` runs the same plans on Ray (an :class:`Executor` each).
+``TokenizerPool`` runs the same plans on Ray (``DeltaTokenizer.run_pieces`` here, the orchestrator's
+dispatcher there).
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Awaitable, Protocol, Sequence
-
-import numpy as np
+from typing import Sequence
 
 
 def split_at(text: str, cuts: Sequence[int]) -> list[str]:
@@ -55,10 +54,3 @@ def route(n_chars: int, session: str | None, *, admitted: bool, cut_threshold: i
     if content_reuse:
         return CONTENT
     return CHUNKED if n_chars >= cut_threshold else WHOLE
-
-
-class Executor(Protocol):
-    """Runs a plan's pieces: one int32 array per piece, reference-exact, no post-processing."""
-
-    def run(self, pieces: list[str]) -> list[np.ndarray] | Awaitable[list[np.ndarray]]:
-        ...
