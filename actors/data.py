@@ -143,7 +143,7 @@ def _check_schema(dataset, text_column: str) -> None:
 
 def tokenize_dataset(dataset, tokenizer, *, text_column: str = "text", output_column: str = "input_ids",
                      count_column: str | None = "num_tokens", add_special_tokens: bool = True,
-                     batch_size: int = 256, concurrency: int | tuple[int, int] | None = None,
+                     batch_size: int = 1024, concurrency: int | tuple[int, int] | None = None,
                      num_cpus: float = 0.5, chunk_size: int = C.CHUNK_SIZE,
                      cut_threshold: int = C.CUT_THRESHOLD, engine: str | None = "auto",
                      threads: int | None = None):
@@ -159,7 +159,10 @@ def tokenize_dataset(dataset, tokenizer, *, text_column: str = "text", output_co
         add_special_tokens: as in the reference ``encode`` (BOS/templates applied once per row).
         batch_size: rows per batch handed to one actor call. Blocks are split to this many rows
             first (a streaming repartition, no shuffle): an actor call takes whole blocks, and a
-            read often gives one block per file, which would keep every other actor idle.
+            read often gives one block per file, which would keep every other actor idle. Ray
+            Data spends tens of milliseconds per block (task, object store, one write per block):
+            measured on a 100 MB Parquet file of 0.2K-8K-character documents, 256-row blocks took
+            19-21 s, 1024-row blocks (~4 MB of text) 12.6-17 s, 4096-row blocks 11.8-16.7 s.
         concurrency: actors in the pool (an int, or ``(min, max)`` for an autoscaling pool);
             default: the cluster's CPU count, at least 1.
         num_cpus: CPUs reserved per actor. Keep it fractional on small machines: actors holding

@@ -47,8 +47,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--concurrency", type=int, default=None,
                         help="tokenizer actors (default: the cluster's CPU count)")
     parser.add_argument("--num-cpus", type=float, default=0.5, help="CPUs reserved per actor (default: 0.5)")
-    parser.add_argument("--batch-size", type=int, default=256,
-                        help="rows per block and per actor call (default: 256)")
+    parser.add_argument("--batch-size", type=int, default=1024,
+                        help="rows per block and per actor call (default: 1024)")
     parser.add_argument("--no-special-tokens", action="store_true",
                         help="encode with add_special_tokens=False (no BOS/template tokens)")
     parser.add_argument("--drop-text", action="store_true", help="do not copy the text column to the output")
