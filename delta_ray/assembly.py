@@ -63,9 +63,9 @@ def to_arrow(ids: np.ndarray) -> pa.Int32Array:
 def to_chunked_arrow(parts: Sequence[np.ndarray], prefix: Sequence[int] = (),
                      suffix: Sequence[int] = ()) -> pa.ChunkedArray:
     """A session's IDs as a ChunkedArray of its immutable parts (zero-copy), template included."""
-    chunks = [to_arrow(np.asarray(prefix, dtype=np.int32))] if prefix else []
+    chunks = [to_arrow(np.asarray(prefix, dtype=np.int32))] if len(prefix) else []
     chunks += [to_arrow(p) for p in parts if len(p)]
-    if suffix:
+    if len(suffix):
         chunks.append(to_arrow(np.asarray(suffix, dtype=np.int32)))
     return pa.chunked_array(chunks, type=pa.int32())
 

@@ -172,8 +172,8 @@ class _FastokensBackend:
         ids = np.frombuffer(buf, dtype="<u4").astype(np.int32)  # one copy: writable, native order
         if len(texts) == 1:
             return [ids]
-        bounds = np.frombuffer(offs, dtype="<u8").astype(np.intp)
-        return np.split(ids, bounds[1:-1])
+        bounds = np.frombuffer(offs, dtype="<u8").tolist()  # a few pieces: slices beat np.split
+        return [ids[a:b] for a, b in zip(bounds, bounds[1:])]
 
     def encode_flat(self, texts: list[str]) -> tuple[np.ndarray, np.ndarray]:
         """All texts' IDs in one int32 buffer plus int64 offsets (n + 1), straight from the engine's

@@ -124,14 +124,16 @@ def finish_repair(plan: RepairPlan, arrays: list[np.ndarray]) -> RepairResult:
         raise ValueError("one ID array per piece is required")
     k, cuts = plan.kept_tokens, plan.cuts
     id_parts = merge_id_parts(list(plan.kept_parts) + [np.asarray(a, dtype=np.int32) for a in arrays])
-    # Each cut's token index is the kept prefix plus the pieces before it.
-    counts = np.cumsum([len(a) for a in arrays[:len(cuts)]], dtype=np.int64) + k
-    cp_pos = np.concatenate([plan.keep_pos, np.array([c.pos for c in cuts], dtype=np.int64)])
-    cp_tok = np.concatenate([plan.keep_tok, counts])
-    cp_ext = np.concatenate([plan.keep_ext, np.array([c.ext for c in cuts], dtype=np.int64)])
+    cp_pos, cp_tok, cp_ext = (np.asarray(a, dtype=np.int64) for a in (plan.keep_pos, plan.keep_tok, plan.keep_ext))
+    if cuts:
+        # Each cut's token index is the kept prefix plus the pieces before it.
+        counts = np.cumsum([len(a) for a in arrays[:len(cuts)]], dtype=np.int64) + k
+        cp_pos = np.concatenate([cp_pos, np.array([c.pos for c in cuts], dtype=np.int64)])
+        cp_tok = np.concatenate([cp_tok, counts])
+        cp_ext = np.concatenate([cp_ext, np.array([c.ext for c in cuts], dtype=np.int64)])
     if len(cp_pos) > C.MAX_CHECKPOINTS:  # keep the newest: the next turn wants those near the end
         cp_pos, cp_tok, cp_ext = cp_pos[-C.MAX_CHECKPOINTS:], cp_tok[-C.MAX_CHECKPOINTS:], cp_ext[-C.MAX_CHECKPOINTS:]
-    state = SessionState(None, None, cp_pos.astype(np.int64), cp_tok.astype(np.int64), cp_ext.astype(np.int64),
+    state = SessionState(None, None, cp_pos, cp_tok, cp_ext,
                          text_parts=merge_text_parts(plan.text_parts), id_parts=id_parts)
     return RepairResult(state, k, plan.n - plan.start, len(plan.pieces))
 

@@ -109,17 +109,22 @@ class SessionState:
     def __init__(self, text: str | None, ids: np.ndarray | None, cp_pos: np.ndarray, cp_tok: np.ndarray,
                  cp_ext: np.ndarray, version: int | None = None, *, text_parts: tuple[str, ...] | None = None,
                  id_parts: tuple[np.ndarray, ...] | None = None):
-        self.text_parts = tuple(text_parts) if text_parts is not None else ((text,) if text else ())
+        set_ = object.__setattr__  # a turn builds one state: skip the immutability guard here
+        text_parts = tuple(text_parts) if text_parts is not None else ((text,) if text else ())
         if id_parts is not None:
-            self.id_parts = tuple(id_parts)
+            id_parts = tuple(id_parts)
         else:
-            self.id_parts = (np.asarray(ids, dtype=np.int32),) if ids is not None and len(ids) else ()
-        self.cp_pos, self.cp_tok, self.cp_ext = cp_pos, cp_tok, cp_ext
-        self.version = new_version() if version is None else version
-        self.n_chars = sum(map(len, self.text_parts))
-        self.n_ids = sum(map(len, self.id_parts))
-        self._text = text if text is not None and text_parts is None else None
-        self._ids = None
+            id_parts = (np.asarray(ids, dtype=np.int32),) if ids is not None and len(ids) else ()
+        set_(self, "text_parts", text_parts)
+        set_(self, "id_parts", id_parts)
+        set_(self, "cp_pos", cp_pos)
+        set_(self, "cp_tok", cp_tok)
+        set_(self, "cp_ext", cp_ext)
+        set_(self, "version", new_version() if version is None else version)
+        set_(self, "n_chars", sum(map(len, text_parts)))
+        set_(self, "n_ids", sum(map(len, id_parts)))
+        set_(self, "_text", text if text is not None and text_parts is None else None)
+        set_(self, "_ids", None)
 
     def __setattr__(self, name, value):
         if name in ("_text", "_ids") or not hasattr(self, "_ids"):

@@ -1,6 +1,8 @@
 """``DeltaTokenizer``: the in-process exact tokenizer (sessions, safe-cut chunking, content reuse)."""
 from __future__ import annotations
 
+import functools
+
 import itertools
 import os
 import threading
@@ -420,8 +422,13 @@ class DeltaTokenizer:
     def session_arrow(self, id_parts, add_special_tokens: bool) -> pa.ChunkedArray:
         """A session's ID parts as a zero-copy ChunkedArray, post-processed (template) once."""
         if add_special_tokens:
-            return to_chunked_arrow(id_parts, self._admission.prefix_ids, self._admission.suffix_ids)
+            return to_chunked_arrow(id_parts, *self._template_arrays)
         return to_chunked_arrow(id_parts)
+
+    @functools.cached_property
+    def _template_arrays(self) -> tuple[np.ndarray, np.ndarray]:
+        adm = self._admission
+        return np.asarray(adm.prefix_ids, dtype=np.int32), np.asarray(adm.suffix_ids, dtype=np.int32)
 
     def _session_encode(self, key: str, text: str | None, state: SessionState | None, *,
                         delta: str | None = None) -> tuple[SessionState, int]:
