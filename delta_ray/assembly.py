@@ -29,13 +29,17 @@ def insert_template(values: np.ndarray, offsets: np.ndarray, prefix: Sequence[in
                     suffix: Sequence[int]) -> tuple[np.ndarray, np.ndarray]:
     """Every row of a flat (values, offsets) batch wrapped in the template, in one vectorized pass."""
     n, p, s = len(offsets) - 1, len(prefix), len(suffix)
-    lengths = np.diff(offsets)
     new_offsets = offsets + np.arange(n + 1, dtype=np.int64) * (p + s)
     out = np.empty(len(values) + n * (p + s), dtype=np.int32)
-    shift = np.repeat(np.arange(n, dtype=np.int64) * (p + s) + p, lengths)
-    shift += np.arange(len(values), dtype=np.int64)
-    out[shift] = values
-    del shift
+    # One byte per slot marks the template's slots; the rows' values fill the rest in order (a
+    # boolean-mask assignment: one pass, no int64 index array as long as the batch).
+    is_value = np.ones(len(out), dtype=bool)
+    for i in range(p):
+        is_value[new_offsets[:-1] + i] = False
+    for i in range(s):
+        is_value[new_offsets[1:] - s + i] = False
+    out[is_value] = values
+    del is_value
     for i, t in enumerate(prefix):
         out[new_offsets[:-1] + i] = t
     for i, t in enumerate(suffix):

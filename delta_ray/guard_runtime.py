@@ -94,6 +94,8 @@ class GuardSet:
         setattr_(self, "_latin1_ok", not cps or cps[0] >= 0x100)
         setattr_(self, "_ucs2_ok", not bmp)
         setattr_(self, "_bmp_pattern", _class_pattern(bmp))
+        # re matches whole code points in any str kind, astral ones included: one C scan per text
+        setattr_(self, "_pattern", _class_pattern(cps))
         setattr_(self, "_lut", lut)
 
     def allows(self, text: str) -> bool:
@@ -107,7 +109,7 @@ class GuardSet:
             return self._latin1_ok or self._bmp_pattern.search(text) is None
         if kind == 2:
             return self._ucs2_ok or self._bmp_pattern.search(text) is None
-        return not self._lut.take(np.frombuffer(text.encode("utf-32-le", "surrogatepass"), dtype=np.uint32)).any()
+        return self._pattern.search(text) is None
 
     def positions(self, text: str) -> np.ndarray:
         """Indices of every guarded code point in ``text``."""

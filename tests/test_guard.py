@@ -55,6 +55,25 @@ def test_allows_ascii_and_non_ascii():
     assert g.ranges() == [(0x0898, 0x0899), (0x1AEB, 0x1AEB), (0x16D67, 0x16D67)]
 
 
+def test_allows_agrees_with_membership_in_every_str_kind():
+    """allows(t) is exactly 'no code point of t is guarded', whatever CPython's storage of t (ASCII,
+    Latin-1, UCS-2, UCS-4), for guards with BMP, astral, surrogate and regex-special code points."""
+    import random
+    rng = random.Random(5)
+    pools = [range(0x20, 0x7F), range(0x80, 0x100), range(0x100, 0xD800), range(0xD800, 0xE000),
+             range(0xE000, 0x10000), range(0x10000, 0x110000)]
+    for trial in range(60):
+        guarded = frozenset(rng.choice(rng.choice(pools)) for _ in range(rng.randint(1, 12))) | (
+            frozenset({ord("]"), ord("-"), ord("^"), ord("\\")}) if trial % 3 == 0 else frozenset())
+        g = GuardSet(guarded)
+        for _ in range(40):
+            kinds = pools[:rng.randint(1, len(pools))]
+            text = "".join(chr(rng.choice(rng.choice(kinds))) for _ in range(rng.randint(0, 30)))
+            if rng.random() < 0.3:
+                text += chr(rng.choice(sorted(guarded)))
+            assert g.allows(text) == (not any(ord(c) in guarded for c in text)), (sorted(guarded), text)
+
+
 def test_allows_empty_and_ascii_guards():
     empty = GuardSet(frozenset())
     assert empty.allows("anything \U0010ffff")
