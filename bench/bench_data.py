@@ -111,6 +111,21 @@ def run_delta(ray, ds, path: str, args) -> tuple[float, object]:
     return time.perf_counter() - t0, out
 
 
+def _processes():
+    """(command line, resident bytes) of every process this user can read (Linux /proc)."""
+    for pid in os.listdir("/proc"):
+        if not pid.isdigit():
+            continue
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                cmd = f.read().replace(b"\0", b" ").decode(errors="replace")
+            with open(f"/proc/{pid}/statm") as f:
+                rss_pages = int(f.read().split()[1])
+        except (OSError, ValueError, IndexError):
+            continue
+        yield cmd, rss_pages * os.sysconf("SC_PAGE_SIZE")
+
+
 class ActorPeakRSS:
     """Samples the resident memory of the pipelines' actor processes (Ray names them after their
     UDF class) every 50 ms in a background thread; ``peak_mb()`` is the largest one seen."""
@@ -131,15 +146,8 @@ class ActorPeakRSS:
         self._thread.join()
 
     def _run(self):
-        import psutil
-
         while not self._stop.wait(0.05):
-            for proc in psutil.process_iter(["cmdline", "memory_info"]):
-                try:
-                    if any(self.marker in part for part in (proc.info["cmdline"] or [])):
-                        self.peak = max(self.peak, proc.info["memory_info"].rss)
-                except (psutil.Error, TypeError):
-                    continue
+            self.peak = max([self.peak] + [rss for cmd, rss in _processes() if self.marker in cmd])
 
     def peak_mb(self) -> float:
         return self.peak / 2 ** 20

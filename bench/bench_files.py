@@ -135,10 +135,11 @@ class _NaiveTokenize:
         return batch.append_column("input_ids", pa.array([e.ids for e in encs], pa.list_(pa.int32())))
 
 
-def ray_pipelines(path: str, inputs: list[str], root: str, verify: int) -> tuple[float, float, int]:
+def ray_pipelines(path: str, inputs: list[str], root: str, verify: int) -> tuple[float, float, int, float]:
     """One local Ray, end to end (read -> tokenize -> write Parquet) for both Ray Data pipelines:
     ``delta_ray.tokenize_dataset`` with its defaults, then the naive reference ``map_batches``.
-    Returns (delta-ray seconds, naive seconds, rows of delta-ray's output checked exact)."""
+    Returns (delta-ray seconds, naive seconds, rows of delta-ray's output checked exact, the largest
+    delta-ray actor's peak RSS in MB)."""
     import ray
     import ray.data
     from delta_ray import tokenize_dataset
@@ -147,8 +148,10 @@ def ray_pipelines(path: str, inputs: list[str], root: str, verify: int) -> tuple
     try:
         ray.data.DataContext.get_current().enable_progress_bars = False
         out_dr, out_naive = os.path.join(root, "ray-dr"), os.path.join(root, "ray-naive")
+        from bench_data import ActorPeakRSS  # samples the actor processes' resident memory
         t0 = time.perf_counter()
-        tokenize_dataset(ray.data.read_parquet(inputs), path).write_parquet(out_dr)
+        with ActorPeakRSS("TokenizeBatch") as rss:
+            tokenize_dataset(ray.data.read_parquet(inputs), path).write_parquet(out_dr)
         t_dr = time.perf_counter() - t0
         t0 = time.perf_counter()
         ray.data.read_parquet(inputs).map_batches(
@@ -172,7 +175,7 @@ def ray_pipelines(path: str, inputs: list[str], root: str, verify: int) -> tuple
         want = ref.encode(texts[ids[r]], add_special_tokens=True).ids
         if got.column("input_ids")[r].as_py() != want:
             raise SystemExit(f"tokenize_dataset row id {ids[r]} differs from the reference")
-    return t_dr, t_naive, len(rows)
+    return t_dr, t_naive, len(rows), rss.peak_mb()
 
 
 def main() -> None:
@@ -219,10 +222,12 @@ def main() -> None:
                   f"{s.tokens / cpu_bound / 1e6:.2f} M tokens/s -> delta-ray at {cpu_bound / s.seconds:.0%} of it")
             print(f"peak RSS of the process: {max(rss, rss0) / 1024:.0f} MB")
             if args.ray and label == "one big file":
-                t_td, t_naive, n_checked = ray_pipelines(path, inputs, root, args.verify)
+                t_td, t_naive, n_checked, peak_mb = ray_pipelines(path, inputs, root, args.verify)
                 print(f"Ray Data, tokenize_dataset  : {s.tokens / t_td / 1e6:7.2f} M tokens/s ({t_td:.1f} s) "
                       f"-> {t_plain / t_td:.2f}x plain, {t_naive / t_td:.1f}x naive ({n_checked} rows checked exact)")
                 print(f"Ray Data, naive (reference) : {s.tokens / t_naive / 1e6:7.2f} M tokens/s ({t_naive:.1f} s)")
+                print(f"peak RSS of a tokenize_dataset actor (the input holds a 4M-character document; "
+                      f"target <= 2048 MB): {peak_mb:.0f} MB")
     finally:
         shutil.rmtree(root, ignore_errors=True)
 
