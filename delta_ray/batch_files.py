@@ -5,7 +5,8 @@ groups, or sub-batches of about ``batch_bytes`` of text); units from all inputs 
 thread pool whose threads read their unit and encode it with
 :meth:`DeltaTokenizer.encode_batch_flat` (the engine drops the GIL, so the threads use every core);
 the ``list<int32>`` column is built from the engine's flat values buffer plus offsets, with no
-Python object per token. One writer takes each input's units in order, so the output keeps the
+Python object per token. Each input's units are written in order by that input's own writer
+thread (several inputs are written at once: Parquet writing drops the GIL), so the output keeps the
 input's row order.
 
 Atomic and resumable: an input's output is written to a hidden temporary file, renamed into place
@@ -211,6 +212,67 @@ def _done(out_dir: Path, name: str, expect: dict) -> dict | None:
     return doc
 
 
+class _OutputFile:
+    """One input's output, written by its own thread so that several files are written at once.
+
+    Units are written in submission order (a one-thread executor); the file is renamed into place
+    and its manifest written only after every unit was written, so a failure or a kill leaves at
+    most a hidden temporary file, never a partial output that a rerun would skip.
+    """
+
+    def __init__(self, out: Path, path: str, name: str, expect: dict, opts: Options):
+        self.out, self.path, self.name, self.expect, self.opts = out, path, name, expect, opts
+        self.tmp = _tmp_path(out, name)
+        self._writer: pq.ParquetWriter | None = None
+        self._rows = self._tokens = 0
+        self._failed: BaseException | None = None
+        self._thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="delta-ray-write")
+
+    def write(self, table: pa.Table, tokens: int):
+        return self._thread.submit(self._write, table, tokens)
+
+    def publish(self):
+        return self._thread.submit(self._publish)
+
+    def close(self) -> None:
+        self._thread.shutdown(wait=True, cancel_futures=True)
+        if self._writer is not None:  # not published: a failed run (the rename never happened)
+            self._writer.close()
+            self._writer = None
+
+    def _write(self, table: pa.Table, tokens: int) -> None:
+        if self._failed is not None:
+            return
+        try:
+            if self._writer is None:
+                # Token IDs barely repeat within a page: dictionary encoding and min/max statistics
+                # cost half the write time of the IDs column (measured) and buy nothing.
+                opts = self.opts
+                plain = [c for c in table.schema.names if c not in (opts.output_column, opts.count_column)]
+                self._writer = pq.ParquetWriter(self.tmp, table.schema, use_dictionary=plain or False,
+                                                write_statistics=plain or False)
+            self._writer.write_table(table)
+            self._rows += table.num_rows
+            self._tokens += tokens
+        except BaseException as exc:
+            self._failed = exc
+            raise
+
+    def _publish(self) -> None:
+        if self._failed is not None:
+            raise self._failed
+        if self._writer is not None:
+            self._writer.close()
+            self._writer = None
+            os.replace(self.tmp, self.out / self.name)
+        doc = {**self.expect, "rows": self._rows, "tokens": self._tokens}
+        mp = _manifest_path(self.out, self.name)
+        mp.parent.mkdir(exist_ok=True)
+        tmp_doc = mp.parent / f".{mp.name}{TMP_MARK}"
+        tmp_doc.write_text(json.dumps(doc))
+        os.replace(tmp_doc, mp)
+
+
 def tokenize_files(inputs: list[str], out_dir: str, dt: DeltaTokenizer, opts: Options, *,
                    threads: int | None = None, progress: Callable[[int, int, int], None] | None = None) -> Summary:
     """Tokenize ``inputs`` into ``out_dir`` (one Parquet file per input); returns the summary.
@@ -240,6 +302,7 @@ def tokenize_files(inputs: list[str], out_dir: str, dt: DeltaTokenizer, opts: Op
         total_bytes += os.path.getsize(path)
     t0 = time.perf_counter()
     done_bytes = 0
+    window = 2 * threads  # units read and encoded ahead of the writers, and units queued to write
     with ThreadPoolExecutor(max_workers=threads, thread_name_prefix="delta-ray-tokenize") as pool:
         def work(load):
             return encode_table(dt, load(), opts)
@@ -249,26 +312,8 @@ def tokenize_files(inputs: list[str], out_dir: str, dt: DeltaTokenizer, opts: Op
                 for load in _units(path, kind, opts):
                     yield path, name, expect, load
 
-        window = 2 * threads  # units read and encoded ahead of the writer
         pending: list = []
         it = submissions()
-        current = None  # (path, name, expect, writer, tmp, rows, tokens)
-
-        def finish_current():
-            nonlocal current
-            if current is None:
-                return
-            path, name, expect, writer, tmp, rows, tokens = current
-            if writer is not None:
-                writer.close()
-                os.replace(tmp, out / name)
-            doc = {**expect, "rows": rows, "tokens": tokens}
-            mp = _manifest_path(out, name)
-            mp.parent.mkdir(exist_ok=True)
-            tmp_doc = mp.parent / f".{mp.name}{TMP_MARK}"
-            tmp_doc.write_text(json.dumps(doc))
-            os.replace(tmp_doc, mp)
-            current = None
 
         def refill():
             while len(pending) < window:
@@ -278,30 +323,36 @@ def tokenize_files(inputs: list[str], out_dir: str, dt: DeltaTokenizer, opts: Op
                     return
                 pending.append((path, name, expect, pool.submit(work, load)))
 
-        refill()
-        while pending:
-            path, name, expect, fut = pending.pop(0)
-            table, tokens, nbytes = fut.result()
+        current: _OutputFile | None = None
+        outputs: list[_OutputFile] = []
+        writes: list = []  # write futures not yet known to be done, oldest first
+        try:
             refill()
-            if current is None or current[0] != path:
-                finish_current()
-                current = [path, name, expect, None, _tmp_path(out, name), 0, 0]
-            if current[3] is None:
-                # Token IDs barely repeat within a page: dictionary encoding and min/max statistics
-                # cost half the write time of the IDs column (measured) and buy nothing.
-                plain_cols = [c for c in table.schema.names if c not in (opts.output_column, opts.count_column)]
-                current[3] = pq.ParquetWriter(current[4], table.schema, use_dictionary=plain_cols or False,
-                                              write_statistics=plain_cols or False)
-            current[3].write_table(table)
-            current[5] += table.num_rows
-            current[6] += tokens
-            summary.documents += table.num_rows
-            summary.tokens += tokens
-            summary.text_bytes += nbytes
-            done_bytes += nbytes
-            if progress is not None:
-                progress(done_bytes, total_bytes, summary.tokens)
-        finish_current()
+            while pending:
+                path, name, expect, fut = pending.pop(0)
+                table, tokens, nbytes = fut.result()
+                refill()
+                if current is None or current.path != path:
+                    if current is not None:
+                        writes.append(current.publish())
+                    current = _OutputFile(out, path, name, expect, opts)
+                    outputs.append(current)
+                writes.append(current.write(table, tokens))
+                while len(writes) > window:  # bounds the encoded tables held for writing
+                    writes.pop(0).result()
+                summary.documents += table.num_rows
+                summary.tokens += tokens
+                summary.text_bytes += nbytes
+                done_bytes += nbytes
+                if progress is not None:
+                    progress(done_bytes, total_bytes, summary.tokens)
+            if current is not None:
+                writes.append(current.publish())
+            for w in writes:
+                w.result()
+        finally:
+            for o in outputs:
+                o.close()
     summary.seconds = time.perf_counter() - t0
     return summary
 
