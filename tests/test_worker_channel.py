@@ -131,7 +131,6 @@ def test_pool_session_calls_use_the_channel_and_survive_losing_it(ray_session, t
 
 
 def test_a_broken_frame_ends_only_its_connection():
-    import socket
     import struct
 
     server = ChannelServer_()
