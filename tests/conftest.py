@@ -5,6 +5,8 @@ import inspect
 import json
 import os
 import pathlib
+import subprocess
+import sys
 
 import pytest
 from tokenizers import Tokenizer
@@ -15,6 +17,20 @@ DATA = pathlib.Path(__file__).parent / "data"
 
 
 os.environ.setdefault("DELTA_RAY_FAST_BACKGROUND", "0")  # no background probes in tests
+
+
+@pytest.fixture
+def run_own_process():
+    """Run a check script of tests/ in a fresh process (one that starts its own Ray, never joining
+    this session's); fail with its output's tail unless it exits 0. Returns its stdout."""
+    def run(script: str, *args: str, timeout: int = 600) -> str:
+        env = dict(os.environ, RAY_ENABLE_AUTO_CONNECT="0")
+        env.pop("RAY_ADDRESS", None)
+        proc = subprocess.run([sys.executable, str(pathlib.Path(__file__).parent / script), *args],
+                              capture_output=True, text=True, timeout=timeout, env=env)
+        assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+        return proc.stdout
+    return run
 
 
 def pytest_collection_modifyitems(config, items):
