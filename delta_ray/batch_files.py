@@ -232,7 +232,9 @@ class _OutputFile:
         return self._thread.submit(self._write, table, tokens)
 
     def publish(self):
-        return self._thread.submit(self._publish)
+        done = self._thread.submit(self._publish)
+        self._thread.shutdown(wait=False)  # its thread ends after the queued writes and this
+        return done
 
     def close(self) -> None:
         self._thread.shutdown(wait=True, cancel_futures=True)

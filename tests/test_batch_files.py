@@ -101,3 +101,24 @@ def test_bad_inputs_are_clear_errors(tmp_path, tokenizer_paths):
     pq.write_table(pa.table({"body": ["a"]}), q)
     with pytest.raises(ValueError, match="no text column"):
         tokenize_files([str(q)], str(tmp_path / "o2"), dt, Options(), threads=1)
+
+
+def test_many_inputs_are_written_concurrently_without_a_thread_each(tmp_path, tokenizer_paths, references):
+    """Each input has its own writer thread while it is written, and only then: 300 small inputs
+    never hold 300 threads, and every output is exact and complete."""
+    import threading
+    dt = DeltaTokenizer(tokenizer_paths["qwen-3"], reuse="none")
+    files = []
+    for i in range(300):
+        p = tmp_path / f"in{i:03d}.parquet"
+        pq.write_table(pa.table({"text": [f"document {i}: hello", f"world {i * 7}", ""]}), p)
+        files.append(str(p))
+    peak = [0]
+
+    def seen(*_):
+        peak[0] = max(peak[0], threading.active_count())
+    s = tokenize_files(files, str(tmp_path / "out"), dt, Options(), threads=2, progress=seen)
+    assert s.documents == 900 and peak[0] <= threading.active_count() + 2 + 2 * 2 + 1
+    for p in files[::37]:
+        got = pq.read_table(tmp_path / "out" / output_name(p)).column("input_ids").to_pylist()
+        assert got == [references["qwen-3"].encode(t).ids for t in pq.read_table(p).column("text").to_pylist()]
