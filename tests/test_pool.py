@@ -227,3 +227,26 @@ def test_whole_transcript_turns_ship_only_the_suffix(pool, references, real_text
     assert pool.extend("ship", " more").to_pylist() == ref.encode(diverged + " more").ids
     again = diverged + " more and more"
     assert pool.encode(again, session="ship").to_pylist() == ref.encode(again).ids
+
+
+def test_run_blocking_returns_results_and_raises_errors_from_the_loop_thread():
+    from delta_ray.actors.pool import _run_blocking
+    loop = asyncio.new_event_loop()
+    t = threading.Thread(target=loop.run_forever, daemon=True)
+    t.start()
+    try:
+        async def answer(x):
+            await asyncio.sleep(0)
+            assert threading.current_thread() is t  # it ran on the loop's thread
+            return x * 2
+
+        async def fail():
+            raise SessionNotFound("gone")
+
+        assert [_run_blocking(answer(i), loop) for i in range(50)] == [2 * i for i in range(50)]
+        with pytest.raises(SessionNotFound, match="gone"):
+            _run_blocking(fail(), loop)
+    finally:
+        loop.call_soon_threadsafe(loop.stop)
+        t.join(5)
+        loop.close()
