@@ -346,7 +346,8 @@ class PoolOrchestrator:
                 except SessionNotFound:  # evicted, moved or changed on the worker: send it whole
                     self._texts.pop(key)
                 else:
-                    self._texts.put(key, self._versions.get(key), merge_text_parts(sent[1] + (delta,)))
+                    # text == recorded + delta (checked above): keep the caller's string, no join
+                    self._texts.put(key, self._versions.get(key), (text,))
                     self.count("session_delta")
                     return self.local.session_arrow(ids, add)
                 known = self._mirror.get(key)

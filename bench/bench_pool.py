@@ -48,21 +48,25 @@ def single_calls(pool, dt, ref, quick):
     src = corpus("code", 1_100_000 + 42 * 1300)
     sizes = [100_000] if quick else [100_000, 1_000_000]
     print(f"{'session':>10}{'turns':>6}{'in-process ms':>15}{'pool ms':>10}{'added ms':>10}"
-          f"{'in-proc extend':>16}{'pool extend':>13}{'added ms':>10}")
+          f"{'in-proc extend':>16}{'pool extend':>13}{'added ms':>10}{'pool no-op':>12}")
     added_extend_100k = None
     for n in sizes:
-        turns = 41 if n <= 100_000 else 7  # many short turns: a stable median on a noisy machine
+        turns = 41 if n <= 100_000 else 15  # many short turns: a stable median on a noisy machine
         texts = [src[:n + (i + 1) * 1300] for i in range(turns)]
         deltas = [src[n + i * 1300:n + (i + 1) * 1300] for i in range(turns)]
         for key in ("w", "e"):
             pool.encode(src[:n], session=f"{key}{n}")
             dt.encode(src[:n], session=f"{key}{n}")
-        d, p, de, pe = [], [], [], []
+        d, p, de, pe, noop = [], [], [], [], []
         for t, dl in zip(texts, deltas):
             a, ta = _t(lambda: dt.encode(t, session=f"w{n}"))
             b, tb = _t(lambda: pool.encode(t, session=f"w{n}"))
             c, tc = _t(lambda: dt.extend(f"e{n}", dl))
             e, te = _t(lambda: pool.extend(f"e{n}", dl))
+            # The same call with nothing to encode: the hops alone (this machine's floor for one
+            # pool call: a wake-up of the pool's loop thread and of the worker process, and back)
+            _, tn = _t(lambda: pool.extend(f"e{n}", ""))
+            noop.append(tn)
             # numpy comparisons: big Python lists would make the driver's GC pause inside later timings
             a, b, c, e = (x.to_numpy() for x in (a, b, c, e))
             assert np.array_equal(a, b) and np.array_equal(a, c) and np.array_equal(a, e)
@@ -72,7 +76,8 @@ def single_calls(pool, dt, ref, quick):
         md, mp, mde, mpe = (statistics.median(x) for x in (d, p, de, pe))
         if n == 100_000:
             added_extend_100k = mpe - mde
-        print(f"{n:>10,}{turns:>6}{md:>15.2f}{mp:>10.2f}{mp - md:>10.2f}{mde:>16.2f}{mpe:>13.2f}{mpe - mde:>10.2f}")
+        print(f"{n:>10,}{turns:>6}{md:>15.2f}{mp:>10.2f}{mp - md:>10.2f}{mde:>16.2f}{mpe:>13.2f}{mpe - mde:>10.2f}"
+              f"{statistics.median(noop):>12.2f}")
     doc = corpus("english", 1_000_000)
     want, tr = _t(lambda: ref.encode(doc).ids)
     want = np.asarray(want, dtype=np.int32)
