@@ -55,12 +55,13 @@ def make_inputs(root: str, mb: int, files: int) -> tuple[str, list[str]]:
     rows.insert(len(rows) // 3, (src * 2)[:2_000_000])
     rows.insert(2 * len(rows) // 3, (src * 2)[1_000_000:5_000_000])
     big = os.path.join(root, "big.parquet")
-    pq.write_table(pa.table({"id": np.arange(len(rows)), "text": rows}), big, row_group_size=4096)
+    # pyarrow's defaults, as a user writes a file: one row group for the whole file
+    pq.write_table(pa.table({"id": np.arange(len(rows)), "text": rows}), big)
     many = []
     per = max(1, mb * 1_000_000 // files)
     for i in range(files):
         p = os.path.join(root, f"part{i:03d}.parquet")
-        pq.write_table(pa.table({"text": docs(per)}), p, row_group_size=2048)
+        pq.write_table(pa.table({"text": docs(per)}), p)
         many.append(p)
     return big, many
 

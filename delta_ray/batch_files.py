@@ -1,7 +1,8 @@
 """Tokenize files to Parquet at the machine's limit: Ray-free, resumable, output from engine buffers.
 
 What ``delta-ray tokenize`` runs on one node. Each input is split into *units* (Parquet row
-groups, or sub-batches of about ``batch_bytes`` of text); units from all inputs go, in order, to a
+groups, a large one streamed in batches of about ``batch_bytes``; or sub-batches of about
+``batch_bytes`` of text); units from all inputs go, in order, to a
 thread pool whose threads read their unit and encode it with
 :meth:`DeltaTokenizer.encode_batch_flat` (the engine drops the GIL, so the threads use every core);
 the ``list<int32>`` column is built from the engine's flat values buffer plus offsets, with no
@@ -113,15 +114,32 @@ def _units(path: str, kind: str, opts: Options) -> Iterator[Callable[[], pa.Tabl
         meta = pf.metadata
         groups: list[int] = []
         size = 0
+
+        def read_groups(g: tuple) -> Callable[[], pa.Table]:
+            return lambda: pq.ParquetFile(path).read_row_groups(list(g))
         for i in range(meta.num_row_groups):
+            rg = meta.row_group(i)
+            if rg.total_byte_size > 2 * opts.batch_bytes and rg.num_rows > 1:
+                # A large row group (pyarrow writes a 100 MB file as one by default) would be one
+                # unit: one thread, and the whole group as Python strings at once. Stream it in
+                # batches of about batch_bytes instead, read here (the caller draws units only as
+                # fast as the threads take them), so its batches encode in parallel.
+                if groups:
+                    yield read_groups(tuple(groups))
+                    groups, size = [], 0
+                rows = max(1, rg.num_rows * opts.batch_bytes // rg.total_byte_size)
+                for batch in pf.iter_batches(batch_size=rows, row_groups=[i]):
+                    yield (lambda t=pa.Table.from_batches([batch]): t)
+                continue
             groups.append(i)
-            size += meta.row_group(i).total_byte_size
+            size += rg.total_byte_size
             if size >= opts.batch_bytes:
-                yield (lambda g=tuple(groups): pq.ParquetFile(path).read_row_groups(list(g)))
+                yield read_groups(tuple(groups))
                 groups, size = [], 0
-        if groups or meta.num_row_groups == 0:
-            yield (lambda g=tuple(groups): pq.ParquetFile(path).read_row_groups(list(g)) if g
-                   else pq.ParquetFile(path).schema_arrow.empty_table())
+        if groups:
+            yield read_groups(tuple(groups))
+        elif meta.num_row_groups == 0:
+            yield (lambda: pq.ParquetFile(path).schema_arrow.empty_table())
         return
     table = _read_lines(path, opts.text_column) if kind == "text" else _read_json(path)
     col = table.column(opts.text_column) if opts.text_column in table.column_names else None

@@ -122,3 +122,25 @@ def test_many_inputs_are_written_concurrently_without_a_thread_each(tmp_path, to
     for p in files[::37]:
         got = pq.read_table(tmp_path / "out" / output_name(p)).column("input_ids").to_pylist()
         assert got == [references["qwen-3"].encode(t).ids for t in pq.read_table(p).column("text").to_pylist()]
+
+
+def test_a_large_row_group_is_split_into_units_that_encode_in_parallel(tmp_path, real_texts, tokenizer_paths,
+                                                                      references, monkeypatch):
+    """pyarrow writes a file as one row group by default: it must not become one unit (one thread,
+    every text of the file as Python strings at once). Its batches keep the input's row order."""
+    import delta_ray.batch_files as bf
+    src = real_texts["english"] + real_texts["multilingual"] + real_texts["code"]
+    rows = [src[i * 173:i * 173 + 20 + (i * 131) % 2500] for i in range(900)] + [src[:60_000], "", src[5:9]]
+    path = tmp_path / "one-group.parquet"
+    pq.write_table(pa.table({"text": rows}), path)
+    assert pq.ParquetFile(path).metadata.num_row_groups == 1
+    opts = Options(batch_bytes=64 * 1024)
+    sizes = []
+    real = bf.encode_table
+    monkeypatch.setattr(bf, "encode_table", lambda dt, table, o: sizes.append(table.num_rows) or real(dt, table, o))
+    dt = DeltaTokenizer(tokenizer_paths["llama3.2"], chunk_size=8192, cut_threshold=20_000, reuse="none")
+    tokenize_files([str(path)], str(tmp_path / "out"), dt, opts, threads=2)
+    assert len(sizes) > 10 and sum(sizes) == len(rows)  # many units, every row once
+    table = pq.read_table(tmp_path / "out" / output_name(str(path)))
+    assert table.column("text").to_pylist() == rows
+    assert table.column("input_ids").to_pylist() == [e.ids for e in references["llama3.2"].encode_batch(rows)]
