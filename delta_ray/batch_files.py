@@ -32,6 +32,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from . import constants as C
 from .assembly import flat_list_array, to_arrow
 from .tokenizer import DeltaTokenizer
 
@@ -69,7 +70,7 @@ class Options:
     count_column: str | None = "num_tokens"
     add_special_tokens: bool = True
     drop_text: bool = False
-    batch_bytes: int = 8 << 20
+    batch_bytes: int = C.BATCH_BYTES
 
     def digest(self) -> str:
         doc = {k: getattr(self, k) for k in ("text_column", "output_column", "count_column",
@@ -146,14 +147,20 @@ def _units(path: str, kind: str, opts: Options) -> Iterator[Callable[[], pa.Tabl
     if col is None or table.num_rows == 0:
         yield (lambda t=table: t)
         return
-    lengths = np.asarray(pa.compute.binary_length(col).fill_null(0), dtype=np.int64)
-    cum = np.cumsum(lengths)
-    start = 0
-    while start < table.num_rows:
-        base = cum[start - 1] if start else 0
-        end = int(np.searchsorted(cum, base + opts.batch_bytes, side="right")) + 1
-        end = min(max(end, start + 1), table.num_rows)
+    for start, end in byte_slices(col, opts.batch_bytes):
         yield (lambda s=start, e=end: table.slice(s, e - s))
+
+
+def byte_slices(texts: pa.Array | pa.ChunkedArray, max_bytes: int) -> Iterator[tuple[int, int]]:
+    """Consecutive row ranges ``[start, end)`` covering ``texts``, each holding at most
+    ``max_bytes`` of UTF-8 (or one row, when that row alone is larger)."""
+    cum = np.cumsum(np.asarray(pa.compute.binary_length(texts).fill_null(0), dtype=np.int64))
+    start, n = 0, len(cum)
+    while start < n:
+        base = cum[start - 1] if start else 0
+        end = int(np.searchsorted(cum, base + max_bytes, side="right"))
+        end = min(max(end, start + 1), n)
+        yield start, end
         start = end
 
 

@@ -19,6 +19,8 @@ MAX_CHECKPOINT_PIECES = 64
 MAX_SESSION_BYTES = 128 * 1024 * 1024  # resident session text and IDs
 MAX_SESSIONS = 4096
 
+BATCH_BYTES = 8 << 20  # text per batch encode in the batch pipelines (bounds Python strings and buffers)
+
 CONTENT_MIN_BYTES = 4096  # keyless content reuse starts at this size
 CONTENT_MAX_ENTRIES = 1024
 

@@ -9,7 +9,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from delta_ray import DeltaTokenizer
-from delta_ray.batch_files import Options, output_name, tokenize_files, verify_outputs
+from delta_ray.batch_files import Options, byte_slices, output_name, tokenize_files, verify_outputs
 
 
 @pytest.fixture(scope="module")
@@ -144,3 +144,14 @@ def test_a_large_row_group_is_split_into_units_that_encode_in_parallel(tmp_path,
     table = pq.read_table(tmp_path / "out" / output_name(str(path)))
     assert table.column("text").to_pylist() == rows
     assert table.column("input_ids").to_pylist() == [e.ids for e in references["llama3.2"].encode_batch(rows)]
+
+
+@pytest.mark.parametrize("limit", [1, 5, 64, 1000])
+def test_byte_slices_cover_every_row_once_within_the_limit(limit):
+    texts = pa.array(["", "a", "é" * 40, "x" * 7, "语" * 300, "", "b" * 64, "c"], pa.string())
+    lengths = [len(t.encode("utf-8")) for t in texts.to_pylist()]
+    slices = list(byte_slices(texts, limit))
+    assert [a for a, _ in slices] == [0] + [b for _, b in slices[:-1]] and slices[-1][1] == len(texts)
+    for a, b in slices:
+        assert b > a and (sum(lengths[a:b]) <= limit or b - a == 1)
+        assert b == len(texts) or sum(lengths[a:b + 1]) > limit  # no slice stops short of the limit

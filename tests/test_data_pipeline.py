@@ -88,8 +88,9 @@ def test_every_row_matches_reference(ray_session, name, tokenizer_paths, mixed_t
     # One execution, two pools: with special tokens (a path, default settings) and without them
     # (a tokenizers.Tokenizer object, small chunks so every long text is cut many times, no counts).
     ds = tokenize_dataset(ds, path, concurrency=2, batch_size=64)
+    # ... and batches encoded in slices of at most 20,000 bytes (a generator to Ray Data)
     ds = tokenize_dataset(ds, ref, add_special_tokens=False, output_column="ids_plain",
-                          count_column=None, concurrency=1, batch_size=48, **SMALL)
+                          count_column=None, concurrency=1, batch_size=48, batch_bytes=20_000, **SMALL)
     table = _table(ds)
     assert table.column_names == ["id", "text", "input_ids", "num_tokens", "ids_plain"]
     _check_rows(table, mixed_texts, ref, "input_ids", "num_tokens", True)
@@ -243,6 +244,10 @@ def test_actor_class_unadmitted_config_and_digest(tokenizer_paths, real_texts):
     assert out.schema.field("input_ids").type == pa.list_(pa.int32())
     assert out.column("input_ids").to_pylist() == [ref.encode(t).ids for t in texts]
     assert out.column("num_tokens").to_pylist() == [len(ref.encode(t).ids) for t in texts]
+    sliced = _batch_fn(data, digest, add_special_tokens=True, batch_bytes=6000)
+    parts = list(sliced(pa.table({"text": pa.array(texts, pa.large_string())})))
+    assert [p.num_rows for p in parts] == [3, 1]  # about 5,000 bytes, then the long text alone
+    assert pa.concat_tables(parts).equals(out)
     with pytest.raises(DigestMismatch):
         _batch_fn(data, "0" * 64)
     with pytest.raises(TypeError, match="must hold strings"):
