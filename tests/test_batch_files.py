@@ -131,9 +131,12 @@ def test_a_large_row_group_is_split_into_units_that_encode_in_parallel(tmp_path,
     import delta_ray.batch_files as bf
     src = real_texts["english"] + real_texts["multilingual"] + real_texts["code"]
     rows = [src[i * 173:i * 173 + 20 + (i * 131) % 2500] for i in range(900)] + [src[:60_000], "", src[5:9]]
-    path = tmp_path / "one-group.parquet"
-    pq.write_table(pa.table({"text": rows}), path)
-    assert pq.ParquetFile(path).metadata.num_row_groups == 1
+    path = tmp_path / "layout.parquet"
+    table = pa.table({"text": rows})
+    with pq.ParquetWriter(path, table.schema) as w:  # a small group, a large one, a small one
+        for a, b in ((0, 20), (20, len(rows) - 20), (len(rows) - 20, len(rows))):
+            w.write_table(table.slice(a, b - a))
+    assert pq.ParquetFile(path).metadata.num_row_groups == 3
     opts = Options(batch_bytes=64 * 1024)
     sizes = []
     real = bf.encode_table
