@@ -161,8 +161,8 @@ def ray_pipelines(path: str, inputs: list[str], root: str, verify: int) -> tuple
         ).write_parquet(out_naive)
         t_naive = time.perf_counter() - t0
         # Memory with many huge documents: 60 of 4M characters in one file (the batches hold several)
-        src = corpus("english", 4_000_000) + corpus("code", 4_000_000) + corpus("multilingual", 4_000_000)
-        huge = [(src * 2)[i * 400_000:i * 400_000 + 4_000_000] for i in range(60)]
+        base = corpus("english", 4_000_000) + corpus("code", 4_000_000) + corpus("multilingual", 4_000_000)
+        huge = [(base * 2)[i * 400_000:i * 400_000 + 4_000_000] for i in range(60)]
         huge_path, out_huge = os.path.join(root, "huge.parquet"), os.path.join(root, "ray-huge")
         pq.write_table(pa.table({"id": np.arange(len(huge)), "text": huge}), huge_path)
         with ActorPeakRSS("TokenizeBatch") as rss_huge:
