@@ -4,10 +4,10 @@ Every row gets exactly ``Tokenizer.from_file(p).encode(text, add_special_tokens=
 ``list<int32>`` column (plus an ``int32`` count column). The work runs on an actor pool
 (``map_batches`` with a callable class, ``batch_format="pyarrow"``): each actor builds one
 :class:`~delta_ray.tokenizer.DeltaTokenizer` from the tokenizer configuration *bytes* (checked by
-SHA-256, so no worker needs the driver's file system), encodes each batch with
-``encode_batch_ids`` -- long documents cut at safe cuts, all pieces of all texts in one
-GIL-releasing batch encode -- and assembles the output column from one values buffer plus offsets,
-without a Python object per token.
+SHA-256, so no worker needs the driver's file system), encodes each batch (in slices of at most
+``batch_bytes`` of text) with ``encode_batch_flat`` -- long documents cut at safe cuts, all pieces
+of all texts in one GIL-releasing batch encode -- and builds the output column from the engine's
+values buffer plus offsets, without a Python object per token.
 """
 from __future__ import annotations
 
