@@ -46,13 +46,19 @@ def _warn_once(what: str) -> None:
         log.warning("%s: delta-ray caches nothing there for this process (admission runs in memory)", what)
 
 
-def private_dir(sub: str = "") -> Path | None:
-    """``cache_root()/sub``, created ``0700``; None (with a warning) if it is not private to this user."""
+def private_dir(sub: str = "", *, create: bool = True) -> Path | None:
+    """``cache_root()/sub``, created ``0700``; None (with a warning) if it is not private to this user.
+
+    A reader passes ``create=False``: a missing directory then means "nothing cached" and nothing is
+    created, so a background poller never makes a cache directory where nothing will be written."""
     path = cache_root() / sub if sub else cache_root()
     try:
-        path.mkdir(parents=True, exist_ok=True, mode=0o700)
+        if create:
+            path.mkdir(parents=True, exist_ok=True, mode=0o700)
         st = os.lstat(path)
     except OSError as exc:
+        if not create and isinstance(exc, FileNotFoundError):
+            return None
         _warn_once(f"cache directory {path} is unusable ({exc.strerror})")
         return None
     if not stat.S_ISDIR(st.st_mode):
@@ -125,7 +131,7 @@ def save_record(kind: str, key: dict, payload: dict, *, sub: str = "guard") -> b
 def load_record(kind: str, key: dict, *, sub: str = "guard",
                 validate: Callable[[dict], bool] | None = None) -> dict | None:
     """The payload stored under exactly ``key``, or None when absent, altered or invalid."""
-    directory = private_dir(sub)
+    directory = private_dir(sub, create=False)
     if directory is None:
         return None
     raw = read_file(_record_path(directory, kind, key))
@@ -149,7 +155,7 @@ def load_record(kind: str, key: dict, *, sub: str = "guard",
 
 
 def delete_record(kind: str, key: dict, *, sub: str = "guard") -> None:
-    directory = private_dir(sub)
+    directory = private_dir(sub, create=False)
     if directory is not None:
         with contextlib.suppress(OSError):
             os.unlink(_record_path(directory, kind, key))

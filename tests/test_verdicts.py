@@ -80,15 +80,26 @@ def test_guard_digest_binds_ranges_even_with_a_recomputed_record_digest(key, tmp
     assert load_verdict(key) is None
 
 
-def test_a_cache_writable_by_others_is_not_used(key, tmp_path, caplog):
-    root = tmp_path / "cache"
+def test_a_cache_writable_by_others_is_not_used(key, tmp_path, caplog, monkeypatch):
+    # the open directory exists before this process is pointed at it: a verdict watcher left by an
+    # earlier test polls $DELTA_RAY_CACHE from its own thread at any moment
+    root = tmp_path / "open"
     (root / "guard").mkdir(parents=True)
     os.chmod(root / "guard", 0o777)
     with caplog.at_level(logging.WARNING, logger="delta_ray.cache"):
+        monkeypatch.setenv("DELTA_RAY_CACHE", str(root))
         assert save_verdict(key, True, "ok", []) is False
         assert load_verdict(key) is None
     assert "writable by others" in caplog.text
     assert not list((root / "guard").iterdir())
+
+
+def test_a_read_creates_no_cache_directory(key, tmp_path):
+    """Only a write creates the cache: pollers that merely look leave the file system as it was."""
+    assert load_verdict(key) is None
+    assert not (tmp_path / "cache").exists()
+    assert save_verdict(key, True, "ok", [])
+    assert load_verdict(key)["ok"] is True
 
 
 def test_symlinks_are_not_followed(key, tmp_path):
