@@ -229,24 +229,34 @@ def test_whole_transcript_turns_ship_only_the_suffix(pool, references, real_text
     assert pool.encode(again, session="ship").to_pylist() == ref.encode(again).ids
 
 
-def test_run_blocking_returns_results_and_raises_errors_from_the_loop_thread():
-    from delta_ray.actors.pool import _run_blocking
-    loop = asyncio.new_event_loop()
-    t = threading.Thread(target=loop.run_forever, daemon=True)
-    t.start()
-    try:
-        async def answer(x):
-            await asyncio.sleep(0)
-            assert threading.current_thread() is t  # it ran on the loop's thread
-            return x * 2
+def test_closing_a_pool_answers_every_caller_in_flight(pool, references, real_texts):
+    """close() while threads wait on the pool: each gets its exact IDs or PoolClosed, none hangs."""
+    from delta_ray.errors import PoolClosed
+    ref = references["llama3.2"]
+    other = TokenizerPool.connect("test-pool", pool.secret)  # its own loop and channels, the same workers
+    text = real_texts["english"][:60_000]  # over cut_threshold: chunk tasks in flight
+    want = ref.encode(text).ids
+    outcomes: list = []
 
-        async def fail():
-            raise SessionNotFound("gone")
+    def hammer(i):
+        while True:
+            try:
+                got = other.encode(text) if i % 2 else other.encode(text + str(i), session=f"closing-{i}")
+            except PoolClosed:
+                outcomes.append("closed")
+                return
+            outcomes.append(got.to_pylist() == (want if i % 2 else ref.encode(text + str(i)).ids))
 
-        assert [_run_blocking(answer(i), loop) for i in range(50)] == [2 * i for i in range(50)]
-        with pytest.raises(SessionNotFound, match="gone"):
-            _run_blocking(fail(), loop)
-    finally:
-        loop.call_soon_threadsafe(loop.stop)
-        t.join(5)
-        loop.close()
+    threads = [threading.Thread(target=hammer, args=(i,), daemon=True) for i in range(4)]
+    for t in threads:
+        t.start()
+    for _ in range(600):
+        if len(outcomes) >= 4:
+            break
+        threading.Event().wait(0.05)
+    other.close()
+    for t in threads:
+        t.join(30)
+        assert not t.is_alive(), "a caller still waits on a closed pool"
+    assert outcomes.count("closed") == 4
+    assert all(o is True for o in outcomes if o != "closed")
