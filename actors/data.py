@@ -18,27 +18,19 @@ import numpy as np
 import pyarrow as pa
 
 from delta_ray import constants as C
-from delta_ray.assembly import flat_list_array, to_arrow
 from delta_ray.batch_files import byte_slices
 from delta_ray.config import TokenizerConfig
 from delta_ray.loading import LoadedTokenizer, load_tokenizer
+from delta_ray.text_columns import checked_text_column, id_columns, is_text_type
 from delta_ray.tokenizer import DeltaTokenizer
 
 __all__ = ["tokenize_dataset", "TokenizeBatch"]
 
-_INT32_MAX = 2**31 - 1
 
-
-def _is_text_type(t: Any) -> bool:
-    return pa.types.is_string(t) or pa.types.is_large_string(t) or (
-        hasattr(pa.types, "is_string_view") and pa.types.is_string_view(t))
-
-
-def _null_error(column: str, count: int) -> ValueError:
-    return ValueError(
-        f"column {column!r} has {count} null text(s); the reference tokenizer has no IDs for a "
-        f"missing text. Drop or fill them first, e.g. ds.filter(expr=\"{column} IS NOT NULL\") "
-        f"or map_batches(...) replacing None with \"\"")
+# what the actors add when a text is null: how to fix the dataset in Ray Data's own terms
+def _null_hint(column: str) -> str:
+    return ("; the reference tokenizer has no IDs for a missing text. Drop or fill them first, e.g. "
+            f"ds.filter(expr=\"{column} IS NOT NULL\") or map_batches(...) replacing None with \"\"")
 
 
 class TokenizeBatch:
@@ -65,13 +57,7 @@ class TokenizeBatch:
         """The batch with its IDs; a batch over ``batch_bytes`` of text is encoded in slices of at
         most that much, yielded one by one (Ray Data takes a generator), so the Python strings
         and engine buffers held at once stay bounded whatever the rows' sizes."""
-        if self.text_column not in batch.column_names:
-            raise ValueError(f"text column {self.text_column!r} not in batch columns {batch.column_names}")
-        col = batch.column(self.text_column)
-        if col.null_count:
-            raise _null_error(self.text_column, col.null_count)
-        if not _is_text_type(col.type):
-            raise TypeError(f"text column {self.text_column!r} must hold strings, got {col.type}")
+        col = checked_text_column(batch, self.text_column, null_hint=_null_hint(self.text_column))
         if col.nbytes <= self.batch_bytes:
             return self._encode_table(batch)
         return (self._encode_table(batch.slice(a, b - a)) for a, b in byte_slices(col, self.batch_bytes))
@@ -80,13 +66,10 @@ class TokenizeBatch:
         texts = batch.column(self.text_column).to_pylist()
         values, offsets = self.encode(texts)
         del texts
-        if offsets[-1] > _INT32_MAX:
-            raise ValueError(f"a batch of {len(offsets) - 1} rows has {int(offsets[-1])} tokens, more than "
-                             "list<int32> offsets hold: lower batch_size")
-        lists = flat_list_array(values, offsets)
-        out = _put_column(batch, self.output_column, lists)
+        ids, counts = id_columns(values, offsets)
+        out = _put_column(batch, self.output_column, ids)
         if self.count_column is not None:
-            out = _put_column(out, self.count_column, to_arrow(np.diff(offsets).astype(np.int32)))
+            out = _put_column(out, self.count_column, counts)
         return out
 
 
@@ -146,7 +129,7 @@ def _check_schema(dataset, text_column: str) -> None:
     if isinstance(t, pa.DataType):
         if pa.types.is_null(t):
             raise ValueError(f"text column {text_column!r} holds only nulls")
-        if not _is_text_type(t):
+        if not is_text_type(t):
             hint = " (decode the bytes to str first)" if pa.types.is_binary(t) or pa.types.is_large_binary(t) else ""
             raise TypeError(f"text column {text_column!r} must hold strings, not {t}{hint}")
     # Other schema types (e.g. pandas object columns) are checked per batch by the actors.

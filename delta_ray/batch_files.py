@@ -33,7 +33,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from . import constants as C
-from .assembly import flat_list_array, to_arrow
+from .text_columns import checked_text_column, id_columns, is_text_type
 from .tokenizer import DeltaTokenizer
 
 KINDS = {".txt": "text", ".jsonl": "json", ".json": "json", ".parquet": "parquet"}
@@ -167,21 +167,16 @@ def byte_slices(texts: pa.Array | pa.ChunkedArray, max_bytes: int) -> Iterator[t
 # -- encoding one unit ----------------------------------------------------------------------------
 def encode_table(dt: DeltaTokenizer, table: pa.Table, opts: Options) -> tuple[pa.Table, int, int]:
     """The unit with its IDs (and count) columns added; returns (table, tokens, text bytes)."""
-    if opts.text_column not in table.column_names:
-        raise ValueError(f"no text column {opts.text_column!r}; the columns are {table.column_names}")
-    col = table.column(opts.text_column)
-    if col.null_count:
-        raise ValueError(f"column {opts.text_column!r} has {col.null_count} null text(s)")
-    if not (pa.types.is_string(col.type) or pa.types.is_large_string(col.type)):
-        raise TypeError(f"text column {opts.text_column!r} must hold strings, got {col.type}")
+    col = checked_text_column(table, opts.text_column)
     texts = col.to_pylist()
     nbytes = int(sum(c.nbytes for c in col.chunks))
     values, offsets = dt.encode_batch_flat(texts, add_special_tokens=opts.add_special_tokens)
     del texts
+    ids, counts = id_columns(values, offsets)
     out = table.drop_columns([opts.text_column]) if opts.drop_text else table
-    out = out.append_column(opts.output_column, flat_list_array(values, offsets))
+    out = out.append_column(opts.output_column, ids)
     if opts.count_column:
-        out = out.append_column(opts.count_column, to_arrow(np.diff(offsets).astype(np.int32)))
+        out = out.append_column(opts.count_column, counts)
     return out, int(offsets[-1]), nbytes
 
 
@@ -223,7 +218,7 @@ def check_text_column(path: str, opts: Options) -> None:
     if opts.text_column not in schema.names:
         raise ValueError(f"{path}: no text column {opts.text_column!r}; its columns are {schema.names}")
     t = schema.field(opts.text_column).type
-    if not (pa.types.is_string(t) or pa.types.is_large_string(t) or pa.types.is_null(t)):
+    if not (is_text_type(t) or pa.types.is_null(t)):
         raise TypeError(f"{path}: text column {opts.text_column!r} must hold strings, not {t}")
 
 
