@@ -108,6 +108,8 @@ class DeltaTokenizer:
         self._session_locks = [threading.Lock() for _ in range(C.SESSION_LOCK_STRIPES)]
         self._content_lock = threading.Lock()
         # A fast tier found wrong leaves nothing behind: every state it may have produced goes.
+        self._purge_lock = threading.Lock()
+        self._purged = False
         self.engine_switch.add_disable_listener(self._purge)
 
     # -- public API -------------------------------------------------------------------------
@@ -139,7 +141,7 @@ class DeltaTokenizer:
             check_text(session, "session")
             if self._predicate is not None:
                 with self._lock_for(session):
-                    state, _ = self._session_encode(session, text, self._store.get(session))
+                    state, _ = self._session_encode(session, text, self._states().get(session))
                 return self._chunked(state, add_special_tokens)
         return to_arrow(self.encode_ids(text, session=session, add_special_tokens=add_special_tokens))
 
@@ -154,7 +156,7 @@ class DeltaTokenizer:
         check_text(session, "session")
         check_text(delta, "delta")
         with self._lock_for(session):
-            state = self._store.get(session)
+            state = self._states().get(session)
             if state is None:
                 raise SessionNotFound(f"session {session!r} is not held (unknown or evicted): "
                                       "send the whole text with encode(text, session=...)")
@@ -228,11 +230,11 @@ class DeltaTokenizer:
         return self._store.pop(session) is not None
 
     def has_session(self, session: str) -> bool:
-        return session in self._store
+        return session in self._states()
 
     @property
     def store(self) -> SessionStore:
-        return self._store
+        return self._states()
 
     @property
     def predicate(self):
@@ -253,7 +255,7 @@ class DeltaTokenizer:
         if self._predicate is None:
             raise RuntimeError("delta encodes need an admitted configuration")
         with self._lock_for(session):
-            state = self._store.get(session)
+            state = self._states().get(session)
             if delta is not None:
                 if state is None:
                     raise SessionNotFound(f"session {session!r} is not held (unknown or evicted): "
@@ -280,7 +282,7 @@ class DeltaTokenizer:
             with self._lock_for(session):
                 if self._predicate is None:
                     return self._reference_session(session, text, add_special_tokens)
-                ids = self._session_encode(session, text, self._store.get(session))[0].ids
+                ids = self._session_encode(session, text, self._states().get(session))[0].ids
         elif path == CONTENT:
             with self._content_lock:
                 ids = self._content_ids(text)
@@ -380,11 +382,24 @@ class DeltaTokenizer:
         return self._session_locks[zlib.crc32(session.encode("utf-8", "surrogatepass")) % len(self._session_locks)]
 
     def _purge(self, reason: str) -> None:
-        """Discard every state the (now disabled) fast tier may have produced."""
-        n = self._store.clear()
-        if self._content is not None:
-            self._content.clear()
+        """Discard every state the (now disabled) fast tier may have produced (once)."""
+        with self._purge_lock:
+            if self._purged:
+                return
+            self._purged = True
+            n = self._store.clear()
+            if self._content is not None:
+                self._content.clear()
         self.stats["purged_states"] += n
+
+    def _states(self) -> SessionStore:
+        """The session store, for reading: emptied first if the fast tier is disabled and its purge
+        has not run yet. The switch to the reference is immediate but its purge listener runs after
+        the rejection is persisted; without this, a turn in between could reuse the disabled
+        engine's IDs (a replay returned them unchanged)."""
+        if not self._purged and self.engine_switch.disabled_reason is not None:
+            self._purge(self.engine_switch.disabled_reason)
+        return self._store
 
     def _install(self, key: str, state: SessionState, generation: int) -> None:
         """Store a state unless the engine switched while it was computed (it may be the wrong engine's)."""
@@ -464,7 +479,7 @@ class DeltaTokenizer:
             return self._run_plan(self.plan(text))
         generation = self.engine_switch.generation
         entry = self._content.lookup(data)
-        base = self._store.get("content:" + entry) if entry is not None else None
+        base = self._states().get("content:" + entry) if entry is not None else None
         lcp = common_prefix_len(base.text, text) if base is not None else 0
         if base is not None and lcp == len(text) == len(base.text):
             self.stats["content_hit"] += 1

@@ -7,12 +7,13 @@ import pytest
 from tokenizers import Tokenizer
 
 from delta_ray import DeltaTokenizer, load_tokenizer
+from delta_ray.reference_api import tokenizer_from_str
 
 
 def _variant(path: str, edit) -> Tokenizer:
     cfg = json.load(open(path, encoding="utf-8"))
     edit(cfg)
-    return Tokenizer.from_str(json.dumps(cfg))
+    return tokenizer_from_str(json.dumps(cfg))
 
 
 EDITS = {

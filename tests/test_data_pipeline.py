@@ -10,6 +10,7 @@ import pytest
 from tokenizers import Tokenizer
 
 from delta_ray import DeltaTokenizer, load_tokenizer
+from delta_ray.reference_api import tokenizer_from_str
 
 pytestmark = pytest.mark.ray
 
@@ -238,7 +239,7 @@ def test_actor_class_unadmitted_config_and_digest(tokenizer_paths, real_texts):
     digest = hashlib.sha256(data).hexdigest()
     fn = _batch_fn(data, digest, add_special_tokens=True)
     assert not fn.tokenizer.admission
-    ref = Tokenizer.from_str(data.decode("utf-8"))
+    ref = tokenizer_from_str(data.decode("utf-8"))
     texts = ["", "Hello World", real_texts["english"][:5000], _repeat(real_texts["code"], 140_000)]
     out = fn(pa.table({"text": pa.array(texts, pa.large_string())}))
     assert out.schema.field("input_ids").type == pa.list_(pa.int32())

@@ -179,8 +179,37 @@ def test_a_rejection_elsewhere_disables_the_fast_tier_here(tokenizer_paths, refe
     deadline = _time.time() + 10
     while "disabled" not in dt.admission.engine and _time.time() < deadline:
         _time.sleep(0.05)
-    assert "disabled" in dt.admission.engine and not dt.has_session("a")
+    assert "disabled" in dt.admission.engine and not dt.has_session("a")  # no state is read once disabled
     assert dt.encode("some text " * 51, session="a").to_pylist() == ref.encode("some text " * 51).ids
+
+
+def test_no_turn_reuses_a_disabled_engine_state_before_its_purge_has_run(tokenizer_paths, references, tmp_path,
+                                                                          monkeypatch):
+    """The switch to the reference is immediate; the purge listener runs after the rejection is
+    persisted. Turns that come in between (here: while the rejection is being written) must not
+    replay or extend the disabled engine's IDs."""
+    from delta_ray import engines
+    monkeypatch.setenv("DELTA_RAY_CACHE", str(tmp_path / "cache"))
+    ref = references["glm-4"]
+    dt = DeltaTokenizer(tokenizer_paths["glm-4"], encoder=_WrongEncoder(ref), shadow_rate=0.0, reuse="content")
+    text = "A conversation the wrong engine encoded. " * 100
+    assert dt.encode(text, session="a").to_pylist() != ref.encode(text).ids  # wrong, unchecked
+    dt.encode(text * 3)  # a content entry too
+    seen = {}
+    real_reject = engines.reject_verdict
+
+    def reject_meanwhile(key, reason):
+        # back_to_reference has switched the engine; its listeners (the purge) have not run
+        seen["replay"] = dt.encode(text, session="a").to_pylist()
+        seen["extend"] = dt.extend("a", " and more").to_pylist()
+        seen["content"] = dt.encode(text * 3).to_pylist()
+        real_reject(key, reason)
+
+    monkeypatch.setattr(engines, "reject_verdict", reject_meanwhile)
+    dt.engine_switch.back_to_reference("caught in a test")
+    assert seen["replay"] == ref.encode(text).ids
+    assert seen["extend"] == ref.encode(text + " and more").ids
+    assert seen["content"] == ref.encode(text * 3).ids
 
 
 @pytest.mark.skipif(not HAS_FAST, reason="fastokens is not installed")

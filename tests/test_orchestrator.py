@@ -179,8 +179,8 @@ def test_unadmitted_configuration_encodes_once_with_the_reference_template(token
     ref = references["llama3.2"]
     cfg = json.loads(open(tokenizer_paths["llama3.2"], encoding="utf-8").read())
     cfg["normalizer"] = {"type": "Lowercase"}  # not covered by the exactness argument
-    from tokenizers import Tokenizer
-    lowered_ref = Tokenizer.from_str(json.dumps(cfg))
+    from delta_ray.reference_api import tokenizer_from_str
+    lowered_ref = tokenizer_from_str(json.dumps(cfg))
     loaded = load_tokenizer(lowered_ref)
     orch, transport, loop = _orchestrator(loaded)
     assert not orch.admitted
