@@ -63,23 +63,8 @@ def test_run_async_returns_results_and_raises_errors(lt):
     assert asyncio.run(caller()) == list(range(1, 21))
 
 
-def test_a_sync_call_in_flight_at_close_gets_pool_closed_not_a_hang():
-    lt = LoopThread("test-loop")
-    started = threading.Event()
-
-    async def forever():
-        started.set()
-        await asyncio.Event().wait()
-
-    t, box = _in_thread(lambda: lt.run(forever()))
-    assert started.wait(5)
-    lt.close(timeout_s=2)
-    t.join(5)
-    assert not t.is_alive(), "the caller still waits after close"
-    assert box[0][0] == "err" and isinstance(box[0][1], PoolClosed)
-
-
-def test_an_async_call_in_flight_at_close_gets_pool_closed():
+@pytest.mark.parametrize("how", ["sync", "async"])
+def test_a_call_in_flight_at_close_gets_pool_closed_not_a_hang(how):
     lt = LoopThread("test-loop")
     started = threading.Event()
 
@@ -90,11 +75,11 @@ def test_an_async_call_in_flight_at_close_gets_pool_closed():
     async def caller():
         return await asyncio.wait_for(lt.run_async(forever()), 10)
 
-    t, box = _in_thread(lambda: asyncio.run(caller()))
+    t, box = _in_thread((lambda: lt.run(forever())) if how == "sync" else (lambda: asyncio.run(caller())))
     assert started.wait(5)
     lt.close(timeout_s=2)
     t.join(5)
-    assert not t.is_alive()
+    assert not t.is_alive(), "the caller still waits after close"
     assert box[0][0] == "err" and isinstance(box[0][1], PoolClosed)
 
 
