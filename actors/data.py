@@ -3,7 +3,7 @@
 Every row gets exactly ``Tokenizer.from_file(p).encode(text, add_special_tokens=...).ids`` as a
 ``list<int32>`` column (plus an ``int32`` count column). The work runs on an actor pool
 (``map_batches`` with a callable class, ``batch_format="pyarrow"``): each actor builds one
-:class:`~delta_ray.tokenizer.DeltaTokenizer` from the tokenizer configuration *bytes* (checked by
+:class:`~delta_ray.tokenizer.TokenizerCore` from the tokenizer configuration *bytes* (checked by
 SHA-256, so no worker needs the driver's file system), encodes each batch (in slices of at most
 ``batch_bytes`` of text) with ``encode_batch_flat`` -- long documents cut at safe cuts, all pieces
 of all texts in one GIL-releasing batch encode -- and builds the output column from the engine's
@@ -22,7 +22,8 @@ from delta_ray.batch_files import byte_slices
 from delta_ray.config import TokenizerConfig
 from delta_ray.loading import LoadedTokenizer, load_tokenizer
 from delta_ray.text_columns import checked_text_column, id_columns, is_text_type
-from delta_ray.tokenizer import DeltaTokenizer
+from delta_ray.delta_tokenizer import DeltaTokenizer
+from delta_ray.tokenizer import TokenizerCore
 
 __all__ = ["tokenize_dataset", "TokenizeBatch"]
 
@@ -34,13 +35,13 @@ def _null_hint(column: str) -> str:
 
 
 class TokenizeBatch:
-    """The actor-side callable: one DeltaTokenizer per actor, one batch encode per Arrow batch."""
+    """The actor-side callable: one TokenizerCore per actor, one batch encode per Arrow batch."""
 
     def __init__(self, config_bytes: bytes, digest: str, config: TokenizerConfig, *, text_column: str,
                  output_column: str, count_column: str | None, add_special_tokens: bool, encode_threads: int = 1,
                  batch_bytes: int = C.BATCH_BYTES):
         loaded = LoadedTokenizer.from_bytes(config_bytes, expected_digest=digest, source="<tokenize_dataset>")
-        self.tokenizer = DeltaTokenizer(loaded, config)
+        self.tokenizer = TokenizerCore(loaded, config)
         self.encode_threads = max(1, int(encode_threads))
         self.batch_bytes = batch_bytes
         self.text_column = text_column
@@ -82,6 +83,8 @@ def _put_column(table: pa.Table, name: str, values: pa.Array) -> pa.Table:
 
 def _as_loaded(tokenizer: Any) -> LoadedTokenizer:
     if isinstance(tokenizer, DeltaTokenizer):
+        tokenizer = tokenizer.core
+    if isinstance(tokenizer, TokenizerCore):
         return tokenizer.loaded
     return load_tokenizer(tokenizer)
 

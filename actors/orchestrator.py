@@ -4,8 +4,8 @@ It runs on one asyncio loop and reaches workers only through a
 :class:`~delta_ray.actors.transport.WorkerTransport`, so it holds no Ray handle and its fault
 handling (dead worker, hung worker, lost connection, timeout) is tested in milliseconds on an
 in-process fake transport. Requests follow the core's one path: :func:`delta_ray.plan.route`
-decides, ``DeltaTokenizer.plan`` / ``plan_session_init`` cut, the dispatcher runs the pieces, and
-``DeltaTokenizer.finish`` / ``session_arrow`` assemble, exactly as in process.
+decides, ``TokenizerCore.plan`` / ``plan_session_init`` cut, the dispatcher runs the pieces, and
+``TokenizerCore.finish`` / ``session_arrow`` assemble, exactly as in process.
 
 Every failure costs time, never exactness: a dead worker's calls are retried on the session's new
 home; a call with no answer within ``request_timeout_s`` is encoded in this process; an extend
@@ -34,7 +34,7 @@ from delta_ray.repair import finish_repair
 from delta_ray.session_store import (SessionNotFound, merge_id_parts, merge_text_parts, prefix_parts,
                                      rope_is_prefix)
 from delta_ray.state_seal import seal_state
-from delta_ray.tokenizer import DeltaTokenizer
+from delta_ray.tokenizer import TokenizerCore
 from delta_ray.scheduler import Dispatcher, PlacementModel, content_key, nonascii_share
 
 from . import metrics
@@ -169,7 +169,7 @@ class PoolOrchestrator:
     ``config`` a resolved :class:`~delta_ray.config.PoolConfig`. Coroutines must run on ``loop``.
     """
 
-    def __init__(self, local: DeltaTokenizer, transport: WorkerTransport, worker_ids: Sequence[str],
+    def __init__(self, local: TokenizerCore, transport: WorkerTransport, worker_ids: Sequence[str],
                  config: PoolConfig, loop: asyncio.AbstractEventLoop, secret: bytes, *,
                  record: Any = metrics, clock=None):
         self.local = local

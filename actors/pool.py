@@ -32,7 +32,7 @@ from delta_ray.config import PoolConfig, pool_config
 from delta_ray.errors import PoolAuthError, PoolClosed, PoolStartupError
 from delta_ray.loading import TokenizerLike, load_tokenizer
 from delta_ray.scheduler.policies import make_policy
-from delta_ray.tokenizer import DeltaTokenizer, check_text
+from delta_ray.tokenizer import TokenizerCore, check_text
 
 from . import worker_channel
 from .calls import ENCODE_PIECES, ENCODE_WHOLE, Call
@@ -109,7 +109,7 @@ class TokenizerPool:
         self._loaded = loaded
         self._config_ref = ray.put(loaded.config_bytes)
         # The caller-side tokenizer: short texts, planning, and the fail-over path.
-        local = DeltaTokenizer(loaded, replace(cfg.tokenizer, threads=max(1, len(self._workers))))
+        local = TokenizerCore(loaded, replace(cfg.tokenizer, threads=max(1, len(self._workers))))
         self.admission = local.admission
         self._loop_thread = LoopThread("delta-ray-pool")
         self._loop = self._loop_thread.loop

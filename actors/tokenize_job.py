@@ -114,13 +114,13 @@ def _read(groups: dict[str, list[str]], text_column: str):
 def _run_local(args: argparse.Namespace, loaded) -> int:
     """This machine at its limit: threads over every core, atomic per-input outputs, resumable."""
     from delta_ray.batch_files import Options, tokenize_files, verify_outputs
-    from delta_ray.tokenizer import DeltaTokenizer
+    from delta_ray.tokenizer import TokenizerCore
 
     opts = Options(text_column=args.text_column, output_column=args.output_column,
                    count_column=args.count_column or None, add_special_tokens=not args.no_special_tokens,
                    drop_text=args.drop_text)
     inputs = [os.path.abspath(p) for p in args.inputs]
-    dt = DeltaTokenizer(loaded, engine=args.engine, reuse="none")
+    dt = TokenizerCore(loaded, engine=args.engine, reuse="none")
     bar = _progress()
     try:
         summary = tokenize_files(inputs, args.output, dt, opts, threads=args.threads, progress=bar)

@@ -9,19 +9,19 @@ import threading
 
 from delta_ray.config import TokenizerConfig
 from delta_ray.loading import LoadedTokenizer
-from delta_ray.tokenizer import DeltaTokenizer
+from delta_ray.tokenizer import TokenizerCore
 
-_CACHE: dict[tuple, DeltaTokenizer] = {}
+_CACHE: dict[tuple, TokenizerCore] = {}
 _LOCK = threading.Lock()
 
 
-def get_tokenizer(config_bytes: bytes, digest: str, config: TokenizerConfig) -> DeltaTokenizer:
-    """The process's DeltaTokenizer for these bytes and options (digest-checked on first load)."""
+def get_tokenizer(config_bytes: bytes, digest: str, config: TokenizerConfig) -> TokenizerCore:
+    """The process's TokenizerCore for these bytes and options (digest-checked on first load)."""
     key = (digest, config)
     with _LOCK:
         dt = _CACHE.get(key)
         if dt is None:
             loaded = LoadedTokenizer.from_bytes(config_bytes, expected_digest=digest)
-            dt = DeltaTokenizer(loaded, config)
+            dt = TokenizerCore(loaded, config)
             _CACHE[key] = dt
         return dt

@@ -16,7 +16,7 @@ import ray
 
 from delta_ray.config import TokenizerConfig
 from delta_ray.session_store import SessionState
-from delta_ray.tokenizer import DeltaTokenizer
+from delta_ray.tokenizer import TokenizerCore
 
 from . import metrics
 from . import worker_channel
@@ -40,7 +40,7 @@ class WorkerService:
     the side channel and readiness. Tests run it in process behind a fake transport.
     """
 
-    def __init__(self, tokenizer: DeltaTokenizer, secret: bytes):
+    def __init__(self, tokenizer: TokenizerCore, secret: bytes):
         self._lock = threading.Lock()
         self._secret = secret  # the pool's: authenticates the side channel and sealed session states
         self._dt = tokenizer

@@ -128,7 +128,7 @@ def build_engines(path: str, wanted: list[str]):
             tier = DeltaTokenizer(path, engine="fast", threads=1)
 
             def fast_tier(t, tier=tier):
-                return tier.encode_ids(t, add_special_tokens=False)
+                return tier.core.encode_ids(t, add_special_tokens=False)
 
             engines["fast-tier"] = fast_tier
         except Exception as exc:  # noqa: BLE001
@@ -165,8 +165,8 @@ def confinement(path: str, sizes: list[int], corpus: str, clock) -> None:
         text = corpus[:size // 2] + bad + corpus[size // 2:size]
         mb = len(text.encode()) / 1e6
         t = clock(); want = encode_batch_ids(ref, [text], False)[0].tolist(); tr = clock() - t
-        t = clock(); a = whole.encode_ids(text, add_special_tokens=False); tw = clock() - t
-        t = clock(); b = chunked.encode_ids(text, add_special_tokens=False); tc = clock() - t
+        t = clock(); a = whole.core.encode_ids(text, add_special_tokens=False); tw = clock() - t
+        t = clock(); b = chunked.core.encode_ids(text, add_special_tokens=False); tc = clock() - t
         ok = a.tolist() == want == b.tolist()
         print(f"{size:>9}{mb / tr:>16.1f}{mb / tw:>17.1f}{mb / tc:>21.1f}{tw / tc:>14.1f}x{'yes' if ok else 'NO':>7}")
 

@@ -60,12 +60,12 @@ def main() -> int:
     text1 = text3[:1_000_000]
     one = DeltaTokenizer(path, engine=args.engine, threads=1, shadow_rate=0.0)
     chunk = text3[:200_000]
-    rate_ms, _ = _median_ms(lambda: one.encode_ids(chunk), args.repeats)
+    rate_ms, _ = _median_ms(lambda: one.core.encode_ids(chunk), args.repeats)
     rate = len(chunk) / rate_ms  # characters/ms on one thread (caller and slots run the same engine)
     # The caller as users run it: every core of its node (the default threads).
     caller = DeltaTokenizer(path, engine=args.engine, shadow_rate=0.0)
-    local1, want1 = _median_ms(lambda: caller.encode_ids(text1, add_special_tokens=False), args.repeats)
-    local3, want3 = _median_ms(lambda: caller.encode_ids(text3, add_special_tokens=False), args.repeats)
+    local1, want1 = _median_ms(lambda: caller.core.encode_ids(text1, add_special_tokens=False), args.repeats)
+    local3, want3 = _median_ms(lambda: caller.core.encode_ids(text3, add_special_tokens=False), args.repeats)
 
     ray.init(**local_init_kwargs())
     measured: dict[int, dict[int, float]] = {}
@@ -91,7 +91,7 @@ def main() -> int:
                            transfer_ms_per_char=transfer)
 
     print(f"# bench_scaleout: {args.tokenizer}, engine {args.engine}, {os.cpu_count()} cores here")
-    print(f"one thread: {rate:,.0f} chars/ms; caller ({caller.threads} threads) 1M {local1:.1f} ms, 3M {local3:.1f} ms")
+    print(f"one thread: {rate:,.0f} chars/ms; caller ({caller.core.threads} threads) 1M {local1:.1f} ms, 3M {local3:.1f} ms")
     print(f"fitted from 1 slot: overhead {overhead:.2f} ms, transfer {transfer * 1e6:.2f} ms per 1M chars")
     print(f"{'slots':>6}{'n':>12}{'pool ms':>10}{'model ms':>10}{'caller/pool':>13}")
     for slots in (1, 2):

@@ -16,7 +16,7 @@ from delta_ray.admission import Admission as Admission  # noqa: E402
 from delta_ray.fast_engine import FastEngineUnavailable as FastEngineUnavailable  # noqa: E402
 from delta_ray.loading import load_tokenizer as load_tokenizer  # noqa: E402
 from delta_ray.session_store import SessionNotFound as SessionNotFound  # noqa: E402
-from delta_ray.tokenizer import DeltaTokenizer as DeltaTokenizer  # noqa: E402
+from delta_ray.delta_tokenizer import DeltaTokenizer as DeltaTokenizer  # noqa: E402
 from delta_ray.config import PoolConfig as PoolConfig  # noqa: E402
 from delta_ray.config import TokenizerConfig as TokenizerConfig  # noqa: E402
 

@@ -4,7 +4,7 @@ What ``delta-ray tokenize`` runs on one node. Each input is split into *units* (
 groups, a large one streamed in batches of about ``batch_bytes``; or sub-batches of about
 ``batch_bytes`` of text); units from all inputs go, in order, to a
 thread pool whose threads read their unit and encode it with
-:meth:`DeltaTokenizer.encode_batch_flat` (the engine drops the GIL, so the threads use every core);
+:meth:`TokenizerCore.encode_batch_flat` (the engine drops the GIL, so the threads use every core);
 the ``list<int32>`` column is built from the engine's flat values buffer plus offsets, with no
 Python object per token. Each input's units are written in order by that input's own writer
 thread (several inputs are written at once: Parquet writing drops the GIL), so the output keeps the
@@ -34,7 +34,7 @@ import pyarrow.parquet as pq
 
 from . import constants as C
 from .text_columns import checked_text_column, id_columns, is_text_type
-from .tokenizer import DeltaTokenizer
+from .tokenizer import TokenizerCore
 
 KINDS = {".txt": "text", ".jsonl": "json", ".json": "json", ".parquet": "parquet"}
 COMPRESSED = (".gz", ".bz2", ".zst")
@@ -165,7 +165,7 @@ def byte_slices(texts: pa.Array | pa.ChunkedArray, max_bytes: int) -> Iterator[t
 
 
 # -- encoding one unit ----------------------------------------------------------------------------
-def encode_table(dt: DeltaTokenizer, table: pa.Table, opts: Options) -> tuple[pa.Table, int, int]:
+def encode_table(dt: TokenizerCore, table: pa.Table, opts: Options) -> tuple[pa.Table, int, int]:
     """The unit with its IDs (and count) columns added; returns (table, tokens, text bytes)."""
     col = checked_text_column(table, opts.text_column)
     texts = col.to_pylist()
@@ -295,7 +295,7 @@ class _OutputFile:
         os.replace(tmp_doc, mp)
 
 
-def tokenize_files(inputs: list[str], out_dir: str, dt: DeltaTokenizer, opts: Options, *,
+def tokenize_files(inputs: list[str], out_dir: str, dt: TokenizerCore, opts: Options, *,
                    threads: int | None = None, progress: Callable[[int, int, int], None] | None = None) -> Summary:
     """Tokenize ``inputs`` into ``out_dir`` (one Parquet file per input); returns the summary.
 

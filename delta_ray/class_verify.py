@@ -38,6 +38,7 @@ import numpy as np
 from . import charclass as cc
 from .reference_api import PROBE_SEPARATOR, encode_batch_ids, split_probe_tokenizer
 from .cache_store import cached_table
+from .case_groups import alternatives, case_insensitive_groups, fold_letters, letter_runs, unicode_folds
 
 VERIFY_VERSION = 3
 REPRESENTATIVES: tuple[str, ...] = (
@@ -60,10 +61,9 @@ def family_stages(family) -> list[list[dict]]:
 
 
 def _fold_contexts(patterns: Sequence[str]) -> list[str]:
-    from .probe_contexts import _alternatives, case_insensitive_groups
     out = []
     for g in case_insensitive_groups(patterns):
-        for alt in _alternatives(g):
+        for alt in alternatives(g):
             for i, ch in enumerate(alt):
                 if ch.isascii() and ch.isalpha():
                     t = alt[:i] + "{c}" + alt[i + 1:] + "a"
@@ -127,11 +127,10 @@ def _brackets(patterns: Sequence[str]):
     return out
 
 
-def _fold_sensitive_regex(patterns: Sequence[str]) -> set[int]:
+def fold_sensitive_regex(patterns: Sequence[str]) -> set[int]:
     """Non-ASCII code points the ``regex`` package matches to a letter of a case-insensitive group."""
     import regex
 
-    from .probe_contexts import fold_letters
     letters = fold_letters(patterns)
     if not letters:
         return set()
@@ -154,12 +153,11 @@ def signatures(patterns: Sequence[str]) -> np.ndarray:
     single[:0x80] = True
     for ch in "".join(contexts(patterns)).replace("{c}", ""):  # context characters are named pieces
         single[ord(ch)] = True
-    for cp in _fold_sensitive_regex(patterns):
+    for cp in fold_sensitive_regex(patterns):
         single[cp] = True
-    from .probe_contexts import _letter_runs, _python_folds, case_insensitive_groups, fold_letters
     letters = fold_letters(patterns)
     if letters:  # Unicode's case mappings onto the group letters (what other engines may fold)
-        for cp in _python_folds(letters, _letter_runs(case_insensitive_groups(patterns))):
+        for cp in unicode_folds(letters, letter_runs(case_insensitive_groups(patterns))):
             single[cp] = True
     return np.where(single, own, bits)
 
@@ -299,11 +297,11 @@ def stages_digest(stages: list[dict]) -> str:
 
 
 @lru_cache(maxsize=None)
-def verified_mask(family_name: str) -> np.ndarray:
-    """Bool per code point: verified under every accepted Split behavior of the family (cached on disk)."""
-    from .families import FAMILIES, _candidate_family_table
-    fam = FAMILIES[family_name]
-    fam_cls = _candidate_family_table(family_name)
+def verified_mask(fam) -> np.ndarray:
+    """Bool per code point: verified under every accepted Split behavior of the family
+    (a :class:`delta_ray.families.Family`; cached on disk)."""
+    family_name = fam.name
+    fam_cls = fam.candidate_table()
     mask = np.ones(cc.N_CODEPOINTS, dtype=bool)
     for stages in family_stages(fam):
         name = f"classverify-{family_name}-{stages_digest(stages)}-{cc.candidate_source()}"
@@ -312,16 +310,14 @@ def verified_mask(family_name: str) -> np.ndarray:
     return mask
 
 
-def check_sensitivity(family_name: str) -> list[tuple[int, int]]:
+def check_sensitivity(fam) -> list[tuple[int, int]]:
     """Pairs of code points in different family classes whose predicted keys agree in every context.
 
     Empty when the contexts tell every realized pair of family classes apart (checked over one
     representative per signature group), so a code point the reference classes differently than the
     candidate cannot pass verification.
     """
-    from .families import FAMILIES, _candidate_family_table
-    fam = FAMILIES[family_name]
-    fam_cls = _candidate_family_table(family_name)
+    fam_cls = fam.candidate_table()
     out = []
     for stages in family_stages(fam):
         patterns = [st["pattern"]["Regex"] for st in stages]

@@ -9,7 +9,7 @@ from tokenizers import Tokenizer
 
 from .bundled import DEFAULT_TOKENIZER, bundled_tokenizer_path
 from .sample_text import corpus
-from .tokenizer import DeltaTokenizer
+from .delta_tokenizer import DeltaTokenizer
 
 
 def _bar(i: int, n: int, label: str) -> None:

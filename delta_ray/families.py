@@ -22,6 +22,8 @@ from functools import lru_cache
 import numpy as np
 
 from . import charclass as cc
+from .class_verify import verified_mask
+from .reference_api import FULL_API
 
 # Family class ids (small ints indexing the accept matrix).
 LET, NUM, CRLF, WS, APOS, OTH, CJK, PS, GAP, MARK, UNV = range(11)
@@ -62,6 +64,11 @@ class Family:
     def class_table(self) -> np.ndarray:
         """Family class id (uint8) of every code point, from the reference's regex classes."""
         return _family_class_table(self.name)
+
+    def candidate_table(self) -> np.ndarray:
+        """The class table before verification: exact under tokenizers 0.x (the reference's own
+        regex classes), a candidate that :mod:`delta_ray.class_verify` checks under 1.x."""
+        return candidate_family_table(self.name)
 
 
 @lru_cache(maxsize=None)
@@ -117,18 +124,17 @@ def family_for_patterns(patterns: tuple[str, ...]) -> Family | None:
 @lru_cache(maxsize=None)
 def _family_class_table(name: str) -> np.ndarray:
     """The candidate table, with every code point the reference does not confirm set to UNV (1.x)."""
-    from .reference_api import FULL_API
-    table = _candidate_family_table(name)
+    table = candidate_family_table(name)
     if FULL_API:  # the bits come from the reference's own regex engine
         return table
-    from .class_verify import verified_mask
     out = table.copy()
-    out[~verified_mask(name)] = UNV
+    out[~verified_mask(FAMILIES[name])] = UNV
     return out
 
 
 @lru_cache(maxsize=None)
-def _candidate_family_table(name: str) -> np.ndarray:
+def candidate_family_table(name: str) -> np.ndarray:
+    """The family classes of every code point as the candidate character classes give them."""
     fam = FAMILIES[name]
     bits = cc.class_table()
     out = np.full(cc.N_CODEPOINTS, OTH, dtype=np.uint8)

@@ -26,8 +26,8 @@ from typing import Callable, Sequence
 
 import numpy as np
 
-from .probe_contexts import (CLASS_NEIGHBOURS, case_insensitive_groups, contraction_witness,
-                             fold_letters, fold_sensitive_code_points, split_patterns)
+from .case_groups import case_insensitive_groups, fold_letters, split_patterns
+from .probe_contexts import CLASS_NEIGHBOURS, contraction_witness, fold_sensitive_code_points
 
 EncodeFn = Callable[[list[str]], list[np.ndarray]]
 

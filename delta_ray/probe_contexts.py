@@ -31,10 +31,14 @@ from __future__ import annotations
 
 import json
 import re
+from functools import lru_cache
 
 import numpy as np
-from functools import lru_cache
-from typing import Iterable
+
+from .case_groups import (alternatives, case_insensitive_groups, fold_letters, letter_runs, split_patterns,
+                          unicode_folds)
+from .class_verify import fold_sensitive_regex, verified_mask
+from .families import FAMILIES
 
 # The fixed chain the probe used before (format 3); kept as the first derived context.
 BASE_CONTEXTS: tuple[str, ...] = (
@@ -58,87 +62,6 @@ CLASS_NEIGHBOURS: tuple[str, ...] = (
     "1",        # a single digit (groups of 1-3 in llama3/o200k/DeepSeek)
 )
 
-_GROUP_START = "(?i:"
-
-
-def split_patterns(tokenizer_json: dict) -> list[str]:
-    """Every ``Split`` regex of the pre-tokenizer, in order (nested Sequences included)."""
-    out: list[str] = []
-
-    def walk(cfg) -> None:
-        if not isinstance(cfg, dict):
-            return
-        if cfg.get("type") == "Split":
-            pat = cfg.get("pattern") or {}
-            if isinstance(pat, dict) and isinstance(pat.get("Regex"), str):
-                out.append(pat["Regex"])
-        for sub in cfg.get("pretokenizers") or []:
-            walk(sub)
-
-    walk(tokenizer_json.get("pre_tokenizer"))
-    return out
-
-
-def case_insensitive_groups(patterns: Iterable[str]) -> list[str]:
-    """The bodies of every ``(?i:...)`` group in the patterns (parentheses balanced, escapes skipped)."""
-    groups: list[str] = []
-    for pat in patterns:
-        start = pat.find(_GROUP_START)
-        while start >= 0:
-            i, depth = start + len(_GROUP_START), 1
-            while i < len(pat) and depth:
-                ch = pat[i]
-                if ch == "\\":
-                    i += 2
-                    continue
-                depth += (ch == "(") - (ch == ")")
-                i += 1
-            groups.append(pat[start + len(_GROUP_START):i - 1])
-            start = pat.find(_GROUP_START, i)
-    return groups
-
-
-def _alternatives(group: str) -> list[str]:
-    return [a for a in re.split(r"(?<!\\)\|", group) if a]
-
-
-def fold_letters(patterns: Iterable[str]) -> frozenset[str]:
-    """Lower-case ASCII letters that appear inside a case-insensitive group."""
-    return frozenset(ch.lower() for g in case_insensitive_groups(patterns) for ch in g
-                     if ch.isascii() and ch.isalpha())
-
-
-def _letter_runs(groups: list[str]) -> set[str]:
-    """Every contiguous run of two or more letters inside the groups' alternatives, lower-cased."""
-    runs = set()
-    for g in groups:
-        for alt in _alternatives(g):
-            for word in re.findall(r"[A-Za-z]+", alt):
-                w = word.lower()
-                runs |= {w[i:j] for i in range(len(w)) for j in range(i + 2, len(w) + 1)}
-    return runs
-
-
-def _python_folds(letters: frozenset[str], runs: set[str]) -> set[int]:
-    """Code points Unicode's case mappings can match to a group's letters, in any engine that
-    matches whole code points: a single-character mapping onto a group letter (U+017F -> s), or a
-    multi-character mapping onto a run of letters the pattern spells (none for the contractions:
-    U+00DF -> ss or U+FB06 -> st spell nothing in 's|'t|'re|'ve|'m|'ll|'d)."""
-    out = set()
-    for cp in range(0x80, 0x110000):
-        if 0xD800 <= cp < 0xE000:
-            continue
-        ch = chr(cp)
-        for mapped in (ch.casefold(), ch.lower(), ch.upper(), ch.title()):
-            if mapped == ch:
-                continue
-            m = mapped.lower()
-            if (len(mapped) == 1 and m in letters) or (len(mapped) > 1 and m in runs):
-                out.add(cp)
-                break
-    return out
-
-
 def _reference_folds(letters: frozenset[str], groups: list[str], patterns: tuple[str, ...] = ()) -> set[int] | None:
     """Non-ASCII code points the reference's regex engine matches to a group's letters (0.x API)."""
     from .reference_api import FULL_API
@@ -147,7 +70,7 @@ def _reference_folds(letters: frozenset[str], groups: list[str], patterns: tuple
     from tokenizers import Regex, pre_tokenizers
     cps = [c for c in range(0x110000) if not 0xD800 <= c < 0xE000]
     text = "\x00".join(map(chr, cps))  # one code point per slot: no match can span two of them
-    runs = {a.lstrip("'") for g in groups for a in _alternatives(g)}
+    runs = {a.lstrip("'") for g in groups for a in alternatives(g)}
     alts = sorted(letters | {r for r in runs if r.isascii() and r.isalpha()})
     pattern = "(?i:" + "|".join(re.escape(a) for a in sorted(alts, key=len, reverse=True)) + ")"
     split = pre_tokenizers.Split(Regex(pattern), behavior="removed", invert=True)
@@ -163,23 +86,21 @@ def _reference_folds_1x(patterns: tuple[str, ...]) -> set[int]:
     """tokenizers 1.x exposes no regex: the ``regex`` package's folds onto the group letters, plus
     every non-ASCII code point the reference did not confirm for the family whose patterns these
     are (its fold contexts are part of that check, :mod:`delta_ray.class_verify`)."""
-    from .class_verify import _fold_sensitive_regex
-    from .families import FAMILIES
-    out = _fold_sensitive_regex(patterns)
+    out = fold_sensitive_regex(patterns)
     for fam in FAMILIES.values():
         if fam.patterns == patterns:
-            from .class_verify import verified_mask
-            out |= {int(c) for c in np.flatnonzero(~verified_mask(fam.name)) if c >= 0x80}
+            out |= {int(c) for c in np.flatnonzero(~verified_mask(fam)) if c >= 0x80}
     return out
 
 
 @lru_cache(maxsize=16)
-def _fold_sensitive(patterns: tuple[str, ...]) -> frozenset[int]:
+def fold_sensitive_for_patterns(patterns: tuple[str, ...]) -> frozenset[int]:
+    """Non-ASCII code points some engine may match to a letter of the patterns' case-insensitive groups."""
     groups = case_insensitive_groups(patterns)
     letters = fold_letters(patterns)
     if not letters:
         return frozenset()
-    found = _python_folds(letters, _letter_runs(groups))
+    found = unicode_folds(letters, letter_runs(groups))
     ref = _reference_folds(letters, groups, patterns)
     if ref:
         found |= ref
@@ -192,7 +113,7 @@ def fold_sensitive_code_points(tokenizer_json: dict) -> frozenset[int]:
     Derived from the reference's regex engine (where the installed ``tokenizers`` exposes it) and
     from Unicode's simple and full case mappings; texts holding one go to the reference.
     """
-    return _fold_sensitive(tuple(split_patterns(tokenizer_json)))
+    return fold_sensitive_for_patterns(tuple(split_patterns(tokenizer_json)))
 
 
 def contraction_witness(tokenizer_json: dict) -> str:

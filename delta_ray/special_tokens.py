@@ -24,21 +24,15 @@ class SpecialTokenIndex:
 
     def crosses(self, text: str, b: int) -> bool:
         """Whether some occurrence [s, e) of an added-token string has s < b < e."""
-        if self._rx is None:
-            return False
-        lo = max(0, b - self.max_len + 1)
-        hi = min(len(text), b + self.max_len - 1)
-        for m in self._rx.finditer(text, lo, hi):
-            s = m.start()
-            if s >= b:
-                break
-            if s + len(m.group(1)) > b:
-                return True
-        return False
+        return self._touches(text, b, b)
 
     def overlaps(self, text: str, lo: int, hi: int) -> bool:
         """Whether some occurrence [s, e) of an added-token string intersects [lo, hi)."""
-        if self._rx is None or hi <= lo:
+        return hi > lo and self._touches(text, lo, hi)
+
+    def _touches(self, text: str, lo: int, hi: int) -> bool:
+        # Some occurrence [s, e) with s < hi and e > lo: for lo == hi == b, one that crosses b.
+        if self._rx is None:
             return False
         start = max(0, lo - self.max_len + 1)
         end = min(len(text), hi + self.max_len - 1)

@@ -1,4 +1,10 @@
-"""``DeltaTokenizer``: the in-process exact tokenizer (sessions, safe-cut chunking, content reuse)."""
+"""``TokenizerCore``: the exact tokenizer's service interface (sessions, safe-cut chunking, content reuse).
+
+The user's facade is :class:`delta_ray.delta_tokenizer.DeltaTokenizer` (a handful of methods over one
+``TokenizerCore``); the pool's orchestrator, its workers and chunk tasks, Serve replicas and the
+batch pipelines are handed a ``TokenizerCore`` and use its plan / run / finish and session-state
+methods directly.
+"""
 from __future__ import annotations
 
 import functools
@@ -33,7 +39,7 @@ from .repair import RepairPlan, common_prefix_len, encode_turn, encode_with_base
 from .session_store import SessionNotFound, SessionState, SessionStore
 from .special_tokens import SpecialTokenIndex
 
-__all__ = ["DeltaTokenizer", "REUSE_MODES", "TokenizerConfig", "build_predicate", "check_text"]
+__all__ = ["REUSE_MODES", "TokenizerConfig", "TokenizerCore", "build_predicate", "check_text"]
 
 
 def check_text(text: object, what: str = "text") -> str:
@@ -53,7 +59,7 @@ def build_predicate(loaded: LoadedTokenizer, admission: Admission) -> CutPredica
     return CutPredicate(fam, specials)
 
 
-class DeltaTokenizer:
+class TokenizerCore:
     """Exactly the reference's IDs, computed incrementally and in parallel where provably safe.
 
     ``encode(text, session=key)`` re-encodes only the tail after the session's last checkpoint that

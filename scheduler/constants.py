@@ -28,5 +28,5 @@ SAMPLE_WINDOW_CHARS: Final[int] = 512  # ...of this many characters each (same 2
 # --- dispatch ------------------------------------------------------------------------------------
 TASK_KINDS: Final[tuple[str, ...]] = ("session", "stateless", "chunk")
 SHARED_KINDS: Final[frozenset[str]] = frozenset({"stateless", "chunk"})  # kinds in the shared queue
-DEFAULT_POLICY: Final[str] = "fifo"
+DEFAULT_POLICY: Final[str] = "shortest_first"  # PoolConfig.policy defaults to the same (test_shipped_config)
 DEFAULT_MAX_INFLIGHT_PER_WORKER: Final[int] = 1  # one encode at a time per actor: no oversubscription

@@ -304,9 +304,10 @@ class Dispatcher:
         return list(worker.running.values())
 
     def _rehome(self) -> None:
-        # Homes are CRC-32 modulo the live count, so any change of the worker set can move any
-        # session. Re-routing every queued session task keeps one invariant: a queued task always
-        # waits at its session's current home, where that session's next requests also go.
+        # Homes are rendezvous (highest random weight) over the live workers: a change of the
+        # worker set moves only the sessions whose top choice joined or left (about 1/n).
+        # Re-routing every queued session task keeps one invariant: a queued task always waits at
+        # its session's current home, where that session's next requests also go.
         pending = self._homeless.drain()
         for worker in self._workers.values():
             pending.extend(worker.queue.drain())

@@ -8,7 +8,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from delta_ray import DeltaTokenizer
+from delta_ray.tokenizer import TokenizerCore
 from delta_ray.batch_files import Options, byte_slices, output_name, tokenize_files, verify_outputs
 
 
@@ -37,7 +37,7 @@ def _rows(path):
 @pytest.mark.parametrize("name", ["llama3.2", "minimax-m3"])
 def test_every_row_is_exact_and_order_is_kept(name, inputs, tmp_path, tokenizer_paths, references):
     ref = references[name]
-    dt = DeltaTokenizer(tokenizer_paths[name], chunk_size=8192, cut_threshold=20_000, reuse="none")
+    dt = TokenizerCore(tokenizer_paths[name], chunk_size=8192, cut_threshold=20_000, reuse="none")
     opts = Options(batch_bytes=64 * 1024)
     summary = tokenize_files(inputs, str(tmp_path), dt, opts, threads=2)
     assert summary.skipped == 0 and summary.documents == sum(len(_rows(p)) for p in inputs)
@@ -54,7 +54,7 @@ def test_every_row_is_exact_and_order_is_kept(name, inputs, tmp_path, tokenizer_
 
 
 def test_a_killed_run_rerun_gives_the_uninterrupted_output(inputs, tmp_path, tokenizer_paths):
-    dt = DeltaTokenizer(tokenizer_paths["qwen-3"], reuse="none")
+    dt = TokenizerCore(tokenizer_paths["qwen-3"], reuse="none")
     opts = Options(batch_bytes=32 * 1024)
     whole = tmp_path / "whole"
     tokenize_files(inputs, str(whole), dt, opts, threads=2)
@@ -81,7 +81,7 @@ def test_a_changed_input_is_redone(inputs, tmp_path, tokenizer_paths, references
     import shutil
     src = tmp_path / "x.parquet"
     shutil.copy(inputs[0], src)
-    dt = DeltaTokenizer(tokenizer_paths["glm-4"], reuse="none")
+    dt = TokenizerCore(tokenizer_paths["glm-4"], reuse="none")
     out = tmp_path / "out"
     tokenize_files([str(src)], str(out), dt, Options(), threads=1)
     pq.write_table(pa.table({"text": ["changed text"]}), src)
@@ -92,7 +92,7 @@ def test_a_changed_input_is_redone(inputs, tmp_path, tokenizer_paths, references
 
 
 def test_bad_inputs_are_clear_errors(tmp_path, tokenizer_paths):
-    dt = DeltaTokenizer(tokenizer_paths["glm-4"], reuse="none")
+    dt = TokenizerCore(tokenizer_paths["glm-4"], reuse="none")
     p = tmp_path / "n.parquet"
     pq.write_table(pa.table({"text": ["a", None]}), p)
     with pytest.raises(ValueError, match="null"):
@@ -107,7 +107,7 @@ def test_many_inputs_are_written_concurrently_without_a_thread_each(tmp_path, to
     """Each input has its own writer thread while it is written, and only then: 300 small inputs
     never hold 300 threads, and every output is exact and complete."""
     import threading
-    dt = DeltaTokenizer(tokenizer_paths["qwen-3"], reuse="none")
+    dt = TokenizerCore(tokenizer_paths["qwen-3"], reuse="none")
     files = []
     for i in range(300):
         p = tmp_path / f"in{i:03d}.parquet"
@@ -141,7 +141,7 @@ def test_a_large_row_group_is_split_into_units_that_encode_in_parallel(tmp_path,
     sizes = []
     real = bf.encode_table
     monkeypatch.setattr(bf, "encode_table", lambda dt, table, o: sizes.append(table.num_rows) or real(dt, table, o))
-    dt = DeltaTokenizer(tokenizer_paths["llama3.2"], chunk_size=8192, cut_threshold=20_000, reuse="none")
+    dt = TokenizerCore(tokenizer_paths["llama3.2"], chunk_size=8192, cut_threshold=20_000, reuse="none")
     tokenize_files([str(path)], str(tmp_path / "out"), dt, opts, threads=2)
     assert len(sizes) > 10 and sum(sizes) == len(rows)  # many units, every row once
     table = pq.read_table(tmp_path / "out" / output_name(str(path)))

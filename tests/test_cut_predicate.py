@@ -32,7 +32,7 @@ def test_all_six_admitted(deltas):
 def test_exhaustive_short_strings(name, deltas, references):
     """Every string of length 2-3 over the class representatives, cut at every accepted position."""
     dt, ref = deltas[name], references[name]
-    pred = dt._predicate
+    pred = dt.core._predicate
     texts = list(all_strings(REPRESENTATIVES, 3))
     pairs = _pairs(pred, texts)
     assert len(pairs) > 1000  # the predicate does accept cuts here: the test can fail
@@ -45,7 +45,7 @@ def test_exhaustive_length_four(name, deltas, references):
     texts = list(all_strings(REPRESENTATIVES[:16], 4))
     bat = Battery(ref)
     for i in range(0, len(texts), 20000):
-        assert bat.cut_failures(_pairs(dt._predicate, texts[i:i + 20000])) == []
+        assert bat.cut_failures(_pairs(dt.core._predicate, texts[i:i + 20000])) == []
         bat.clear()
 
 
@@ -55,11 +55,11 @@ def test_continuations_of_short_strings(name, deltas, references):
     rnd = random.Random(1)
     # The evidence of a continuation-safe cut must lie inside the stored text, so each short string
     # is followed by a random tail of representatives as long as the longest added token.
-    width = dt._predicate.specials.max_len
+    width = dt.core._predicate.specials.max_len
     texts = [t + "".join(rnd.choice(REPRESENTATIVES) for _ in range(width))
              for t in all_strings(REPRESENTATIVES, 3)]
     deltas_ = REPRESENTATIVES + ["\u0301\u0301", "'s", "123", "\r\n", "  x"] + special_fragments(ref, 4)
-    triples = [(t, b, d) for t in texts for b in accepted_cuts(dt._predicate, t, open_end=True)[:4]
+    triples = [(t, b, d) for t in texts for b in accepted_cuts(dt.core._predicate, t, open_end=True)[:4]
                for d in rnd.sample(deltas_, 3)]
     assert len(triples) > 1000
     assert Battery(ref).continuation_failures(triples) == []
@@ -76,11 +76,11 @@ def test_random_fragment_strings(name, deltas, references, seed):
     frags = _fragments(ref)
     rnd = random.Random(seed)
     texts = ["".join(rnd.choice(frags) for _ in range(rnd.randint(2, 12))) for _ in range(1500)]
-    pairs = _pairs(dt._predicate, texts)
+    pairs = _pairs(dt.core._predicate, texts)
     assert len(pairs) > 500
     assert Battery(ref).cut_failures(pairs) == []
     triples = [(t[:b2], b, t[b2:]) for t in texts[:400] for b2 in range(len(t) // 2, len(t))
-               for b in accepted_cuts(dt._predicate, t[:b2], open_end=True)[-2:]]
+               for b in accepted_cuts(dt.core._predicate, t[:b2], open_end=True)[-2:]]
     assert Battery(ref).continuation_failures(triples) == []
 
 
@@ -92,9 +92,9 @@ def test_property_cuts_and_chunks(data, deltas, references):
     dt, ref = deltas[name], references[name]
     frags = _fragments(ref)
     text = "".join(data.draw(st.lists(st.sampled_from(frags), min_size=2, max_size=40)))
-    assert Battery(ref).cut_failures(_pairs(dt._predicate, text and [text])) == []
+    assert Battery(ref).cut_failures(_pairs(dt.core._predicate, text and [text])) == []
     long_text = text * (1 + 600 // max(1, len(text)))
-    tiny = DeltaTokenizer(dt.loaded, chunk_size=16, cut_threshold=256, max_chunks=64, threads=64)
+    tiny = DeltaTokenizer(dt.core.loaded, chunk_size=16, cut_threshold=256, max_chunks=64, threads=64)
     for special in (False, True):
         assert tiny.encode(long_text, add_special_tokens=special).to_pylist() == \
             ref.encode(long_text, add_special_tokens=special).ids
@@ -105,7 +105,7 @@ def test_control_without_nfc_guard_finds_differences(deltas, references):
     # In Qwen3.5 and o200k marks join letter runs, so their tables already refuse every raw
     # transition NFC can change; in Qwen3 a mark is punctuation-like and the guard carries weight.
     for name in ("qwen-3",):
-        pred = deltas[name]._predicate
+        pred = deltas[name].core._predicate
         assert pred.normalize is not None
         unguarded = CutPredicate(pred.family, pred.specials)  # raw classes only, no NFC check
         texts = list(all_strings(REPRESENTATIVES, 3)) + ["\u0958/", "e\u0301x", "\u1100\u1161"]
@@ -117,7 +117,7 @@ def test_control_without_nfc_guard_finds_differences(deltas, references):
 def test_control_without_special_guard_finds_differences(deltas, references):
     """Likewise for the added-token guard: cutting inside a special token changes IDs."""
     name = "qwen-3"
-    pred = deltas[name]._predicate
+    pred = deltas[name].core._predicate
     from delta_ray.special_tokens import SpecialTokenIndex
     unguarded = CutPredicate(pred.family, SpecialTokenIndex([]), pred.normalize, pred.anchors)
     texts = ["a<|im_end|>b", "x <|im_start|>user\nhi<|im_end|>\n", "<|endoftext|>5<|endoftext|>"]

@@ -44,7 +44,7 @@ def test_core_battery_with_the_fast_engine(name, fast_deltas, references, real_t
     for i in range(12):
         text += rnd.choice(frags) + real_texts["english"][i * 300:(i + 1) * 300 + rnd.randint(0, 40)]
         assert dt.encode(text, session="s").to_pylist() == ref.encode(text).ids
-    assert dt.engine_switch.current.fast_texts > 0  # the fast engine did the work
+    assert dt.core.engine_switch.current.fast_texts > 0  # the fast engine did the work
 
 
 @pytest.mark.skipif(not HAS_GIGA, reason="gigatoken is not installed")
@@ -95,8 +95,8 @@ def test_shadow_verifier_switches_back_to_the_reference(tokenizer_paths, referen
     text = "Hello shadow verification " * 20
     wrong = dt.encode(text).to_pylist()
     assert wrong != ref.encode(text).ids  # the injected engine is wrong, and sampled
-    dt.shadow.drain()
-    assert dt.shadow.mismatches >= 1 and dt.shadow.comparisons >= 1
+    dt.core.shadow.drain()
+    assert dt.core.shadow.mismatches >= 1 and dt.core.shadow.comparisons >= 1
     assert "disabled" in dt.admission.engine
     for t in (text, text + "!", "other text"):
         assert dt.encode(t).to_pylist() == ref.encode(t).ids
@@ -127,12 +127,12 @@ def test_a_caught_mismatch_leaves_nothing_wrong_behind(tokenizer_paths, referenc
     for key in ("a", "b"):
         assert dt.encode(base + key, session=key).to_pylist() != ref.encode(base + key).ids  # wrong, unchecked
     dt.encode(base * 3)  # a content entry made by the wrong engine
-    assert dt.has_session("a") and len(dt.store) == 3
-    dt.shadow.rate = 1.0
+    assert dt.core.has_session("a") and len(dt.core.store) == 3
+    dt.core.shadow.rate = 1.0
     dt.encode("one sampled call")
-    dt.shadow.drain()
+    dt.core.shadow.drain()
     assert "disabled" in dt.admission.engine
-    assert len(dt.store) == 0 and not dt.has_session("a")  # purged
+    assert len(dt.core.store) == 0 and not dt.core.has_session("a")  # purged
     for key in ("a", "b"):  # the next turn re-initializes from the reference
         text = base + key + " and turn two"
         assert dt.encode(text, session=key).to_pylist() == ref.encode(text).ids
@@ -149,15 +149,15 @@ def test_shadow_logs_carry_no_request_text(tokenizer_paths, references, caplog, 
     secret = "my password is hunter2 " * 3
     with caplog.at_level(logging.ERROR, logger="delta_ray.shadow"):
         dt.encode(secret)
-        dt.shadow.drain()
-    assert dt.shadow.mismatches == 1
+        dt.core.shadow.drain()
+    assert dt.core.shadow.mismatches == 1
     assert "hunter2" not in caplog.text and "69-character" in caplog.text
 
 
 def test_in_process_shadow_is_on_by_default(tokenizer_paths):
     from delta_ray import constants as C
     dt = DeltaTokenizer(tokenizer_paths["glm-4"], engine="reference")
-    assert dt.shadow.rate == C.SHADOW_RATE > 0
+    assert dt.core.shadow.rate == C.SHADOW_RATE > 0
 
 
 def test_a_rejection_elsewhere_disables_the_fast_tier_here(tokenizer_paths, references, tmp_path, monkeypatch):
@@ -174,12 +174,12 @@ def test_a_rejection_elsewhere_disables_the_fast_tier_here(tokenizer_paths, refe
     save_verdict(enc.verdict_key, True, "admitted", [])
     dt = DeltaTokenizer(tokenizer_paths[name], encoder=enc, shadow_rate=0.0)
     dt.encode("some text " * 50, session="a")
-    assert dt.has_session("a")
+    assert dt.core.has_session("a")
     reject_verdict(enc.verdict_key, "caught by another worker")
     deadline = _time.time() + 10
     while "disabled" not in dt.admission.engine and _time.time() < deadline:
         _time.sleep(0.05)
-    assert "disabled" in dt.admission.engine and not dt.has_session("a")  # no state is read once disabled
+    assert "disabled" in dt.admission.engine and not dt.core.has_session("a")  # no state is read once disabled
     assert dt.encode("some text " * 51, session="a").to_pylist() == ref.encode("some text " * 51).ids
 
 
@@ -206,7 +206,7 @@ def test_no_turn_reuses_a_disabled_engine_state_before_its_purge_has_run(tokeniz
         real_reject(key, reason)
 
     monkeypatch.setattr(engines, "reject_verdict", reject_meanwhile)
-    dt.engine_switch.back_to_reference("caught in a test")
+    dt.core.engine_switch.back_to_reference("caught in a test")
     assert seen["replay"] == ref.encode(text).ids
     assert seen["extend"] == ref.encode(text + " and more").ids
     assert seen["content"] == ref.encode(text * 3).ids

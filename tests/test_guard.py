@@ -86,16 +86,24 @@ def test_allows_empty_and_ascii_guards():
 def test_allows_is_cheap_relative_to_encoding():
     g = GuardSet(frozenset(range(0x31350, 0x323B0)) | frozenset({0x1AEB, 0x0899, 0xA7CF}))
     text = ("Москва 日本語 naïve café, ελληνικά, हिन्दी " * 25000)[:1_000_000]
+    ref = tokenizers.Tokenizer.from_file(bundled_tokenizer_path("qwen-3"))
+    t = time.perf_counter()
+    ref.encode(text[:200_000], add_special_tokens=False)
+    encode_per_mb = (time.perf_counter() - t) * 5
     t = time.perf_counter()
     for _ in range(5):
         assert g.allows(text)
     per_mb = (time.perf_counter() - t) / 5
-    assert per_mb < 0.05, f"allows() took {per_mb * 1e3:.1f} ms per 1M chars"
+    # Relative, not absolute (a shared machine): the check is a small fraction of an encode.
+    assert per_mb < 0.1 * encode_per_mb, f"allows() {per_mb * 1e3:.1f} ms vs encode {encode_per_mb * 1e3:.1f} ms per 1M"
     ascii_text = "x" * 1_000_000
+    t = time.perf_counter()
+    ascii_text.encode("utf-32-le")  # one linear pass over the text, for scale
+    one_pass = time.perf_counter() - t
     t = time.perf_counter()
     for _ in range(1000):
         g.allows(ascii_text)
-    assert time.perf_counter() - t < 0.05  # O(1): the string's own ASCII flag
+    assert time.perf_counter() - t < one_pass  # O(1): the string's own ASCII flag, not a scan
 
 
 # ---------------------------------------------------------------------------------------------
@@ -223,9 +231,6 @@ def test_recorded_reference_digests_skip_the_reference(bundled):
     assert second.reference_chunks == first.differing_chunks
 
 
-_PROBED: set[str] = set()  # tokenizers whose full probe ran once in this module (shared_cache holds it)
-
-
 @pytest.fixture(scope="module")
 def shared_cache(tmp_path_factory):
     return tmp_path_factory.mktemp("guard-cache")
@@ -239,9 +244,10 @@ def test_full_guard_probe(name, backend, bundled, shared_cache, monkeypatch):
     """Every code point, every context; the guarded engine passes the battery.
 
     The second engine probed on a tokenizer reuses the reference's recorded chunk digests (one cache
-    for the module), so it runs the reference only on the chunks where its IDs differ. The probe's
-    wall and CPU time are printed, not asserted: absolute times on a shared machine are noise (the
-    first probe of a tokenizer took 116 s of CPU idle and 139-216 s under load).
+    for the module; test_recorded_reference_digests_skip_the_reference checks that reuse whatever
+    order the tests run in). The probe's wall and CPU time are printed, not asserted: absolute
+    times on a shared machine are noise (the first probe of a tokenizer took 116 s of CPU idle and
+    139-216 s under load).
     """
     monkeypatch.setenv("DELTA_RAY_CACHE", str(shared_cache))
     data, path = bundled[name]
@@ -252,9 +258,7 @@ def test_full_guard_probe(name, backend, bundled, shared_cache, monkeypatch):
     elapsed, cpu = time.perf_counter() - t, time.process_time() - cpu
     print(f"{name}/{backend}: {len(guard)} guarded code points, probe {elapsed:.1f}s wall, {cpu:.1f}s CPU, "
           f"load {os.getloadavg()[0]:.1f}, {guard.stats}")
-    if name in _PROBED:  # the reference's digests were recorded by the first engine's probe
-        assert guard.stats["reference_chunks"] < guard.stats["chunks"], guard.stats
-    _PROBED.add(name)
+    assert 0 <= guard.stats["reference_chunks"] <= guard.stats["chunks"], guard.stats
     ok, reason = verify_fast_engine(ref, fast, guard=guard)
     assert ok, reason
     if backend == "fastokens":  # only the case-fold guard (none for DeepSeek's case-sensitive pattern)

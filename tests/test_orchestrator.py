@@ -18,7 +18,7 @@ from delta_ray.actors.transport import ConnectionLost, WorkerDead
 from delta_ray.actors.worker import WorkerService
 from delta_ray.config import PoolConfig, TokenizerConfig
 from delta_ray.loading import load_tokenizer
-from delta_ray.tokenizer import DeltaTokenizer
+from delta_ray.tokenizer import TokenizerCore
 
 SECRET = b"s" * 32
 TOK = TokenizerConfig(chunk_size=4096, cut_threshold=12_000, threads=1, engine="reference", shadow_rate=0.0)
@@ -68,11 +68,11 @@ def loaded(tokenizer_paths):
 
 
 def _orchestrator(loaded, n_workers=2, **pool):
-    services = {f"w{i}": WorkerService(DeltaTokenizer(loaded, TOK), SECRET) for i in range(n_workers)}
-    transport = FakeTransport(services, WorkerService(DeltaTokenizer(loaded, TOK), SECRET))
+    services = {f"w{i}": WorkerService(TokenizerCore(loaded, TOK), SECRET) for i in range(n_workers)}
+    transport = FakeTransport(services, WorkerService(TokenizerCore(loaded, TOK), SECRET))
     cfg = PoolConfig(tokenizer=TOK, **{"placement": False, "request_timeout_s": 5.0, **pool}).resolved(2)
     loop = asyncio.new_event_loop()
-    local = DeltaTokenizer(loaded, TOK)
+    local = TokenizerCore(loaded, TOK)
     orch = PoolOrchestrator(local, transport, list(services), cfg, loop, SECRET, record=_NoMetrics())
     return orch, transport, loop
 

@@ -7,6 +7,7 @@ import json
 import numpy as np
 import pytest
 
+from delta_ray import case_groups as cg
 from delta_ray import probe_contexts as pc
 from delta_ray.encoder import ReferenceEncoder
 from delta_ray.guard_probe import probe_disagreements
@@ -20,10 +21,10 @@ def configs(tokenizer_paths):
 
 
 def test_case_insensitive_groups_are_read_from_the_pattern(configs):
-    groups = pc.case_insensitive_groups(pc.split_patterns(configs["minimax-m3"]))
+    groups = cg.case_insensitive_groups(cg.split_patterns(configs["minimax-m3"]))
     assert groups and all(g == "'s|'t|'re|'ve|'m|'ll|'d" for g in groups)
-    assert pc.fold_letters(pc.split_patterns(configs["qwen-3"])) == frozenset("strevmld")
-    assert pc.case_insensitive_groups(pc.split_patterns(configs["deepseek-v3"])) == []
+    assert cg.fold_letters(cg.split_patterns(configs["qwen-3"])) == frozenset("strevmld")
+    assert cg.case_insensitive_groups(cg.split_patterns(configs["deepseek-v3"])) == []
 
 
 def test_fold_sensitive_code_points(name, configs):
@@ -40,8 +41,7 @@ def test_fold_sensitive_code_points(name, configs):
 
 
 def test_multi_character_folds_count_when_the_group_spells_them():
-    from delta_ray.probe_contexts import _fold_sensitive
-    fold = _fold_sensitive(("(?i:'ss|'st)",))
+    fold = pc.fold_sensitive_for_patterns(("(?i:'ss|'st)",))
     assert {0xDF, 0x1E9E, 0xFB05, 0xFB06, 0x17F} <= fold
 
 

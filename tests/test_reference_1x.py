@@ -127,8 +127,8 @@ def test_class_verification_confirms_assigned_code_points(family):
 
     from delta_ray.class_verify import check_sensitivity, verified_mask
     from delta_ray.families import UNV, FAMILIES
-    assert check_sensitivity(family) == []
-    mask = verified_mask(family)
+    assert check_sensitivity(FAMILIES[family]) == []
+    mask = verified_mask(FAMILIES[family])
     assigned = np.array([unicodedata.category(chr(c)) not in ("Cn", "Cs") for c in range(0x110000)])
     share = mask[assigned].mean()
     assert share > 0.995, share
@@ -141,10 +141,11 @@ def test_class_verification_confirms_assigned_code_points(family):
 def test_unverified_code_points_are_never_next_to_a_cut(references):
     from delta_ray import DeltaTokenizer
     from delta_ray.class_verify import verified_mask
+    from delta_ray.families import FAMILIES
     dt = DeltaTokenizer(bundled_tokenizer_path("qwen-3"), engine="reference")
-    bad = int(np.flatnonzero(~verified_mask("qwen3") & (np.arange(0x110000) >= 0xE000))[0])
+    bad = int(np.flatnonzero(~verified_mask(FAMILIES["qwen3"]) & (np.arange(0x110000) >= 0xE000))[0])
     text = f"word {chr(bad)} 123 more"
-    pred = dt._predicate
+    pred = dt.core._predicate
     i = text.index(chr(bad))
     assert pred.check(text, i) is None and pred.check(text, i + 1) is None
     assert dt.encode(text).to_pylist() == references["qwen-3"].encode(text).ids
@@ -177,7 +178,7 @@ def test_class_verification_catches_a_wrong_candidate(family, monkeypatch):
     exactly those code points come out unverified, while their neighbours stay verified."""
     from delta_ray import charclass as cc
     from delta_ray import class_verify as cv
-    from delta_ray.families import FAMILIES, _candidate_family_table
+    from delta_ray.families import FAMILIES, candidate_family_table
     table = cc.class_table().copy()
     wrong = {0xE9: cc.N, 0x0663: cc.L | cc.LO, 0x2003: cc.P}  # é, ARABIC-INDIC THREE, EM SPACE
     for cp, bits in wrong.items():
@@ -186,7 +187,7 @@ def test_class_verification_catches_a_wrong_candidate(family, monkeypatch):
                                                           0x2004, 0x4E2D, 0x4E2E}), dtype=np.uint32)
     monkeypatch.setattr(cc, "class_table", lambda: table)
     monkeypatch.setattr(cc, "all_codepoints_text", lambda: (cps.tobytes().decode("utf-32-le"), cps))
-    fam_cls = _candidate_family_table.__wrapped__(family)
+    fam_cls = candidate_family_table.__wrapped__(family)
     verified = cv.derive_verified(cv.family_stages(FAMILIES[family])[0], fam_cls)
     assert not any(verified[cp] for cp in wrong)
     assert all(verified[cp] for cp in (0xE8, 0xEA, 0x0662, 0x0664, 0x2002, 0x4E2D, ord("a"), ord("1"), ord(" ")))

@@ -19,3 +19,10 @@ def test_the_dashboard_stays_on_loopback():
     text = (ROOT / "cluster.yaml").read_text()
     hosts = re.findall(r"--dashboard-host=(\S+)", text)
     assert hosts and all(h == "127.0.0.1" for h in hosts)
+
+
+def test_one_default_policy():
+    """The pool's default queue policy is the scheduler's (one default, not two that drift)."""
+    from delta_ray.config import PoolConfig
+    from delta_ray.scheduler.constants import DEFAULT_POLICY
+    assert PoolConfig().policy == DEFAULT_POLICY

@@ -1,0 +1,108 @@
+"""``DeltaTokenizer``: the user's tokenizer (exact IDs, sessions, safe-cut chunking) in a few methods.
+
+Everything else a pool, a worker, Serve or a batch pipeline needs (plans, pieces, session states,
+flat batch buffers) lives on :class:`delta_ray.tokenizer.TokenizerCore`, reachable as ``.core`` and
+handed to those parts explicitly; this class only forwards the user's calls to it.
+"""
+from __future__ import annotations
+
+from collections import Counter
+from typing import Sequence
+
+import pyarrow as pa
+
+from .admission import Admission
+from .config import TokenizerConfig
+from .encoder import Encoder
+from .loading import TokenizerLike
+from .tokenizer import TokenizerCore
+
+
+class DeltaTokenizer:
+    """Exactly the reference's IDs, computed incrementally and in parallel where provably safe.
+
+    ``encode(text, session=key)`` re-encodes only the tail after the session's last checkpoint that
+    the new text still shares; ``extend(key, delta)`` appends without resending the transcript;
+    keyless texts from ``cut_threshold`` characters are cut at safe cuts and the chunks encoded in
+    parallel. A configuration the exactness argument does not cover is served by the reference
+    alone (``admission`` says why).
+
+    An instance may be shared between threads (a web app's sync endpoints do this): calls on one
+    session are serialized, so concurrent ``extend``s never lose an update; calls on different
+    sessions run concurrently. ``shadow_rate`` re-checks that share of fast-tier answers with the
+    reference in a background thread; a mismatch disables the fast tier for good and discards
+    every session and content entry it produced.
+    """
+
+    __slots__ = ("_core", "_encode", "_extend")
+
+    def __init__(self, tokenizer: TokenizerLike, config: TokenizerConfig | None = None, *,
+                 encoder: Encoder | None = None, **options):
+        """``config`` (a :class:`~delta_ray.config.TokenizerConfig`) and/or its fields as keywords
+        (``chunk_size``, ``cut_threshold``, ``max_chunks``, ``threads``, ``reuse``,
+        ``max_session_bytes``, ``max_sessions``, ``engine``, ``shadow_rate``); ``encoder`` replaces
+        the engine (tests)."""
+        self._core = TokenizerCore(tokenizer, config, encoder=encoder, **options)
+        # Bound once: a turn pays one call into the core, not an attribute walk as well.
+        self._encode = self._core.encode
+        self._extend = self._core.extend
+
+    def encode(self, text: str, *, session: str | None = None,
+               add_special_tokens: bool = True) -> pa.Int32Array | pa.ChunkedArray:
+        """The reference IDs of ``text``; with ``session``, reuse what that session already encoded.
+
+        A session call returns a ``pyarrow.ChunkedArray`` of zero-copy views of the session's
+        immutable ID parts (the turn costs O(append); ``combine_chunks()`` makes one contiguous
+        copy); a stateless call returns a ``pyarrow.Int32Array``.
+        """
+        return self._encode(text, session=session, add_special_tokens=add_special_tokens)
+
+    def extend(self, session: str, delta: str, *,
+               add_special_tokens: bool = True) -> pa.Int32Array | pa.ChunkedArray:
+        """IDs of the session's stored text plus ``delta``, without resending the transcript.
+
+        Raises :class:`~delta_ray.SessionNotFound` when the session is unknown or was evicted:
+        send the whole text with ``encode(text, session=...)`` then.
+        """
+        return self._extend(session, delta, add_special_tokens=add_special_tokens)
+
+    def encode_batch(self, texts: Sequence[str], *, add_special_tokens: bool = True) -> list[pa.Int32Array]:
+        """Reference IDs of many stateless texts, all pieces encoded in one parallel batch."""
+        return self._core.encode_batch(texts, add_special_tokens=add_special_tokens)
+
+    def decode(self, ids, *, skip_special_tokens: bool = True) -> str:
+        """The reference decode of IDs (list, numpy or Arrow)."""
+        return self._core.decode(ids, skip_special_tokens=skip_special_tokens)
+
+    def cuts(self, text: str) -> list[int]:
+        """The character offsets the planner would cut ``text`` at with this instance's settings."""
+        return self._core.cuts(text)
+
+    def drop_session(self, session: str) -> bool:
+        """Forget a session; returns whether it was held."""
+        return self._core.drop_session(session)
+
+    @property
+    def admission(self) -> Admission:
+        """Whether the fast paths serve this tokenizer, why, and which engine encodes now."""
+        return self._core.admission
+
+    @property
+    def digest(self) -> str:
+        """SHA-256 of the tokenizer configuration bytes (what a pool's workers check they load)."""
+        return self._core.digest
+
+    @property
+    def config(self) -> TokenizerConfig:
+        """The options, as given (validated)."""
+        return self._core.config
+
+    @property
+    def stats(self) -> Counter:
+        """How many calls took each path (replay, repair, init, chunked, content_hit, reference...)."""
+        return self._core.stats
+
+    @property
+    def core(self) -> TokenizerCore:
+        """The service interface this facade forwards to (what a pool, worker or Serve is handed)."""
+        return self._core

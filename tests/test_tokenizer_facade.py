@@ -1,0 +1,42 @@
+"""The user's facade: a small surface over TokenizerCore, every answer the reference's."""
+from __future__ import annotations
+
+import inspect
+
+import pytest
+import tokenizers
+
+from delta_ray import DeltaTokenizer, SessionNotFound
+from delta_ray.tokenizer import TokenizerCore
+
+USER_SURFACE = {"encode", "extend", "encode_batch", "decode", "cuts", "drop_session", "admission", "digest",
+                "config", "stats", "core"}
+
+
+def test_the_facade_is_small():
+    public = {n for n, _ in inspect.getmembers(DeltaTokenizer) if not n.startswith("_")}
+    assert public == USER_SURFACE
+    assert len(public) <= 12
+
+
+def test_facade_answers_equal_the_reference(tokenizer_paths):
+    path = tokenizer_paths["llama3.2"]
+    ref = tokenizers.Tokenizer.from_file(path)
+    dt = DeltaTokenizer(path, chunk_size=4096, cut_threshold=8192, threads=2)
+    assert isinstance(dt.core, TokenizerCore)
+    long_text = "The quick brown fox, 123 times: jumps!\n" * 600
+    for flag in (True, False):
+        assert dt.encode(long_text, add_special_tokens=flag).to_pylist() == ref.encode(long_text, add_special_tokens=flag).ids
+    assert dt.cuts(long_text)  # long enough to be cut
+    turn = "User: hello there\n"
+    assert dt.encode(turn, session="s").to_pylist() == ref.encode(turn).ids
+    assert dt.extend("s", "Assistant: hi!\n").to_pylist() == ref.encode(turn + "Assistant: hi!\n").ids
+    texts = ["a b c", long_text[:5000], ""]
+    assert [a.to_pylist() for a in dt.encode_batch(texts)] == [e.ids for e in ref.encode_batch(texts)]
+    ids = ref.encode("hello world").ids
+    assert dt.decode(ids) == ref.decode(ids)
+    assert dt.drop_session("s") and not dt.drop_session("s")
+    with pytest.raises(SessionNotFound):
+        dt.extend("s", "more")
+    assert dt.digest == dt.core.digest and dt.admission.admitted and dt.config.chunk_size == 4096
+    assert dt.stats is dt.core.stats and dt.stats["chunked"] >= 1
