@@ -17,9 +17,15 @@ import json
 import time
 from typing import Any
 
+from fastapi import FastAPI, Request
+from fastapi.responses import Response
+from ray import serve
+from ray.serve.config import RequestRouterConfig
+
 from delta_ray.loading import TokenizerLike, load_tokenizer
 
-from .serve_handler import DEFAULT_MAX_BODY_BYTES, RequestHandler  # noqa: F401 - re-exported
+from .serve_config import DEFAULT_MAX_BODY_BYTES, ServeConfig  # noqa: F401 - re-exported
+from .serve_handler import RequestHandler
 from .serve_router import SESSION_HEADER, SessionRouter, routing_headers  # noqa: F401 - re-exported
 
 # Serve settings read by each replica process at import (Ray 2.60; RAY_SERVE_THROUGHPUT_OPTIMIZED sets
@@ -48,8 +54,75 @@ def _chat_config(tokenizer: Any, tokenizer_config: Any) -> "dict | None":
     return None
 
 
-_CORE_OPTIONS = ("chunk_size", "cut_threshold", "max_chunks", "engine", "shadow_rate", "max_session_bytes",
-                 "max_sessions")
+_app = FastAPI(title="delta-ray", description="Exact tokenization (vLLM/SGLang-compatible /tokenize)")
+
+
+@serve.deployment
+@serve.ingress(_app)
+class TokenizerService:
+    """One replica: a :class:`~delta_ray.DeltaTokenizer` with its sessions, an optional pool, and
+    the Ray-free :class:`~delta_ray.actors.serve_handler.RequestHandler` that answers requests.
+
+    Built by :func:`serve_app` (deployment options, the tokenizer's bytes, its chat config and a
+    :class:`ServeConfig`); this class only binds the handler to Serve's HTTP ingress and handles.
+    """
+
+    def __init__(self, config_bytes: bytes, digest: str, chat_config: "dict | None", config: ServeConfig):
+        from delta_ray.chat_template import ChatTemplate
+        from delta_ray.loading import LoadedTokenizer
+        from delta_ray.tokenizer import DeltaTokenizer
+
+        loaded = LoadedTokenizer.from_bytes(config_bytes, expected_digest=digest)
+        self.pool = None
+        if config.pool_name:
+            from .pool import TokenizerPool  # a replica without a pool never imports it
+            self.pool = TokenizerPool.connect(config.pool_name, config.pool_secret)
+        elif config.pool is not None:
+            from .pool import TokenizerPool
+            self.pool = TokenizerPool(loaded, config.pool)
+        try:
+            replica_id = serve.get_replica_context().replica_id.unique_id
+        except Exception:  # noqa: BLE001 - outside a replica (unit use)
+            replica_id = ""
+        threads = config.tokenizer.threads
+        self.handler = RequestHandler(
+            loaded, DeltaTokenizer(loaded, config.tokenizer), template=ChatTemplate.from_config(chat_config),
+            pool=self.pool, served={config.model_name}, max_body_bytes=config.max_body_bytes,
+            max_model_len=config.max_model_len, require_tenant=config.require_tenant,
+            pool_min_chars=config.pool_min_chars, overflow_inflight=config.overflow_inflight or 2 * (threads or 2),
+            max_detokenize_tokens=config.max_detokenize_tokens, replica_id=replica_id)
+
+    def __del__(self):
+        try:
+            if self.pool is not None:
+                self.pool.close()
+        except Exception:  # noqa: BLE001
+            pass
+
+    # -- handle API (model composition): the same JSON bodies as HTTP -----------------------------------
+    async def tokenize(self, body: dict) -> dict:
+        return await self.handler.tokenize(body)
+
+    async def detokenize(self, body: dict) -> dict:
+        return await self.handler.detokenize(body)
+
+    # -- HTTP -------------------------------------------------------------------------------------------
+    @_app.get("/health")
+    async def health(self):
+        return Response(status_code=200)
+
+    @_app.post("/tokenize")
+    async def tokenize_http(self, request: Request):
+        return await self._http("tokenize", request)
+
+    @_app.post("/detokenize")
+    async def detokenize_http(self, request: Request):
+        return await self._http("detokenize", request)
+
+    async def _http(self, endpoint: str, request: Request):
+        status, data, headers = await self.handler.http(endpoint, request.headers.get("content-length"),
+                                                        request.stream())
+        return Response(data, status_code=status, media_type="application/json", headers=headers)
 
 
 def serve_app(tokenizer: TokenizerLike, *, model_name: "str | None" = None, pool_name: "str | None" = None,
@@ -74,115 +147,50 @@ def serve_app(tokenizer: TokenizerLike, *, model_name: "str | None" = None, pool
     attaches to a running named ``TokenizerPool`` (its ``secret.hex()`` in ``pool_secret`` or
     ``$DELTA_RAY_POOL_SECRET``); ``num_workers`` starts one per replica; neither, no pool.
     ``require_tenant`` refuses requests without a ``cache_salt``: session ids are then private to a
-    tenant, never names shared by all callers. Other keyword arguments (``chunk_size``,
-    ``cut_threshold``, ``max_chunks``, ``engine``, ``shadow_rate``, ``max_session_bytes``,
-    ``max_sessions``) configure the replica's tokenizer and the pool; the rest go to the pool.
+    tenant, never names shared by all callers. Other keyword arguments are
+    :class:`~delta_ray.config.TokenizerConfig` fields (``chunk_size``, ``cut_threshold``, ``engine``,
+    ...: the replica's tokenizer and the pool's workers; ``max_session_bytes`` and ``max_sessions``
+    only the replica's) or, with ``num_workers``, :class:`~delta_ray.config.PoolConfig` fields; any
+    other name is a TypeError. They are validated here, once, into a :class:`ServeConfig`.
 
     ``fast_replica`` (default) trims Serve's per-request work in the replicas: user code on the
     replica's own event loop (``RAY_SERVE_RUN_USER_CODE_IN_SEPARATE_THREAD=0``: the handlers only
     await, heavy steps run in threads), buffered request-path logs and no access log lines.
     """
-    if options.get("reuse", "session") == "content":
-        # The tokenizer's own content reuse knows no tenants: one index for every caller would be a
-        # cross-tenant timing oracle. Serve reuses keyless prompts by content per tenant itself.
-        raise ValueError("serve_app does not take reuse='content': keyless prompts are already reused by "
-                         "content, inside each tenant (cache_salt)")
-    from fastapi import FastAPI, Request
-    from fastapi.responses import Response
-    from ray import serve
-    from ray.serve.config import RequestRouterConfig
-
     loaded = load_tokenizer(tokenizer)
-    config = _chat_config(tokenizer, tokenizer_config)
-    if max_model_len is None and config:
-        mml = config.get("model_max_length")
+    chat_config = _chat_config(tokenizer, tokenizer_config)
+    if max_model_len is None and chat_config:
+        mml = chat_config.get("model_max_length")
         max_model_len = mml if isinstance(mml, int) and mml < 10 ** 12 else None
     name = model_name or (loaded.source if loaded.source.startswith("<") else None) or "delta-ray"
-    core = {k: options[k] for k in _CORE_OPTIONS if k in options}
-    pool_options = {k: v for k, v in options.items() if k not in ("max_session_bytes", "max_sessions")}
-    app = FastAPI(title="delta-ray", description="Exact tokenization (vLLM/SGLang-compatible /tokenize)")
-    init_args = dict(config_bytes=loaded.config_bytes, digest=loaded.digest, chat_config=config,
-                     pool_name=pool_name, num_workers=num_workers, max_body_bytes=max_body_bytes,
-                     max_model_len=max_model_len, model_name=name, pool_options=pool_options,
-                     require_tenant=require_tenant, pool_secret=pool_secret, core_options=core, threads=threads,
-                     pool_min_chars=pool_min_chars, overflow_inflight=overflow_inflight)
-    deployment_options: dict[str, Any] = {"ray_actor_options": {"num_cpus": replica_cpus},
-                                          "max_ongoing_requests": max_ongoing_requests}
+    config = ServeConfig.from_options(
+        options, threads=threads, num_workers=num_workers, pool_name=pool_name, pool_secret=pool_secret,
+        model_name=name, max_body_bytes=max_body_bytes, max_model_len=max_model_len, require_tenant=require_tenant,
+        pool_min_chars=pool_min_chars, overflow_inflight=overflow_inflight)
+    deployment = TokenizerService.options(**_deployment_options(
+        replica_cpus=replica_cpus, max_ongoing_requests=max_ongoing_requests, fast_replica=fast_replica,
+        num_replicas=num_replicas, autoscaling_config=autoscaling_config, session_routing=session_routing,
+        num_fallback_replicas=num_fallback_replicas))
+    return deployment.bind(loaded.config_bytes, loaded.digest, chat_config, config)
+
+
+def _deployment_options(*, replica_cpus: float, max_ongoing_requests: int, fast_replica: bool, num_replicas: int,
+                        autoscaling_config: "dict | None", session_routing: bool,
+                        num_fallback_replicas: int) -> dict[str, Any]:
+    """Serve's options for the deployment (resources, scaling, the session router, replica settings)."""
+    options: dict[str, Any] = {"ray_actor_options": {"num_cpus": replica_cpus},
+                               "max_ongoing_requests": max_ongoing_requests}
     if fast_replica:
-        deployment_options["ray_actor_options"]["runtime_env"] = {"env_vars": dict(FAST_REPLICA_ENV)}
-        deployment_options["logging_config"] = {"enable_access_log": False}
+        options["ray_actor_options"]["runtime_env"] = {"env_vars": dict(FAST_REPLICA_ENV)}
+        options["logging_config"] = {"enable_access_log": False}
     if autoscaling_config is not None:
-        deployment_options["autoscaling_config"] = autoscaling_config
+        options["autoscaling_config"] = autoscaling_config
     else:
-        deployment_options["num_replicas"] = num_replicas
+        options["num_replicas"] = num_replicas
     if session_routing:
-        deployment_options["request_router_config"] = RequestRouterConfig(
+        options["request_router_config"] = RequestRouterConfig(
             request_router_class=SessionRouter, request_router_kwargs={"num_fallback_replicas": num_fallback_replicas})
-
-    @serve.deployment(**deployment_options)
-    @serve.ingress(app)
-    class TokenizerService:
-        def __init__(self, config_bytes, digest, chat_config, pool_name, num_workers, max_body_bytes,
-                     max_model_len, model_name, pool_options, require_tenant=False, pool_secret=None,
-                     core_options=None, threads=None, pool_min_chars=None, overflow_inflight=None):
-            from delta_ray.chat_template import ChatTemplate
-            from delta_ray.loading import LoadedTokenizer
-            from delta_ray.tokenizer import DeltaTokenizer
-
-            loaded = LoadedTokenizer.from_bytes(config_bytes, expected_digest=digest)
-            core_options = dict(core_options or {})
-            delta = DeltaTokenizer(loaded, threads=threads, **core_options)
-            self.pool = None
-            if pool_name:
-                from .pool import TokenizerPool
-                self.pool = TokenizerPool.connect(pool_name, pool_secret)
-            elif num_workers:
-                from .pool import TokenizerPool
-                self.pool = TokenizerPool(loaded, num_workers=num_workers, **pool_options)
-            try:
-                from ray import serve as _serve
-                replica_id = _serve.get_replica_context().replica_id.unique_id
-            except Exception:  # noqa: BLE001 - outside a replica (unit use)
-                replica_id = ""
-            self.handler = RequestHandler(
-                loaded, delta, template=ChatTemplate.from_config(chat_config), pool=self.pool, served={model_name},
-                max_body_bytes=max_body_bytes, max_model_len=max_model_len, require_tenant=require_tenant,
-                pool_min_chars=pool_min_chars, overflow_inflight=overflow_inflight or 2 * (threads or 2),
-                replica_id=replica_id)
-
-        def __del__(self):
-            try:
-                if self.pool is not None:
-                    self.pool.close()
-            except Exception:  # noqa: BLE001
-                pass
-
-        # -- handle API (model composition): same JSON bodies as HTTP ------------------------
-        async def tokenize(self, body: dict) -> dict:
-            return await self.handler.tokenize(body)
-
-        async def detokenize(self, body: dict) -> dict:
-            return await self.handler.detokenize(body)
-
-        # -- HTTP ----------------------------------------------------------------------------
-        @app.get("/health")
-        async def health(self):
-            return Response(status_code=200)
-
-        @app.post("/tokenize")
-        async def tokenize_http(self, request: Request):
-            return await self._http("tokenize", request)
-
-        @app.post("/detokenize")
-        async def detokenize_http(self, request: Request):
-            return await self._http("detokenize", request)
-
-        async def _http(self, endpoint: str, request: Request):
-            status, data, headers = await self.handler.http(endpoint, request.headers.get("content-length"),
-                                                            request.stream())
-            return Response(data, status_code=status, media_type="application/json", headers=headers)
-
-    return TokenizerService.bind(**init_args)
+    return options
 
 
 def replica_endpoints(app_name: str, timeout_s: float = 30.0) -> "list[tuple[str, int, str]]":

@@ -31,12 +31,11 @@ from delta_ray.session_store import SessionNotFound
 from . import metrics
 from .http_api import (BadRequest, TokenizeRequest, detokenize_size, dumps_json, loads_json, parse_detokenize,
                        parse_tokenize)
+from .serve_config import DEFAULT_MAX_BODY_BYTES, DEFAULT_MAX_DETOKENIZE_TOKENS
 from .tenant_keys import content_session_key, session_key
 
 log = logging.getLogger("delta_ray.serve")
 
-DEFAULT_MAX_BODY_BYTES = 64 * 1024 * 1024
-DEFAULT_MAX_DETOKENIZE_TOKENS = 1 << 22  # IDs per /detokenize request (4,194,304); more is a 413
 OFF_LOOP_BYTES = 256 * 1024  # bodies larger than this are parsed and serialized in a thread
 OFF_LOOP_CHARS = 128 * 1024  # session texts longer than this are encoded in a thread
 OFF_LOOP_IDS = 16384  # ID lists longer than this are validated, decoded or named (token_strs) in a thread

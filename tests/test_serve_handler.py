@@ -201,3 +201,33 @@ def test_token_strs_of_a_large_answer_leave_the_loop_to_other_requests(loaded, r
     out = asyncio.run(race())
     assert order == ["small", "big"]
     assert out["token_strs"] == [ref.id_to_token(i) for i in ref.encode(text).ids]
+
+
+def test_serve_config_takes_the_config_classes_own_fields():
+    """serve_app's keyword options are TokenizerConfig / PoolConfig fields, validated once into a
+    frozen ServeConfig; no list of names is kept by hand, so every field reaches its process."""
+    from dataclasses import fields
+
+    from delta_ray.actors.serve_config import ServeConfig
+    from delta_ray.config import PoolConfig
+
+    cfg = ServeConfig.from_options({"chunk_size": 8192, "cut_threshold": 20_000, "max_sessions": 7,
+                                    "request_timeout_s": 9.0, "engine": "reference"}, threads=3, num_workers=2)
+    assert (cfg.tokenizer.chunk_size, cfg.tokenizer.cut_threshold, cfg.tokenizer.threads) == (8192, 20_000, 3)
+    assert cfg.tokenizer.max_sessions == 7 and cfg.tokenizer.engine == "reference"
+    assert cfg.pool.num_workers == 2 and cfg.pool.request_timeout_s == 9.0
+    assert cfg.pool.tokenizer.chunk_size == 8192 and cfg.pool.tokenizer.engine == "reference"
+    assert cfg.pool.tokenizer.max_sessions == PoolConfig().tokenizer.max_sessions  # the replica's bound only
+    for f in fields(TokenizerConfig):  # every tokenizer field is accepted (threads is serve_app's own)
+        if f.name not in ("threads", "reuse"):
+            ServeConfig.from_options({f.name: getattr(TokenizerConfig(), f.name)})
+    assert ServeConfig.from_options({}).pool is None
+    with pytest.raises(TypeError, match="unknown"):
+        ServeConfig.from_options({"chunk_sise": 1})
+    with pytest.raises(TypeError, match="num_workers"):
+        ServeConfig.from_options({"request_timeout_s": 1.0})  # a pool option without a pool
+    with pytest.raises(ValueError, match="reuse"):
+        ServeConfig.from_options({"reuse": "content"})
+    with pytest.raises(ValueError):
+        ServeConfig(max_body_bytes=0)
+    assert "ab" * 16 not in repr(ServeConfig(pool_name="p", pool_secret="ab" * 16))  # never in logs
