@@ -7,11 +7,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import Any
+
 from delta_ray.errors import DeltaRayError
+
+from .tenant_keys import content_session_key, session_key  # noqa: F401 - the keys requests are stored under
 
 TOKENIZE_FIELDS = {"model", "prompt", "messages", "add_special_tokens", "add_generation_prompt",
                    "continue_final_message", "chat_template_kwargs", "tools", "return_token_strs",
-                   "session_id", "cache_salt", "append"}
+                   "session_id", "cache_salt", "append", "session_version"}
 DETOKENIZE_FIELDS = {"model", "tokens", "cache_salt"}
 
 
@@ -27,7 +30,7 @@ class BadRequest(DeltaRayError, ValueError):
 class TokenizeRequest:
     prompt: str | None
     messages: list | None
-    add_special_tokens: bool
+    add_special_tokens: bool | None  # None only for an append that leaves it to its session
     add_generation_prompt: bool
     chat_template_kwargs: dict
     tools: list | None
@@ -35,6 +38,7 @@ class TokenizeRequest:
     session: str | None
     tenant: str | None
     append: str | None = None
+    session_version: str | None = None  # the state an append extends, as the last answer named it
 
 
 def _typed(body: dict, key: str, types, default=None):
@@ -74,6 +78,13 @@ def parse_tokenize(body: Any, served: set[str]) -> TokenizeRequest:
             raise BadRequest("'append' extends a session: give it without 'prompt' or 'messages'")
         if not body.get("session_id"):
             raise BadRequest("'append' needs the 'session_id' it extends")
+        if not isinstance(body.get("session_version"), str) or not body["session_version"]:
+            # Without it a replica holding another state of the session (a turn served elsewhere,
+            # a retried append) would answer 200 with IDs that are not the reference's.
+            raise BadRequest("'append' needs the 'session_version' of the last answer for this session "
+                             "(the state it extends)")
+    elif body.get("session_version") is not None:
+        raise BadRequest("'session_version' goes with 'append' only")
     elif (prompt is None) == (messages is None):
         raise BadRequest("give exactly one of 'prompt' (a string) or 'messages' (a list)")
     if messages is not None:
@@ -88,45 +99,36 @@ def parse_tokenize(body: Any, served: set[str]) -> TokenizeRequest:
         raise BadRequest("session_id must not be empty")
     return TokenizeRequest(
         prompt=prompt, messages=messages,
-        add_special_tokens=_typed(body, "add_special_tokens", bool, messages is None),
+        # an append without the flag takes its session's (None); prompts default as vLLM's
+        add_special_tokens=_typed(body, "add_special_tokens", bool, None if append is not None else messages is None),
         add_generation_prompt=_typed(body, "add_generation_prompt", bool, True),
         chat_template_kwargs=_typed(body, "chat_template_kwargs", dict, {}),
         tools=_typed(body, "tools", list),
         return_token_strs=_typed(body, "return_token_strs", bool, False),
-        session=session, tenant=tenant, append=append)
+        session=session, tenant=tenant, append=append, session_version=_typed(body, "session_version", str))
+
+
+def detokenize_size(body: Any, max_tokens: int) -> int:
+    """How many IDs a /detokenize body carries, refused with 413 past ``max_tokens`` (O(1), so it
+    runs before the per-ID validation, which is moved off the event loop for large lists)."""
+    tokens = body.get("tokens") if isinstance(body, dict) else None
+    n = len(tokens) if isinstance(tokens, list) else 0
+    if n > max_tokens:
+        raise BadRequest(f"{n} token ids exceed the limit of {max_tokens} per request", 413)
+    return n
 
 
 def parse_detokenize(body: Any, served: set[str], vocab_size: int) -> list[int]:
     """Validate a /detokenize body: ``tokens``, a list of IDs inside the vocabulary."""
     _check_body(body, DETOKENIZE_FIELDS, served)
     tokens = body.get("tokens")
-    if not isinstance(tokens, list) or not all(isinstance(t, int) and not isinstance(t, bool) for t in tokens):
+    # type() is int: JSON integers, never bool
+    if not isinstance(tokens, list) or not all(type(t) is int for t in tokens):
         raise BadRequest("field 'tokens' must be a list of integers")
     bad = [t for t in tokens if not 0 <= t < vocab_size]
     if bad:
         raise BadRequest(f"token id(s) out of range [0, {vocab_size}): {bad[:5]}")
     return tokens
-
-
-def _ns(tenant: str | None) -> str:
-    """The tenant part of a key, length-prefixed so no (tenant, name) pair can spell another's."""
-    return "t-" if tenant is None else f"t{len(tenant)}:{tenant}"
-
-
-def session_key(session: str | None, tenant: str | None) -> str | None:
-    """Namespace a session by tenant, injectively: distinct (tenant, session) pairs never share a key.
-
-    Without a tenant (``cache_salt``) the session id is a name shared by every caller of the
-    service: anyone who knows or guesses it reads the same state.
-    """
-    if session is None:
-        return None
-    return f"{_ns(tenant)}|s:{session}"
-
-
-def content_session_key(digest: str, tenant: str | None) -> str:
-    """The key under which a keyless long prompt is reused, inside its tenant's namespace."""
-    return f"{_ns(tenant)}|c:{digest}"
 
 
 def loads_json(raw: bytes) -> Any:

@@ -14,13 +14,9 @@ that may or may not have been applied is refused with ``SessionNotFound`` (send 
 from __future__ import annotations
 
 import asyncio
-import functools
-import hashlib
 import logging
-import sys
 import threading
 import time
-from collections import OrderedDict
 from typing import Any, Callable, Sequence
 
 import numpy as np
@@ -39,6 +35,8 @@ from delta_ray.scheduler import Dispatcher, PlacementModel, content_key, nonasci
 
 from . import metrics
 from .calls import DROP_SESSION, ENCODE_PIECES, ENCODE_SESSION, ENCODE_WHOLE, EXTEND, INSTALL, Call
+from .session_table import SessionTable, key_id
+from .tenant_keys import content_session_key
 from .transport import ConnectionLost, NoAnswer, WorkerDead, WorkerTransport
 
 log = logging.getLogger("delta_ray.pool")
@@ -57,17 +55,11 @@ class _Request:
         self.running: asyncio.Task | None = None  # cancelled when the call hangs
 
 
-@functools.lru_cache(maxsize=256)  # one request looks its key up in several tables
-def _kid(key: str) -> bytes:
-    """A fixed-size stand-in for a session key in the pool's own tables (keys may be megabytes)."""
-    return hashlib.blake2b(key.encode("utf-8", "surrogatepass"), digest_size=16).digest()
-
-
 class _KeyLock:
     """Serializes one session's requests (extend order matters); forgets idle keys."""
 
     def __init__(self, locks: dict, key: str):
-        self._locks, self._key = locks, _kid(key)
+        self._locks, self._key = locks, key_id(key)
 
     async def __aenter__(self):
         entry = self._locks.setdefault(self._key, [asyncio.Lock(), 0])
@@ -80,86 +72,6 @@ class _KeyLock:
         self._entry[1] -= 1
         if self._entry[1] == 0:
             self._locks.pop(self._key, None)
-
-
-_ENTRY_OVERHEAD = 160  # bytes per table entry besides its values (dict slot, tuple, digest)
-
-
-def _ids_bytes(parts) -> int:
-    return sum(p.nbytes for p in parts)
-
-
-def _text_bytes(parts) -> int:
-    return sum(map(sys.getsizeof, parts))
-
-
-class _Mirror:
-    """session -> (state version, rope of immutable parts), LRU-bounded by bytes, keys by digest.
-
-    Two of them: the IDs this pool last returned (to splice workers' delta answers) and the text it
-    last sent (so a whole-transcript turn that extends it ships only the suffix). Their parts are
-    shared with the answers and the callers' strings, never copied.
-    """
-
-    def __init__(self, max_bytes: int, size_of):
-        self.max_bytes = max_bytes
-        self._size_of = size_of
-        self._data: OrderedDict[bytes, tuple[int, tuple, int]] = OrderedDict()
-        self._bytes = 0
-
-    def get(self, key: str):
-        k = _kid(key)
-        item = self._data.get(k)
-        if item is None:
-            return None
-        self._data.move_to_end(k)
-        return item[0], item[1]
-
-    def pop(self, key: str, default=None):
-        item = self._data.pop(_kid(key), None)
-        if item is None:
-            return default
-        self._bytes -= item[2]
-        return item[0], item[1]
-
-    def put(self, key: str, version: int, parts: tuple) -> None:
-        self.pop(key)
-        size = self._size_of(parts) + _ENTRY_OVERHEAD
-        if size > self.max_bytes:
-            return
-        self._data[_kid(key)] = (version, parts, size)
-        self._bytes += size
-        while self._bytes > self.max_bytes and self._data:
-            _, old = self._data.popitem(last=False)
-            self._bytes -= old[2]
-
-    @property
-    def resident_bytes(self) -> int:
-        return self._bytes
-
-
-class _Bounded:
-    """session -> small value, LRU-bounded by count, keys by digest (so 1 MiB keys cost 16 bytes)."""
-
-    def __init__(self, max_items: int):
-        self.max_items = max_items
-        self._data: OrderedDict[bytes, Any] = OrderedDict()
-
-    def get(self, key: str, default=None):
-        return self._data.get(_kid(key), default)
-
-    def put(self, key: str, value) -> None:
-        k = _kid(key)
-        self._data[k] = value
-        self._data.move_to_end(k)
-        while len(self._data) > self.max_items:
-            self._data.popitem(last=False)
-
-    def pop(self, key: str, default=None):
-        return self._data.pop(_kid(key), default)
-
-    def __len__(self) -> int:
-        return len(self._data)
 
 
 class PoolOrchestrator:
@@ -185,12 +97,15 @@ class PoolOrchestrator:
         self._lock = threading.Lock()  # guards the dispatcher against the loop and callers
         self._requests: dict[int, _Request] = {}
         self._session_locks: dict[bytes, list] = {}
-        self._known = _Bounded(C.KNOWN_SESSIONS)  # session -> worker believed to hold it
-        self._mirror = _Mirror(C.MIRROR_BYTES, _ids_bytes)  # session -> (state version, IDs) last returned
-        # session -> version of the state this pool last saw: an extend must extend exactly that one
-        self._versions = _Bounded(C.KNOWN_SESSIONS)
-        self._texts = _Mirror(C.TEXT_MIRROR_BYTES, _text_bytes)  # session -> the text last sent, to ship deltas
-        self._starts: dict[bytes, int] = {}  # session -> first ID that changed in its last answer
+        # One record per session (actors/session_table.py), evicted whole, bounded by count and bytes;
+        # each view below reads and writes one of its fields.
+        self.sessions = SessionTable(C.MIRROR_BYTES + C.TEXT_MIRROR_BYTES, C.KNOWN_SESSIONS)
+        self._known = self.sessions.field("worker")  # the worker believed to hold it
+        self._mirror = self.sessions.field("ids")  # (state version, IDs) this pool last returned
+        # the version of the state this pool last saw: an extend must extend exactly that one
+        self._versions = self.sessions.field("version")
+        self._texts = self.sessions.field("text")  # (version, text parts) last sent, to ship deltas
+        self._starts = self.sessions.field("start")  # the first ID that changed in its last answer
         self.placement = PlacementModel()
         self._fast_seen = False
         self.stats: dict[str, int] = {}
@@ -220,7 +135,8 @@ class PoolOrchestrator:
         self.count("placed_here")
         return out
 
-    async def encode(self, text: str, session: str | None, add: bool):
+    async def encode(self, text: str, session: str | None, add: bool, *, tenant: str | None = None):
+        """A text's IDs: its session, or keyless (chunked, whole, or sticky by content inside ``tenant``)."""
         path = route(len(text), session, admitted=self.admitted, cut_threshold=self.local.config.cut_threshold,
                      # keyless texts under the cut threshold are sticky by content on a worker, so a
                      # repeated prompt finds its state; long ones are chunked over the cluster
@@ -231,7 +147,9 @@ class PoolOrchestrator:
             return await self._stateless_chunked(text, add)
         if not self.admitted:
             return to_arrow(await self._whole(text, add))
-        return await self._session("content:" + content_key(text), text, add)
+        # The content key carries the tenant (the one injective namespace Serve's replicas use too):
+        # a keyless prompt never finds another tenant's state on a worker, so timing reveals nothing.
+        return await self._session(content_session_key(content_key(text), tenant), text, add)
 
     async def extend(self, key: str, delta: str, add: bool):
         def no_fallback():
@@ -255,7 +173,7 @@ class PoolOrchestrator:
     async def extend_tail(self, key: str, delta: str, add: bool) -> tuple[int, int, np.ndarray]:
         """Extend, answering only what changed: (start, count, IDs from start on)."""
         ids = await self.extend(key, delta, add)
-        k = self._starts.pop(_kid(key), 0)
+        k = self._starts.pop(key, 0)
         start = k + len(self.local.admission.prefix_ids) if add and k else k
         return start, len(ids), ids.slice(start).to_numpy()  # copies the tail only
 
@@ -401,7 +319,7 @@ class PoolOrchestrator:
             parts = (tail,)
         self._mirror.put(key, version, parts)
         self._remember(key, self.dispatcher.home_of(key), version)
-        self._starts[_kid(key)] = k  # IDs before k are the ones this pool returned last time
+        self._starts.put(key, k)  # IDs before k are the ones this pool returned last time
         return parts
 
     def _remember(self, key: str, wid: str, version: int) -> None:
@@ -410,10 +328,7 @@ class PoolOrchestrator:
 
     def _forget(self, key: str) -> None:
         """Drop what this pool believes about a session's worker state (it is unknown now)."""
-        self._mirror.pop(key, None)
-        self._known.pop(key, None)
-        self._versions.pop(key, None)
-        self._texts.pop(key)
+        self.sessions.forget(key)
 
     # -- dispatch and the failure policy ------------------------------------------------------------
     async def _run(self, kind: str, n_chars: int, call: Call, *, fallback: Callable[[], Any],

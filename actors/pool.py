@@ -237,14 +237,18 @@ class TokenizerPool:
         """The worker a session's requests go to now."""
         return self._orch.dispatcher.home_of(session)
 
-    def encode(self, text: str, *, session: str | None = None, add_special_tokens: bool = True) -> pa.Int32Array:
-        """Reference IDs of ``text`` (a session reuses what its worker already encoded)."""
+    def encode(self, text: str, *, session: str | None = None, add_special_tokens: bool = True,
+               tenant: str | None = None) -> pa.Int32Array:
+        """Reference IDs of ``text`` (a session reuses what its worker already encoded).
+
+        ``tenant`` namespaces what a keyless text reuses by content on the workers (a service
+        serving several tenants passes it, so no tenant's timing reveals another's text)."""
         check_text(text)
         if session is not None:
             check_text(session, "session")
         if session is None and self._orch.runs_here(text):
             return self._orch.encode_here(text, add_special_tokens)
-        return self._call(self._orch.encode(text, session, add_special_tokens))
+        return self._call(self._orch.encode(text, session, add_special_tokens, tenant=tenant))
 
     def extend(self, session: str, delta: str, *, add_special_tokens: bool = True) -> pa.Int32Array:
         """IDs of the session's stored text plus ``delta``; SessionNotFound if its worker lacks it."""
@@ -257,14 +261,14 @@ class TokenizerPool:
         texts = self._check_batch(texts)
         return self._call(self._orch.encode_batch(texts, add_special_tokens))
 
-    async def encode_async(self, text: str, *, session: str | None = None,
-                           add_special_tokens: bool = True) -> pa.Int32Array:
+    async def encode_async(self, text: str, *, session: str | None = None, add_special_tokens: bool = True,
+                           tenant: str | None = None) -> pa.Int32Array:
         check_text(text)
         if session is not None:
             check_text(session, "session")
         if session is None and self._orch.runs_here(text):
             return await asyncio.to_thread(self._orch.encode_here, text, add_special_tokens)
-        return await self._call_async(self._orch.encode(text, session, add_special_tokens))
+        return await self._call_async(self._orch.encode(text, session, add_special_tokens, tenant=tenant))
 
     async def extend_tail_async(self, session: str, delta: str, *,
                                 add_special_tokens: bool = True) -> tuple[int, int, np.ndarray]:

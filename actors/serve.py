@@ -5,7 +5,7 @@ of vLLM's and SGLang's OpenAI-compatible servers (``POST /tokenize``, ``POST /de
 ``GET /health``), so existing clients work; a ``DeploymentHandle`` can call ``tokenize`` and
 ``detokenize`` with the same JSON bodies (model composition).
 
-Sessions are served where they arrive: every replica holds a :class:`~delta_ray.tokenizer.TokenizerCore` with its
+Sessions are served where they arrive: every replica holds a :class:`DeltaTokenizer` with its
 sessions in process, and the deployment's request router (``serve_router.SessionRouter``) sends
 a session's requests to the replica that holds it, by the ``x-session-id`` header
 (:func:`routing_headers`). There is no second hop on a session turn. A pool (``pool_name`` or
@@ -13,30 +13,21 @@ a session's requests to the replica that holds it, by the ``x-session-id`` heade
 that run on its workers and tasks, and keyless overflow while the replica is busy.
 """
 
-import asyncio
-import functools
 import json
-import logging
 import time
-import uuid
 from typing import Any
 
-import numpy as np
+from fastapi import FastAPI, Request
+from fastapi.responses import Response
+from ray import serve
+from ray.serve.config import RequestRouterConfig
 
-from delta_ray import constants as C
 from delta_ray.loading import TokenizerLike, load_tokenizer
-from delta_ray.session_store import SessionNotFound
 
-from . import metrics
-from .http_api import (BadRequest, content_session_key, dumps_json, loads_json, parse_detokenize, parse_tokenize,
-                       session_key)
+from .serve_config import DEFAULT_MAX_BODY_BYTES, ServeConfig  # noqa: F401 - re-exported
+from .serve_handler import RequestHandler
 from .serve_router import SESSION_HEADER, SessionRouter, routing_headers  # noqa: F401 - re-exported
 
-log = logging.getLogger("delta_ray.serve")
-DEFAULT_MAX_BODY_BYTES = 64 * 1024 * 1024
-OFF_LOOP_BYTES = 256 * 1024  # bodies larger than this are parsed and serialized in a thread
-OFF_LOOP_CHARS = 128 * 1024  # session texts longer than this are encoded in a thread
-MANY_TOKENS = 65536  # answers with more IDs than this are serialized in a thread
 # Serve settings read by each replica process at import (Ray 2.60; RAY_SERVE_THROUGHPUT_OPTIMIZED sets
 # the same ones cluster-wide): no hop between Serve's loop and a user-code thread per request,
 # request-path logs buffered, no per-request log line to stderr.
@@ -63,8 +54,75 @@ def _chat_config(tokenizer: Any, tokenizer_config: Any) -> "dict | None":
     return None
 
 
-_CORE_OPTIONS = ("chunk_size", "cut_threshold", "max_chunks", "engine", "shadow_rate", "max_session_bytes",
-                 "max_sessions")
+_app = FastAPI(title="delta-ray", description="Exact tokenization (vLLM/SGLang-compatible /tokenize)")
+
+
+@serve.deployment
+@serve.ingress(_app)
+class TokenizerService:
+    """One replica: a :class:`~delta_ray.tokenizer.TokenizerCore` with its sessions, an optional pool, and
+    the Ray-free :class:`~delta_ray.actors.serve_handler.RequestHandler` that answers requests.
+
+    Built by :func:`serve_app` (deployment options, the tokenizer's bytes, its chat config and a
+    :class:`ServeConfig`); this class only binds the handler to Serve's HTTP ingress and handles.
+    """
+
+    def __init__(self, config_bytes: bytes, digest: str, chat_config: "dict | None", config: ServeConfig):
+        from delta_ray.chat_template import ChatTemplate
+        from delta_ray.loading import LoadedTokenizer
+        from delta_ray.tokenizer import TokenizerCore
+
+        loaded = LoadedTokenizer.from_bytes(config_bytes, expected_digest=digest)
+        self.pool = None
+        if config.pool_name:
+            from .pool import TokenizerPool  # a replica without a pool never imports it
+            self.pool = TokenizerPool.connect(config.pool_name, config.pool_secret)
+        elif config.pool is not None:
+            from .pool import TokenizerPool
+            self.pool = TokenizerPool(loaded, config.pool)
+        try:
+            replica_id = serve.get_replica_context().replica_id.unique_id
+        except Exception:  # noqa: BLE001 - outside a replica (unit use)
+            replica_id = ""
+        threads = config.tokenizer.threads
+        self.handler = RequestHandler(
+            loaded, TokenizerCore(loaded, config.tokenizer), template=ChatTemplate.from_config(chat_config),
+            pool=self.pool, served={config.model_name}, max_body_bytes=config.max_body_bytes,
+            max_model_len=config.max_model_len, require_tenant=config.require_tenant,
+            pool_min_chars=config.pool_min_chars, overflow_inflight=config.overflow_inflight or 2 * (threads or 2),
+            max_detokenize_tokens=config.max_detokenize_tokens, replica_id=replica_id)
+
+    def __del__(self):
+        try:
+            if self.pool is not None:
+                self.pool.close()
+        except Exception:  # noqa: BLE001
+            pass
+
+    # -- handle API (model composition): the same JSON bodies as HTTP -----------------------------------
+    async def tokenize(self, body: dict) -> dict:
+        return await self.handler.tokenize(body)
+
+    async def detokenize(self, body: dict) -> dict:
+        return await self.handler.detokenize(body)
+
+    # -- HTTP -------------------------------------------------------------------------------------------
+    @_app.get("/health")
+    async def health(self):
+        return Response(status_code=200)
+
+    @_app.post("/tokenize")
+    async def tokenize_http(self, request: Request):
+        return await self._http("tokenize", request)
+
+    @_app.post("/detokenize")
+    async def detokenize_http(self, request: Request):
+        return await self._http("detokenize", request)
+
+    async def _http(self, endpoint: str, request: Request):
+        status, data, headers = await self.handler.http(endpoint, request.headers.get("content-length"),
+                                                        request.stream())
+        return Response(data, status_code=status, media_type="application/json", headers=headers)
 
 
 def serve_app(tokenizer: TokenizerLike, *, model_name: "str | None" = None, pool_name: "str | None" = None,
@@ -76,7 +134,7 @@ def serve_app(tokenizer: TokenizerLike, *, model_name: "str | None" = None, pool
               overflow_inflight: "int | None" = None, fast_replica: bool = True, **options: Any):
     """A Ray Serve application serving exact tokenization for one tokenizer.
 
-    Each replica encodes in process (a ``TokenizerCore`` with ``threads`` threads for chunks,
+    Each replica encodes in process (a ``DeltaTokenizer`` with ``threads`` threads for chunks,
     its sessions in memory); ``session_routing`` installs the session request router, so a request
     carrying ``x-session-id`` (:func:`routing_headers`) runs on the replica holding that session
     (rendezvous hashing over CRC-32; ``num_fallback_replicas`` next replicas take it when the
@@ -89,263 +147,50 @@ def serve_app(tokenizer: TokenizerLike, *, model_name: "str | None" = None, pool
     attaches to a running named ``TokenizerPool`` (its ``secret.hex()`` in ``pool_secret`` or
     ``$DELTA_RAY_POOL_SECRET``); ``num_workers`` starts one per replica; neither, no pool.
     ``require_tenant`` refuses requests without a ``cache_salt``: session ids are then private to a
-    tenant, never names shared by all callers. Other keyword arguments (``chunk_size``,
-    ``cut_threshold``, ``max_chunks``, ``engine``, ``shadow_rate``, ``max_session_bytes``,
-    ``max_sessions``) configure the replica's tokenizer and the pool; the rest go to the pool.
+    tenant, never names shared by all callers. Other keyword arguments are
+    :class:`~delta_ray.config.TokenizerConfig` fields (``chunk_size``, ``cut_threshold``, ``engine``,
+    ...: the replica's tokenizer and the pool's workers; ``max_session_bytes`` and ``max_sessions``
+    only the replica's) or, with ``num_workers``, :class:`~delta_ray.config.PoolConfig` fields; any
+    other name is a TypeError. They are validated here, once, into a :class:`ServeConfig`.
 
     ``fast_replica`` (default) trims Serve's per-request work in the replicas: user code on the
     replica's own event loop (``RAY_SERVE_RUN_USER_CODE_IN_SEPARATE_THREAD=0``: the handlers only
     await, heavy steps run in threads), buffered request-path logs and no access log lines.
     """
-    from fastapi import FastAPI, Request
-    from fastapi.responses import JSONResponse, Response
-    from ray import serve
-    from ray.serve.config import RequestRouterConfig
-
     loaded = load_tokenizer(tokenizer)
-    config = _chat_config(tokenizer, tokenizer_config)
-    if max_model_len is None and config:
-        mml = config.get("model_max_length")
+    chat_config = _chat_config(tokenizer, tokenizer_config)
+    if max_model_len is None and chat_config:
+        mml = chat_config.get("model_max_length")
         max_model_len = mml if isinstance(mml, int) and mml < 10 ** 12 else None
     name = model_name or (loaded.source if loaded.source.startswith("<") else None) or "delta-ray"
-    core = {k: options[k] for k in _CORE_OPTIONS if k in options}
-    pool_options = {k: v for k, v in options.items() if k not in ("max_session_bytes", "max_sessions")}
-    app = FastAPI(title="delta-ray", description="Exact tokenization (vLLM/SGLang-compatible /tokenize)")
-    init_args = dict(config_bytes=loaded.config_bytes, digest=loaded.digest, chat_config=config,
-                     pool_name=pool_name, num_workers=num_workers, max_body_bytes=max_body_bytes,
-                     max_model_len=max_model_len, model_name=name, pool_options=pool_options,
-                     require_tenant=require_tenant, pool_secret=pool_secret, core_options=core, threads=threads,
-                     pool_min_chars=pool_min_chars, overflow_inflight=overflow_inflight)
-    deployment_options: dict[str, Any] = {"ray_actor_options": {"num_cpus": replica_cpus},
-                                          "max_ongoing_requests": max_ongoing_requests}
+    config = ServeConfig.from_options(
+        options, threads=threads, num_workers=num_workers, pool_name=pool_name, pool_secret=pool_secret,
+        model_name=name, max_body_bytes=max_body_bytes, max_model_len=max_model_len, require_tenant=require_tenant,
+        pool_min_chars=pool_min_chars, overflow_inflight=overflow_inflight)
+    deployment = TokenizerService.options(**_deployment_options(
+        replica_cpus=replica_cpus, max_ongoing_requests=max_ongoing_requests, fast_replica=fast_replica,
+        num_replicas=num_replicas, autoscaling_config=autoscaling_config, session_routing=session_routing,
+        num_fallback_replicas=num_fallback_replicas))
+    return deployment.bind(loaded.config_bytes, loaded.digest, chat_config, config)
+
+
+def _deployment_options(*, replica_cpus: float, max_ongoing_requests: int, fast_replica: bool, num_replicas: int,
+                        autoscaling_config: "dict | None", session_routing: bool,
+                        num_fallback_replicas: int) -> dict[str, Any]:
+    """Serve's options for the deployment (resources, scaling, the session router, replica settings)."""
+    options: dict[str, Any] = {"ray_actor_options": {"num_cpus": replica_cpus},
+                               "max_ongoing_requests": max_ongoing_requests}
     if fast_replica:
-        deployment_options["ray_actor_options"]["runtime_env"] = {"env_vars": dict(FAST_REPLICA_ENV)}
-        deployment_options["logging_config"] = {"enable_access_log": False}
+        options["ray_actor_options"]["runtime_env"] = {"env_vars": dict(FAST_REPLICA_ENV)}
+        options["logging_config"] = {"enable_access_log": False}
     if autoscaling_config is not None:
-        deployment_options["autoscaling_config"] = autoscaling_config
+        options["autoscaling_config"] = autoscaling_config
     else:
-        deployment_options["num_replicas"] = num_replicas
+        options["num_replicas"] = num_replicas
     if session_routing:
-        deployment_options["request_router_config"] = RequestRouterConfig(
+        options["request_router_config"] = RequestRouterConfig(
             request_router_class=SessionRouter, request_router_kwargs={"num_fallback_replicas": num_fallback_replicas})
-
-    @serve.deployment(**deployment_options)
-    @serve.ingress(app)
-    class TokenizerService:
-        def __init__(self, config_bytes, digest, chat_config, pool_name, num_workers, max_body_bytes,
-                     max_model_len, model_name, pool_options, require_tenant=False, pool_secret=None,
-                     core_options=None, threads=None, pool_min_chars=None, overflow_inflight=None):
-            from delta_ray.chat_template import ChatTemplate
-            from delta_ray.loading import LoadedTokenizer
-            from delta_ray.tokenizer import TokenizerCore
-
-            loaded = LoadedTokenizer.from_bytes(config_bytes, expected_digest=digest)
-            core_options = dict(core_options or {})
-            self.delta = TokenizerCore(loaded, threads=threads, **core_options)
-            self.pool = None
-            if pool_name:
-                from .pool import TokenizerPool
-                self.pool = TokenizerPool.connect(pool_name, pool_secret)
-            elif num_workers:
-                from .pool import TokenizerPool
-                self.pool = TokenizerPool(loaded, num_workers=num_workers, **pool_options)
-            self.pool_min_chars = pool_min_chars or core_options.get("cut_threshold", C.CUT_THRESHOLD)
-            self.overflow_inflight = overflow_inflight or 2 * (threads or 2)
-            self.inflight = 0
-            self.require_tenant = require_tenant
-            self.tok = loaded.tokenizer
-            from delta_ray.reference_api import id_to_token_fn, vocab_size  # 0.x API or tokenizer.json (1.x)
-            self.vocab_size = vocab_size(self.tok, loaded.config)
-            self.id_to_token = id_to_token_fn(self.tok, loaded.config)
-            self.template = ChatTemplate.from_config(chat_config)
-            self.max_body = max_body_bytes
-            self.max_model_len = max_model_len
-            self.served = {model_name}
-            adm = self.delta.admission
-            self.prefix = np.asarray(adm.prefix_ids, dtype=np.int32)
-            self.suffix = np.asarray(adm.suffix_ids, dtype=np.int32)
-            try:
-                from ray import serve as _serve
-                self.replica_id = _serve.get_replica_context().replica_id.unique_id
-            except Exception:  # noqa: BLE001 - outside a replica (unit use)
-                self.replica_id = ""
-
-        def __del__(self):
-            try:
-                if self.pool is not None:
-                    self.pool.close()
-            except Exception:  # noqa: BLE001
-                pass
-
-        # -- handle API (model composition): same JSON bodies as HTTP ------------------------
-        async def tokenize(self, body: dict) -> dict:
-            out, _ = await self._tokenize_body(body)
-            out["tokens"] = out["tokens"].tolist()
-            return out
-
-        async def _tokenize_body(self, body: dict) -> "tuple[dict, str]":
-            req = parse_tokenize(body, self.served)
-            if self.require_tenant and req.tenant is None:
-                raise BadRequest("this service requires a tenant: give 'cache_salt'", 400)
-            return await self._tokenize(req)
-
-        async def detokenize(self, body: dict) -> dict:
-            out, _ = await self._detokenize_body(body)
-            return out
-
-        async def _detokenize_body(self, body: dict) -> "tuple[dict, str]":
-            tokens = parse_detokenize(body, self.served, self.vocab_size)
-            if len(tokens) > 65536:
-                return {"prompt": await asyncio.to_thread(self.delta.decode, tokens)}, ""
-            return {"prompt": self.delta.decode(tokens)}, ""
-
-        # -- HTTP ----------------------------------------------------------------------------
-        @app.get("/health")
-        async def health(self):
-            return Response(status_code=200)
-
-        @app.post("/tokenize")
-        async def tokenize_http(self, request: Request):
-            return await self._http("tokenize", request, self._tokenize_body)
-
-        @app.post("/detokenize")
-        async def detokenize_http(self, request: Request):
-            return await self._http("detokenize", request, self._detokenize_body)
-
-        async def _http(self, endpoint: str, request: Request, handler):
-            from delta_ray.chat_template import ChatTemplateError
-            status = 200
-            self.inflight += 1
-            try:
-                length = request.headers.get("content-length")
-                if length is not None and length.isdigit() and int(length) > self.max_body:
-                    raise BadRequest(f"body of {length} bytes exceeds the limit of {self.max_body}", 413)
-                raw = await self._read_body(request)
-                # CPU-heavy steps of a large body (parse, chat rendering, serialization) run off the
-                # event loop, so one 3 MiB chat does not stall every other request on this replica.
-                big = len(raw) > OFF_LOOP_BYTES
-                body = await asyncio.to_thread(loads_json, raw) if big else loads_json(raw)
-                del raw
-                result, where, *by = await handler(body)
-                tokens = result.get("tokens")
-                many = tokens is not None and len(tokens) > MANY_TOKENS
-                data = await asyncio.to_thread(dumps_json, result) if big or many else dumps_json(result)
-                # Where the request ran: this replica, and whether its session was held here
-                # ("held"), started here ("new") or is served without state ("-").
-                headers = {"x-delta-ray-replica": by[0] if by else self.replica_id, "x-delta-ray-session": where or "-"}
-                return Response(data, media_type="application/json", headers=headers)
-            except BadRequest as exc:
-                status = exc.status
-                return JSONResponse({"error": {"message": str(exc), "type": "BadRequestError", "code": status}},
-                                    status_code=status)
-            except (ChatTemplateError, ValueError, TypeError) as exc:
-                status = 400
-                return JSONResponse({"error": {"message": str(exc), "type": "BadRequestError", "code": 400}},
-                                    status_code=400)
-            except RecursionError:
-                status = 400
-                return JSONResponse({"error": {"message": "the request is nested too deeply", "type": "BadRequestError",
-                                               "code": 400}}, status_code=400)
-            except Exception:  # noqa: BLE001 - this request alone fails; internals stay in the log
-                status = 500
-                ref = uuid.uuid4().hex[:12]
-                log.exception("internal error on /%s (ref %s)", endpoint, ref)
-                return JSONResponse({"error": {"message": f"internal error (ref {ref})",
-                                               "type": "InternalServerError", "code": 500}}, status_code=500)
-            finally:
-                self.inflight -= 1
-                metrics.record_http(endpoint, status)
-
-        async def _read_body(self, request: Request) -> bytes:
-            """The body, refused with 413 as soon as it streams past the limit (chunked uploads too)."""
-            parts, size = [], 0
-            async for chunk in request.stream():
-                size += len(chunk)
-                if size > self.max_body:
-                    raise BadRequest(f"body exceeds the limit of {self.max_body} bytes", 413)
-                parts.append(chunk)
-            return parts[0] if len(parts) == 1 else b"".join(parts)
-
-        # -- encoding ------------------------------------------------------------------------
-        def _append(self, key: str, delta: str, add: bool) -> "tuple[int, int, np.ndarray]":
-            """Extend a held session by ``delta``: (start, count, IDs from start on), where the
-            session's IDs are this session's previous answer cut to ``start`` followed by the tail."""
-            state = self.delta.store.get(key)
-            if state is None:
-                raise SessionNotFound(f"session {key!r} is not held here (unknown, evicted or moved to this "
-                                      "replica): send the whole text with 'prompt'")
-            if self.delta.predicate is None:  # unadmitted configuration: the reference, whole answer
-                ids = self.delta.extend(key, delta, add_special_tokens=add).to_numpy()
-                return 0, len(ids), ids
-            _, k, tail = self.delta.encode_session_delta(key, None, known_version=state.version, delta=delta)
-            tail = np.asarray(tail, dtype=np.int32)
-            core = k + len(tail)
-            if not add or (not len(self.prefix) and not len(self.suffix)):
-                return k, core, tail
-            if k:
-                return k + len(self.prefix), core + len(self.prefix) + len(self.suffix), \
-                    np.concatenate([tail, self.suffix])
-            return 0, core + len(self.prefix) + len(self.suffix), np.concatenate([self.prefix, tail, self.suffix])
-
-        def _session(self, key: str, text: str, add: bool) -> "tuple[np.ndarray, str]":
-            where = "held" if self.delta.has_session(key) else "new"
-            ids = self.delta.encode(text, session=key, add_special_tokens=add)
-            return ids.to_numpy(), where
-
-        def _stateless(self, text: str, add: bool) -> np.ndarray:
-            return self.delta.encode(text, add_special_tokens=add).to_numpy(zero_copy_only=False)
-
-        async def _tokenize(self, req) -> "tuple[dict, str]":
-            if req.append is not None:
-                # Append over HTTP: only the delta travels in, only the IDs that changed travel out.
-                key = session_key(req.session, req.tenant)
-                try:
-                    if len(req.append) > OFF_LOOP_CHARS:
-                        start, count, tail = await asyncio.to_thread(self._append, key, req.append,
-                                                                     req.add_special_tokens)
-                    else:
-                        start, count, tail = self._append(key, req.append, req.add_special_tokens)
-                except SessionNotFound as exc:
-                    raise BadRequest(f"{exc}", 409) from None
-                metrics.record_path("serve_append")
-                return {"count": count, "max_model_len": self.max_model_len, "start": start, "tokens": tail}, "held"
-            if req.messages is not None:
-                if self.template is None:
-                    raise BadRequest("this tokenizer has no chat template: send 'prompt'")
-                render = functools.partial(self.template.render, req.messages,
-                                           add_generation_prompt=req.add_generation_prompt, tools=req.tools,
-                                           **req.chat_template_kwargs)
-                text = await asyncio.to_thread(render) if len(req.messages) > 64 else render()
-            else:
-                text = req.prompt
-            add = req.add_special_tokens
-            key = session_key(req.session, req.tenant)
-            where = ""
-            if key is None and self.pool is not None and (len(text) >= self.pool_min_chars
-                                                          or self.inflight > self.overflow_inflight):
-                # Long keyless texts in chunks on the pool's workers; overflow while this replica is busy.
-                tokens = (await self.pool.encode_async(text, add_special_tokens=add)).to_numpy(zero_copy_only=False)
-                metrics.record_path("serve_pool")
-            else:
-                if key is None and len(text) * 4 >= C.LOCAL_MAX_BYTES and \
-                        len(text.encode("utf-8", "surrogatepass")) >= C.LOCAL_MAX_BYTES:
-                    # Keyless long prompts are reused by content, always inside the caller's tenant,
-                    # so one tenant's timing can never reveal another's text.
-                    from delta_ray.scheduler import content_key
-                    key = content_session_key(content_key(text), req.tenant)
-                if key is None:
-                    tokens = await asyncio.to_thread(self._stateless, text, add) if len(text) > OFF_LOOP_CHARS \
-                        else self._stateless(text, add)
-                else:
-                    tokens, where = await asyncio.to_thread(self._session, key, text, add) \
-                        if len(text) > OFF_LOOP_CHARS else self._session(key, text, add)
-                    metrics.record_path(f"serve_session_{where}")
-            out = {"count": int(len(tokens)), "max_model_len": self.max_model_len, "tokens": tokens}
-            if req.return_token_strs:
-                out["token_strs"] = [self.id_to_token(int(t)) for t in tokens]
-            return out, where
-
-    return TokenizerService.bind(**init_args)
+    return options
 
 
 def replica_endpoints(app_name: str, timeout_s: float = 30.0) -> "list[tuple[str, int, str]]":

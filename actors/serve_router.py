@@ -4,8 +4,10 @@ Serve's HTTP proxy copies the ``x-session-id`` request header (``RAY_SERVE_SESSI
 renames it) into the request's metadata before routing; a ``DeploymentHandle`` sets it with
 ``handle.options(session_id=...)``. The router never sees the body (the proxy streams it to the
 replica after routing), so the key travels in that header. :func:`routing_headers` builds it from
-the same ``session_id`` and ``cache_salt`` the body carries: the tenant-namespaced session key, so
-two tenants' sessions of one name hash independently.
+the same ``session_id`` and ``cache_salt`` the body carries: a digest of the tenant-namespaced
+session key (``tenant_keys.routing_key``), so two tenants' sessions of one name hash independently
+and the ``cache_salt`` never travels in clear in a header (proxies, Serve's request metadata and
+logs see only the digest). Any stable string routes: the router only hashes it.
 
 The header only decides *where* a request runs. The replica keys its state by the body's
 ``session_id`` and ``cache_salt`` alone, so a header naming another tenant's session reaches, at
@@ -26,23 +28,16 @@ from ray.serve.request_router import PendingRequest, RequestRouter, RunningRepli
 
 from delta_ray.scheduler.routing import key_hash, node_score
 
-from .http_api import session_key
+from .tenant_keys import routing_key
 
 SESSION_HEADER = "x-session-id"
 
 
 def routing_headers(session_id: str | None, cache_salt: str | None = None) -> dict[str, str]:
-    """The header that routes a request for this session (with this tenant) to its replica.
-
-    Header values must be latin-1 text without control characters; a key that is not is sent as
-    its CRC-32 (routing only needs a stable hash).
-    """
-    key = session_key(session_id, cache_salt)
-    if key is None:
-        return {}
-    if not key.isprintable() or not key.isascii():
-        key = f"crc32:{key_hash(key):08x}"
-    return {SESSION_HEADER: key}
+    """The header that routes a request for this session (with this tenant) to its replica: a
+    digest of the tenant-namespaced key (printable ASCII; it reveals neither id nor salt)."""
+    key = routing_key(session_id, cache_salt)
+    return {} if key is None else {SESSION_HEADER: key}
 
 
 class SessionRouter(RequestRouter):

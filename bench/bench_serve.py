@@ -168,6 +168,7 @@ def client_main(spec_path: str) -> None:
         sid = {s: f"bench-{spec['run']}-{s}" for s in mine}
         tenant = {s: f"tenant-{s % 3}" for s in mine}
         hdrs = {s: routing_headers(sid[s], tenant[s]) for s in mine}
+        versions: dict[int, str] = {}  # the session_version of each session's last answer
 
         def whole(s: int, t: int, timed: bool) -> None:
             t0 = time.perf_counter()
@@ -180,6 +181,7 @@ def client_main(spec_path: str) -> None:
             n, crc, crc32 = expect[s][t]
             if mode == "append":
                 ans = orjson.loads(out)
+                versions[s] = ans["session_version"]
                 bufs[s] = np.asarray(ans["tokens"], dtype="<i4")
                 counts[s] = n
                 ok = ans["count"] == n and zlib.crc32(bufs[s]) == crc32
@@ -197,8 +199,8 @@ def client_main(spec_path: str) -> None:
 
         def appended(s: int, t: int) -> None:
             t0 = time.perf_counter()
-            status, out = post(conn_for(s), {"append": deltas[s][t - 1], "session_id": sid[s], "cache_salt": tenant[s]},
-                               hdrs[s])
+            status, out = post(conn_for(s), {"append": deltas[s][t - 1], "session_id": sid[s], "cache_salt": tenant[s],
+                                             "session_version": versions[s]}, hdrs[s])
             if status == 409:  # the session is not held where it landed: resend the whole transcript
                 with lock:
                     counters["resends"] += 1
@@ -210,6 +212,7 @@ def client_main(spec_path: str) -> None:
                 errors.append(f"session {s} turn {t}: HTTP {status} {out[:200]!r}")
                 return
             ans = orjson.loads(out)
+            versions[s] = ans["session_version"]
             start, tail = ans["start"], np.asarray(ans["tokens"], dtype="<i4")
             n = ans["count"]
             buf = bufs[s]

@@ -25,7 +25,7 @@ from delta_ray.actors.serve import replica_endpoints  # noqa: E402
 from delta_ray.bundled import bundled_tokenizer_config, bundled_tokenizer_path  # noqa: E402
 from delta_ray.sample_text import stdlib_prose  # noqa: E402
 from delta_ray.scheduler.routing import rendezvous_order  # noqa: E402
-from delta_ray.actors.http_api import session_key  # noqa: E402
+from delta_ray.actors.tenant_keys import routing_key  # noqa: E402
 
 
 def post(port, body, raw=None):
@@ -58,28 +58,29 @@ def main() -> None:
         text = stdlib_prose()[:60_000]
         for s in range(4):
             sid, tenant = f"chat-{s}", "acme"
-            home = rendezvous_order(session_key(sid, tenant), list(port_of))[0]
+            home = rendezvous_order(routing_key(sid, tenant), list(port_of))[0]
             port = port_of[home]
             t = f"[{s}]" + text[s * 5000:s * 5000 + 25_000]
             got, out = post(port, {"prompt": t, "session_id": sid, "cache_salt": tenant})
             assert got == 200 and out["tokens"] == ref.encode(t).ids, (got, out.get("error"))
-            ids = out["tokens"]
+            ids, version = out["tokens"], out["session_version"]
             for turn in range(3):
                 delta = f"\nUser: turn {turn}?\nAssistant: " + text[turn * 700:turn * 700 + 700]
                 t += delta
                 if turn % 2:  # the whole transcript, as a vLLM client sends it
                     got, out = post(port, {"prompt": t, "session_id": sid, "cache_salt": tenant})
                     assert got == 200 and out["tokens"] == ref.encode(t).ids
-                    ids = out["tokens"]
+                    ids, version = out["tokens"], out["session_version"]
                 else:  # only the append: the answer is the tail from `start`
-                    got, out = post(port, {"append": delta, "session_id": sid, "cache_salt": tenant})
+                    got, out = post(port, {"append": delta, "session_id": sid, "cache_salt": tenant,
+                                           "session_version": version})
                     assert got == 200 and len(out["tokens"]) < 600, (got, out.get("error"))
-                    ids = ids[:out["start"]] + out["tokens"]
+                    ids, version = ids[:out["start"]] + out["tokens"], out["session_version"]
                     assert ids == ref.encode(t).ids and out["count"] == len(ids)
             # The other replica does not hold the session: an append there is a 409, a whole
             # transcript a re-initialization, exact.
             other = port_of[[r for r in port_of if r != home][0]]
-            got, out = post(other, {"append": "x", "session_id": sid, "cache_salt": tenant})
+            got, out = post(other, {"append": "x", "session_id": sid, "cache_salt": tenant, "session_version": version})
             assert got == 409 and "send the whole text" in out["error"]["message"]
             got, out = post(other, {"prompt": t, "session_id": sid, "cache_salt": tenant})
             assert got == 200 and out["tokens"] == ref.encode(t).ids

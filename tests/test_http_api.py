@@ -60,3 +60,35 @@ def test_ids_serialize_from_their_buffer():
     from delta_ray.actors.http_api import dumps_json
     out = dumps_json({"count": 3, "tokens": np.array([1, 2, 3], dtype=np.int32)})
     assert out == b'{"count":3,"tokens":[1,2,3]}'
+
+
+def test_the_routing_header_carries_a_digest_not_the_tenant():
+    """x-session-id routes by a digest of the tenant-namespaced key: stable, distinct per tenant,
+    a valid header value, and neither the cache_salt nor the session id appears in it."""
+    from delta_ray.actors.tenant_keys import routing_key
+    salt = "acme-secret-salt"
+    key = routing_key("chat-42", salt)
+    assert key == routing_key("chat-42", salt) and key.isascii() and key.isprintable()
+    assert salt not in key and "chat-42" not in key and "acme" not in key
+    assert len({routing_key("c", t) for t in (None, "", "a", "b")}) == 4
+    assert routing_key("日本", "\u0000t").isascii() and routing_key(None, salt) is None
+    assert routing_key("corp:chat1", "acme") != routing_key("chat1", "acme:corp")  # injective underneath
+
+
+def test_append_takes_a_version_and_its_sessions_flag_by_default():
+    r = parse_tokenize({"append": "x", "session_id": "s", "session_version": "v1"}, set())
+    assert r.append == "x" and r.session_version == "v1" and r.add_special_tokens is None
+    r = parse_tokenize({"append": "x", "session_id": "s", "session_version": "v1", "add_special_tokens": False}, set())
+    assert r.add_special_tokens is False
+    for body in ({"append": "x", "session_id": "s"}, {"append": "x", "session_id": "s", "session_version": ""},
+                 {"prompt": "x", "session_version": "v"}):
+        with pytest.raises(BadRequest, match="session_version"):
+            parse_tokenize(body, set())
+
+
+def test_detokenize_size_is_capped_before_validation():
+    from delta_ray.actors.http_api import detokenize_size
+    assert detokenize_size({"tokens": [1, 2]}, 2) == 2 and detokenize_size({"tokens": "x"}, 2) == 0
+    with pytest.raises(BadRequest) as info:
+        detokenize_size({"tokens": [1, 2, 3]}, 2)
+    assert info.value.status == 413

@@ -209,3 +209,90 @@ def test_placement_runs_a_text_where_it_finishes_first(loaded, real_texts):
 
 def test_extend_calls_are_declared_not_idempotent():
     assert not EXTEND.idempotent and EXTEND.session_delta and EXTEND.channel
+
+
+def test_keyless_content_reuse_stays_inside_its_tenant(loaded, references, real_texts):
+    """A keyless prompt sticky by content on a worker (Serve's overflow to the pool) is reused only
+    by its own tenant: the second tenant's identical prompt finds no state (no replay, no repair)."""
+    ref = references["llama3.2"]
+    orch, transport, loop = _orchestrator(loaded)
+    run = loop.run_until_complete
+    text = real_texts["multilingual"][:5_000]  # over 4,096 bytes, under cut_threshold: content path
+    reuse = ("replay", "repair")
+
+    def reused() -> int:
+        return sum(svc._dt.stats[k] for svc in transport.services.values() for k in reuse)
+
+    assert _ids(run(orch.encode(text, None, True, tenant="victim"))) == ref.encode(text).ids
+    assert _ids(run(orch.encode(text, None, True, tenant="attacker"))) == ref.encode(text).ids
+    assert reused() == 0  # the attacker's request was a first encode, as slow as the victim's
+    assert _ids(run(orch.encode(text, None, False, tenant="victim"))) == ref.encode(text, add_special_tokens=False).ids
+    assert reused() == 1  # inside one tenant, content reuse still works
+    assert _ids(run(orch.encode(text, None, True))) == ref.encode(text).ids  # no tenant: its own namespace
+    assert reused() == 1
+    loop.close()
+
+
+def test_session_records_are_bounded_and_evicted_whole(loaded, references, real_texts, monkeypatch):
+    """Every per-session table of the orchestrator is bounded: past the limit the oldest session is
+    forgotten entirely (its start included), and a forgotten session still answers exactly."""
+    from delta_ray import constants as C
+    ref = references["llama3.2"]
+    monkeypatch.setattr(C, "KNOWN_SESSIONS", 8)
+    orch, transport, loop = _orchestrator(loaded)
+    run = loop.run_until_complete
+    base = real_texts["english"][:2_000]
+    for i in range(40):
+        text = f"{i}: {base}"
+        assert _ids(run(orch.encode(text, f"s{i}", True))) == ref.encode(text).ids
+        assert _ids(run(orch.extend(f"s{i}", " more", True))) == ref.encode(text + " more").ids
+    assert len(orch.sessions) == 8
+    for name, value in vars(orch).items():  # no per-session table outside the one record table
+        if isinstance(value, dict) and name != "stats":
+            assert len(value) <= 8, name
+    # The first session was forgotten here but is held by its worker: its next turn is exact.
+    grown = f"0: {base} more and more"
+    assert _ids(run(orch.encode(grown, "s0", True))) == ref.encode(grown).ids
+    start, count, tail = run(orch.extend_tail("s0", "!", True))
+    full = ref.encode(grown + "!").ids
+    assert count == len(full) and list(tail) == full[start:]
+    loop.close()
+
+
+def test_session_table_bounds_bytes_and_drops_values_too_large_to_keep():
+    import numpy as np
+
+    from delta_ray.actors.session_table import SessionTable
+    table = SessionTable(max_bytes=100_000, max_items=1_000)
+    ids, text = table.field("ids"), table.field("text")
+    for i in range(50):
+        ids.put(f"k{i}", i, (np.zeros(2_500, np.int32),))  # 10 KB each
+    assert table.resident_bytes <= 100_000 and len(table) < 10
+    assert ids.get("k49")[0] == 49 and ids.get("k0") is None
+    ids.put("huge", 1, (np.zeros(20_000, np.int32),))  # over half the bound: not kept
+    assert ids.get("huge") is None and table.resident_bytes <= 100_000
+    text.put("k49", 3, ("abc",))
+    table.forget("k49")
+    assert ids.get("k49") is None and text.get("k49") is None
+    assert table.field("start").pop("never", 0) == 0 and len(table) == len(table._data)
+
+
+def test_key_digests_do_not_keep_large_keys_alive():
+    """The digest cache bounds the keys it holds by length: 64 keys of 256K characters, used once,
+    must not stay resident (a count-bounded cache kept the last 256 keys whatever their size)."""
+    import gc
+    import tracemalloc
+
+    from delta_ray.actors.session_table import key_id
+    gc.collect()
+    tracemalloc.start()
+    try:
+        for i in range(64):
+            key = f"{i}:" + "k" * 262_144
+            assert key_id(key) == key_id(key)
+            del key
+        gc.collect()
+        held, _ = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert held < 4 * 1024 * 1024, held  # 64 x 256 KB = 16 MB if the keys were kept

@@ -1,0 +1,330 @@
+"""What a Serve replica does with a request, Ray-free: a body in, an answer (or a 4xx) out.
+
+``actors/serve.py`` binds :class:`RequestHandler` to Ray Serve (the FastAPI ingress, the replica,
+the pool's start-up); everything a request means lives here, so it is tested on a plain event loop
+(tests/test_serve_handler.py) with a fake pool, like ``http_api.py``.
+
+The handler runs on the replica's event loop (``fast_replica``: user code on Serve's own loop), so
+every step whose cost grows with the request runs in a thread: parsing and serializing large
+bodies, chat rendering, long encodes, the per-ID validation of ``/detokenize`` and the decode,
+``token_strs``. What stays on the loop is O(1) or bounded by a small constant.
+"""
+from __future__ import annotations
+
+import asyncio
+import functools
+import hashlib
+import hmac
+import logging
+import os
+import threading
+import uuid
+from contextlib import contextmanager
+from typing import Any, AsyncIterable, Callable
+
+import numpy as np
+
+from delta_ray import constants as C
+from delta_ray.loading import LoadedTokenizer
+from delta_ray.session_store import SessionNotFound
+
+from . import metrics
+from .http_api import (BadRequest, TokenizeRequest, detokenize_size, dumps_json, loads_json, parse_detokenize,
+                       parse_tokenize)
+from .serve_config import DEFAULT_MAX_BODY_BYTES, DEFAULT_MAX_DETOKENIZE_TOKENS
+from .tenant_keys import content_session_key, session_key
+
+log = logging.getLogger("delta_ray.serve")
+
+OFF_LOOP_BYTES = 256 * 1024  # bodies larger than this are parsed and serialized in a thread
+OFF_LOOP_CHARS = 128 * 1024  # session texts longer than this are encoded in a thread
+OFF_LOOP_IDS = 16384  # ID lists longer than this are validated, decoded or named (token_strs) in a thread
+MANY_TOKENS = 65536  # answers with more IDs than this are serialized in a thread
+MANY_MESSAGES = 64  # chats with more messages than this are rendered in a thread
+
+
+class _KeyLocks:
+    """One lock per session key while requests for it are in flight (a session's read-check-encode
+    must see no other writer: the version an append checks is the one it extends)."""
+
+    def __init__(self):
+        self._guard = threading.Lock()
+        self._locks: dict[str, list] = {}
+
+    def busy(self, key: str) -> bool:
+        return key in self._locks
+
+    @contextmanager
+    def hold(self, key: str):
+        with self._guard:
+            entry = self._locks.setdefault(key, [threading.Lock(), 0])
+            entry[1] += 1
+        try:
+            with entry[0]:
+                yield
+        finally:
+            with self._guard:
+                entry[1] -= 1
+                if not entry[1]:
+                    self._locks.pop(key, None)
+
+
+class RequestHandler:
+    """The /tokenize and /detokenize endpoints of one replica over its ``TokenizerCore``.
+
+    ``pool`` (optional) is a :class:`~delta_ray.actors.pool.TokenizerPool` (or anything with its
+    ``encode_async``) that takes keyless texts from ``pool_min_chars`` characters and keyless
+    overflow while more than ``overflow_inflight`` requests run here. ``template`` is the chat
+    template (or None). Sessions are this replica's: an answer for a session names the state it
+    leaves with ``session_version`` (a digest keyed by a secret of this replica), and an append
+    applies only to the state its ``session_version`` names.
+    """
+
+    def __init__(self, loaded: LoadedTokenizer, delta: Any, *, template: Any = None, pool: Any = None,
+                 served: "set[str] | None" = None, max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
+                 max_model_len: "int | None" = None, require_tenant: bool = False,
+                 pool_min_chars: "int | None" = None, overflow_inflight: "int | None" = None,
+                 max_detokenize_tokens: int = DEFAULT_MAX_DETOKENIZE_TOKENS, replica_id: str = "",
+                 record: Any = metrics):
+        from delta_ray.reference_api import id_to_token_fn, vocab_size  # 0.x API or tokenizer.json (1.x)
+
+        self.delta = delta
+        self.pool = pool
+        self.template = template
+        self.served = set(served or ())
+        self.max_body = max_body_bytes
+        self.max_model_len = max_model_len
+        self.require_tenant = require_tenant
+        self.pool_min_chars = pool_min_chars or delta.config.cut_threshold
+        self.overflow_inflight = overflow_inflight or 2 * max(1, delta.threads)
+        self.max_detokenize = max_detokenize_tokens
+        self.replica_id = replica_id
+        self._record = record  # actors/metrics.py, or a stand-in in tests
+        self.inflight = 0
+        self.vocab_size = vocab_size(loaded.tokenizer, loaded.config)
+        self.id_to_token = id_to_token_fn(loaded.tokenizer, loaded.config)
+        adm = delta.admission
+        self.prefix = np.asarray(adm.prefix_ids, dtype=np.int32)
+        self.suffix = np.asarray(adm.suffix_ids, dtype=np.int32)
+        self._locks = _KeyLocks()
+        # Keys the session_version digests: a version is valid only on the replica that issued it
+        # (another replica, or this one restarted, holds other states) and reveals nothing about
+        # this process (not its state counter, not other sessions).
+        self._version_key = os.urandom(32)
+
+    # -- the handle API (model composition): the same JSON bodies as HTTP ------------------------------
+    async def tokenize(self, body: dict) -> dict:
+        out, _ = await self.tokenize_body(body)
+        out["tokens"] = out["tokens"].tolist()
+        return out
+
+    async def detokenize(self, body: dict) -> dict:
+        out, _ = await self.detokenize_body(body)
+        return out
+
+    # -- HTTP ------------------------------------------------------------------------------------------
+    async def http(self, endpoint: str, content_length: "str | None",
+                   chunks: AsyncIterable[bytes]) -> "tuple[int, bytes, dict[str, str]]":
+        """One HTTP request: (status, JSON body, headers). A client error is a 4xx with a message,
+        an internal one a 500 with a reference id (details only in the log)."""
+        from delta_ray.chat_template import ChatTemplateError
+
+        handler: Callable = self.tokenize_body if endpoint == "tokenize" else self.detokenize_body
+        status = 200
+        self.inflight += 1
+        try:
+            if content_length is not None and content_length.isdigit() and int(content_length) > self.max_body:
+                raise BadRequest(f"body of {content_length} bytes exceeds the limit of {self.max_body}", 413)
+            raw = await self.read_body(chunks)
+            # CPU-heavy steps of a large body (parse, chat rendering, serialization) run off the
+            # event loop, so one 3 MiB chat does not stall every other request on this replica.
+            big = len(raw) > OFF_LOOP_BYTES
+            body = await asyncio.to_thread(loads_json, raw) if big else loads_json(raw)
+            del raw
+            result, where = await handler(body)
+            tokens = result.get("tokens")
+            many = tokens is not None and len(tokens) > MANY_TOKENS
+            data = await asyncio.to_thread(dumps_json, result) if big or many else dumps_json(result)
+            # Where the request ran: this replica, and whether its session was held here
+            # ("held"), started here ("new") or is served without state ("-").
+            return 200, data, {"x-delta-ray-replica": self.replica_id, "x-delta-ray-session": where or "-"}
+        except BadRequest as exc:
+            status = exc.status
+            return status, _error(str(exc), "BadRequestError", status), {}
+        except (ChatTemplateError, ValueError, TypeError) as exc:
+            status = 400
+            return 400, _error(str(exc), "BadRequestError", 400), {}
+        except RecursionError:
+            status = 400
+            return 400, _error("the request is nested too deeply", "BadRequestError", 400), {}
+        except Exception:  # noqa: BLE001 - this request alone fails; internals stay in the log
+            status = 500
+            ref = uuid.uuid4().hex[:12]
+            log.exception("internal error on /%s (ref %s)", endpoint, ref)
+            return 500, _error(f"internal error (ref {ref})", "InternalServerError", 500), {}
+        finally:
+            self.inflight -= 1
+            self._record.record_http(endpoint, status)
+
+    async def read_body(self, chunks: AsyncIterable[bytes]) -> bytes:
+        """The body, refused with 413 as soon as it streams past the limit (chunked uploads too)."""
+        parts, size = [], 0
+        async for chunk in chunks:
+            size += len(chunk)
+            if size > self.max_body:
+                raise BadRequest(f"body exceeds the limit of {self.max_body} bytes", 413)
+            parts.append(chunk)
+        return parts[0] if len(parts) == 1 else b"".join(parts)
+
+    # -- /detokenize -----------------------------------------------------------------------------------
+    async def detokenize_body(self, body: Any) -> "tuple[dict, str]":
+        # The size check is O(1) on the loop; the per-ID validation and the decode are O(n) and run
+        # in a thread for long lists (8M IDs held a replica's loop for over a second).
+        n = detokenize_size(body, self.max_detokenize)
+        if n > OFF_LOOP_IDS:
+            return {"prompt": await asyncio.to_thread(self._detokenize, body)}, ""
+        return {"prompt": self._detokenize(body)}, ""
+
+    def _detokenize(self, body: Any) -> str:
+        return self.delta.decode(parse_detokenize(body, self.served, self.vocab_size))
+
+    # -- /tokenize -------------------------------------------------------------------------------------
+    async def tokenize_body(self, body: Any) -> "tuple[dict, str]":
+        req = parse_tokenize(body, self.served)
+        if self.require_tenant and req.tenant is None:
+            raise BadRequest("this service requires a tenant: give 'cache_salt'", 400)
+        if req.append is not None:
+            return await self._append_request(req)
+        text = await self._text(req)
+        add = bool(req.add_special_tokens)
+        key = session_key(req.session, req.tenant)
+        where, version = "", None
+        if key is None and self.pool is not None and (len(text) >= self.pool_min_chars
+                                                      or self.inflight > self.overflow_inflight):
+            # Long keyless texts in chunks on the pool's workers; overflow while this replica is busy.
+            # The tenant goes along: what the pool reuses by content stays inside it.
+            arr = await self.pool.encode_async(text, add_special_tokens=add, tenant=req.tenant)
+            tokens = arr.to_numpy(zero_copy_only=False)
+            self._record.record_path("serve_pool")
+        else:
+            content = False
+            if key is None and len(text) * 4 >= C.LOCAL_MAX_BYTES and \
+                    len(text.encode("utf-8", "surrogatepass")) >= C.LOCAL_MAX_BYTES:
+                # Keyless long prompts are reused by content, always inside the caller's tenant,
+                # so one tenant's timing can never reveal another's text.
+                from delta_ray.scheduler import content_key
+                key, content = content_session_key(content_key(text), req.tenant), True
+            if key is None:
+                tokens = await asyncio.to_thread(self._stateless, text, add) if len(text) > OFF_LOOP_CHARS \
+                    else self._stateless(text, add)
+            else:
+                tokens, where, version = await self._off_loop_if(
+                    len(text) > OFF_LOOP_CHARS or self._locks.busy(key), self._session, key, text, add)
+                self._record.record_path(f"serve_session_{where}")
+                if content:
+                    version = None  # content keys are the replica's, not a session the client extends
+        out: dict[str, Any] = {"count": int(len(tokens)), "max_model_len": self.max_model_len, "tokens": tokens}
+        if version is not None:
+            out["session_version"] = version
+        if req.return_token_strs:
+            out["token_strs"] = await self._off_loop_if(len(tokens) > OFF_LOOP_IDS, self._token_strs, tokens)
+        return out, where
+
+    async def _text(self, req: TokenizeRequest) -> str:
+        if req.messages is None:
+            return req.prompt
+        if self.template is None:
+            raise BadRequest("this tokenizer has no chat template: send 'prompt'")
+        render = functools.partial(self.template.render, req.messages, add_generation_prompt=req.add_generation_prompt,
+                                   tools=req.tools, **req.chat_template_kwargs)
+        return await self._off_loop_if(len(req.messages) > MANY_MESSAGES, render)
+
+    @staticmethod
+    async def _off_loop_if(cond: bool, fn: Callable, *args):
+        return await asyncio.to_thread(fn, *args) if cond else fn(*args)
+
+    def _token_strs(self, tokens: np.ndarray) -> list:
+        return [self.id_to_token(t) for t in tokens.tolist()]
+
+    def _stateless(self, text: str, add: bool) -> np.ndarray:
+        return self.delta.encode(text, add_special_tokens=add).to_numpy(zero_copy_only=False)
+
+    def _session(self, key: str, text: str, add: bool) -> "tuple[np.ndarray, str, str | None]":
+        """A whole-text turn of a session: its IDs, "held"/"new", and the version it leaves."""
+        with self._locks.hold(key):
+            where = "held" if self.delta.has_session(key) else "new"
+            ids = self.delta.encode(text, session=key, add_special_tokens=add).to_numpy()
+            return ids, where, self._version_of(key, add)
+
+    # -- append: only the delta travels in, only the IDs that changed travel out --------------------------
+    def _version(self, key: str, state_version: int, add: bool) -> str:
+        """The ``session_version`` of a held state as answered with ``add_special_tokens=add``: a
+        keyed digest, so a version is valid only here, for this key, state and flag."""
+        h = hashlib.blake2b(key=self._version_key, digest_size=16, person=b"delta-ray-sver")
+        h.update(b"%d:%d:" % (add, state_version))
+        h.update(key.encode("utf-8", "surrogatepass"))
+        return h.hexdigest()
+
+    def _version_of(self, key: str, add: bool) -> "str | None":
+        state = self.delta.store.get(key)
+        return None if state is None else self._version(key, state.version, add)
+
+    async def _append_request(self, req: TokenizeRequest) -> "tuple[dict, str]":
+        key = session_key(req.session, req.tenant)
+        big = len(req.append) > OFF_LOOP_CHARS or self._locks.busy(key)
+        try:
+            start, count, tail, version = await self._off_loop_if(
+                big, self._append, key, req.append, req.add_special_tokens, req.session_version)
+        except SessionNotFound as exc:
+            raise BadRequest(f"{exc}", 409) from None
+        self._record.record_path("serve_append")
+        return {"count": count, "max_model_len": self.max_model_len, "start": start, "tokens": tail,
+                "session_version": version}, "held"
+
+    def _append(self, key: str, delta: str, add: "bool | None",
+                claimed: str) -> "tuple[int, int, np.ndarray, str | None]":
+        """Extend the held session by ``delta`` if it is the state ``claimed`` names: (start, count,
+        IDs from start on, the new version), where the session's IDs are the answer that named
+        ``claimed`` cut to ``start`` followed by the tail."""
+        with self._locks.hold(key):
+            state = self.delta.store.get(key)
+            if state is None:
+                raise SessionNotFound(f"session {key!r} is not held here (unknown, evicted or moved to this "
+                                      "replica): send the whole text with 'prompt'")
+            add = self._check_version(key, state.version, add, claimed)
+            if self.delta.predicate is None:  # unadmitted configuration: the reference, whole answer
+                ids = self.delta.extend(key, delta, add_special_tokens=add).to_numpy()
+                return 0, len(ids), ids, self._version_of(key, add)
+            # expect_version: refused if the state changed since it was checked (it cannot under
+            # the key lock, but the store is shared with nothing else only by convention)
+            version, k, tail = self.delta.encode_session_delta(key, None, known_version=state.version, delta=delta,
+                                                               expect_version=state.version)
+        tail = np.asarray(tail, dtype=np.int32)
+        new = self._version(key, version, add)
+        core = k + len(tail)
+        if not add or (not len(self.prefix) and not len(self.suffix)):
+            return k, core, tail, new
+        full = core + len(self.prefix) + len(self.suffix)
+        if k:
+            return k + len(self.prefix), full, np.concatenate([tail, self.suffix]), new
+        return 0, full, np.concatenate([self.prefix, tail, self.suffix]), new
+
+    def _check_version(self, key: str, state_version: int, add: "bool | None", claimed: str) -> bool:
+        """The flag the append runs with, if ``claimed`` names the held state; else 409 (another
+        state: resend the whole text) or 400 (the same state, answered with the other flag)."""
+        for flag in ((True, False) if add is None else (add,)):
+            if hmac.compare_digest(_b(claimed), _b(self._version(key, state_version, flag))):
+                return flag
+        if add is not None and hmac.compare_digest(_b(claimed), _b(self._version(key, state_version, not add))):
+            raise BadRequest(f"add_special_tokens={str(add).lower()} differs from this session's "
+                             f"({str(not add).lower()}): IDs with and without the template cannot be spliced", 400)
+        raise SessionNotFound(f"session {key!r} here is not the state 'session_version' names (a turn served "
+                              "elsewhere, a retried append, or a restart): send the whole text with 'prompt'")
+
+
+def _b(s: str) -> bytes:
+    return s.encode("utf-8", "surrogatepass")
+
+
+def _error(message: str, kind: str, status: int) -> bytes:
+    return dumps_json({"error": {"message": message, "type": kind, "code": status}})

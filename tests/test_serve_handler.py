@@ -1,0 +1,233 @@
+"""The Serve replica's request handling without Ray: versioned appends, tenants on the pool path, an
+event loop that stays responsive. Every 200 is compared with the reference."""
+from __future__ import annotations
+
+import asyncio
+import json
+
+import pytest
+
+from delta_ray.actors.serve_handler import RequestHandler
+from delta_ray.bundled import bundled_tokenizer_config
+from delta_ray.chat_template import ChatTemplate
+from delta_ray.config import TokenizerConfig
+from delta_ray.loading import load_tokenizer
+from delta_ray.tokenizer import DeltaTokenizer
+
+NAME = "llama3.2"  # a BOS template: IDs with and without add_special_tokens differ
+TOK = TokenizerConfig(chunk_size=4096, cut_threshold=12_000, threads=1, engine="reference", shadow_rate=0.0)
+
+
+@pytest.fixture(scope="module")
+def loaded(tokenizer_paths):
+    return load_tokenizer(tokenizer_paths[NAME])
+
+
+@pytest.fixture(scope="module")
+def ref(references):
+    return references[NAME]
+
+
+class _NoMetrics:
+    def __getattr__(self, name):
+        return lambda *a, **k: None
+
+
+def _handler(loaded, **kw) -> RequestHandler:
+    return RequestHandler(loaded, DeltaTokenizer(loaded, TOK), served={NAME}, record=_NoMetrics(),
+                          template=ChatTemplate.from_config(bundled_tokenizer_config(NAME)), **kw)
+
+
+async def _chunks(raw: bytes):
+    yield raw
+
+
+def _post(h: RequestHandler, body: dict, endpoint: str = "tokenize") -> tuple[int, dict]:
+    status, data, _ = asyncio.run(h.http(endpoint, None, _chunks(json.dumps(body).encode())))
+    return status, json.loads(data)
+
+
+class _Client:
+    """One conversation's client: keeps the IDs and the session_version of its last answer."""
+
+    def __init__(self, sid: str, tenant: str = "t"):
+        self.sid, self.tenant, self.ids, self.version = sid, tenant, None, None
+
+    def prompt(self, h, text: str, **extra) -> tuple[int, dict]:
+        status, out = _post(h, {"prompt": text, "session_id": self.sid, "cache_salt": self.tenant, **extra})
+        if status == 200:
+            self.ids, self.version = out["tokens"], out["session_version"]
+        return status, out
+
+    def append(self, h, delta: str, version: str | None = None, **extra) -> tuple[int, dict]:
+        body = {"append": delta, "session_id": self.sid, "cache_salt": self.tenant,
+                "session_version": version or self.version, **extra}
+        status, out = _post(h, body)
+        if status == 200:
+            assert out["count"] == out["start"] + len(out["tokens"])
+            self.ids, self.version = self.ids[:out["start"]] + out["tokens"], out["session_version"]
+        return status, out
+
+
+@pytest.fixture()
+def text(real_texts) -> str:
+    return real_texts["english"][:8_000]
+
+
+def test_append_extends_the_state_its_version_names(loaded, ref, text):
+    h = _handler(loaded)
+    c = _Client("conv")
+    assert c.prompt(h, text)[0] == 200 and c.ids == ref.encode(text).ids
+    for i in range(3):
+        delta = f"\nUser: question {i}?\nAssistant: answer {i}."
+        text += delta
+        status, out = c.append(h, delta)
+        assert status == 200 and c.ids == ref.encode(text).ids and 0 < out["start"]
+    # The same flag given explicitly is the session's; a version is never reusable across keys.
+    assert c.append(h, "!", add_special_tokens=True)[0] == 200 and c.ids == ref.encode(text + "!").ids
+    assert _Client("other").append(h, "x", version=c.version)[0] == 409
+
+
+def test_an_append_to_a_stale_replica_is_a_409_not_wrong_ids(loaded, ref, text):
+    """A turn served by the fallback replica leaves the home's state stale: an append that reaches
+    the home with the fallback's version must not extend the stale text."""
+    home, fallback = _handler(loaded), _handler(loaded)
+    c = _Client("moved")
+    assert c.prompt(home, text)[0] == 200
+    text += " first turn."
+    assert c.append(home, " first turn.")[0] == 200 and c.ids == ref.encode(text).ids
+    text += " second turn, served elsewhere."
+    assert c.prompt(fallback, text)[0] == 200 and c.ids == ref.encode(text).ids
+    status, out = c.append(home, " third.")  # home still holds the text without the second turn
+    assert status == 409 and "send the whole text" in out["error"]["message"], out
+    assert c.prompt(home, text + " third.")[0] == 200 and c.ids == ref.encode(text + " third.").ids
+
+
+def test_a_retried_append_is_not_applied_twice(loaded, ref, text):
+    h = _handler(loaded)
+    c = _Client("retry")
+    c.prompt(h, text)
+    sent_version = c.version
+    assert c.append(h, " once.")[0] == 200 and c.ids == ref.encode(text + " once.").ids
+    status, out = c.append(h, " once.", version=sent_version)  # the response was lost; the client retries
+    assert status == 409, out
+    assert c.append(h, " twice.")[0] == 200 and c.ids == ref.encode(text + " once. twice.").ids
+
+
+def test_append_flags_must_match_the_session(loaded, ref, text):
+    h = _handler(loaded)
+    c = _Client("flags")
+    c.prompt(h, text, add_special_tokens=False)
+    assert c.ids == ref.encode(text, add_special_tokens=False).ids
+    status, out = c.append(h, " more", add_special_tokens=True)
+    assert status == 400 and "add_special_tokens" in out["error"]["message"], out
+    assert c.append(h, " more")[0] == 200  # without the flag: the session's
+    assert c.ids == ref.encode(text + " more", add_special_tokens=False).ids
+    assert c.prompt(h, text, add_special_tokens=True)[0] == 200 and c.ids == ref.encode(text).ids
+    assert c.append(h, " on")[0] == 200 and c.ids == ref.encode(text + " on").ids
+
+
+def test_append_needs_a_version_and_a_held_session(loaded):
+    h = _handler(loaded)
+    for body in ({"append": "x", "session_id": "s"}, {"append": "x", "session_id": "s", "session_version": 3},
+                 {"prompt": "x", "session_id": "s", "session_version": "v"}):
+        status, out = _post(h, body)
+        assert status == 400 and "session_version" in out["error"]["message"], body
+    status, out = _post(h, {"append": "x", "session_id": "never", "session_version": "00"})
+    assert status == 409 and "send the whole text" in out["error"]["message"]
+    status, out = _post(h, {"prompt": "keyless"})
+    assert status == 200 and "session_version" not in out
+
+
+class _FakePool:
+    def __init__(self, delta: DeltaTokenizer):
+        self.delta, self.calls = delta, []
+
+    async def encode_async(self, text, *, add_special_tokens=True, session=None, tenant=None):
+        self.calls.append({"session": session, "tenant": tenant})
+        return self.delta.encode(text, add_special_tokens=add_special_tokens)
+
+
+def test_keyless_prompts_sent_to_the_pool_keep_their_tenant(loaded, ref, text):
+    pool = _FakePool(DeltaTokenizer(loaded, TOK))
+    h = _handler(loaded, pool=pool, pool_min_chars=1_000)
+    for tenant in ("victim", "attacker", None):
+        body = {"prompt": text} if tenant is None else {"prompt": text, "cache_salt": tenant}
+        status, out = _post(h, body)
+        assert status == 200 and out["tokens"] == ref.encode(text).ids
+    assert [c["tenant"] for c in pool.calls] == ["victim", "attacker", None]
+
+
+def test_serve_app_refuses_tenantless_content_reuse(tokenizer_paths):
+    from delta_ray.actors.serve import serve_app
+    with pytest.raises(ValueError, match="reuse"):
+        serve_app(tokenizer_paths[NAME], reuse="content")
+
+
+async def _first_done(big, small) -> list[str]:
+    order: list[str] = []
+    tasks = [asyncio.ensure_future(big), asyncio.ensure_future(small)]
+    for name, t in zip(("big", "small"), tasks):
+        t.add_done_callback(lambda _, n=name: order.append(n))
+    await asyncio.gather(*tasks, return_exceptions=True)
+    return order
+
+
+def test_a_large_detokenize_leaves_the_loop_to_other_requests(loaded):
+    """The per-ID validation of 2M IDs runs in a thread: a cheap request started after it is
+    answered first (on the loop it would wait for the whole validation)."""
+    h = _handler(loaded)
+    tokens = [1] * 2_000_000 + [h.vocab_size]  # validated to the end, then refused
+    order = asyncio.run(_first_done(h.detokenize_body({"tokens": tokens}), h.tokenize_body({"prompt": "hi"})))
+    assert order == ["small", "big"]
+    small = _handler(loaded, max_detokenize_tokens=1_000)
+    status, out = _post(small, {"tokens": [1] * 1_001}, "detokenize")
+    assert status == 413 and "limit" in out["error"]["message"]
+    status, out = _post(small, {"tokens": [9906, 1917]}, "detokenize")
+    assert status == 200 and out["prompt"] == "Hello world"
+
+
+def test_token_strs_of_a_large_answer_leave_the_loop_to_other_requests(loaded, ref, real_texts):
+    h = _handler(loaded)
+    text = (real_texts["code"] * 2)[:100_000]  # encoded on the loop (under the thread threshold)
+    order: list[str] = []
+
+    async def race():
+        big = asyncio.ensure_future(h.tokenize_body({"prompt": text, "return_token_strs": True}))
+        small = asyncio.ensure_future(h.tokenize_body({"prompt": "hi"}))
+        big.add_done_callback(lambda _: order.append("big"))
+        small.add_done_callback(lambda _: order.append("small"))
+        return (await big)[0]
+    out = asyncio.run(race())
+    assert order == ["small", "big"]
+    assert out["token_strs"] == [ref.id_to_token(i) for i in ref.encode(text).ids]
+
+
+def test_serve_config_takes_the_config_classes_own_fields():
+    """serve_app's keyword options are TokenizerConfig / PoolConfig fields, validated once into a
+    frozen ServeConfig; no list of names is kept by hand, so every field reaches its process."""
+    from dataclasses import fields
+
+    from delta_ray.actors.serve_config import ServeConfig
+    from delta_ray.config import PoolConfig
+
+    cfg = ServeConfig.from_options({"chunk_size": 8192, "cut_threshold": 20_000, "max_sessions": 7,
+                                    "request_timeout_s": 9.0, "engine": "reference"}, threads=3, num_workers=2)
+    assert (cfg.tokenizer.chunk_size, cfg.tokenizer.cut_threshold, cfg.tokenizer.threads) == (8192, 20_000, 3)
+    assert cfg.tokenizer.max_sessions == 7 and cfg.tokenizer.engine == "reference"
+    assert cfg.pool.num_workers == 2 and cfg.pool.request_timeout_s == 9.0
+    assert cfg.pool.tokenizer.chunk_size == 8192 and cfg.pool.tokenizer.engine == "reference"
+    assert cfg.pool.tokenizer.max_sessions == PoolConfig().tokenizer.max_sessions  # the replica's bound only
+    for f in fields(TokenizerConfig):  # every tokenizer field is accepted (threads is serve_app's own)
+        if f.name not in ("threads", "reuse"):
+            ServeConfig.from_options({f.name: getattr(TokenizerConfig(), f.name)})
+    assert ServeConfig.from_options({}).pool is None
+    with pytest.raises(TypeError, match="unknown"):
+        ServeConfig.from_options({"chunk_sise": 1})
+    with pytest.raises(TypeError, match="num_workers"):
+        ServeConfig.from_options({"request_timeout_s": 1.0})  # a pool option without a pool
+    with pytest.raises(ValueError, match="reuse"):
+        ServeConfig.from_options({"reuse": "content"})
+    with pytest.raises(ValueError):
+        ServeConfig(max_body_bytes=0)
+    assert "ab" * 16 not in repr(ServeConfig(pool_name="p", pool_secret="ab" * 16))  # never in logs
