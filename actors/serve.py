@@ -5,7 +5,7 @@ of vLLM's and SGLang's OpenAI-compatible servers (``POST /tokenize``, ``POST /de
 ``GET /health``), so existing clients work; a ``DeploymentHandle`` can call ``tokenize`` and
 ``detokenize`` with the same JSON bodies (model composition).
 
-Sessions are served where they arrive: every replica holds a :class:`DeltaTokenizer` with its
+Sessions are served where they arrive: every replica holds a :class:`~delta_ray.tokenizer.TokenizerCore` with its
 sessions in process, and the deployment's request router (``serve_router.SessionRouter``) sends
 a session's requests to the replica that holds it, by the ``x-session-id`` header
 (:func:`routing_headers`). There is no second hop on a session turn. A pool (``pool_name`` or
@@ -134,7 +134,7 @@ def serve_app(tokenizer: TokenizerLike, *, model_name: "str | None" = None, pool
               overflow_inflight: "int | None" = None, fast_replica: bool = True, **options: Any):
     """A Ray Serve application serving exact tokenization for one tokenizer.
 
-    Each replica encodes in process (a ``DeltaTokenizer`` with ``threads`` threads for chunks,
+    Each replica encodes in process (a ``TokenizerCore`` with ``threads`` threads for chunks,
     its sessions in memory); ``session_routing`` installs the session request router, so a request
     carrying ``x-session-id`` (:func:`routing_headers`) runs on the replica holding that session
     (rendezvous hashing over CRC-32; ``num_fallback_replicas`` next replicas take it when the
