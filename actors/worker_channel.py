@@ -566,13 +566,18 @@ class ChannelClient:
                 raise ChannelNotSent(f"channel {self.address[1:]!r} is closed")
             await self._ensure_connected()
             try:
-                self._writer.write(request)
-                self._writer.write(self._keys.seal(request))
+                tag = self._keys.seal(request)
+                if len(request) < 65536:  # one send for a small request; no copy of a large one
+                    self._writer.write(request + tag)
+                else:
+                    self._writer.write(request)
+                    self._writer.write(tag)
                 del request
                 header = await self._reader.readexactly(_HEADER.size)
                 kind, size = _parse_header(header, self.max_frame)
-                body = await self._reader.readexactly(size)
-                self._keys.check(header, body, await self._reader.readexactly(_TAG))
+                rest = memoryview(await self._reader.readexactly(size + _TAG))
+                body = rest[:size]
+                self._keys.check(header, body, rest[size:])
                 values = decode_values(body)
             except FrameError as exc:  # an answer that is malformed or not from the worker
                 self.close()
