@@ -538,15 +538,15 @@ def test_a_connection_the_server_closed_for_idleness_is_made_again(loop_saw_the_
     """The server closes a connection idle for ``idle_timeout_s``; the next call must not fail
     (it reconnects before sending), whether or not the client's loop has seen the close yet."""
     import time
-    server = ChannelServer_(idle_timeout_s=0.3)
+    server = ChannelServer_(idle_timeout_s=1.0)
     try:
         async def main():
             client = Client(server.address)
             assert await client.call("echo", (1,)) == (1,)
             if loop_saw_the_close:
-                await asyncio.sleep(0.8)
+                await asyncio.sleep(2.2)
             else:
-                time.sleep(0.8)  # the loop is blocked: it has not read the server's close
+                time.sleep(2.2)  # the loop is blocked: it has not read the server's close
             assert await client.call("echo", (2,)) == (2,)
             assert client.connects == 2
             assert await client.call("echo", (3,)) == (3,)  # and the new connection is reused
