@@ -371,14 +371,22 @@ class PoolOrchestrator:
             req.future.set_exception(NoAnswer())
 
     def _pump(self) -> None:
-        with self._lock:
-            assignments = self.dispatcher.dispatch()
-        for wid, task in assignments:
-            running = self._loop.create_task(self._execute(wid, task))
-            req = self._requests.get(task.id)
-            if req is not None:
+        while True:
+            with self._lock:
+                assignments = self.dispatcher.dispatch()
+                # A task whose request is gone (it timed out while re-queued, or had no worker
+                # left) must not run late: release its slot instead, and fill the slot again.
+                abandoned = [t for _, t in assignments if t.id not in self._requests]
+                for t in abandoned:
+                    self.dispatcher.fail(t.id)
+            for wid, task in assignments:
+                req = self._requests.get(task.id)
+                if req is None:
+                    continue
+                req.running = self._loop.create_task(self._execute(wid, task))
                 req.dispatched.set()
-                req.running = running
+            if not abandoned:
+                return
 
     async def _execute(self, wid: str | None, task) -> None:
         call: Call = task.payload
@@ -467,7 +475,12 @@ class PoolOrchestrator:
         ms = (time.perf_counter() - t0) * 1e3
         self._record.record_times(task.kind, self.dispatcher.clock.now_ms() - ms - task.arrival_ms, ms)
         call: Call = task.payload
-        if not isinstance(outcome, BaseException) and call.kind.session_delta:
+        req = self._requests.pop(task.id, None)
+        # Only an answer its caller still waits for is spliced into the pool's tables: a late one
+        # (the caller timed out and was answered in-process, and its session forgotten) would
+        # record a state version and IDs the caller never received.
+        waiting = req is not None and not req.future.done()
+        if waiting and not isinstance(outcome, BaseException) and call.kind.session_delta:
             try:
                 outcome = self._splice(call.key, outcome)
             except Exception as exc:  # noqa: BLE001 - surfaced to the caller
@@ -477,8 +490,7 @@ class PoolOrchestrator:
                 self.dispatcher.fail(task.id)
             else:
                 self.dispatcher.complete(task.id, ms)
-        req = self._requests.pop(task.id, None)
-        if req is not None and not req.future.done():  # later answers for a failed request are dropped
+        if waiting:  # later answers for a failed request are dropped
             if isinstance(outcome, BaseException):
                 req.future.set_exception(outcome)
             else:

@@ -53,6 +53,15 @@ def _attach_proof(secret: bytes, name: str, nonce: bytes) -> bytes:
     return hmac.new(secret, b"attach:" + name.encode() + b":" + nonce, hashlib.sha256).digest()
 
 
+def _registry_proof(secret: bytes, name: str, nonce: bytes, info: dict) -> bytes:
+    """The registry's answer to a caller's nonce: HMAC over the pool name, that nonce, and what the
+    caller will adopt (tokenizer digest, configuration, each worker's actor id), so only a holder of
+    the secret can answer, and no answer can be replayed to another caller or altered."""
+    workers = "\n".join(f"{wid}={h._actor_id.hex()}" for wid, h in sorted(info["workers"].items()))
+    what = hashlib.sha256(f"{info['loaded'].digest}\n{info['config']!r}\n{workers}".encode()).digest()
+    return hmac.new(secret, b"registry:" + name.encode() + b":" + nonce + what, hashlib.sha256).digest()
+
+
 @ray.remote(num_cpus=0)
 class _PoolRegistry:
     """Named actor through which other processes attach to a named pool, if they hold its secret."""
@@ -67,7 +76,7 @@ class _PoolRegistry:
                 or not hmac.compare_digest(proof, _attach_proof(self._secret, self._name, nonce))):
             raise PoolAuthError(f"attaching to pool {self._name!r} needs its secret")
         self._used.add(nonce)
-        return {**self._info, "secret": self._secret}
+        return {**self._info, "proof": _registry_proof(self._secret, self._name, nonce, self._info)}
 
 
 class TokenizerPool:
@@ -199,7 +208,9 @@ class TokenizerPool:
         """Attach this process (a Serve replica, a Data worker, another driver) to a named pool.
 
         ``secret`` is the pool's (``pool.secret``, bytes or hex; default ``$DELTA_RAY_POOL_SECRET``):
-        without it the registry refuses with :class:`PoolAuthError`.
+        without it the registry refuses with :class:`PoolAuthError`. The registry must prove the same
+        secret over this call's nonce and what it returns (an actor that took the registry's name
+        cannot hand this process its own workers or secret): otherwise :class:`PoolAuthError`.
         """
         ensure_ray()
         if secret is None:
@@ -217,7 +228,18 @@ class TokenizerPool:
             info = ray.get(registry.info.remote(nonce, _attach_proof(secret, name, nonce)))
         except ray.exceptions.RayTaskError as exc:
             raise PoolAuthError(f"attaching to pool {name!r} needs its secret") from exc
-        return cls(None, name=name, _attach=info)
+        except Exception as exc:  # noqa: BLE001 - not a registry at all
+            raise PoolAuthError(f"the actor named {name!r}:registry is not a delta-ray pool registry") from exc
+        try:
+            loaded = info["loaded"]
+            genuine = (hashlib.sha256(loaded.config_bytes).hexdigest() == loaded.digest
+                       and hmac.compare_digest(info["proof"], _registry_proof(secret, name, nonce, info)))
+        except Exception:  # noqa: BLE001 - malformed: not from a registry holding the secret
+            genuine = False
+        if not genuine:
+            raise PoolAuthError(f"the registry of pool {name!r} did not prove the secret: refusing its workers")
+        return cls(None, name=name, _attach={"loaded": loaded, "workers": info["workers"],
+                                             "config": info["config"], "secret": secret})
 
     # -- public API --------------------------------------------------------------------------
     @property

@@ -126,9 +126,12 @@ class RayTransport:
 class ChannelTransport:
     """The side channel for the calls it may carry, Ray for the rest and for workers without one.
 
-    A lost connection says nothing certain, so Ray decides: a dead worker is :class:`WorkerDead`;
-    a live one gets idempotent calls re-run through Ray, and a call that is not idempotent raises
-    :class:`ConnectionLost` (it may have been applied: the orchestrator must not guess).
+    A request the channel could not send (no connection, or the worker's end was found closed
+    before sending; the client reconnects on its own next time) was not applied, so it goes through
+    Ray whatever its kind. A connection lost after sending says nothing certain, so Ray decides: a
+    dead worker is :class:`WorkerDead`; a live one gets idempotent calls re-run through Ray, and a
+    call that is not idempotent raises :class:`ConnectionLost` (it may have been applied: the
+    orchestrator must not guess). A client that failed authentication is dropped for good.
     """
 
     def __init__(self, ray_transport: RayTransport, clients: dict[str, Any]):
@@ -141,17 +144,23 @@ class ChannelTransport:
 
     async def call(self, wid: str | None, call: Call) -> Any:
         client = self._clients.get(wid) if wid is not None and call.kind.channel else None
-        if client is None or client.closed:
+        if client is None or not client.usable:
             return await self._ray.call(wid, call)
-        from .worker_channel import ChannelClosed
+        from .worker_channel import ChannelClosed, ChannelNotSent
         try:
             return await client.call(call.kind.method, call.args)
-        except ChannelClosed:
+        except ChannelNotSent as exc:
+            sent = False
+            detail = str(exc)
+        except ChannelClosed as exc:
+            sent = True
+            detail = str(exc)
+        if client.closed:  # authentication failed, or the answer was not the worker's
             self._clients.pop(wid, None)
         if not await self._ray.alive(wid):
             raise WorkerDead(wid, "its side channel closed")
-        log.warning("lost the side channel to live worker %s; using Ray calls", wid)
-        if call.kind.idempotent:
+        log.warning("side channel to live worker %s: %s; this call goes through Ray", wid, detail)
+        if not sent or call.kind.idempotent:
             return await self._ray.call(wid, call)
         raise ConnectionLost(wid)
 

@@ -3,28 +3,45 @@
 Why: a Ray actor call costs 1.4-2 ms here even for an empty method, more than a 1.3K-character
 session repair itself; a Unix socket round trip from the pool's event loop costs about 0.4 ms.
 
-What travels: typed binary frames, never pickle. A frame is a 9-byte header (magic ``DRC1``, a
-kind byte, a uint32 body length) and a body of typed values: None, bool, signed or unsigned 64-bit
-integers, UTF-8 text and little-endian int32 arrays. A request is ``(method, *args)``; an answer is a tuple of values, one
-value, or an error (exception type name and message, mapped back to a small set of known
-exception classes on the client; anything else is a :class:`RemoteError`). Decoding can build
-nothing but those values, so a hostile peer cannot run code through a frame.
+What travels: typed binary frames, never pickle. A frame is a 9-byte header (magic ``DRC2``, a
+kind byte, a uint32 body length), a body of typed values (None, bool, signed or unsigned 64-bit
+integers, UTF-8 text and little-endian int32 arrays) and a 32-byte tag. A request is ``(method,
+*args)``; an answer is a tuple of values, one value, or an error (exception type name and message,
+mapped back to a small set of known exception classes on the client; anything else is a
+:class:`RemoteError`). Decoding can build nothing but those values, at most :data:`MAX_VALUES` of
+them, so a hostile peer cannot run code through a frame, nor make a frame decode into more than
+about four times its own size.
 
 Who may talk (threat model in ``docs/design.md`` §9): the socket is a Linux abstract-namespace
 name, which any local process of any user can try to connect to, and which anyone can bind once the
-worker that held it dies. So both ends authenticate before any request text moves:
+worker that held it dies. So both ends authenticate before any request text moves, and every frame
+after that is authenticated too:
 
 * the server accepts only peers of its own uid (SO_PEERCRED), at most ``max_connections`` at once,
   and sends a random 32-byte challenge;
 * the client checks the server's peer credentials (same uid, and the pid the pool learned from the
-  worker through Ray), then proves knowledge of the per-pool secret (HMAC-SHA256 over both nonces)
-  and requires the server to prove it too. A process without the secret (another Ray job, a
+  worker through Ray), then proves knowledge of the per-pool secret (HMAC-SHA256 over the
+  transcript: both nonces, the server's idle timeout, and both endpoints' pids as the kernel reports
+  them) and requires the server to prove it too. A process without the secret (another Ray job, a
   sidecar, an impostor on a dead worker's name) is dropped before it sees a byte of a request.
+* Channel binding: the transcript names the server pid the client's kernel sees and the client pid
+  the server's kernel sees, and each end checks that these are itself. A process that relays the
+  handshake between the pool and a live worker (holding a dead worker's pid) is a third pid on both
+  sockets, so the worker refuses the client's proof. Keys for each direction are derived from the
+  secret and the transcript (HMAC-SHA256 as a KDF), and each frame carries HMAC-SHA256(key,
+  sequence number || header || body): a frame that was altered, replayed, reordered, dropped or
+  sent by anyone but the other end of this handshake ends the connection.
 
-Bounds: frames over ``max_frame`` bytes end the connection (both directions); a handshake has
-``handshake_timeout_s``, an idle connection ``idle_timeout_s``; ``close()`` stops accepting and
-closes every open connection. A dropped connection never makes the pool guess: it asks Ray whether
-the actor lives (``actors/pool.py``).
+Bounds: frames over ``max_frame`` bytes end the connection (both directions); the whole handshake
+has one deadline of ``handshake_timeout_s`` (a peer that drips bytes gains nothing), an idle
+connection ``idle_timeout_s``; ``close()`` stops accepting and closes every open connection.
+
+Idle connections: the server closes a connection idle for ``idle_timeout_s`` and says how long
+that is in its hello. The client reconnects before sending on a connection idle for half of that or
+closed by the peer, so an idle close never costs a request; a request that could not be sent at all
+raises :class:`ChannelNotSent` (it was not applied, so any call may be re-sent through Ray). A
+connection lost after the request left is :class:`ChannelClosed` and the pool never guesses: it
+asks Ray whether the actor lives (``actors/transport.py``).
 """
 from __future__ import annotations
 
@@ -37,6 +54,7 @@ import socket
 import struct
 import sys
 import threading
+import time
 import uuid
 from typing import Any, Callable, Optional
 
@@ -45,23 +63,30 @@ import numpy as np
 from delta_ray.session_store import SessionNotFound
 from delta_ray.errors import DeltaRayError
 
-MAGIC = b"DRC1"
-HELLO = b"DRH1"
+MAGIC = b"DRC2"
+HELLO = b"DRH2"
 _HEADER = struct.Struct("!4sBI")  # magic, kind, body length
 _PEERCRED = struct.Struct("3i")  # struct ucred: pid, uid, gid
 _NONCE = 32
 _MAC = hashlib.sha256().digest_size
+_TAG = _MAC  # per-frame HMAC-SHA256
+_IDLE = struct.Struct("!I")  # the server's idle timeout in ms, in its hello
+_PIDS = struct.Struct("!QQ")  # server pid, client pid, in the transcript
+_SEQ = struct.Struct("!Q")
 
 KIND_REQUEST, KIND_TUPLE, KIND_VALUE, KIND_ERROR = 1, 2, 3, 4
 T_NONE, T_FALSE, T_TRUE, T_INT, T_STR, T_I32, T_UINT = range(7)
 _LEN = struct.Struct("!I")
 _INT = struct.Struct("!q")
 _UINT = struct.Struct("!Q")  # state versions are random 64-bit counters
+_I32_MIN, _I32_MAX = -2 ** 31, 2 ** 31 - 1
 
 MAX_FRAME = 512 * 1024 * 1024  # a 100M-character text or 128M IDs; larger goes through Ray
+MAX_VALUES = 16  # values per frame: calls carry at most 5; bounds per-value overhead on decode
 MAX_CONNECTIONS = 32
 HANDSHAKE_TIMEOUT_S = 5.0
 IDLE_TIMEOUT_S = 600.0
+RECONNECT_BACKOFF_S = 1.0  # after a failed connect, calls go through Ray this long before retrying
 
 # Exceptions a worker may raise that the client re-raises as themselves.
 KNOWN_ERRORS: dict[str, type[BaseException]] = {
@@ -72,11 +97,17 @@ KNOWN_ERRORS: dict[str, type[BaseException]] = {
 
 class ChannelClosed(DeltaRayError, ConnectionError):
     """The worker's end of the channel went away (the actor most likely died), or it failed to
-    authenticate: either way the pool falls back to Ray."""
+    authenticate: either way the pool falls back to Ray. The request may have reached the worker."""
 
 
-class ChannelAuthError(ChannelClosed):
-    """The peer did not prove the pool secret, or is not the process the pool was told about."""
+class ChannelNotSent(ChannelClosed):
+    """No connection could be made (or it was found closed) before the request left this process:
+    the worker did not see it, so re-sending it another way cannot apply it twice."""
+
+
+class ChannelAuthError(ChannelNotSent):
+    """The peer did not prove the pool secret, or is not the process the pool was told about.
+    Raised during the handshake, before any request is sent; the client stays closed."""
 
 
 class RemoteError(DeltaRayError, RuntimeError):
@@ -84,7 +115,7 @@ class RemoteError(DeltaRayError, RuntimeError):
 
 
 class FrameError(DeltaRayError, ValueError):
-    """A malformed frame: the connection that sent it ends."""
+    """A malformed or unauthenticated frame: the connection that sent it ends."""
 
 
 def supported() -> bool:
@@ -98,8 +129,23 @@ def new_secret() -> bytes:
 
 
 # -- values ---------------------------------------------------------------------------------------
+def _i32_array(v: np.ndarray) -> bytes:
+    """Little-endian int32 bytes of an integer array; refuses (never wraps) values out of range."""
+    if v.dtype.kind not in "iu":
+        raise TypeError(f"the side channel carries integer ID arrays, not {v.dtype}")
+    if v.dtype != np.int32 and v.size and (int(v.min()) < _I32_MIN or int(v.max()) > _I32_MAX):
+        raise OverflowError(f"an ID array of {v.dtype} holds values outside int32")
+    return np.ascontiguousarray(v, dtype="<i4").tobytes()
+
+
 def encode_values(values: tuple) -> bytes:
-    """Typed binary encoding of a tuple of None/bool/int/str/int32-array values."""
+    """Typed binary encoding of a tuple of None/bool/int/str/int32-array values.
+
+    Raises TypeError for other types, OverflowError for an int outside [-2**63, 2**64) or an array
+    value outside int32 (nothing is wrapped), ValueError for more than :data:`MAX_VALUES` values.
+    """
+    if len(values) > MAX_VALUES:
+        raise ValueError(f"the side channel carries at most {MAX_VALUES} values per frame, not {len(values)}")
     out = bytearray()
     for v in values:
         if v is None:
@@ -108,6 +154,8 @@ def encode_values(values: tuple) -> bytes:
             out.append(T_TRUE if v else T_FALSE)
         elif isinstance(v, (int, np.integer)):
             v = int(v)
+            if not -2 ** 63 <= v < 2 ** 64:
+                raise OverflowError(f"the side channel carries 64-bit integers; {v} is out of range")
             if v >= 0:
                 out.append(T_UINT)
                 out += _UINT.pack(v)
@@ -119,7 +167,7 @@ def encode_values(values: tuple) -> bytes:
             out.append(T_STR)
             out += _LEN.pack(len(data)) + data
         elif isinstance(v, np.ndarray):
-            data = np.ascontiguousarray(v, dtype="<i4").tobytes()
+            data = _i32_array(v)
             out.append(T_I32)
             out += _LEN.pack(len(data) // 4) + data
         else:
@@ -128,11 +176,17 @@ def encode_values(values: tuple) -> bytes:
 
 
 def decode_values(body: bytes) -> tuple:
-    """Inverse of :func:`encode_values`; raises :class:`FrameError` on anything malformed."""
+    """Inverse of :func:`encode_values`; raises :class:`FrameError` on anything malformed.
+
+    Memory: at most :data:`MAX_VALUES` values; a string decodes to at most 4 bytes per UTF-8 byte
+    and an int32 array is a view of ``body``, so a frame cannot decode into much more than itself.
+    """
     out: list[Any] = []
     pos, n = 0, len(body)
     mv = memoryview(body)
     while pos < n:
+        if len(out) >= MAX_VALUES:
+            raise FrameError(f"more than {MAX_VALUES} values in a frame")
         t = body[pos]
         pos += 1
         if t == T_NONE:
@@ -153,7 +207,10 @@ def decode_values(body: bytes) -> tuple:
             if pos + size > n:
                 raise FrameError("truncated value")
             if t == T_STR:
-                out.append(bytes(mv[pos:pos + size]).decode("utf-8", "surrogatepass"))
+                try:
+                    out.append(bytes(mv[pos:pos + size]).decode("utf-8", "surrogatepass"))
+                except UnicodeDecodeError as exc:
+                    raise FrameError(f"malformed text: {exc.reason}") from None
             else:
                 out.append(np.frombuffer(body, dtype="<i4", count=count, offset=pos).astype(np.int32, copy=False))
             pos += size
@@ -163,6 +220,7 @@ def decode_values(body: bytes) -> tuple:
 
 
 def frame(kind: int, body: bytes) -> bytes:
+    """Header and body of a frame (its tag is added by the connection that sends it)."""
     return _HEADER.pack(MAGIC, kind, len(body)) + body
 
 
@@ -175,8 +233,54 @@ def _parse_header(header: bytes, max_frame: int) -> tuple[int, int]:
     return kind, size
 
 
-def _mac(secret: bytes, tag: bytes, a: bytes, b: bytes) -> bytes:
-    return hmac.new(secret, tag + a + b, hashlib.sha256).digest()
+def _mac(secret: bytes, tag: bytes, transcript: bytes) -> bytes:
+    return hmac.new(secret, tag + transcript, hashlib.sha256).digest()
+
+
+def _transcript(hello: bytes, nonce_c: bytes, server_pid: int, client_pid: int) -> bytes:
+    """What both proofs and the frame keys are bound to: the server's hello (nonce and idle
+    timeout), the client's nonce, and both endpoints' pids as each kernel reports them."""
+    return hello + nonce_c + _PIDS.pack(server_pid & (2 ** 64 - 1), client_pid & (2 ** 64 - 1))
+
+
+class _FrameKeys:
+    """Per-connection, per-direction frame authentication with sequence numbers.
+
+    Keys: HMAC-SHA256(secret, "keys" || transcript) as a pseudo-random key, expanded per direction
+    (HKDF-style). A tag is HMAC-SHA256(direction key, seq || header || body); each side counts the
+    frames it sent and received, so a replayed, reordered or dropped frame fails the next check.
+    """
+
+    def __init__(self, secret: bytes, transcript: bytes, *, server: bool):
+        prk = _mac(secret, b"delta-ray channel keys v2", transcript)
+        c2s = hmac.new(prk, b"client to server\x01", hashlib.sha256).digest()
+        s2c = hmac.new(prk, b"server to client\x01", hashlib.sha256).digest()
+        send, recv = (s2c, c2s) if server else (c2s, s2c)
+        self._send = hmac.new(send, digestmod=hashlib.sha256)  # keyed state, copied per frame
+        self._recv = hmac.new(recv, digestmod=hashlib.sha256)
+        self._sent = 0
+        self._received = 0
+
+    @staticmethod
+    def _tag(base, seq: int, data, more=b"") -> bytes:
+        m = base.copy()
+        m.update(_SEQ.pack(seq))
+        m.update(data)
+        if more:
+            m.update(more)
+        return m.digest()
+
+    def seal(self, data: bytes) -> bytes:
+        """The tag of the next frame this side sends (``data`` is its header and body)."""
+        tag = self._tag(self._send, self._sent, data)
+        self._sent += 1
+        return tag
+
+    def check(self, header: bytes, body: bytes, tag: bytes) -> None:
+        """Verify the next received frame's tag; FrameError ends the connection."""
+        if not hmac.compare_digest(self._tag(self._recv, self._received, header, body), tag):
+            raise FrameError("a frame failed authentication (altered, replayed or not from the peer)")
+        self._received += 1
 
 
 def _answer_frame(result: Any) -> bytes:
@@ -199,6 +303,27 @@ def _raise_error(values: tuple) -> None:
     raise cls(msg)
 
 
+def _peer(sock: socket.socket) -> tuple[int, int]:
+    """(pid, uid) of the process at the other end, as the kernel recorded it at connect/listen."""
+    pid, uid, _ = _PEERCRED.unpack(sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, _PEERCRED.size))
+    return pid, uid
+
+
+def _recv_exactly(conn: socket.socket, n: int, deadline: float) -> bytes:
+    """n bytes before ``deadline`` (monotonic), however the peer spreads them."""
+    buf = bytearray()
+    while len(buf) < n:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            raise TimeoutError("handshake deadline passed")
+        conn.settimeout(left)
+        chunk = conn.recv(n - len(buf))
+        if not chunk:
+            raise ConnectionError("closed during the handshake")
+        buf += chunk
+    return bytes(buf)
+
+
 # -- server ---------------------------------------------------------------------------------------
 class ChannelServer:
     """Worker side: serve ``handler(method, args)`` to authenticated same-user peers.
@@ -212,6 +337,8 @@ class ChannelServer:
                  handshake_timeout_s: float = HANDSHAKE_TIMEOUT_S, idle_timeout_s: float = IDLE_TIMEOUT_S):
         if not isinstance(secret, bytes) or len(secret) < 16:
             raise ValueError("the channel secret must be at least 16 random bytes")
+        if not 0 < idle_timeout_s < 2 ** 32 / 1000:
+            raise ValueError(f"idle_timeout_s must be positive and under 49 days, got {idle_timeout_s!r}")
         self._handler = handler
         self._secret = secret
         self._methods = methods
@@ -242,7 +369,7 @@ class ChannelServer:
             except OSError:
                 return
             try:
-                _, uid, _ = _PEERCRED.unpack(conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, _PEERCRED.size))
+                pid, uid = _peer(conn)
             except OSError:  # the peer left already: keep accepting others
                 conn.close()
                 continue
@@ -254,57 +381,77 @@ class ChannelServer:
                     self.rejected += 1
                     conn.close()
                     continue
-            threading.Thread(target=self._serve, args=(conn,), name="delta-ray-channel-conn", daemon=True).start()
+            threading.Thread(target=self._serve, args=(conn, pid), name="delta-ray-channel-conn", daemon=True).start()
 
-    def _handshake(self, conn: socket.socket, reader) -> bool:
+    def _handshake(self, conn: socket.socket, client_pid: int) -> _FrameKeys | None:
+        """The server's side of the handshake, all of it before one deadline; None if refused."""
+        deadline = time.monotonic() + self.handshake_timeout_s
+        hello = HELLO + secrets.token_bytes(_NONCE) + _IDLE.pack(max(1, int(self.idle_timeout_s * 1000)))
         conn.settimeout(self.handshake_timeout_s)
-        nonce_s = secrets.token_bytes(_NONCE)
-        conn.sendall(HELLO + nonce_s)
-        got = reader.read(_NONCE + _MAC)
-        if len(got) != _NONCE + _MAC:
-            return False
+        conn.sendall(hello)
+        got = _recv_exactly(conn, _NONCE + _MAC, deadline)
         nonce_c, mac = got[:_NONCE], got[_NONCE:]
-        if not hmac.compare_digest(mac, _mac(self._secret, b"client", nonce_s, nonce_c)):
-            return False
-        conn.sendall(_mac(self._secret, b"server", nonce_c, nonce_s))
+        transcript = _transcript(hello, nonce_c, os.getpid(), client_pid)
+        if not hmac.compare_digest(mac, _mac(self._secret, b"client", transcript)):
+            return None  # no secret, or a relay: the client saw another server pid than ours
+        left = deadline - time.monotonic()
+        if left <= 0:
+            return None
+        conn.settimeout(left)
+        conn.sendall(_mac(self._secret, b"server", transcript))
         conn.settimeout(self.idle_timeout_s)
-        return True
+        return _FrameKeys(self._secret, transcript, server=True)
 
-    def _serve(self, conn: socket.socket) -> None:
+    def _serve(self, conn: socket.socket, client_pid: int) -> None:
         try:
-            with conn, conn.makefile("rb") as reader:
-                if not self._handshake(conn, reader):
+            with conn:
+                try:
+                    keys = self._handshake(conn, client_pid)
+                except OSError:  # silent, slow or gone before proving anything
+                    keys = None
+                if keys is None:
                     self.rejected += 1
                     return
-                while not self.closed:
-                    header = reader.read(_HEADER.size)
-                    if len(header) < _HEADER.size:
-                        return
-                    kind, size = _parse_header(header, self.max_frame)
-                    if kind != KIND_REQUEST:
-                        return
-                    body = reader.read(size)
-                    if len(body) < size:
-                        return
-                    values = decode_values(body)
-                    del body
-                    if not values or not isinstance(values[0], str):
-                        return
-                    method, args = values[0], values[1:]
-                    try:
-                        if self._methods is not None and method not in self._methods:
-                            raise ValueError(f"{method!r} is not served over the side channel")
-                        data = _answer_frame(self._handler(method, args))
-                    except Exception as exc:  # noqa: BLE001 - the caller gets it, as from a Ray call
-                        data = _error_frame(exc)
-                    if len(data) - _HEADER.size > self.max_frame:
-                        data = _error_frame(RuntimeError("the answer is over the side channel's frame cap"))
-                    conn.sendall(data)
+                with conn.makefile("rb") as reader:
+                    self._serve_frames(conn, reader, keys)
         except (OSError, FrameError, ValueError):  # a broken frame, a timeout: this connection ends
             return
         finally:
             with self._conns_lock:
                 self._conns.discard(conn)
+
+    def _serve_frames(self, conn: socket.socket, reader, keys: _FrameKeys) -> None:
+        while not self.closed:
+            header = reader.read(_HEADER.size)
+            if len(header) < _HEADER.size:
+                return
+            kind, size = _parse_header(header, self.max_frame)
+            if kind != KIND_REQUEST:
+                return
+            body = reader.read(size)
+            tag = reader.read(_TAG)
+            if len(body) < size or len(tag) < _TAG:
+                return
+            keys.check(header, body, tag)  # before decoding a byte of it
+            values = decode_values(body)
+            del body
+            if not values or not isinstance(values[0], str):
+                return
+            method, args = values[0], values[1:]
+            try:
+                if self._methods is not None and method not in self._methods:
+                    raise ValueError(f"{method!r} is not served over the side channel")
+                data = _answer_frame(self._handler(method, args))
+            except Exception as exc:  # noqa: BLE001 - the caller gets it, as from a Ray call
+                data = _error_frame(exc)
+            if len(data) - _HEADER.size > self.max_frame:
+                data = _error_frame(RuntimeError("the answer is over the side channel's frame cap"))
+            tag = keys.seal(data)
+            if len(data) < 65536:
+                conn.sendall(data + tag)
+            else:  # no copy of a large answer
+                conn.sendall(data)
+                conn.sendall(tag)
 
     def close(self) -> None:
         """Stop accepting and close every open connection."""
@@ -327,66 +474,121 @@ class ChannelServer:
 
 # -- client ---------------------------------------------------------------------------------------
 class ChannelClient:
-    """Pool side: one authenticated connection to one worker, used from the pool's event loop.
+    """Pool side: an authenticated connection to one worker, used from the pool's event loop.
 
     ``expected_pid`` is the worker's pid as Ray reported it: a server with another pid (an
     impostor that bound a dead worker's name) is refused before anything is sent. Calls are
-    serialized per connection; any transport or authentication failure raises
-    :class:`ChannelClosed` and the client stays closed.
+    serialized per connection. The connection is made on first use and made again, before a
+    request is sent, when the server closed it or it has been idle for half the server's idle
+    timeout. Failures: :class:`ChannelNotSent` (the request never left; after a failed connect,
+    :attr:`usable` is False for ``reconnect_backoff_s``), :class:`ChannelAuthError` (the peer is
+    not the worker; the client stays closed), :class:`ChannelClosed` (lost after sending).
     """
 
-    def __init__(self, address: str, secret: bytes, *, expected_pid: int | None = None, max_frame: int = MAX_FRAME):
+    def __init__(self, address: str, secret: bytes, *, expected_pid: int | None = None, max_frame: int = MAX_FRAME,
+                 handshake_timeout_s: float = HANDSHAKE_TIMEOUT_S, reconnect_backoff_s: float = RECONNECT_BACKOFF_S):
         self.address = address
         self._secret = secret
         self.expected_pid = expected_pid
         self.max_frame = max_frame
+        self.handshake_timeout_s = handshake_timeout_s
+        self.reconnect_backoff_s = reconnect_backoff_s
         self._reader: Optional[asyncio.StreamReader] = None
         self._writer: Optional[asyncio.StreamWriter] = None
+        self._keys: _FrameKeys | None = None
         self._lock: Optional[asyncio.Lock] = None
-        self.closed = False
+        self._reuse_s = IDLE_TIMEOUT_S / 2  # replaced by half the server's idle timeout on connect
+        self._last_used = 0.0
+        self._retry_at = 0.0
+        self.connects = 0  # connections made (tests, metrics)
+        self.closed = False  # closed for good (by close() or a failed authentication)
+
+    @property
+    def usable(self) -> bool:
+        """Not closed, and not backing off after a failed connect."""
+        return not self.closed and time.monotonic() >= self._retry_at
 
     async def _connect(self) -> None:
         reader, writer = await asyncio.open_unix_connection(self.address, limit=2 ** 20)
         self._reader, self._writer = reader, writer
-        sock = writer.get_extra_info("socket")
-        pid, uid, _ = _PEERCRED.unpack(sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, _PEERCRED.size))
+        pid, uid = _peer(writer.get_extra_info("socket"))
         if uid != os.getuid() or (self.expected_pid is not None and pid != self.expected_pid):
             raise ChannelAuthError(f"the process behind {self.address[1:]!r} (pid {pid}, uid {uid}) is not "
                                    f"the worker (pid {self.expected_pid})")
-        hello = await reader.readexactly(len(HELLO) + _NONCE)
+        hello = await reader.readexactly(len(HELLO) + _NONCE + _IDLE.size)
         if hello[:len(HELLO)] != HELLO:
-            raise ChannelAuthError("not a delta-ray channel")
-        nonce_s = hello[len(HELLO):]
+            raise ChannelAuthError("not a delta-ray channel (or another version of it)")
         nonce_c = secrets.token_bytes(_NONCE)
-        writer.write(nonce_c + _mac(self._secret, b"client", nonce_s, nonce_c))
+        transcript = _transcript(hello, nonce_c, pid, os.getpid())
+        writer.write(nonce_c + _mac(self._secret, b"client", transcript))
         proof = await reader.readexactly(_MAC)
-        if not hmac.compare_digest(proof, _mac(self._secret, b"server", nonce_c, nonce_s)):
+        if not hmac.compare_digest(proof, _mac(self._secret, b"server", transcript)):
             raise ChannelAuthError("the worker did not prove the pool secret")
+        self._keys = _FrameKeys(self._secret, transcript, server=False)
+        idle_s = _IDLE.unpack_from(hello, len(HELLO) + _NONCE)[0] / 1000
+        self._reuse_s = idle_s / 2
+        self._last_used = asyncio.get_running_loop().time()
+        self.connects += 1
+
+    def _stale(self, now: float) -> bool:
+        """The connection must not carry a request: the server closed it, or may be about to."""
+        return (self._reader.at_eof() or self._writer.is_closing()
+                or now - self._last_used >= self._reuse_s)
+
+    async def _ensure_connected(self) -> None:
+        loop = asyncio.get_running_loop()
+        if self._writer is not None and self._stale(loop.time()):
+            self._disconnect()
+        if self._writer is not None:
+            return
+        try:
+            await asyncio.wait_for(self._connect(), self.handshake_timeout_s)
+        except ChannelAuthError:
+            self.close()
+            raise
+        except (OSError, EOFError, asyncio.IncompleteReadError, asyncio.TimeoutError, struct.error) as exc:
+            self._disconnect()
+            self._retry_at = time.monotonic() + self.reconnect_backoff_s
+            raise ChannelNotSent(f"channel {self.address[1:]!r}: could not connect: {exc!r}") from exc
+        except BaseException:  # cancelled during the handshake: nothing was sent
+            self._disconnect()
+            raise
 
     async def call(self, method: str, args: tuple) -> Any:
         """Run ``method(*args)`` on the worker; its exception is raised here as it was there."""
         if self.closed:
-            raise ChannelClosed(f"channel {self.address[1:]!r} is closed")
+            raise ChannelNotSent(f"channel {self.address[1:]!r} is closed")
         if self._lock is None:
             self._lock = asyncio.Lock()
         request = frame(KIND_REQUEST, encode_values((method, *args)))
         async with self._lock:
+            if self.closed:
+                raise ChannelNotSent(f"channel {self.address[1:]!r} is closed")
+            await self._ensure_connected()
             try:
-                if self._writer is None:
-                    await self._connect()
-                self._writer.write(request)
+                tag = self._keys.seal(request)
+                if len(request) < 65536:  # one send for a small request; no copy of a large one
+                    self._writer.write(request + tag)
+                else:
+                    self._writer.write(request)
+                    self._writer.write(tag)
                 del request
-                kind, size = _parse_header(await self._reader.readexactly(_HEADER.size), self.max_frame)
-                values = decode_values(await self._reader.readexactly(size))
-            except ChannelClosed:
+                header = await self._reader.readexactly(_HEADER.size)
+                kind, size = _parse_header(header, self.max_frame)
+                rest = memoryview(await self._reader.readexactly(size + _TAG))
+                body = rest[:size]
+                self._keys.check(header, body, rest[size:])
+                values = decode_values(body)
+            except FrameError as exc:  # an answer that is malformed or not from the worker
                 self.close()
-                raise
-            except (OSError, EOFError, asyncio.IncompleteReadError, FrameError, struct.error) as exc:
-                self.close()
+                raise ChannelClosed(f"channel {self.address[1:]!r} closed: {exc}") from exc
+            except (OSError, EOFError, asyncio.IncompleteReadError, struct.error) as exc:
+                self._disconnect()
                 raise ChannelClosed(f"channel {self.address[1:]!r} closed: {exc!r}") from exc
             except BaseException:  # e.g. cancelled mid-frame: the stream is out of step now
-                self.close()
+                self._disconnect()
                 raise
+            self._last_used = asyncio.get_running_loop().time()
         if kind == KIND_ERROR:
             _raise_error(values)
         if kind == KIND_TUPLE:
@@ -396,8 +598,14 @@ class ChannelClient:
         self.close()
         raise ChannelClosed(f"channel {self.address[1:]!r}: unexpected answer kind {kind}")
 
-    def close(self) -> None:
-        self.closed = True
+    def _disconnect(self) -> None:
+        """Drop the connection; the next call makes a new one."""
         if self._writer is not None:
             self._writer.close()
-            self._writer = None
+        self._reader = self._writer = None
+        self._keys = None
+
+    def close(self) -> None:
+        """Close for good: every later call raises :class:`ChannelNotSent`."""
+        self.closed = True
+        self._disconnect()

@@ -39,10 +39,13 @@ class FakeTransport:
         self.drop_connection: set[str] = set()  # the next call's answer is lost after it was applied
         self.calls: list[tuple[str | None, str]] = []
         self.retired: list[tuple[str, bool]] = []
+        self.gates: dict[str | None, asyncio.Event] = {}  # a gated worker answers once its event is set
 
     async def call(self, wid, call):
         self.calls.append((wid, call.kind.method))
         await asyncio.sleep(0)  # a real transport answers on a later loop turn
+        if wid in self.gates:
+            await self.gates[wid].wait()
         if wid in self.dead:
             raise WorkerDead(wid)
         if wid in self.hung:
@@ -296,3 +299,67 @@ def test_key_digests_do_not_keep_large_keys_alive():
     finally:
         tracemalloc.stop()
     assert held < 4 * 1024 * 1024, held  # 64 x 256 KB = 16 MB if the keys were kept
+def test_a_timed_out_request_never_runs_late_nor_is_spliced(loaded, references, real_texts, text):
+    """Session q's request goes to H, which dies; it is re-queued on O behind a slow request and
+    times out there, so its caller gets the in-process answer and q is forgotten. When O frees up,
+    the stale task must not run, and no late answer may enter the pool's tables (it would record a
+    state version and IDs the caller never received)."""
+    import dataclasses
+    ref = references["llama3.2"]
+    orch, transport, loop = _orchestrator(loaded)
+    h = orch.dispatcher.home_of("q")
+    o = next(w for w in orch.dispatcher.workers if w != h)
+    b_key = next(k for k in (f"b{i}" for i in range(1000)) if orch.dispatcher.home_of(k) == o)
+    b_text = real_texts["code"][:5_000]
+
+    async def scenario():
+        gate_h, gate_o = asyncio.Event(), asyncio.Event()
+        transport.gates.update({h: gate_h, o: gate_o})
+        transport.dead.add(h)
+        orch.config = dataclasses.replace(orch.config, request_timeout_s=0.3)  # q's timer
+        q = asyncio.ensure_future(orch.encode(text, "q", True))
+        while (h, "encode_session") not in transport.calls:
+            await asyncio.sleep(0.001)
+        orch.config = dataclasses.replace(orch.config, request_timeout_s=60.0)  # b's: it only waits
+        b = asyncio.ensure_future(orch.encode(b_text, b_key, True))
+        while (o, "encode_session") not in transport.calls:
+            await asyncio.sleep(0.001)
+        gate_h.set()  # H answers "dead": q is re-queued on O, behind b, and times out there
+        got_q = await q
+        gate_o.set()  # O finishes b and would take q's stale task next
+        got_b = await b
+        for _ in range(10):
+            await asyncio.sleep(0.01)
+        return got_q, got_b
+
+    got_q, got_b = loop.run_until_complete(scenario())
+    assert _ids(got_q) == ref.encode(text).ids and _ids(got_b) == ref.encode(b_text).ids
+    assert orch.stats["timeout_fallback"] == 1 and o in orch.dispatcher.workers
+    assert transport.calls.count((o, "encode_session")) == 1  # b's only: q's stale task never ran
+    assert not transport.services[o].has_session("q")
+    assert orch._versions.get("q") is None and orch._mirror.get("q") is None  # nothing spliced
+    assert orch.dispatcher.queued_count() == 0 and not orch._requests
+    grown = text + " later"
+    assert _ids(loop.run_until_complete(orch.encode(grown, "q", True))) == ref.encode(grown).ids
+    loop.close()
+
+
+def test_a_late_answer_is_not_spliced(loaded, references, text):
+    """The answer arrives after its caller's timer fired (the transport could not be stopped in
+    time): it is dropped, not recorded as the session's state."""
+    ref = references["llama3.2"]
+    orch, transport, loop = _orchestrator(loaded, request_timeout_s=0.2)
+    home = orch.dispatcher.home_of("late")
+    orig = transport.call
+
+    async def slow_but_uncancellable(wid, call):
+        out = asyncio.ensure_future(orig(wid, call))
+        await asyncio.sleep(0.4)  # past the timeout; cancelling this awaits the shielded call
+        return await asyncio.shield(out)
+    transport.call = slow_but_uncancellable
+    orch._free_hung = lambda task, req: None  # e.g. a worker this process may not kill
+    assert _ids(loop.run_until_complete(orch.encode(text, "late", True))) == ref.encode(text).ids
+    loop.run_until_complete(asyncio.sleep(0.5))
+    assert orch.stats["timeout_fallback"] == 1 and transport.services[home].has_session("late")
+    assert orch._versions.get("late") is None and orch._mirror.get("late") is None
+    loop.close()

@@ -114,6 +114,7 @@ def test_connect_to_named_pool(pool, references, real_texts):
         TokenizerPool.connect("test-pool")
     other = TokenizerPool.connect("test-pool", pool.secret.hex())
     try:
+        assert other.secret == pool.secret and set(other._workers) == set(pool._workers)
         text = real_texts["english"][:25_000]
         assert other.encode(text, session="shared").to_pylist() == ref.encode(text).ids
         # the same workers: the owner's pool finds the session at its home and repairs it
@@ -122,6 +123,40 @@ def test_connect_to_named_pool(pool, references, real_texts):
         other.close()
     with pytest.raises(LookupError):
         TokenizerPool.connect("no-such-pool", pool.secret)
+
+
+@pytest.mark.parametrize("impostor", ["forged", "replayed"])
+def test_connect_refuses_a_registry_that_does_not_prove_the_secret(pool, tokenizer_paths, impostor):
+    """An actor that took a pool's registry name first answers any proof. Forged: it hands out its
+    own workers and secret. Replayed: it returns a genuine registry answer (obtained for another
+    nonce) with the workers swapped. Either way connect() must refuse, not adopt them."""
+    import os
+    from delta_ray import constants as C
+    from delta_ray.actors.pool import PoolAuthError, _attach_proof
+
+    @ray.remote(num_cpus=0)
+    class Impostor:
+        def __init__(self, answer):
+            self._answer = answer
+
+        def info(self, nonce, proof):
+            return self._answer
+
+    if impostor == "forged":
+        answer = {"loaded": pool._loaded, "workers": {}, "config": pool.config, "secret": b"i" * 32,
+                  "proof": b"\0" * 32}
+    else:
+        nonce = os.urandom(32)
+        genuine = ray.get(pool._registry.info.remote(nonce, _attach_proof(pool.secret, "test-pool", nonce)))
+        answer = {**genuine, "workers": {}}
+    name = f"squatted-{impostor}"
+    actor = Impostor.options(name=f"{name}:registry", namespace=C.NAMESPACE).remote(answer)
+    try:
+        with pytest.raises(PoolAuthError, match="did not prove"):
+            attached = TokenizerPool.connect(name, pool.secret)
+            attached.close()  # (only without the defence)
+    finally:
+        ray.kill(actor)
 
 
 def test_workers_install_only_sealed_states(pool, references):
