@@ -161,8 +161,7 @@ def test_cli_jsonl_and_txt(ray_session, tokenizer_paths, real_texts, tmp_path, c
     txt = tmp_path / "lines.txt"
     txt.write_text("\n".join(lines) + "\n", encoding="utf-8")
     out = tmp_path / "out"
-    rc = main(["tokenize", "--tokenizer", tokenizer_paths[name], str(jsonl), str(txt), "--output", str(out),
-               "--concurrency", "1"])
+    rc = main(["tokenize", "--tokenizer", tokenizer_paths[name], str(jsonl), str(txt), "--output", str(out)])
     assert rc == 0
     printed = capsys.readouterr().out
     assert "tokens/s" in printed
@@ -173,7 +172,8 @@ def test_cli_jsonl_and_txt(ray_session, tokenizer_paths, real_texts, tmp_path, c
     _compare_by_text(table, docs + lines, Tokenizer.from_file(tokenizer_paths[name]), "text", True)
 
 
-def test_cli_text_column_no_special_tokens(ray_session, tokenizer_paths, real_texts, tmp_path):
+@pytest.mark.parametrize("path", ["local", "ray-data"])
+def test_cli_text_column_no_special_tokens(ray_session, tokenizer_paths, real_texts, tmp_path, path):
     from delta_ray.actors import tokenize_job
     import argparse
 
@@ -183,8 +183,10 @@ def test_cli_text_column_no_special_tokens(ray_session, tokenizer_paths, real_te
     src.write_text("".join(json.dumps({"body": t, "n": i}) + "\n" for i, t in enumerate(docs)), encoding="utf-8")
     parser = argparse.ArgumentParser()
     tokenize_job.add_arguments(parser)
+    extra = ["--ray-data", "--concurrency", "1", "--engine", "fast", "--threads", "2", "--verify", "20"] \
+        if path == "ray-data" else ["--engine", "fast", "--threads", "2"]
     args = parser.parse_args(["--tokenizer", tokenizer_paths[name], str(src), "--output", str(tmp_path / "o"),
-                              "--text-column", "body", "--no-special-tokens", "--concurrency", "1"])
+                              "--text-column", "body", "--no-special-tokens", *extra])
     assert tokenize_job.run(args) == 0
     missing = parser.parse_args(["--tokenizer", tokenizer_paths[name], str(src), "--output", str(tmp_path / "o2")])
     assert tokenize_job.run(missing) == 2  # no "text" column: refused before the pool starts
