@@ -1,22 +1,28 @@
 """``delta-ray tokenize``: text / JSONL / Parquet files to Parquet with the reference token IDs.
 
-    delta-ray tokenize --tokenizer PATH INPUT... --output DIR [--text-column text]
-                       [--threads N] [--verify N] [--no-special-tokens] [--ray-data]
+    delta-ray tokenize --tokenizer PATH INPUT... --output DIR [--text-column text] [--engine auto]
+                       [--threads N] [--verify N] [--no-special-tokens] [--drop-text] [--ray-data]
 
 By default the job runs on this machine at its limit, without Ray (:mod:`delta_ray.batch_files`):
 one Parquet file per input, read in parallel and encoded on every core from the engine's flat
 buffers, each written atomically; a rerun skips the inputs already done, so a killed run rerun
 gives exactly the output of an uninterrupted one. It shows a progress bar with tokens/s, ends with
 a summary, and ``--verify N`` checks N random rows against the reference. ``--ray-data`` runs the
-same encode on a Ray Data actor pool instead (for a cluster; one directory of part files).
+same encode on a Ray Data actor pool instead (for a cluster; one directory of part files). Both
+paths take one :class:`~delta_ray.text_columns.BatchSpec` built from the options (:func:`spec_of`):
+the columns, ``--no-special-tokens``, ``--drop-text``, ``--batch-bytes``, ``--engine`` and
+``--threads`` mean the same on both; ``--concurrency``, ``--num-cpus`` and ``--batch-size`` size the
+Ray Data pool and are refused without ``--ray-data``. One output directory takes one run at a time
+(a lock); a rerun skips an input only if its output file holds the rows its manifest records.
 
 Inputs by extension: ``.txt`` is one document per line (empty lines skipped; Ray Data's
 ``read_text``), ``.jsonl``/``.json`` newline-delimited JSON objects (``read_json``), ``.parquet``
-(``read_parquet``); ``.txt``/``.jsonl``/``.json`` may end in ``.gz``, ``.bz2`` or ``.zst``. The
+(``read_parquet``); ``.txt``/``.jsonl``/``.json`` may end in ``.gz``, ``.bz2`` or ``.zst`` (streamed
+in pieces of ``--batch-bytes``, never decompressed whole). The
 output keeps the input columns (``--drop-text`` omits the text) and adds the ``list<int32>`` IDs and
 an ``int32`` count column; ``--output`` is a new or empty local directory (on a multi-node cluster,
-one every node can write: a shared file system) or a URI Ray Data can write to. Blocks are split to
-``--batch-size`` rows so every actor of the pool gets work. A local Ray is started when none is
+one every node can write: a shared file system) or a URI Ray Data can write to; its rows keep the
+input columns, in the order Ray Data's blocks finish. A local Ray is started when none is
 running and shut down afterwards; a Ray the caller already runs is left alone. Usage errors exit
 with status 2, a failure while the pipeline runs (e.g. a null text) with status 1.
 """
@@ -45,20 +51,43 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--output-column", default="input_ids", help="IDs column (default: input_ids)")
     parser.add_argument("--count-column", default="num_tokens", help="token count column (default: num_tokens)")
     parser.add_argument("--concurrency", type=int, default=None,
-                        help="tokenizer actors (default: the cluster's CPU count)")
-    parser.add_argument("--num-cpus", type=float, default=0.5, help="CPUs reserved per actor (default: 0.5)")
-    parser.add_argument("--batch-size", type=int, default=1024,
-                        help="rows per block and per actor call (default: 1024)")
+                        help="--ray-data: tokenizer actors (default: the cluster's CPU count)")
+    parser.add_argument("--num-cpus", type=float, default=None,
+                        help="--ray-data: CPUs reserved per actor (default: 0.5)")
+    parser.add_argument("--batch-size", type=int, default=None,
+                        help="--ray-data: rows per actor call (default: whole Ray Data blocks)")
+    parser.add_argument("--batch-bytes", type=int, default=None,
+                        help=f"most text encoded at once, in bytes (default: {8 << 20})")
     parser.add_argument("--no-special-tokens", action="store_true",
                         help="encode with add_special_tokens=False (no BOS/template tokens)")
     parser.add_argument("--drop-text", action="store_true", help="do not copy the text column to the output")
-    parser.add_argument("--threads", type=int, default=None, help="encode threads (default: the CPUs)")
+    parser.add_argument("--threads", type=int, default=None,
+                        help="encode threads (default: the CPUs; with --ray-data, per actor: its node's CPUs)")
     parser.add_argument("--verify", type=int, default=0, metavar="N",
                         help="check N random output rows against the reference tokenizer")
     parser.add_argument("--engine", default="auto", choices=("auto", "fast", "reference"),
                         help="encoder inside the cuts (default auto: the fast tier once admitted)")
     parser.add_argument("--ray-data", action="store_true",
                         help="run on a Ray Data actor pool (a cluster) instead of this machine's threads")
+
+
+# Options that size the Ray Data pool: refused on the local path rather than silently ignored.
+RAY_ONLY = ("concurrency", "num_cpus", "batch_size")
+
+
+def spec_of(args: argparse.Namespace):
+    """The one batch specification both paths run with, from the command line."""
+    from delta_ray.text_columns import BatchSpec
+
+    fields = dict(text_column=args.text_column, output_column=args.output_column,
+                  count_column=args.count_column or None, add_special_tokens=not args.no_special_tokens,
+                  drop_text=args.drop_text, engine=args.engine, threads=args.threads)
+    if args.batch_bytes is not None:
+        fields["batch_bytes"] = args.batch_bytes
+    try:
+        return BatchSpec(**fields)
+    except (TypeError, ValueError) as exc:
+        raise UsageError(str(exc)) from exc
 
 
 def _kind(path: str) -> str:
@@ -111,20 +140,18 @@ def _read(groups: dict[str, list[str]], text_column: str):
     return parts[0] if len(parts) == 1 else parts[0].union(*parts[1:])
 
 
-def _run_local(args: argparse.Namespace, loaded) -> int:
+def _run_local(args: argparse.Namespace, loaded, spec) -> int:
     """This machine at its limit: threads over every core, atomic per-input outputs, resumable."""
-    from delta_ray.batch_files import Options, tokenize_files, verify_outputs
+    from delta_ray.batch_files import OutputLocked, tokenize_files, verify_outputs
     from delta_ray.tokenizer import TokenizerCore
 
-    opts = Options(text_column=args.text_column, output_column=args.output_column,
-                   count_column=args.count_column or None, add_special_tokens=not args.no_special_tokens,
-                   drop_text=args.drop_text)
+    opts = spec
     inputs = [os.path.abspath(p) for p in args.inputs]
-    dt = TokenizerCore(loaded, engine=args.engine, reuse="none")
+    dt = TokenizerCore(loaded, engine=spec.engine, reuse="none")
     bar = _progress()
     try:
-        summary = tokenize_files(inputs, args.output, dt, opts, threads=args.threads, progress=bar)
-    except (ValueError, TypeError, OSError) as exc:
+        summary = tokenize_files(inputs, args.output, dt, spec, progress=bar)
+    except (ValueError, TypeError, OSError, OutputLocked) as exc:
         print(f"\ndelta-ray tokenize: failed: {exc}", file=sys.stderr)
         return 1
     finally:
@@ -168,41 +195,75 @@ class _progress:
             self._bar.close()
 
 
-def _written_totals(out: str, count_column: str) -> tuple[int, int]:
+def _written_totals(out: str, count_column: str | None, output_column: str) -> tuple[int, int]:
     import pyarrow.compute as pc
     import pyarrow.dataset as pds
 
-    table = pds.dataset(out, format="parquet").to_table(columns=[count_column])
-    total = pc.sum(table.column(count_column)).as_py() or 0
+    if count_column is None:
+        table = pds.dataset(out, format="parquet").to_table(columns=[output_column])
+        total = pc.sum(pc.list_value_length(table.column(output_column))).as_py() or 0
+    else:
+        table = pds.dataset(out, format="parquet").to_table(columns=[count_column])
+        total = pc.sum(table.column(count_column)).as_py() or 0
     return table.num_rows, int(total)
+
+
+def _verify_output(out: str, reference, spec, n: int, seed: int = 0) -> tuple[int, list[str]]:
+    """``n`` random rows of a ``--ray-data`` output compared with the reference by their own text
+    column (Ray Data does not keep the inputs' row order, so rows are checked by content)."""
+    import random
+
+    import pyarrow.dataset as pds
+
+    table = pds.dataset(out, format="parquet").to_table(columns=[spec.text_column, spec.output_column])
+    rng = random.Random(seed)
+    rows = sorted(rng.sample(range(table.num_rows), min(n, table.num_rows)))
+    bad = []
+    for r in rows:
+        want = reference.encode(table.column(spec.text_column)[r].as_py(),
+                                add_special_tokens=spec.add_special_tokens).ids
+        if table.column(spec.output_column)[r].as_py() != want:
+            bad.append(f"output row {r}")
+    return len(rows), bad
 
 
 def run(args: argparse.Namespace) -> int:
     try:
+        spec = spec_of(args)
         groups = _check_inputs(list(args.inputs))
         _check_output(args.output, args.ray_data)
+        if not args.ray_data:
+            given = [f"--{o.replace('_', '-')}" for o in RAY_ONLY if getattr(args, o) is not None]
+            if given:
+                raise UsageError(f"{', '.join(given)} size the Ray Data pool: use them with --ray-data")
         if args.concurrency is not None and args.concurrency < 1:
             raise UsageError("--concurrency must be >= 1")
-        if args.batch_size < 1 or args.num_cpus <= 0:
+        if (args.batch_size is not None and args.batch_size < 1) or (args.num_cpus is not None and args.num_cpus <= 0):
             raise UsageError("--batch-size must be >= 1 and --num-cpus > 0")
+        if args.ray_data and args.verify and spec.drop_text:
+            raise UsageError("--verify with --ray-data checks rows by their text: not with --drop-text")
         from delta_ray.loading import load_tokenizer
         try:
             loaded = load_tokenizer(args.tokenizer)
         except (OSError, ValueError) as exc:
             raise UsageError(f"--tokenizer: {exc}") from exc
         if not args.ray_data:
-            from delta_ray.batch_files import Options, check_text_column
+            from delta_ray.batch_files import check_text_column
             for p in args.inputs:
                 try:
-                    check_text_column(p, Options(text_column=args.text_column))
+                    check_text_column(p, spec)
                 except (ValueError, TypeError) as exc:
                     raise UsageError(str(exc)) from exc
     except UsageError as exc:
         print(f"delta-ray tokenize: {exc}", file=sys.stderr)
         return 2
     if not args.ray_data:
-        return _run_local(args, loaded)
+        return _run_local(args, loaded, spec)
+    return _run_ray_data(args, loaded, spec, groups)
 
+
+def _run_ray_data(args: argparse.Namespace, loaded, spec, groups: dict[str, list[str]]) -> int:
+    """The same specification on a Ray Data actor pool (a cluster)."""
     # A stalled pipeline must not start a new cluster after we shut ours down (read at Ray import).
     os.environ.setdefault("RAY_ENABLE_AUTO_CONNECT", "0")
     import ray
@@ -217,23 +278,24 @@ def run(args: argparse.Namespace) -> int:
         from delta_ray.actors.data import tokenize_dataset
 
         t0 = time.perf_counter()
-        ds = _read(groups, args.text_column)
+        ds = _read(groups, spec.text_column)
+        pool = {k: getattr(args, k) for k in RAY_ONLY if getattr(args, k) is not None}
         try:
-            ds = tokenize_dataset(ds, loaded, text_column=args.text_column, output_column=args.output_column,
-                                  count_column=args.count_column,
-                                  add_special_tokens=not args.no_special_tokens,
-                                  batch_size=args.batch_size, concurrency=args.concurrency,
-                                  num_cpus=args.num_cpus)
+            ds = tokenize_dataset(ds, loaded, spec, **pool)
         except (ValueError, TypeError) as exc:
             print(f"delta-ray tokenize: {exc}", file=sys.stderr)
             return 2
-        if args.drop_text:
-            ds = ds.drop_columns([args.text_column])
         ds.write_parquet(args.output)
         elapsed = time.perf_counter() - t0
-        rows, tokens = _written_totals(args.output, args.count_column)
+        rows, tokens = _written_totals(args.output, spec.count_column, spec.output_column)
         print(f"tokenized {rows:,} documents into {tokens:,} tokens in {elapsed:.1f} s: "
               f"{tokens / max(elapsed, 1e-9):,.0f} tokens/s -> {args.output}")
+        if args.verify:
+            checked, bad = _verify_output(args.output, loaded.tokenizer, spec, args.verify)
+            if bad:
+                print(f"verify: {len(bad)} of {checked} rows differ from the reference: {bad[:5]}", file=sys.stderr)
+                return 1
+            print(f"verify: {checked} random rows equal the reference")
         return 0
     except Exception as exc:  # a failure while the pipeline ran (e.g. null texts): say what, no traceback wall
         print(f"delta-ray tokenize: failed: {type(exc).__name__}: {exc}", file=sys.stderr)

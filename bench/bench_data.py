@@ -1,33 +1,45 @@
-"""Ray Data batch tokenization: a naive ``map_batches`` pipeline against ``delta_ray.tokenize_dataset``.
+"""Batch tokenization on Ray Data against the pipelines users write, side by side in one run.
 
-    python bench/bench_data.py [--scale 1.0] [--tokenizer qwen-3] [--repeats 2] [--stats]
+    .venv/bin/python bench/bench_data.py [--mb 100] [--files 24] [--tokenizer llama3.2] [--repeats 3]
+                                         [--corpora big,parquet24,jsonl24] [--pipelines ...] [--stats]
 
-One corpus with skewed document lengths (many short documents and a few of several million
-characters; real text from ../shared/corpus when present, else the standard library) is put in
-the object store once as Arrow blocks of ``--batch-size`` rows, then tokenized by
+Corpora (written once under a temporary directory, every row with an int64 ``id``):
 
-(a) naive: what users write today -- an actor class whose ``__call__`` runs the HF tokenizer's
-    ``encode_batch`` on a numpy batch and returns the IDs as Python lists;
-(b) delta-ray: ``delta_ray.tokenize_dataset`` (list<int32> built from Arrow buffers, long
-    documents cut at safe cuts, the offset-free batch encode).
+* ``big``: one Parquet file of about ``--mb`` MB of text written with pyarrow's defaults (one row
+  group), 0.2K-8K-character documents plus a 2M- and a 4M-character one;
+* ``parquet24``: the same amount of text as ``--files`` Parquet files in a directory;
+* ``jsonl24``: the same as ``--files`` JSONL files in a directory.
 
-Fairness: the same Ray instance and the same input blocks (no read in the timed part); the same
-actor pool size (``--concurrency``), CPU reservation (``--num-cpus``, fractional so that other
-tasks are never starved on a small machine), batch size and worker environment; each run is
-timed end to end (actor start-up with tokenizer loading, tokenization, materialization in the
-object store), and the runs alternate (a, b, a, b, ...) so machine noise and warm caches fall on
-both. Besides wall time it reports the CPU time the actors spent in their batch calls (from Ray
-Data's stats), which a busy machine disturbs less. Every row of the two outputs is compared
-(sorted by document id: Ray Data does not preserve order) and must be identical; the exit status
-is 1 otherwise.
+Pipelines, each timed end to end (read -> tokenize -> ``write_parquet`` / Parquet files):
+
+* ``plain``: the script a user would write without Ray: pyarrow batches + fastokens
+  ``encode_batch_flat`` + a ParquetWriter, one process, fastokens with its default threads;
+* ``cli``: ``delta-ray tokenize``'s local path (:func:`delta_ray.batch_files.tokenize_files`);
+* ``ray-fastokens``: the Ray Data pipeline a user would write with fastokens: ``read_parquet(dir)``
+  / ``read_json(dir)``, ``map_batches`` with an actor pool of ``os.cpu_count()`` actors,
+  ``num_cpus=0.5``, ``batch_format="pyarrow"``, Ray Data's default blocks and batches, the IDs
+  built as ``pa.array(list of id lists)`` (the peer);
+* ``tokenize_dataset``: :func:`delta_ray.tokenize_dataset` with its defaults;
+* ``ray-reference``: the same user pipeline with the reference tokenizer's ``encode_batch`` (naive).
+
+All Ray pipelines share one local Ray started as a user would (``ray.init(num_cpus=cores)``, no
+worker environment), and the runs alternate (pipeline order rotated each repeat), so load on this
+shared machine falls on all of them; the table gives medians. ``--stats`` prints Ray Data's
+per-operator stats of each Ray run (where the time goes: read, map, write; actor utilisation).
+Rows: every output's row count is checked, and ``--verify`` random rows of each output are compared
+by id with the reference ``Tokenizer.from_file(p).encode(text).ids`` (exit status 1 on a mismatch).
 """
 from __future__ import annotations
 
 import argparse
+import json
 import os
-import re
+import random
+import shutil
 import statistics
+import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -36,260 +48,266 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import numpy as np  # noqa: E402
 import pyarrow as pa  # noqa: E402
-import pyarrow.compute as pc  # noqa: E402
+import pyarrow.parquet as pq  # noqa: E402
 
 from delta_ray.bundled import TEST_TOKENIZERS, bundled_tokenizer_path  # noqa: E402
 from delta_ray.sample_text import corpus  # noqa: E402
 
-KINDS = ("english", "code", "multilingual")
+PIPELINES = ("plain", "cli", "ray-fastokens", "tokenize_dataset", "ray-reference")
 
 
-def build_corpus(scale: float, seed: int) -> list[str]:
-    """Short documents (log-normal lengths, median ~700 chars) plus three long ones (3M, 2M, 4M at scale 1)."""
-    rng = np.random.default_rng(seed)
-    short_total = int(12_000_000 * scale)
-    long_sizes = {"english": int(3_000_000 * scale), "code": int(2_000_000 * scale),
-                  "multilingual": int(4_000_000 * scale)}
-    docs: list[str] = []
-    per_kind = short_total // len(KINDS)
-    for kind in KINDS:
-        text = corpus(kind, per_kind)
-        pos = 0
-        while pos < len(text):
-            n = int(np.clip(rng.lognormal(np.log(700), 1.0), 1, 40_000))
-            docs.append(text[pos:pos + n])
-            pos += n
-    for kind, n in long_sizes.items():
-        text = corpus(kind, n)
-        # A different starting point than the short documents, so the long ones are not duplicates.
-        docs.append(text[n // 3:] + "\n" + text[: n // 3])
-    order = rng.permutation(len(docs))
-    return [docs[i] for i in order]
+# -- corpora --------------------------------------------------------------------------------------
+def make_corpora(root: str, mb: int, files: int, which: list[str]) -> dict[str, tuple[str, list[str]]]:
+    """name -> (what Ray Data reads: a file or a directory, the files) for each wanted corpus."""
+    src = corpus("english", 4_000_000) + corpus("code", 4_000_000) + corpus("multilingual", 4_000_000)
+    rng = random.Random(0)
+
+    def docs(total: int) -> list[str]:
+        out, n = [], 0
+        while n < total:
+            k = rng.randint(200, 8000)
+            s = rng.randrange(0, len(src) - k)
+            out.append(src[s:s + k])
+            n += k
+        return out
+    rows = docs(mb * 1_000_000)
+    rows.insert(len(rows) // 3, (src * 2)[:2_000_000])
+    rows.insert(2 * len(rows) // 3, (src * 2)[1_000_000:5_000_000])
+    table = pa.table({"id": np.arange(len(rows), dtype=np.int64), "text": rows})
+    out: dict[str, tuple[str, list[str]]] = {}
+    if "big" in which:
+        big = os.path.join(root, "big.parquet")
+        pq.write_table(table, big)  # pyarrow's defaults, as a user writes a file: one row group
+        out["big"] = (big, [big])
+    per = -(-len(rows) // files)
+    for name, ext in (("parquet24", "parquet"), ("jsonl24", "jsonl")):
+        if name not in which:
+            continue
+        d = os.path.join(root, name)
+        os.makedirs(d)
+        paths = []
+        for i in range(files):
+            part = table.slice(i * per, per)
+            p = os.path.join(d, f"part{i:03d}.{ext}")
+            if ext == "parquet":
+                pq.write_table(part, p)
+            else:
+                with open(p, "w", encoding="utf-8") as fh:
+                    for rid, text in zip(part.column("id").to_pylist(), part.column("text").to_pylist()):
+                        fh.write(json.dumps({"id": rid, "text": text}) + "\n")
+            paths.append(p)
+        out[name] = (d, paths)
+    return out
 
 
-def input_dataset(ray, docs: list[str], rows_per_block: int):
-    """The corpus as a materialized dataset of ``rows_per_block``-row Arrow blocks, built once and
-    consumed by every run (no read in the timed part: both pipelines see exactly the same blocks)."""
-    table = pa.table({"id": pa.array(np.arange(len(docs), dtype=np.int64)), "text": pa.array(docs, pa.large_string())})
-    blocks = [table.slice(i, rows_per_block) for i in range(0, len(docs), rows_per_block)]
-    return ray.data.from_arrow(blocks).materialize()
+# -- the pipelines without Ray ------------------------------------------------------------------------
+def plain(path_json: str, inputs: list[str], out: str) -> tuple[float, int]:
+    """The plain script: pyarrow batches of 8,192 rows + fastokens ``encode_batch_flat``, one process."""
+    import fastokens
+    import pyarrow.json as pj
+    tok = fastokens.Tokenizer.from_json_str(open(path_json, encoding="utf-8").read())
+    t0, total = time.perf_counter(), 0
+    for p in inputs:
+        writer = None
+        batches = (pq.ParquetFile(p).iter_batches(batch_size=8192) if p.endswith(".parquet")
+                   else pj.read_json(p).to_batches(max_chunksize=8192))
+        for batch in batches:
+            buf, offs = tok.encode_batch_flat(batch.column("text").to_pylist(), add_special_tokens=True)
+            vals = np.frombuffer(buf, dtype="<u4").view("<i4")
+            o = np.frombuffer(offs, dtype="<u8").astype(np.int32)
+            t = pa.Table.from_batches([batch]).append_column(
+                "input_ids", pa.ListArray.from_arrays(pa.array(o), pa.array(vals)))
+            if writer is None:
+                writer = pq.ParquetWriter(os.path.join(out, os.path.basename(p) + ".parquet"), t.schema)
+            writer.write_table(t)
+            total += len(vals)
+        writer.close()
+    return time.perf_counter() - t0, total
 
 
-class NaiveHFTokenize:
-    """The usual Ray Data tokenization UDF: HF ``encode_batch``, IDs returned as Python lists."""
+def cli(path_json: str, inputs: list[str], out: str) -> tuple[float, int]:
+    """``delta-ray tokenize``'s local path, as the command runs it."""
+    from delta_ray import DeltaTokenizer
+    from delta_ray.batch_files import Options, tokenize_files
+    dt = DeltaTokenizer(path_json, engine="auto", reuse="none")
+    t0 = time.perf_counter()
+    s = tokenize_files(inputs, out, dt, Options())
+    return time.perf_counter() - t0, s.tokens
 
-    def __init__(self, path: str, add_special_tokens: bool):
+
+def in_own_process(fn_name: str, *args) -> tuple:
+    """A pipeline in a fresh process with the user's defaults (delta-ray pins fastokens to one
+    thread per process when imported first; a plain script does not)."""
+    env = {k: v for k, v in os.environ.items() if k != "FASTOKENS_BPE_THREADS"}
+    # Admission in the foreground: an exit while it runs in the background can abort (issue 21, item 1).
+    env["DELTA_RAY_FAST_BACKGROUND"] = "0"
+    code = (f"import json, sys; sys.path.insert(0, {os.path.dirname(os.path.abspath(__file__))!r}); "
+            f"import bench_data as b; print(json.dumps(b.{fn_name}(*json.loads(sys.argv[1]))))")
+    out = subprocess.run([sys.executable, "-c", code, json.dumps(args)], capture_output=True, text=True, env=env)
+    if out.returncode:
+        raise RuntimeError(f"{fn_name} failed ({out.returncode}): {out.stderr[-2000:]}")
+    return tuple(json.loads(out.stdout.strip().splitlines()[-1]))
+
+
+# -- the Ray Data pipelines -------------------------------------------------------------------------
+class FastokensTokenize:
+    """The fastokens UDF a Ray Data user writes: encode the batch, IDs as ``pa.array`` of lists."""
+
+    def __init__(self, path: str):
+        import fastokens
+        self.tok = fastokens.Tokenizer.from_file(path)
+
+    def __call__(self, batch: pa.Table) -> pa.Table:
+        encs = self.tok.encode_batch(batch.column("text").to_pylist(), add_special_tokens=True)
+        return batch.append_column("input_ids", pa.array([e.ids for e in encs], pa.list_(pa.int32())))
+
+
+class ReferenceTokenize:
+    """The same UDF with the reference tokenizer (what users write first)."""
+
+    def __init__(self, path: str):
         from tokenizers import Tokenizer
-
         self.tok = Tokenizer.from_file(path)
-        self.add_special_tokens = add_special_tokens
 
-    def __call__(self, batch: dict) -> dict:
-        encs = self.tok.encode_batch(batch["text"].tolist(), add_special_tokens=self.add_special_tokens)
-        batch["input_ids"] = [e.ids for e in encs]
-        batch["num_tokens"] = [len(e.ids) for e in encs]
-        return batch
+    def __call__(self, batch: pa.Table) -> pa.Table:
+        encs = self.tok.encode_batch(batch.column("text").to_pylist(), add_special_tokens=True)
+        return batch.append_column("input_ids", pa.array([e.ids for e in encs], pa.list_(pa.int32())))
 
 
-def run_naive(ray, ds, path: str, args) -> tuple[float, object]:
+def read(ray, source: str):
+    return ray.data.read_json(source) if "jsonl" in source else ray.data.read_parquet(source)
+
+
+def run_ray(ray, name: str, path: str, source: str, out: str):
+    """One Ray Data pipeline end to end; returns (seconds, the Ray Data stats text)."""
     t0 = time.perf_counter()
-    ds = ds.map_batches(NaiveHFTokenize, fn_constructor_args=(path, not args.no_special_tokens),
-                        batch_size=args.batch_size, compute=ray.data.ActorPoolStrategy(size=args.concurrency),
-                        num_cpus=args.num_cpus)
-    out = ds.materialize()
-    return time.perf_counter() - t0, out
+    ds = read(ray, source)
+    if name == "tokenize_dataset":
+        from delta_ray import tokenize_dataset
+        ds = tokenize_dataset(ds, path)
+    else:
+        udf = FastokensTokenize if name == "ray-fastokens" else ReferenceTokenize
+        ds = ds.map_batches(udf, fn_constructor_args=(path,), batch_format="pyarrow",
+                            compute=ray.data.ActorPoolStrategy(size=os.cpu_count() or 1), num_cpus=0.5)
+    ds.write_parquet(out)
+    elapsed = time.perf_counter() - t0
+    return elapsed, ds.stats()
 
 
-def run_delta(ray, ds, path: str, args) -> tuple[float, object]:
-    import delta_ray
-
-    t0 = time.perf_counter()
-    ds = delta_ray.tokenize_dataset(ds, path, add_special_tokens=not args.no_special_tokens,
-                                    batch_size=args.batch_size, concurrency=args.concurrency,
-                                    num_cpus=args.num_cpus, engine=args.current_engine)
-    out = ds.materialize()
-    return time.perf_counter() - t0, out
-
-
-def _processes():
-    """(command line, resident bytes) of every process this user can read (Linux /proc)."""
-    for pid in os.listdir("/proc"):
-        if not pid.isdigit():
-            continue
-        try:
-            with open(f"/proc/{pid}/cmdline", "rb") as f:
-                cmd = f.read().replace(b"\0", b" ").decode(errors="replace")
-            with open(f"/proc/{pid}/statm") as f:
-                rss_pages = int(f.read().split()[1])
-        except (OSError, ValueError, IndexError):
-            continue
-        yield cmd, rss_pages * os.sysconf("SC_PAGE_SIZE")
+# -- checks -------------------------------------------------------------------------------------------
+def check_output(out: str, texts: dict[int, str], ref, verify: int, seed: int) -> tuple[int, int, str]:
+    """(rows, tokens, problem or "") of an output directory: every row present once, ``verify``
+    random rows equal to the reference by id."""
+    import pyarrow.dataset as pds
+    got = pds.dataset(out, format="parquet").to_table(columns=["id", "input_ids"])
+    ids = got.column("id").to_numpy()
+    tokens = int(pa.compute.sum(pa.compute.list_value_length(got.column("input_ids"))).as_py() or 0)
+    if len(ids) != len(texts) or len(np.unique(ids)) != len(texts):
+        return len(ids), tokens, f"{len(ids)} rows ({len(np.unique(ids))} distinct ids) for {len(texts)} inputs"
+    rng = random.Random(seed)
+    for r in rng.sample(range(len(ids)), min(verify, len(ids))):
+        want = ref.encode(texts[int(ids[r])], add_special_tokens=True).ids
+        if got.column("input_ids")[r].as_py() != want:
+            return len(ids), tokens, f"row id {ids[r]} differs from the reference"
+    return len(ids), tokens, ""
 
 
-class ActorPeakRSS:
-    """Samples the resident memory of the pipelines' actor processes (Ray names them after their
-    UDF class) every 50 ms in a background thread; ``peak_mb()`` is the largest one seen."""
-
-    def __init__(self, marker: str):
-        import threading
-
-        self.marker, self.peak = marker, 0
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
-
-    def __enter__(self):
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc):
-        self._stop.set()
-        self._thread.join()
-
-    def _run(self):
-        while not self._stop.wait(0.05):
-            self.peak = max([self.peak] + [rss for cmd, rss in _processes() if self.marker in cmd])
-
-    def peak_mb(self) -> float:
-        return self.peak / 2 ** 20
-
-
-_UNITS = {"us": 1e-6, "ms": 1e-3, "s": 1.0, "m": 60.0, "h": 3600.0}
-
-
-def udf_cpu_seconds(stats: str) -> float | None:
-    """Total remote CPU time of the MapBatches operator, from ``Dataset.stats()`` (None if absent)."""
-    in_map = False
-    for line in stats.splitlines():
-        if line.startswith("Operator "):
-            in_map = "MapBatches" in line
-        elif in_map and "Remote cpu time" in line:
-            m = re.search(r"([0-9.]+)(us|ms|s|m|h) total", line)
-            return float(m.group(1)) * _UNITS[m.group(2)] if m else None
-    return None
-
-
-def ids_by_doc(ray, ds) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """(doc ids, per-row lengths, flattened int64 IDs), rows sorted by doc id."""
-    tables = []
-    for block in ray.get(ds.to_arrow_refs()):
-        col = block.column("input_ids")
-        if not (pa.types.is_list(col.type) or pa.types.is_large_list(col.type)):
-            # Ray Data turns a batch whose rows all have the same length into a tensor column.
-            rows = [np.asarray(r, dtype=np.int64).ravel() for r in col.to_numpy(zero_copy_only=False)]
-            col = pa.array(rows, pa.large_list(pa.int64()))
-        else:
-            col = col.cast(pa.large_list(pa.int64()))
-        tables.append(pa.table({"id": block.column("id"), "input_ids": col}))
-    table = pa.concat_tables(tables).sort_by("id").combine_chunks()
-    lists = table.column("input_ids").chunk(0)
-    return (table.column("id").to_numpy(), pc.list_value_length(lists).to_numpy(),
-            pc.list_flatten(lists).to_numpy())
+def brief_stats(stats: str) -> str:
+    keep = ("Operator ", "tasks executed", "Remote wall time", "Remote cpu time", "UDF time",
+            "Output num rows per block", "Output size bytes per block", "Operator throughput",
+            "Total input num rows", "Total output num rows", "* Output num rows", "Dataset throughput",
+            "Actor", "actors")
+    return "\n".join("    " + ln.strip() for ln in stats.splitlines() if any(k in ln for k in keep))
 
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--tokenizer", default="qwen-3", help=f"bundled name ({', '.join(TEST_TOKENIZERS)}) or a path")
-    p.add_argument("--scale", type=float, default=1.0, help="corpus size: 1.0 = 12M chars of short docs + 9M long")
-    p.add_argument("--repeats", type=int, default=2, help="alternating runs of each pipeline")
-    p.add_argument("--concurrency", type=int, default=None, help="actors per pipeline (default: CPU count)")
-    p.add_argument("--num-cpus", type=float, default=0.5, help="CPUs reserved per actor (both pipelines)")
-    p.add_argument("--batch-size", type=int, default=256)
-    p.add_argument("--rows-per-block", type=int, default=None,
-                   help="rows per input block (default: --batch-size, so blocks spread over the actors)")
-    p.add_argument("--no-special-tokens", action="store_true")
-    p.add_argument("--rayon-threads", type=int, default=None,
-                   help="RAYON_NUM_THREADS in the workers (both pipelines; default: the library default)")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--engines", default="reference,fast",
-                   help="delta-ray engines to run beside the naive pipeline (reference, fast, auto)")
-    p.add_argument("--stats", action="store_true", help="print Ray Data's per-operator task times of each run")
+    p.add_argument("--tokenizer", default="llama3.2", help=f"bundled name ({', '.join(TEST_TOKENIZERS)}) or a path")
+    p.add_argument("--mb", type=int, default=100, help="MB of text per corpus")
+    p.add_argument("--files", type=int, default=24)
+    p.add_argument("--repeats", type=int, default=3, help="alternating runs of each pipeline (medians)")
+    p.add_argument("--corpora", default="big,parquet24,jsonl24")
+    p.add_argument("--pipelines", default=",".join(PIPELINES))
+    p.add_argument("--verify", type=int, default=200, help="random rows of each output checked against the reference")
+    p.add_argument("--stats", action="store_true", help="print Ray Data's stats of each Ray run")
     args = p.parse_args(argv)
 
-    import ray
-    import ray.data
-
     path = bundled_tokenizer_path(args.tokenizer) if args.tokenizer in TEST_TOKENIZERS else args.tokenizer
-    cpus = os.cpu_count() or 1
-    args.concurrency = args.concurrency or cpus
-    docs = build_corpus(args.scale, args.seed)
-    lengths = np.array([len(d) for d in docs])
-    big = lengths >= 1_000_000
-    print(f"corpus: {len(docs):,} documents, {lengths.sum():,} chars; {big.sum()} long documents "
-          f"({lengths[big].sum():,} chars, largest {lengths.max():,}); median {int(np.median(lengths)):,} chars")
-    print(f"tokenizer {args.tokenizer}; {cpus} CPUs; actor pool {args.concurrency} x {args.num_cpus} CPU; "
-          f"batch_size {args.batch_size}; RAYON_NUM_THREADS={args.rayon_threads or 'default'}")
-
-    env = {"RAYON_NUM_THREADS": str(args.rayon_threads)} if args.rayon_threads else {}
-    ray.init(num_cpus=cpus, include_dashboard=False, log_to_driver=False, configure_logging=False,
-             runtime_env={"env_vars": env} if env else None)
-    ray.data.DataContext.get_current().enable_progress_bars = False
+    cores = os.cpu_count() or 1
+    pipelines = [x for x in args.pipelines.split(",") if x]
+    root = tempfile.mkdtemp(prefix="delta-ray-bench-data-")
+    import ray
     try:
-        source = input_dataset(ray, docs, args.rows_per_block or args.batch_size)
-        print(f"input: {source.num_blocks()} blocks")
-        del docs
-        engines = [e for e in args.engines.split(",") if e]
-        names = ["naive"] + [f"delta-ray[{e}]" for e in engines]
-        times: dict[str, list[float]] = {k: [] for k in names}
-        cpu: dict[str, list[float]] = {k: [] for k in names}
-        peak: dict[str, float] = {k: 0.0 for k in names}
-        outputs = {}
-        for r in range(args.repeats):
-            for name in names:
-                with ActorPeakRSS("NaiveHFTokenize" if name == "naive" else "TokenizeBatch") as rss:
-                    if name == "naive":
-                        elapsed, out = run_naive(ray, source, path, args)
+        corpora = make_corpora(root, args.mb, args.files, [c for c in args.corpora.split(",") if c])
+        from tokenizers import Tokenizer
+        ref = Tokenizer.from_file(path)
+        first = pq.read_table(corpora["big"][1][0]) if "big" in corpora else None
+        print(f"# bench_data: {args.tokenizer}, {args.mb} MB of text per corpus, {cores} cores, "
+              f"load average at start {os.getloadavg()[0]:.2f}; medians of {args.repeats} alternating runs")
+        ray.init(num_cpus=cores, include_dashboard=False, log_to_driver=False, configure_logging=False)
+        ray.data.DataContext.get_current().enable_progress_bars = False
+        failed = False
+        results: dict[str, dict[str, list[float]]] = {}
+        tokens_of: dict[str, int] = {}
+        for cname, (source, files) in corpora.items():
+            texts = None
+            times: dict[str, list[float]] = {k: [] for k in pipelines}
+            loads = []
+            for r in range(args.repeats):
+                order = pipelines[r % len(pipelines):] + pipelines[:r % len(pipelines)]
+                for name in order:
+                    out = os.path.join(root, f"out-{cname}-{name}-{r}")
+                    loads.append(os.getloadavg()[0])
+                    if name in ("plain", "cli"):
+                        os.makedirs(out)
+                        elapsed, tokens = in_own_process(name, path, files, out)
+                        stats = ""
                     else:
-                        args.current_engine = name[len("delta-ray["):-1]
-                        elapsed, out = run_delta(ray, source, path, args)
-                peak[name] = max(peak[name], rss.peak_mb())
-                times[name].append(elapsed)
-                outputs[name] = out  # keep the last output of each for the comparison
-                stats = out.stats()
-                used = udf_cpu_seconds(stats)
-                if used is not None:
-                    cpu[name].append(used)
-                print(f"  run {r + 1} {name:20s} {elapsed:6.2f} s wall"
-                      + (f", {used:6.2f} s CPU in the actors' batch calls" if used is not None else ""), flush=True)
-                if args.stats:
-                    keep = ("tasks executed", "Remote wall time", "Remote cpu time")
-                    print("\n".join("    " + ln.strip() for ln in stats.splitlines()
-                                    if any(k in ln for k in keep)))
-                del out
-        t0 = time.perf_counter()
-        a_ids, a_len, a_vals = ids_by_doc(ray, outputs["naive"])
-        n = len(lengths)
-        same = True
-        for name in names[1:]:
-            b_ids, b_len, b_vals = ids_by_doc(ray, outputs[name])
-            same_rows = np.array_equal(a_ids, np.arange(n)) and np.array_equal(b_ids, np.arange(n))
-            ok = same_rows and np.array_equal(a_len, b_len) and np.array_equal(a_vals, b_vals)
-            same &= ok
-            tokens = int(b_len.sum())
-            if not ok and same_rows and np.array_equal(a_len, b_len):
-                bad = np.unique(np.searchsorted(np.cumsum(a_len), np.flatnonzero(a_vals != b_vals), side="right"))
-                print(f"{name}: rows with different IDs: {len(bad)} (first doc ids {bad[:10].tolist()})")
-            elif not ok:
-                print(f"{name}: row sets or lengths differ")
-            print(f"{name}: compared {n:,} rows ({tokens:,} tokens) with the naive pipeline (the reference): "
-                  f"{'identical' if ok else 'DIFFERENT'}")
-        print(f"comparisons took {time.perf_counter() - t0:.1f} s")
-        best = {k: min(v) for k, v in times.items()}
-        med = {k: statistics.median(v) for k, v in times.items()}
-        for k in times:
-            print(f"{k:20s} best {best[k]:6.2f} s = {tokens / best[k] / 1e6:6.3f} M tokens/s; "
-                  f"median {med[k]:6.2f} s = {tokens / med[k] / 1e6:6.3f} M tokens/s")
-        for k in names[1:]:
-            print(f"speed-up {k} / naive: {best['naive'] / best[k]:.2f}x (best), "
-                  f"{med['naive'] / med[k]:.2f}x (median)  (target >= 1.3x)")
-        print("peak actor RSS (largest actor process; target <= 2048 MB with the 4M-character document): "
-              + ", ".join(f"{k} {v:,.0f} MB" for k, v in peak.items()))
-        if all(cpu.values()):
-            c = {k: statistics.median(v) for k, v in cpu.items()}
-            print("actor CPU (median; less sensitive to a busy machine): "
-                  + ", ".join(f"{k} {v:.2f} s" for k, v in c.items()))
-        return 0 if same else 1
+                        elapsed, stats = run_ray(ray, name, path, source, out)
+                    times[name].append(elapsed)
+                    if r == 0:  # check each pipeline's first output
+                        if texts is None:
+                            t = first if cname == "big" and first is not None else _texts_of(files)
+                            texts = dict(zip(t.column("id").to_pylist(), t.column("text").to_pylist()))
+                        rows, tokens, problem = check_output(out, texts, ref, args.verify, seed=r)
+                        tokens_of.setdefault(cname, tokens)
+                        if problem:
+                            failed = True
+                            print(f"  {cname} {name}: WRONG: {problem}")
+                    print(f"  {cname} run {r + 1} {name:17s} {elapsed:6.2f} s  (load {loads[-1]:.2f})", flush=True)
+                    if args.stats and stats:
+                        print(brief_stats(stats))
+                    shutil.rmtree(out, ignore_errors=True)
+            results[cname] = times
+            print(f"  {cname}: load average during the runs {min(loads):.2f}-{max(loads):.2f}")
+        print(f"\n| pipeline | " + " | ".join(f"{c} M tokens/s" for c in results) + " |")
+        print("| --- |" + " --- |" * len(results))
+        for name in pipelines:
+            cells = []
+            for c, times in results.items():
+                med = statistics.median(times[name])
+                cell = f"{tokens_of[c] / med / 1e6:.2f}"
+                if name == "tokenize_dataset":
+                    peer = [x for x in ("ray-fastokens", "ray-reference") if x in times]
+                    cell += "".join(f" ({statistics.median(times[x]) / med:.2f}x {x})" for x in peer)
+                if name == "cli" and "plain" in times:
+                    cell += f" ({statistics.median(times['plain']) / med:.2f}x plain)"
+                cells.append(cell)
+            print(f"| {name} | " + " | ".join(cells) + " |")
+        print(f"(tokens: {', '.join(f'{c} {n:,}' for c, n in tokens_of.items())}; {args.verify} random rows of "
+              f"each pipeline's first output checked against the reference: {'FAILED' if failed else 'exact'}; "
+              f"load average at the end {os.getloadavg()[0]:.2f})")
+        return 1 if failed else 0
     finally:
-        ray.shutdown()
+        if ray.is_initialized():
+            ray.shutdown()
+        shutil.rmtree(root, ignore_errors=True)
+
+
+def _texts_of(files: list[str]) -> pa.Table:
+    import pyarrow.json as pj
+    tables = [pq.read_table(f) if f.endswith(".parquet") else pj.read_json(f) for f in files]
+    return pa.concat_tables([t.select(["id", "text"]) for t in tables])
 
 
 if __name__ == "__main__":

@@ -1,29 +1,37 @@
 """Tokenize files to Parquet at the machine's limit: Ray-free, resumable, output from engine buffers.
 
 What ``delta-ray tokenize`` runs on one node. Each input is split into *units* (Parquet row
-groups, a large one streamed in batches of about ``batch_bytes``; or sub-batches of about
-``batch_bytes`` of text); units from all inputs go, in order, to a
-thread pool whose threads read their unit and encode it with
+groups, a large one streamed in batches of about ``batch_bytes``; text and JSONL, compressed or
+not, streamed in pieces of about ``batch_bytes`` of input, never held whole); units from all
+inputs go, in order, to a thread pool whose threads read their unit and encode it with
 :meth:`TokenizerCore.encode_batch_flat` (the engine drops the GIL, so the threads use every core);
 the ``list<int32>`` column is built from the engine's flat values buffer plus offsets, with no
 Python object per token. Each input's units are written in order by that input's own writer
 thread (several inputs are written at once: Parquet writing drops the GIL), so the output keeps the
 input's row order.
 
+One run per output directory: a run holds an exclusive lock on ``<out>/.delta-ray.lock``
+(:func:`output_lock`), so two runs cannot remove each other's temporary files or publish each
+other's rows; the kernel drops the lock when a process dies.
+
 Atomic and resumable: an input's output is written to a hidden temporary file, renamed into place
 when complete, and then recorded in a manifest (``_delta_ray_done/<output>.json``: the input's path,
-size and mtime, the tokenizer's digest and the options; Parquet readers skip ``_`` and ``.`` names). A rerun skips inputs whose manifest matches and redoes the
-rest from scratch, so a run killed at any point and rerun gives exactly the output of an
+size and mtime, the tokenizer's digest and the options, the rows and tokens written; Parquet
+readers skip ``_`` and ``.`` names). A rerun skips an input whose manifest matches and whose output
+file holds the rows the manifest records (read from its Parquet footer), and redoes the rest from
+scratch, so a run killed at any point and rerun gives exactly the output of an
 uninterrupted run; stray temporary files of a killed run are removed.
 """
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import json
 import os
 import random
 import time
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Iterator
@@ -33,7 +41,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from . import constants as C
-from .text_columns import checked_text_column, id_columns, is_text_type
+from .text_columns import BatchSpec, encode_table
 from .tokenizer import TokenizerCore
 
 KINDS = {".txt": "text", ".jsonl": "json", ".json": "json", ".parquet": "parquet"}
@@ -63,19 +71,8 @@ def output_name(path: str) -> str:
     return f"{stem}-{hashlib.sha256(str(p).encode()).hexdigest()[:10]}.parquet"
 
 
-@dataclass
-class Options:
-    text_column: str = "text"
-    output_column: str = "input_ids"
-    count_column: str | None = "num_tokens"
-    add_special_tokens: bool = True
-    drop_text: bool = False
-    batch_bytes: int = C.BATCH_BYTES
-
-    def digest(self) -> str:
-        doc = {k: getattr(self, k) for k in ("text_column", "output_column", "count_column",
-                                             "add_special_tokens", "drop_text")}
-        return hashlib.sha256(json.dumps(doc, sort_keys=True).encode()).hexdigest()[:16]
+# The one batch specification (columns, flags, batch bytes, engine, threads): see text_columns.
+Options = BatchSpec
 
 
 @dataclass
@@ -94,18 +91,82 @@ class Summary:
 
 
 # -- reading --------------------------------------------------------------------------------------
-def _read_lines(path: str, column: str) -> pa.Table:
-    """One document per non-empty line, as Ray Data's ``read_text`` does."""
+def _line_chunks(path: str, max_bytes: int) -> Iterator[bytes]:
+    """The decompressed input in pieces of about ``max_bytes``, each ending at a newline (or at the
+    end): a compressed input is streamed, never held whole (a small ``.gz`` can hold gigabytes).
+    A cut after ``\n`` is a line boundary for ``str.splitlines`` and a UTF-8 character boundary."""
     with pa.input_stream(path, compression="detect") as fh:
-        data = fh.read().decode("utf-8")
-    lines = [ln for ln in data.splitlines() if ln]
+        rest = b""
+        while True:
+            block = fh.read(max_bytes)
+            if not block:
+                break
+            data = rest + block
+            cut = data.rfind(b"\n") + 1
+            if cut == 0:  # one line longer than max_bytes: keep reading until it ends
+                rest = data
+                continue
+            rest = data[cut:]
+            yield data[:cut]
+        if rest:
+            yield rest
+
+
+def _lines_table(chunk: bytes, column: str) -> pa.Table:
+    """One document per non-empty line, as Ray Data's ``read_text`` does."""
+    lines = [ln for ln in chunk.decode("utf-8").splitlines() if ln]
     return pa.table({column: pa.array(lines, pa.string())})
 
 
-def _read_json(path: str) -> pa.Table:
+def _json_table(chunk: bytes) -> pa.Table:
     import pyarrow.json as pj
-    with pa.input_stream(path, compression="detect") as fh:
-        return pj.read_json(fh)
+    return pj.read_json(pa.BufferReader(chunk))
+
+
+def _stream_tables(path: str, kind: str, spec: BatchSpec) -> Iterator[pa.Table]:
+    """A text or JSONL input as tables of about ``spec.batch_bytes`` of input each, read as drawn."""
+    for chunk in _line_chunks(path, spec.batch_bytes):
+        table = _lines_table(chunk, spec.text_column) if kind == "text" else _json_table(chunk)
+        if table.num_rows:
+            yield table
+
+
+def _read_lines(path: str, column: str) -> pa.Table:
+    """A whole text input (one document per non-empty line), streamed in pieces."""
+    parts = [_lines_table(c, column) for c in _line_chunks(path, C.BATCH_BYTES)]
+    return pa.concat_tables(parts) if parts else pa.table({column: pa.array([], pa.string())})
+
+
+def _read_json(path: str) -> pa.Table:
+    """A whole JSONL input, streamed in pieces (their schemas unified)."""
+    parts = [_json_table(c) for c in _line_chunks(path, C.BATCH_BYTES)]
+    parts = [p for p in parts if p.num_rows]
+    if not parts:
+        return pa.table({})
+    return pa.concat_tables(parts, promote_options="permissive")
+
+
+def _conform(table: pa.Table, schema: pa.Schema, where: str) -> pa.Table:
+    """A later piece of a JSONL input in its file's schema (that of the first piece): missing
+    columns become nulls, types are cast; a column the first piece lacks, or a cast that fails, is
+    a ValueError (one Parquet file has one schema)."""
+    if table.schema.equals(schema):
+        return table
+    extra = [n for n in table.column_names if n not in schema.names]
+    if extra:
+        raise ValueError(f"{where}: columns {extra} appear after the first {C.BATCH_BYTES >> 20} MiB; "
+                         "one output file has one schema (convert the input to Parquet first)")
+    cols = []
+    for f in schema:
+        if f.name in table.column_names:
+            try:
+                cols.append(table.column(f.name).cast(f.type))
+            except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as exc:
+                raise ValueError(f"{where}: column {f.name!r} changes type to "
+                                 f"{table.schema.field(f.name).type} (first {f.type}): {exc}") from exc
+        else:
+            cols.append(pa.nulls(table.num_rows, f.type))
+    return pa.Table.from_arrays(cols, schema=schema)
 
 
 def _units(path: str, kind: str, opts: Options) -> Iterator[Callable[[], pa.Table]]:
@@ -142,13 +203,14 @@ def _units(path: str, kind: str, opts: Options) -> Iterator[Callable[[], pa.Tabl
         elif meta.num_row_groups == 0:
             yield (lambda: pq.ParquetFile(path).schema_arrow.empty_table())
         return
-    table = _read_lines(path, opts.text_column) if kind == "text" else _read_json(path)
-    col = table.column(opts.text_column) if opts.text_column in table.column_names else None
-    if col is None or table.num_rows == 0:
+    # Text and JSONL (compressed or not) are streamed: each piece is read when the caller draws
+    # it, and the caller draws only as fast as the threads take units, so memory stays bounded.
+    empty = True
+    for table in _stream_tables(path, kind, opts):
+        empty = False
         yield (lambda t=table: t)
-        return
-    for start, end in byte_slices(col, opts.batch_bytes):
-        yield (lambda s=start, e=end: table.slice(s, e - s))
+    if empty:
+        yield (lambda: pa.table({opts.text_column: pa.array([], pa.string())}))
 
 
 def byte_slices(texts: pa.Array | pa.ChunkedArray, max_bytes: int) -> Iterator[tuple[int, int]]:
@@ -162,22 +224,6 @@ def byte_slices(texts: pa.Array | pa.ChunkedArray, max_bytes: int) -> Iterator[t
         end = min(max(end, start + 1), n)
         yield start, end
         start = end
-
-
-# -- encoding one unit ----------------------------------------------------------------------------
-def encode_table(dt: TokenizerCore, table: pa.Table, opts: Options) -> tuple[pa.Table, int, int]:
-    """The unit with its IDs (and count) columns added; returns (table, tokens, text bytes)."""
-    col = checked_text_column(table, opts.text_column)
-    texts = col.to_pylist()
-    nbytes = int(sum(c.nbytes for c in col.chunks))
-    values, offsets = dt.encode_batch_flat(texts, add_special_tokens=opts.add_special_tokens)
-    del texts
-    ids, counts = id_columns(values, offsets)
-    out = table.drop_columns([opts.text_column]) if opts.drop_text else table
-    out = out.append_column(opts.output_column, ids)
-    if opts.count_column:
-        out = out.append_column(opts.count_column, counts)
-    return out, int(offsets[-1]), nbytes
 
 
 # -- the run --------------------------------------------------------------------------------------
@@ -196,12 +242,14 @@ def _tmp_path(out_dir: Path, name: str) -> Path:
 
 
 def is_previous_output(out_dir: str) -> bool:
-    """Whether a directory holds this tool's earlier output (a rerun may resume into it)."""
-    return (Path(out_dir) / MANIFESTS).is_dir()
+    """Whether a directory holds this tool's earlier output (a rerun may resume into it): its
+    manifests, or at least the lock file of a run that stopped before its first output."""
+    return (Path(out_dir) / MANIFESTS).is_dir() or (Path(out_dir) / LOCK_NAME).is_file()
 
 
-def check_text_column(path: str, opts: Options) -> None:
-    """Refuse, before any work, an input whose text column is missing or not text."""
+def check_text_column(path: str, opts: BatchSpec) -> None:
+    """Refuse, before any work, an input whose text column is missing or not text (the spec's one
+    schema check; a JSONL input by its first MiB, a text input always has it)."""
     kind = input_kind(path)
     if kind == "parquet":
         schema = pq.ParquetFile(path).schema_arrow
@@ -213,23 +261,51 @@ def check_text_column(path: str, opts: Options) -> None:
         schema = pj.read_json(pa.BufferReader(head)).schema if head.strip() else None
     else:
         return
-    if schema is None:
-        return
-    if opts.text_column not in schema.names:
-        raise ValueError(f"{path}: no text column {opts.text_column!r}; its columns are {schema.names}")
-    t = schema.field(opts.text_column).type
-    if not (is_text_type(t) or pa.types.is_null(t)):
-        raise TypeError(f"{path}: text column {opts.text_column!r} must hold strings, not {t}")
+    if schema is not None:
+        opts.check_schema(schema, where=path)
 
 
 def _done(out_dir: Path, name: str, expect: dict) -> dict | None:
+    """The manifest of an input done earlier with the same input, tokenizer and options, if the
+    output file it names is there with the rows it records (read from the Parquet footer: a file
+    replaced or cut short since is redone, not skipped)."""
     try:
         doc = json.loads(_manifest_path(out_dir, name).read_text())
     except (OSError, ValueError):
         return None
-    if not (out_dir / name).exists() or {k: doc.get(k) for k in expect} != expect:
+    if not isinstance(doc, dict) or {k: doc.get(k) for k in expect} != expect:
+        return None
+    try:
+        rows = pq.ParquetFile(out_dir / name).metadata.num_rows
+    except (OSError, pa.ArrowException):
+        return None
+    if rows != doc.get("rows"):
         return None
     return doc
+
+
+LOCK_NAME = ".delta-ray.lock"
+
+
+class OutputLocked(RuntimeError):
+    """Another run is writing to the same output directory."""
+
+
+@contextmanager
+def output_lock(out_dir: Path):
+    """Hold the output directory's lock (an exclusive ``flock`` on ``<out>/.delta-ray.lock``) for
+    a run: two runs on one directory would remove each other's temporary files, overwrite each
+    other's outputs and publish a file under another run's manifest. The kernel drops the lock
+    when the process dies, so a killed run never leaves the directory locked."""
+    fd = os.open(out_dir / LOCK_NAME, os.O_RDWR | os.O_CREAT | getattr(os, "O_CLOEXEC", 0), 0o644)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise OutputLocked(f"{out_dir}: another delta-ray tokenize is writing to this directory") from None
+        yield
+    finally:
+        os.close(fd)  # releases the lock
 
 
 class _OutputFile:
@@ -273,6 +349,9 @@ class _OutputFile:
                 plain = [c for c in table.schema.names if c not in (opts.output_column, opts.count_column)]
                 self._writer = pq.ParquetWriter(self.tmp, table.schema, use_dictionary=plain or False,
                                                 write_statistics=plain or False)
+                self._schema = table.schema
+            elif not table.schema.equals(self._schema):  # a later piece of a JSONL input
+                table = _conform(table, self._schema, self.path)
             self._writer.write_table(table)
             self._rows += table.num_rows
             self._tokens += tokens
@@ -300,12 +379,19 @@ def tokenize_files(inputs: list[str], out_dir: str, dt: TokenizerCore, opts: Opt
     """Tokenize ``inputs`` into ``out_dir`` (one Parquet file per input); returns the summary.
 
     ``progress(text_bytes_done, text_bytes_total, tokens_done)`` is called as units complete.
+    ``threads`` defaults to ``opts.threads``, else the CPUs this process may use. The output
+    directory is locked for the run (:class:`OutputLocked` if another run holds it).
     """
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
+    with output_lock(out):
+        return _tokenize_files(inputs, out, dt, opts, threads=threads or opts.encode_threads(), progress=progress)
+
+
+def _tokenize_files(inputs: list[str], out: Path, dt: TokenizerCore, opts: Options, *, threads: int,
+                    progress: Callable[[int, int, int], None] | None) -> Summary:
     for stray in [*out.glob(f".*{TMP_MARK}"), *out.glob(f"{MANIFESTS}/.*{TMP_MARK}")]:
         stray.unlink()  # a killed run's half-written files
-    threads = threads or max(1, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1)
     summary = Summary(inputs=len(inputs))
     todo = []
     total_bytes = 0
@@ -379,7 +465,7 @@ def tokenize_files(inputs: list[str], out_dir: str, dt: TokenizerCore, opts: Opt
     return summary
 
 
-def verify_outputs(inputs: list[str], out_dir: str, reference, opts: Options, n: int,
+def verify_outputs(inputs: list[str], out_dir: str, reference, opts: BatchSpec, n: int,
                    seed: int = 0) -> tuple[int, list[str]]:
     """Compare ``n`` random rows of the outputs with the reference; returns (checked, mismatches)."""
     rng = random.Random(seed)

@@ -158,3 +158,86 @@ def test_byte_slices_cover_every_row_once_within_the_limit(limit):
     for a, b in slices:
         assert b > a and (sum(lengths[a:b]) <= limit or b - a == 1)
         assert b == len(texts) or sum(lengths[a:b + 1]) > limit  # no slice stops short of the limit
+
+
+def test_a_second_run_on_a_locked_output_directory_is_refused(inputs, tmp_path, tokenizer_paths):
+    """Two runs on one directory: the second must not start while the first holds the directory
+    (it would remove the first's temporary files and publish rows under the other's manifest).
+    The lock is the documented flock on <out>/.delta-ray.lock, held here as another run would."""
+    import fcntl
+    import os
+
+    from delta_ray.batch_files import is_previous_output
+
+    out = tmp_path / "out"
+    out.mkdir()
+    dt = TokenizerCore(tokenizer_paths["qwen-3"], reuse="none")
+    fd = os.open(out / ".delta-ray.lock", os.O_RDWR | os.O_CREAT)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        with pytest.raises(RuntimeError, match="another delta-ray tokenize"):  # OutputLocked
+            tokenize_files(inputs[:1], str(out), dt, Options(), threads=1)
+        assert not [f for f in out.iterdir() if f.name != ".delta-ray.lock"]  # nothing touched
+    finally:
+        os.close(fd)
+    s = tokenize_files(inputs[:1], str(out), dt, Options(), threads=1)  # released: runs
+    assert s.skipped == 0 and (out / output_name(inputs[0])).exists() and is_previous_output(str(out))
+
+
+def test_a_rerun_redoes_an_output_whose_rows_differ_from_its_manifest(inputs, tmp_path, tokenizer_paths,
+                                                                      references):
+    """A manifest that says 602 rows over a file of 6 (another run's, or a file cut short) must
+    not be skipped: the rerun checks the footer's row count and redoes the input."""
+    dt = TokenizerCore(tokenizer_paths["qwen-3"], reuse="none")
+    out = tmp_path / "out"
+    tokenize_files(inputs[:1], str(out), dt, Options(), threads=1)
+    name = out / output_name(inputs[0])
+    whole = pq.read_table(name)
+    pq.write_table(whole.slice(0, 6), name)
+    s = tokenize_files(inputs[:1], str(out), dt, Options(), threads=1)
+    assert s.skipped == 0 and s.documents == whole.num_rows
+    assert pq.read_table(name).equals(whole)
+    assert tokenize_files(inputs[:1], str(out), dt, Options(), threads=1).skipped == 1
+
+
+_STREAM_PROBE = r"""
+import resource, sys
+import pyarrow.compute
+from delta_ray.batch_files import _units, input_kind
+from delta_ray.text_columns import BatchSpec
+path = sys.argv[1]
+before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+units = _units(path, input_kind(path), BatchSpec(batch_bytes=1 << 20))
+first = next(units)()
+rows = first.num_rows
+for _ in range(3):
+    rows += next(units)().num_rows
+after = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+print(rows, (after - before) // 1024)
+"""
+
+
+@pytest.mark.parametrize("kind", ["txt", "jsonl"])
+def test_a_compressed_input_is_streamed_not_decompressed_whole(tmp_path, kind):
+    """A 0.3 MB .gz holding 200 MB of text: drawing the first units of 1 MiB must not decompress
+    (or decode) the whole input; the process grows by a few MiB, not hundreds."""
+    import subprocess
+    import sys
+    import zlib
+
+    line = ("all work and no play makes jack a dull boy " * 20).strip()
+    row = (json.dumps({"text": line}) if kind == "jsonl" else line) + "\n"
+    block = (row * (1_000_000 // len(row) + 1)).encode()
+    path = tmp_path / f"bomb.{kind}.gz"
+    comp = zlib.compressobj(9, zlib.DEFLATED, 31)  # gzip framing
+    with open(path, "wb") as fh:
+        for _ in range(200):
+            fh.write(comp.compress(block))
+        fh.write(comp.flush())
+    assert path.stat().st_size < 2_000_000
+    out = subprocess.run([sys.executable, "-c", _STREAM_PROBE, str(path)], capture_output=True, text=True,
+                         timeout=600)
+    assert out.returncode == 0, out.stderr[-2000:]
+    rows, grown_mb = map(int, out.stdout.split())
+    assert rows > 4 * 1000  # four units of about 1 MiB of lines each
+    assert grown_mb < 100, f"drawing 4 units of 1 MiB grew the process by {grown_mb} MiB"

@@ -161,8 +161,7 @@ def test_cli_jsonl_and_txt(ray_session, tokenizer_paths, real_texts, tmp_path, c
     txt = tmp_path / "lines.txt"
     txt.write_text("\n".join(lines) + "\n", encoding="utf-8")
     out = tmp_path / "out"
-    rc = main(["tokenize", "--tokenizer", tokenizer_paths[name], str(jsonl), str(txt), "--output", str(out),
-               "--concurrency", "1"])
+    rc = main(["tokenize", "--tokenizer", tokenizer_paths[name], str(jsonl), str(txt), "--output", str(out)])
     assert rc == 0
     printed = capsys.readouterr().out
     assert "tokens/s" in printed
@@ -173,7 +172,8 @@ def test_cli_jsonl_and_txt(ray_session, tokenizer_paths, real_texts, tmp_path, c
     _compare_by_text(table, docs + lines, Tokenizer.from_file(tokenizer_paths[name]), "text", True)
 
 
-def test_cli_text_column_no_special_tokens(ray_session, tokenizer_paths, real_texts, tmp_path):
+@pytest.mark.parametrize("path", ["local", "ray-data"])
+def test_cli_text_column_no_special_tokens(ray_session, tokenizer_paths, real_texts, tmp_path, path):
     from delta_ray.actors import tokenize_job
     import argparse
 
@@ -183,8 +183,10 @@ def test_cli_text_column_no_special_tokens(ray_session, tokenizer_paths, real_te
     src.write_text("".join(json.dumps({"body": t, "n": i}) + "\n" for i, t in enumerate(docs)), encoding="utf-8")
     parser = argparse.ArgumentParser()
     tokenize_job.add_arguments(parser)
+    extra = ["--ray-data", "--concurrency", "1", "--engine", "fast", "--threads", "2", "--verify", "20"] \
+        if path == "ray-data" else ["--engine", "fast", "--threads", "2"]
     args = parser.parse_args(["--tokenizer", tokenizer_paths[name], str(src), "--output", str(tmp_path / "o"),
-                              "--text-column", "body", "--no-special-tokens", "--concurrency", "1"])
+                              "--text-column", "body", "--no-special-tokens", *extra])
     assert tokenize_job.run(args) == 0
     missing = parser.parse_args(["--tokenizer", tokenizer_paths[name], str(src), "--output", str(tmp_path / "o2")])
     assert tokenize_job.run(missing) == 2  # no "text" column: refused before the pool starts
@@ -217,13 +219,11 @@ def test_cli_usage_errors(tokenizer_paths, tmp_path, capsys):
 
 def _batch_fn(config: bytes, digest: str, **kw):
     from delta_ray.actors.data import TokenizeBatch
-
     from delta_ray.config import TokenizerConfig
+    from delta_ray.text_columns import BatchSpec
 
-    opts = dict(text_column="text", output_column="input_ids", count_column="num_tokens", add_special_tokens=True)
-    opts.update(kw)
     return TokenizeBatch(config, digest, TokenizerConfig(chunk_size=65_536, cut_threshold=131_072, reuse="none"),
-                         **opts)
+                         BatchSpec(**kw))
 
 
 def test_actor_class_unadmitted_config_and_digest(tokenizer_paths, real_texts):
@@ -253,3 +253,63 @@ def test_actor_class_unadmitted_config_and_digest(tokenizer_paths, real_texts):
         _batch_fn(data, "0" * 64)
     with pytest.raises(TypeError, match="must hold strings"):
         fn(pa.table({"text": pa.array([1, 2])}))
+
+
+def test_every_cli_option_reaches_both_paths(ray_session, tokenizer_paths, tmp_path, monkeypatch):
+    """One batch specification: each option of ``delta-ray tokenize`` is either a field of the
+    BatchSpec both paths receive, a Ray Data pool option (passed to tokenize_dataset, refused
+    locally), or a run option; an option added without a place fails here. The --ray-data path once
+    dropped --engine and --threads silently."""
+    import argparse
+    import dataclasses
+
+    import delta_ray.actors.data as data_mod
+    import delta_ray.batch_files as bf
+    from delta_ray.actors import tokenize_job
+    from delta_ray.text_columns import BatchSpec
+
+    src = tmp_path / "docs.jsonl"
+    src.write_text(json.dumps({"body": "hello", "k": 1}) + "\n", encoding="utf-8")
+    parser = argparse.ArgumentParser()
+    tokenize_job.add_arguments(parser)
+    spec_flags = ["--text-column", "body", "--output-column", "ids", "--count-column", "n",
+                  "--no-special-tokens", "--drop-text", "--batch-bytes", "12345", "--engine", "reference",
+                  "--threads", "3"]
+    want = BatchSpec(text_column="body", output_column="ids", count_column="n", add_special_tokens=False,
+                     drop_text=True, batch_bytes=12345, engine="reference", threads=3)
+    pool_flags = ["--concurrency", "2", "--num-cpus", "0.25", "--batch-size", "7"]
+    run_options = {"inputs", "tokenizer", "output", "verify", "ray_data"}
+    dests = {a.dest for a in parser._actions if a.dest != "help"}
+    spec_dests = {"text_column", "output_column", "count_column", "no_special_tokens", "drop_text", "batch_bytes",
+                  "engine", "threads"}
+    assert dests == spec_dests | set(tokenize_job.RAY_ONLY) | run_options
+    assert {f.name for f in dataclasses.fields(BatchSpec)} == (spec_dests - {"no_special_tokens"}) | {"add_special_tokens"}
+
+    seen = {}
+
+    class Stop(Exception):
+        pass
+
+    def fake_files(inputs, out, dt, spec, **kw):
+        seen["local"] = (spec, dt.uses_fast_engine, kw)
+        raise ValueError("stop here")
+
+    def fake_dataset(ds, loaded, spec=None, **kw):
+        seen["ray"] = (spec, kw)
+        raise Stop
+
+    monkeypatch.setattr(bf, "tokenize_files", fake_files)
+    monkeypatch.setattr(data_mod, "tokenize_dataset", fake_dataset)
+    base = ["--tokenizer", tokenizer_paths["qwen-3"], str(src)]
+    args = parser.parse_args(base + ["--output", str(tmp_path / "a")] + spec_flags)
+    assert tokenize_job.run(args) == 1
+    spec, fast, kw = seen["local"]
+    assert spec == want and fast is False and kw.get("threads") is None  # threads travel in the spec
+    args = parser.parse_args(base + ["--output", str(tmp_path / "b"), "--ray-data"] + spec_flags + pool_flags)
+    assert tokenize_job.run(args) == 1
+    spec, kw = seen["ray"]
+    assert spec == want
+    assert kw == {"concurrency": 2, "num_cpus": 0.25, "batch_size": 7}
+    for flag, value in zip(pool_flags[::2], pool_flags[1::2]):  # pool options without --ray-data: refused
+        args = parser.parse_args(base + ["--output", str(tmp_path / "c"), flag, value])
+        assert tokenize_job.run(args) == 2
