@@ -101,14 +101,44 @@ class InstantTransport:
         pass
 
 
+BASELINE: Any = None  # the scheduler package of another revision (--ab), or None
+
+
+def scheduler_at(rev: str):
+    """The ``scheduler/`` package as it was at git revision ``rev``, imported under another name,
+    so one run can time the orchestrator on both dispatchers side by side."""
+    import importlib.util
+    import subprocess
+    import tempfile
+    root = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
+    pkg = os.path.join(tempfile.mkdtemp(prefix="sched-"), "baseline_scheduler")
+    os.makedirs(pkg)
+    names = subprocess.run(["git", "-C", root, "ls-tree", "--name-only", rev, "scheduler/"], check=True,
+                           capture_output=True, text=True).stdout.split()
+    for name in names:
+        src = subprocess.run(["git", "-C", root, "show", f"{rev}:{name}"], check=True, capture_output=True,
+                             text=True).stdout
+        with open(os.path.join(pkg, os.path.basename(name)), "w") as f:
+            f.write(src)
+    spec = importlib.util.spec_from_file_location("baseline_scheduler", os.path.join(pkg, "__init__.py"),
+                                                  submodule_search_locations=[pkg])
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules["baseline_scheduler"] = mod
+    spec.loader.exec_module(mod)
+    return mod
+
+
 def make_orchestrator(local: DeltaTokenizer, n_workers: int, loop, *, inflight_tasks: int = 64,
-                      transport=None) -> tuple[PoolOrchestrator, Any]:
+                      transport=None, baseline: bool = False) -> tuple[PoolOrchestrator, Any]:
     transport = transport if transport is not None else InstantTransport()
     tok = local.config
     cfg = PoolConfig(tokenizer=tok, placement=False, max_inflight_tasks=inflight_tasks,
                      num_workers=n_workers).resolved(n_workers)
-    orch = PoolOrchestrator(local, transport, [f"w{i:03d}" for i in range(n_workers)], cfg, loop, SECRET,
-                            record=NoMetrics())
+    ids = [f"w{i:03d}" for i in range(n_workers)]
+    orch = PoolOrchestrator(local, transport, ids, cfg, loop, SECRET, record=NoMetrics())
+    if baseline:  # the same orchestrator on the other revision's dispatcher and routing
+        orch.dispatcher = BASELINE.Dispatcher(cfg.policy, workers=ids, max_inflight_tasks=cfg.max_inflight_tasks,
+                                              workers_take_shared=cfg.workers_take_shared)
     return orch, transport
 
 
@@ -135,10 +165,11 @@ def _header(title: str) -> None:
     print(f"{'path':<44}{'callers':>8}{'calls/s':>12}{'CPU us/call':>14}{'CPU':>10}")
 
 
-def session_loop(local, n_workers: int, callers: int, seconds: float) -> tuple[float, float, int]:
+def session_loop(local, n_workers: int, callers: int, seconds: float, baseline: bool = False
+                 ) -> tuple[float, float, int]:
     """Coroutine callers on the orchestrator's own loop (no thread hand-off)."""
     loop = asyncio.new_event_loop()
-    orch, _ = make_orchestrator(local, n_workers, loop)
+    orch, _ = make_orchestrator(local, n_workers, loop, baseline=baseline)
 
     async def caller(i: int, deadline: float) -> int:
         key = f"s{i}"
@@ -162,10 +193,11 @@ def session_loop(local, n_workers: int, callers: int, seconds: float) -> tuple[f
     return out
 
 
-def session_threads(local, n_workers: int, callers: int, seconds: float) -> tuple[float, float, int]:
+def session_threads(local, n_workers: int, callers: int, seconds: float, baseline: bool = False
+                    ) -> tuple[float, float, int]:
     """Threads calling through the pool facade's hand-off, as ``pool.extend`` does."""
     lt = LoopThread("bench-pool")
-    orch, _ = make_orchestrator(local, n_workers, lt.loop)
+    orch, _ = make_orchestrator(local, n_workers, lt.loop, baseline=baseline)
     for i in range(callers):
         lt.run(orch.encode("x" * 5000, f"s{i}", True))
     counts = [0] * callers
@@ -198,10 +230,11 @@ def session_threads(local, n_workers: int, callers: int, seconds: float) -> tupl
     return out
 
 
-def chunk_loop(local, n_workers: int, callers: int, seconds: float, pieces: int = 16) -> tuple[float, float, int]:
+def chunk_loop(local, n_workers: int, callers: int, seconds: float, pieces: int = 16, baseline: bool = False
+               ) -> tuple[float, float, int]:
     """Stateless requests of 16 chunks each, ``callers`` at once; counts chunk dispatches."""
     loop = asyncio.new_event_loop()
-    orch, transport = make_orchestrator(local, n_workers, loop)
+    orch, transport = make_orchestrator(local, n_workers, loop, baseline=baseline)
     chunk = ["y" * 65_536] * pieces
 
     async def caller(deadline: float) -> int:
@@ -249,17 +282,23 @@ def serve_handler(local: DeltaTokenizer, seconds: float) -> list[tuple[str, floa
         return dumps_json({"count": len(tokens), "max_model_len": None, "tokens": tokens})
 
     out = []
-    turns = [corpus("code", 2_000_000)[i * 1300:(i + 1) * 1300] for i in range(1000)]
+    code = corpus("code", 1_300_000)
+    turns = [code[i * 1300:(i + 1) * 1300] for i in range(1000)]
     bodies = [json.dumps({"append": t, "session_id": "chat", "cache_salt": "tenant-a"}).encode() for t in turns]
     for label, fn, bods in (("serve handler: append 1.3K to a held 100K session", append, bodies),
                             ("serve handler: 5-word prompt (the floor)", tiny,
                              [json.dumps({"prompt": "hello there, how are you"}).encode()])):
+        # warm: the first Array.to_numpy(zero_copy_only=False) of a process imports pandas (seconds;
+        # serve.py's stateless path pays it on a replica's first keyless request)
+        fn(bods[0])
+
         def go(fn=fn, bods=bods) -> int:
             n, deadline = 0, time.perf_counter() + seconds
             while time.perf_counter() < deadline:
                 fn(bods[n % len(bods)])
                 n += 1
                 if fn is append and n % 200 == 0:  # keep the session near 100K: re-initialize it
+                    local.drop_session(key)
                     local.encode(base, session=key)
             return n
         out.append((label,) + _cpu_wall(go))
@@ -269,17 +308,18 @@ def serve_handler(local: DeltaTokenizer, seconds: float) -> list[tuple[str, floa
 def routing(seconds: float) -> list[tuple[str, float, float, int]]:
     out = []
     keys = [f"t5:tenant|s:session-{i}" for i in range(4096)]
+    variants = [("", home_worker)] + ([(" [baseline]", BASELINE.routing.home_worker)] if BASELINE else [])
     for nodes in (2, 16, 64, 256, 1024):
         ids = [f"w{i:04d}" for i in range(nodes)]
-
-        def go(ids=ids) -> int:
-            n, deadline = 0, time.perf_counter() + seconds
-            while time.perf_counter() < deadline:
-                for k in keys[:256]:
-                    home_worker(k, ids)
-                n += 256
-            return n
-        out.append((f"rendezvous home_worker over {nodes} nodes",) + _cpu_wall(go))
+        for tag, route in variants:
+            def go(ids=ids, route=route) -> int:
+                n, deadline = 0, time.perf_counter() + seconds
+                while time.perf_counter() < deadline:
+                    for k in keys[:256]:
+                        route(k, ids)
+                    n += 256
+                return n
+            out.append((f"rendezvous home_worker over {nodes} nodes{tag}",) + _cpu_wall(go))
     text = corpus("english", 100_000)
 
     def ck() -> int:
@@ -299,7 +339,12 @@ def main() -> int:
     ap.add_argument("--workers", default="2,64")
     ap.add_argument("--callers", default=",".join(map(str, CALLERS)))
     ap.add_argument("--json", default=None, help="also write the rows as JSON here")
+    ap.add_argument("--ab", default=None, metavar="REV",
+                    help="also time the orchestrator on scheduler/ as of git revision REV, alternating")
     args = ap.parse_args()
+    global BASELINE
+    if args.ab:
+        BASELINE = scheduler_at(args.ab)
     loaded = load_tokenizer(bundled_tokenizer_path(args.tokenizer))
     # the orchestrator's caller-side tokenizer encodes nothing here (the transport answers)
     local = DeltaTokenizer(loaded, TokenizerConfig(threads=1, shadow_rate=0.0, engine="reference"))
@@ -308,18 +353,16 @@ def main() -> int:
     print(f"# bench_ceilings: {args.tokenizer}, {os.cpu_count()} cores, load {os.getloadavg()[0]:.2f}, "
           f"{args.seconds:.1f} s per cell")
     rows: list[dict] = []
+    variants = [("", False)] + ([(f" [{args.ab}]", True)] if BASELINE is not None else [])
     for w in workers:
         _header(f"pool session calls (1.3K extend of a 100K session), {w} fake workers answering at once")
-        for c in callers:
-            rows.append(_row("orchestrator: coroutines on its loop", c, *session_loop(local, w, c, args.seconds))
-                        | {"workers": w, "kind": "session_loop"})
-        for c in callers:
-            rows.append(_row("pool facade: threads -> LoopThread -> loop", c,
-                             *session_threads(local, w, c, args.seconds)) | {"workers": w, "kind": "session_threads"})
-        _header(f"stateless chunk dispatches (16 chunks a request), {w} fake workers, 64 task slots")
-        for c in callers:
-            rows.append(_row("orchestrator: _pieces on its loop", c, *chunk_loop(local, w, c, args.seconds))
-                        | {"workers": w, "kind": "chunk"})
+        for kind, label, fn in (("session_loop", "orchestrator: coroutines on its loop", session_loop),
+                                ("session_threads", "pool facade: threads -> LoopThread -> loop", session_threads),
+                                ("chunk", "chunk dispatches: _pieces on its loop", chunk_loop)):
+            for c in callers:
+                for tag, base in variants:  # alternated cell by cell: the load changes under both alike
+                    rows.append(_row(label + tag, c, *fn(local, w, c, args.seconds, baseline=base))
+                                | {"workers": w, "kind": kind + tag})
     _header("one Serve replica, request handling without the network (one loop: callers do not add up)")
     replica = DeltaTokenizer(loaded, TokenizerConfig(threads=1, shadow_rate=0.0, engine="fast"))
     replica.encode(corpus("english", 10_000))  # the fast engine is admitted (cached on disk) and warm
@@ -330,12 +373,12 @@ def main() -> int:
         rows.append(_row(label, 1, cpu, wall, n) | {"kind": "routing"})
     best = {}
     for r in rows:
-        if r["kind"] in ("session_threads", "session_loop", "chunk"):
+        if r["kind"].split(" ")[0] in ("session_threads", "session_loop", "chunk"):
             k = (r["kind"], r["workers"])
             best[k] = max(best.get(k, 0), r["calls_per_s"])
     print("\n## Ceilings (best over callers)")
     for (kind, w), rate in sorted(best.items()):
-        print(f"{kind:<20} {w:>4} workers: {rate:>10,.0f} calls/s")
+        print(f"{kind:<28} {w:>4} workers: {rate:>10,.0f} calls/s")
     if args.json:
         with open(args.json, "w") as f:
             json.dump(rows, f, indent=1)
