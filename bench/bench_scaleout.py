@@ -1,117 +1,355 @@
-"""Stateless long texts on more cores than the caller's: a measured model, checked where it can be.
+"""The pool at 16-256 cores on 1-16 nodes: a simulation driven by the real scheduler, checked here.
 
-This machine has 2 cores, so a cluster with cores beyond the caller's cannot be measured honestly
-here (``ray.cluster_utils.Cluster`` would pretend). Instead this bench measures the terms of the
-pool's placement model (``scheduler/placement.py``) on this machine and predicts the rest:
+This machine has 2 cores, so a pool on 64 cores cannot be measured here. This bench instead
 
-    pool(n, k) = overhead + n * transfer + n / (rate * k)        caller(n): measured
+1. measures the service times of every step a request takes on this machine (the orchestrator's
+   CPU per session call and per chunk dispatch over a transport that answers at once, and its
+   growth with the number of workers it routes over; the hand-off to the pool's loop; a side-channel
+   round trip to a worker process; a Ray actor call, a task launch and an object put; a worker's
+   1.3K turn at 100K and 1M characters of context; a chunk's encode per character; planning and
+   assembly), all in this one run;
+2. validates the simulation (``scheduler/simulation.py``: the real dispatcher, policies and
+   rendezvous routing on a fake clock, with those service times) against the real
+   ``TokenizerPool`` on local Ray with 1 and 2 workers (closed loops of session turns and of
+   stateless 1M-character texts): measured and predicted throughput and P99 side by side;
+3. runs the simulation at 16, 64 and 256 cores on 1, 4 and 16 nodes for chat sessions (100K-1M
+   characters of context, +1.3K a turn, Poisson arrivals), long stateless texts (1-3M characters)
+   and a mixed load (1% of requests are long texts), and prints each throughput curve and the first
+   component to saturate.
 
-* ``rate`` (characters/ms per slot): the engine on one thread; the caller is timed as users run it
-  (``DeltaTokenizer`` on every core of its node);
-* ``overhead`` and ``transfer``: fitted from the pool's own end-to-end times for 1M and 3M
-  characters with ONE chunk slot (the encode share at ``rate`` is subtracted);
-* the fit is then checked against the pool measured with TWO slots on this machine, and the
-  speed-up ``caller / pool`` is predicted for 4-64 slots (cores beyond the caller's on other nodes;
-  a cross-node transfer would add its network time to ``transfer``).
+    .venv/bin/python bench/bench_scaleout.py [--engine fast] [--quick] [--no-ray]
 
-    .venv/bin/python bench/bench_scaleout.py [--tokenizer qwen-3] [--engine fast] [--repeats 5]
-
-Target (issue: never slower than the caller's own process): stateless 3M on the pool >= 1.5x in
-process with cores beyond the caller's. Every pool answer is checked against the in-process one.
+The network between nodes cannot be measured on one machine: 10 Gbit/s per node and direction is
+assumed (``Costs.net_mb_per_ms``), and a cross-node call costs what a Ray actor call costs here.
 """
 from __future__ import annotations
 
 import argparse
+import asyncio
+import dataclasses
+import multiprocessing as mp
 import os
 import statistics
 import sys
+import threading
 import time
 
 os.environ.setdefault("RAY_ENABLE_AUTO_CONNECT", "0")
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
+sys.path.insert(0, os.path.dirname(__file__))
 
 import numpy as np  # noqa: E402
-import ray  # noqa: E402
 
-from delta_ray import DeltaTokenizer, TokenizerPool  # noqa: E402
-from delta_ray.actors.local_ray import local_init_kwargs  # noqa: E402
+import bench_ceilings as ceil  # noqa: E402
+from delta_ray.actors.loop_thread import LoopThread  # noqa: E402
+from delta_ray.assembly import concat_ids, to_arrow  # noqa: E402
 from delta_ray.bundled import bundled_tokenizer_path  # noqa: E402
+from delta_ray.config import TokenizerConfig  # noqa: E402
+from delta_ray.loading import load_tokenizer  # noqa: E402
 from delta_ray.sample_text import corpus  # noqa: E402
-from delta_ray.scheduler import PlacementModel  # noqa: E402
+from delta_ray.scheduler.simulation import Cluster, Costs, Simulation, sweep  # noqa: E402
+from delta_ray.tokenizer import TokenizerCore  # noqa: E402
+
+TURN = 1300
 
 
-def _median_ms(fn, repeats: int) -> tuple[float, object]:
-    out, times = None, []
+def _median(fn, repeats: int) -> float:
+    ts = []
     for _ in range(repeats):
         t0 = time.perf_counter()
-        out = fn()
-        times.append((time.perf_counter() - t0) * 1e3)
-    return statistics.median(times), out
+        fn()
+        ts.append((time.perf_counter() - t0) * 1e3)
+    return statistics.median(ts)
+
+
+def _cpu_per_call(fn, n: int) -> tuple[float, float]:
+    """(process CPU ms per call, wall ms per call) of ``n`` calls."""
+    c0, t0 = time.process_time(), time.perf_counter()
+    for _ in range(n):
+        fn()
+    return (time.process_time() - c0) / n * 1e3, (time.perf_counter() - t0) / n * 1e3
+
+
+# -- 1. service times -------------------------------------------------------------------------------
+def _serve_channel(secret, conn):
+    from delta_ray.actors import worker_channel
+    ids = np.arange(330, dtype=np.int32)
+    server = worker_channel.ChannelServer(lambda m, a: (7, 0, ids), secret, methods=frozenset({"extend"}))
+    conn.send((server.address, os.getpid()))
+    time.sleep(3600)
+
+
+def measure_channel(n: int = 2000) -> tuple[float, float, float]:
+    """(client CPU ms, server CPU ms, wall ms) per side-channel call of a 1.3K extend."""
+    from delta_ray.actors import worker_channel
+    secret = worker_channel.new_secret()
+    parent, child = mp.Pipe()
+    proc = mp.get_context("fork").Process(target=_serve_channel, args=(secret, child), daemon=True)
+    proc.start()
+    address, pid = parent.recv()
+    text = ("The quick brown fox jumps over the lazy dog. " * 30)[:TURN]
+
+    async def calls():
+        client = worker_channel.ChannelClient(address, secret, expected_pid=pid)
+        await client.call("extend", ("warm", text, None, None))
+        c0, t0 = time.process_time(), time.perf_counter()
+        for i in range(n):
+            await client.call("extend", (f"s{i % 64}", text, 7, 7))
+        c1, t1 = time.process_time(), time.perf_counter()
+        client.close()
+        return c1 - c0, t1 - t0
+    try:
+        cpu, wall = asyncio.run(calls())
+    finally:
+        proc.terminate()
+        proc.join(5)
+    return cpu / n * 1e3, cpu / n * 1e3, wall / n * 1e3  # server CPU taken as the client's (symmetric frames)
+
+
+def measure_ray(ray, n: int = 300) -> dict:
+    @ray.remote(num_cpus=0)
+    class Echo:
+        def extend(self, key, delta, known, version):
+            return (7, 0, np.arange(330, dtype=np.int32))
+
+    @ray.remote(num_cpus=0)
+    def task(x):
+        return 0
+
+    a = Echo.remote()
+    text = ("The quick brown fox jumps over the lazy dog. " * 30)[:TURN]
+    ray.get(a.extend.remote("w", text, None, None))
+    ray.get([task.remote(0) for _ in range(8)])
+    call_cpu, call_wall = _cpu_per_call(lambda: ray.get(a.extend.remote("s", text, 7, 7)), n)
+    c0, t0 = time.process_time(), time.perf_counter()
+    refs = [task.remote(0) for _ in range(n)]
+    launch_cpu = (time.process_time() - c0) / n * 1e3
+    ray.get(refs)
+    task_cpu, task_wall = _cpu_per_call(lambda: ray.get(task.remote(0)), n // 2)
+    big = corpus("english", 1_000_000)
+    put_ms = _median(lambda: ray.get(task.remote(big)), 9) - task_wall
+    return {"ray_call_cpu_ms": call_cpu, "ray_call_wall_ms": call_wall, "task_launch_cpu_ms": launch_cpu,
+            "task_wall_ms": task_wall, "put_ms_per_mchar": max(put_ms, 0.0)}
+
+
+def measure_costs(loaded, engine: str, ray=None, quick: bool = False) -> tuple[Costs, dict]:
+    local = TokenizerCore(loaded, TokenizerConfig(threads=1, shadow_rate=0.0, engine="reference"))
+    secs = 0.4 if quick else 1.0
+    raw: dict = {}
+    for w in (2, 64):
+        cpu, wall, n = ceil.session_loop(local, w, 1, secs)
+        raw[f"orch_session_{w}"] = cpu / n * 1e3
+        cpu, wall, n = ceil.chunk_loop(local, w, 1, secs)
+        raw[f"orch_chunk_{w}"] = cpu / n * 1e3
+    lt = LoopThread("bench-hop")
+
+    async def noop():
+        return None
+    raw["handoff_ms"], raw["handoff_wall_ms"] = _cpu_per_call(lambda: lt.run(noop()), 3000)
+    lt.close()
+    raw["channel_client_ms"], raw["channel_server_ms"], raw["channel_wall_ms"] = measure_channel(
+        800 if quick else 2000)
+    # a worker's turn, in process with one thread, on the engine the pool's workers run
+    worker = TokenizerCore(loaded, TokenizerConfig(threads=1, shadow_rate=0.0, engine=engine))
+    src = corpus("code", 1_200_000)
+    for n in (100_000, 1_000_000):
+        worker.encode(src[:n], session=f"t{n}")
+        i = [0]
+
+        def turn(n=n):
+            worker.extend(f"t{n}", src[n + i[0] * TURN:n + (i[0] + 1) * TURN])
+            i[0] += 1
+        turn()
+        raw[f"turn_{n}"] = _median(turn, 40 if quick else 100)
+    text1m = corpus("english", 1_000_000)
+    raw["encode_ms_per_mchar"] = _median(lambda: worker.run_pieces([text1m]), 3 if quick else 5)
+    text3m = corpus("english", 3_000_000)
+    planner = TokenizerCore(loaded, TokenizerConfig(threads=1, shadow_rate=0.0, engine=engine))
+    raw["plan_ms_per_mchar"] = _median(lambda: planner.plan(text3m, 16), 3) / 3
+    pieces = [np.arange(260_000 // 16, dtype=np.int32)] * 16
+
+    def assemble():
+        to_arrow(planner.finish(concat_ids(pieces), True))
+    raw["assemble_ms_per_mchar"] = _median(assemble, 9)
+    if ray is not None:
+        raw.update(measure_ray(ray))
+    else:  # NOTES.md, 2026-11-30: an actor call ~0.6 ms, a task ~1.1 ms, a 1M-character argument ~4 ms
+        raw.update({"ray_call_cpu_ms": 0.25, "ray_call_wall_ms": 0.6, "task_launch_cpu_ms": 0.3,
+                    "task_wall_ms": 1.1, "put_ms_per_mchar": 4.0})
+    per_worker = max(0.0, (raw["orch_session_64"] - raw["orch_session_2"]) / 62)
+    per_worker_chunk = max(0.0, (raw["orch_chunk_64"] - raw["orch_chunk_2"]) / 62)
+    costs = Costs(
+        handoff_ms=raw["handoff_ms"],
+        orch_session_ms=raw["orch_session_2"] - 2 * per_worker, orch_session_ms_per_worker=per_worker,
+        orch_chunk_ms=raw["orch_chunk_2"] - 2 * per_worker_chunk, orch_chunk_ms_per_worker=per_worker_chunk,
+        channel_client_ms=raw["channel_client_ms"],
+        ray_call_ms=raw["ray_call_cpu_ms"],
+        put_ms_per_mchar=raw["put_ms_per_mchar"],
+        plan_ms_per_mchar=raw["plan_ms_per_mchar"], assemble_ms_per_mchar=raw["assemble_ms_per_mchar"],
+        channel_rtt_ms=max(0.0, raw["channel_wall_ms"] - raw["channel_client_ms"] - raw["channel_server_ms"]),
+        ray_rtt_ms=max(0.0, raw["task_wall_ms"] - raw["task_launch_cpu_ms"]),
+        worker_call_ms=raw["channel_server_ms"],
+        turn_ms_100k=raw["turn_100000"], turn_ms_1m=raw["turn_1000000"],
+        encode_ms_per_mchar=raw["encode_ms_per_mchar"])
+    return costs, raw
+
+
+# -- 2. validation against the real pool ---------------------------------------------------------------
+def _closed_loop(callers: int, seconds: float, fn) -> tuple[float, float]:
+    """(calls/s, P99 ms) of ``callers`` threads each calling ``fn(i)`` back to back."""
+    lat: list[list[float]] = [[] for _ in range(callers)]
+    stop = threading.Event()
+    barrier = threading.Barrier(callers + 1)
+
+    def run(i):
+        barrier.wait()
+        while not stop.is_set():
+            t0 = time.perf_counter()
+            fn(i)
+            lat[i].append((time.perf_counter() - t0) * 1e3)
+
+    threads = [threading.Thread(target=run, args=(i,), daemon=True) for i in range(callers)]
+    for t in threads:
+        t.start()
+    barrier.wait()
+    t0 = time.perf_counter()
+    time.sleep(seconds)
+    stop.set()
+    for t in threads:
+        t.join()
+    wall = time.perf_counter() - t0
+    xs = sorted(x for ys in lat for x in ys)
+    return len(xs) / wall, float(np.percentile(xs, 99))
+
+
+def validate(path: str, costs: Costs, engine: str, quick: bool) -> list[tuple]:
+    from tokenizers import Tokenizer
+
+    from delta_ray import TokenizerPool
+    rows = []
+    src = corpus("code", 3_000_000)
+    text1m = corpus("english", 1_000_000)
+    secs = 3.0 if quick else 6.0
+    callers = 4
+    for w in (1, 2):
+        with TokenizerPool(path, num_workers=w, max_inflight_tasks=w, placement=False, engine=engine,
+                           shadow_rate=0.0, request_timeout_s=120) as pool:
+            want = {}
+            for i in range(callers):
+                pool.encode(src[:100_000], session=f"v{i}")
+            pos = [100_000 + i * 400_000 for i in range(callers)]
+
+            def turn(i):
+                p = pos[i]
+                pool.extend(f"v{i}", src[p:p + TURN])
+                pos[i] = p + TURN
+            turn(0)
+            m_turn = _closed_loop(callers, secs, turn)
+            got = pool.extend("v0", "")  # session v0 holds src[:pos[0]] (its turns were contiguous)
+            want = Tokenizer.from_file(path).encode(src[:pos[0]]).ids
+            assert np.array_equal(got.to_numpy(), np.asarray(want, np.int32)), "pool differs from the reference"
+            pool.encode(text1m)
+            m_text = _closed_loop(2, secs, lambda i: pool.encode(text1m, add_special_tokens=False))
+        cl = Cluster(nodes=1, cores_per_node=2, workers=w, task_slots=w)
+        sim = Simulation(cl, costs)
+        sim.add_sessions(callers, (100_000, 100_000))
+        sim.closed_turns(callers)
+        p_turn = sim.run(1_000 + secs * 1e3, 1_000)
+        sim = Simulation(cl, costs)
+        sim.closed_texts(2, 1_000_000)
+        p_text = sim.run(2_000 + secs * 1e3, 2_000)
+        rows.append((w, "session turns, 4 callers", m_turn, (p_turn.throughput("turn"), p_turn.percentile("turn", 99))))
+        rows.append((w, "stateless 1M, 2 callers", m_text, (p_text.throughput("text"), p_text.percentile("text", 99))))
+    return rows
+
+
+# -- 3. the grid ---------------------------------------------------------------------------------------
+GRID = [(16, 1), (16, 4), (16, 16), (64, 1), (64, 4), (64, 16), (256, 1), (256, 4), (256, 16)]
+
+
+def workload(kind: str, cores: int):
+    def chat(sim: Simulation, rate: float, until: float) -> None:
+        sim.add_sessions(max(256, 8 * cores))
+        sim.chat(rate, until)
+
+    def texts(sim: Simulation, rate: float, until: float) -> None:
+        sim.stateless(rate, until)
+
+    def mixed(sim: Simulation, rate: float, until: float) -> None:
+        sim.add_sessions(max(256, 8 * cores))
+        sim.chat(rate * 0.99, until)
+        sim.stateless(rate * 0.01, until)
+    return {"chat": chat, "stateless": texts, "mixed": mixed}[kind]
+
+
+RATES = {"chat": [500, 1000, 2000, 4000, 8000, 16000, 32000],
+         "stateless": [5, 10, 20, 40, 80, 160, 320],
+         "mixed": [250, 500, 1000, 2000, 4000, 8000]}
+
+
+def grid(costs: Costs, drivers: int, quick: bool, kinds=("chat", "stateless", "mixed")) -> dict:
+    """Each workload on each cluster: offered rates double until the pool falls behind twice; the
+    first component to saturate is the busiest one at the highest rate offered."""
+    out = {}
+    for kind in kinds:
+        rates = RATES[kind]
+        print(f"\n### {kind}: completed requests/s at each offered rate ({drivers} driver process(es))")
+        print(f"{'cores':>6}{'nodes':>6} " + "".join(f"{r:>8}" for r in rates) + "   max/s  first to saturate")
+        for cores, nodes in GRID:
+            cl = Cluster(nodes=nodes, cores_per_node=cores // nodes, drivers=drivers)
+            dur = 1_000.0 if kind == "chat" or quick else 3_000.0
+            res, behind = [], 0
+            for rate in rates:
+                res += sweep(cl, costs, workload(kind, cores), [rate], duration_ms=dur, warmup_ms=dur / 4)
+                behind += res[-1][1].throughput() < 0.8 * rate
+                if behind >= 2:
+                    break
+            done = [r.throughput() for _, r in res]
+            name, util = res[-1][1].bottleneck()
+            out[(kind, cores, nodes)] = (max(done), name, util, res)
+            print(f"{cores:>6}{nodes:>6} " + "".join(f"{d:>8.0f}" for d in done) + " " * 8 * (len(rates) - len(done))
+                  + f"{max(done):>8.0f}  {name} ({util:.0%})")
+    return out
 
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--tokenizer", default="qwen-3")
-    ap.add_argument("--engine", default="fast", choices=("fast", "auto", "reference"))
-    ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--engine", default="fast", choices=("fast", "reference"))
+    ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--no-ray", action="store_true", help="skip Ray (its costs from NOTES.md) and the validation")
+    ap.add_argument("--drivers", default="1", help="caller processes attached to the pool, e.g. 1,16")
     args = ap.parse_args()
     path = bundled_tokenizer_path(args.tokenizer)
-    text3 = corpus("english", 3_000_000)
-    text1 = text3[:1_000_000]
-    one = DeltaTokenizer(path, engine=args.engine, threads=1, shadow_rate=0.0)
-    chunk = text3[:200_000]
-    rate_ms, _ = _median_ms(lambda: one.core.encode_ids(chunk), args.repeats)
-    rate = len(chunk) / rate_ms  # characters/ms on one thread (caller and slots run the same engine)
-    # The caller as users run it: every core of its node (the default threads).
-    caller = DeltaTokenizer(path, engine=args.engine, shadow_rate=0.0)
-    local1, want1 = _median_ms(lambda: caller.core.encode_ids(text1, add_special_tokens=False), args.repeats)
-    local3, want3 = _median_ms(lambda: caller.core.encode_ids(text3, add_special_tokens=False), args.repeats)
-
-    ray.init(**local_init_kwargs())
-    measured: dict[int, dict[int, float]] = {}
+    loaded = load_tokenizer(path)
+    print(f"# bench_scaleout: {args.tokenizer}, engine {args.engine}, {os.cpu_count()} cores here, "
+          f"load {os.getloadavg()[0]:.2f}")
+    ray = None
+    if not args.no_ray:
+        import ray as ray_mod
+        from delta_ray.actors.local_ray import local_init_kwargs
+        ray_mod.init(address="local", **local_init_kwargs())
+        ray = ray_mod
     try:
-        for slots in (1, 2):
-            with TokenizerPool(path, num_workers=1, max_inflight_tasks=slots, placement=False, engine=args.engine,
-                               shadow_rate=0.0, chunk_size=65_536, cut_threshold=100_000) as pool:
-                pool.encode(text1)  # warm the task processes
-                measured[slots] = {}
-                for n, text, want in ((1_000_000, text1, want1), (3_000_000, text3, want3)):
-                    ms, got = _median_ms(lambda: pool.encode(text, add_special_tokens=False), args.repeats)
-                    assert np.array_equal(got.to_numpy(), want), "pool answer differs from in-process"
-                    measured[slots][n] = ms
+        costs, raw = measure_costs(loaded, args.engine, ray, args.quick)
+        print("\n## Service times measured here (ms)")
+        for k, v in raw.items():
+            print(f"  {k:<24}{v:>10.4f}")
+        print("  -> simulation costs: " + ", ".join(f"{f.name}={getattr(costs, f.name):.4g}"
+                                                    for f in dataclasses.fields(costs)))
+        if ray is not None:
+            print("\n## Validation: the real TokenizerPool on local Ray vs the simulation (closed loops)")
+            print(f"{'workers':>8}  {'load':<28}{'measured/s':>11}{'sim/s':>9}{'err':>6}"
+                  f"{'P99 ms':>9}{'sim P99':>9}{'err':>6}")
+            for w, label, (mt, mp), (pt, pp) in validate(path, costs, args.engine, args.quick):
+                print(f"{w:>8}  {label:<28}{mt:>11.1f}{pt:>9.1f}{(pt - mt) / mt:>+6.0%}"
+                      f"{mp:>9.2f}{pp:>9.2f}{(pp - mp) / mp:>+6.0%}")
     finally:
-        ray.shutdown()
-
-    # Fit overhead + n * transfer from the one-slot runs (what the encode share does not explain).
-    rest1 = measured[1][1_000_000] - 1_000_000 / rate
-    rest3 = measured[1][3_000_000] - 3_000_000 / rate
-    transfer = max((rest3 - rest1) / 2_000_000, 0.0)
-    overhead = max(rest1 - 1_000_000 * transfer, 0.0)
-    model = PlacementModel(local_chars_per_ms=rate, remote_chars_per_ms=rate, overhead_ms=overhead,
-                           transfer_ms_per_char=transfer)
-
-    print(f"# bench_scaleout: {args.tokenizer}, engine {args.engine}, {os.cpu_count()} cores here")
-    print(f"one thread: {rate:,.0f} chars/ms; caller ({caller.core.threads} threads) 1M {local1:.1f} ms, 3M {local3:.1f} ms")
-    print(f"fitted from 1 slot: overhead {overhead:.2f} ms, transfer {transfer * 1e6:.2f} ms per 1M chars")
-    print(f"{'slots':>6}{'n':>12}{'pool ms':>10}{'model ms':>10}{'caller/pool':>13}")
-    for slots in (1, 2):
-        for n in (1_000_000, 3_000_000):
-            caller = local1 if n == 1_000_000 else local3
-            print(f"{slots:>6}{n:>12,}{measured[slots][n]:>10.1f}{model.remote_ms(n, slots):>10.1f}"
-                  f"{caller / measured[slots][n]:>12.2f}x  (measured)")
-    err = abs(model.remote_ms(3_000_000, 2) - measured[2][3_000_000]) / measured[2][3_000_000]
-    print(f"model error at 2 slots, 3M: {err:.0%} (a check of the model on the only cores this machine has)")
-    best = None
-    for slots in (4, 8, 16, 32, 64):
-        pred = model.remote_ms(3_000_000, slots)
-        ratio = local3 / pred
-        best = best or (slots if ratio >= 1.5 else None)
-        print(f"{slots:>6}{3_000_000:>12,}{'-':>10}{pred:>10.1f}{ratio:>12.2f}x  (predicted)")
-    floor = overhead + 3_000_000 * transfer
-    print("\n## Target: stateless 3M on the pool >= 1.5x in process with cores beyond the caller's")
-    print(f"the transfer floor for 3M is {floor:.1f} ms against {local3:.1f} ms in the caller: "
-          + (f"1.5x is predicted from {best} slots" if best else
-             "no number of slots reaches 1.5x until the transfer term shrinks (zero-copy text)"))
+        if ray is not None:
+            ray.shutdown()
+    print("\n## Simulation: 16-256 cores on 1-16 nodes (workers = task slots = cores; driver on node 0)")
+    for d in (int(x) for x in args.drivers.split(",")):
+        grid(costs, d, args.quick)
     return 0
 
 

@@ -22,6 +22,10 @@ from .routing import home_worker
 from .tasks import Task, TaskKind
 
 
+_MEMO_ENTRIES = 65_536  # session homes remembered between worker-set changes
+_MEMO_KEY_CHARS = 1024  # longer keys are routed every time rather than kept alive by the memo
+
+
 class Assignment(NamedTuple):
     """A task handed out for execution: on ``worker_id``, or on the shared task pool when None."""
 
@@ -85,6 +89,14 @@ class Dispatcher:
         self._running_on: dict[int, Optional[str]] = {}  # running task id -> worker id, None = pool
         self._queued_ids: set[int] = set()
         self._ids = itertools.count()
+        # Workers that may take a task at the next dispatch (a task queued for them, a slot freed,
+        # the worker set changed): dispatch looks at these only, not at every live worker, so a
+        # call costs the same on 2 and on 256 workers. A worker outside this set has no free slot
+        # or nothing it may take.
+        self._ready: set[str] = set()
+        # session key -> home among the current workers (cleared whenever the set changes): the
+        # pool asks for a session's home several times per call, each an O(workers) rendezvous.
+        self._homes: dict[str, str] = {}
         for worker_id in workers:
             self.add_worker(worker_id)
 
@@ -97,7 +109,14 @@ class Dispatcher:
 
     def home_of(self, session_key: str) -> str:
         """Return the current home worker of ``session_key``; ValueError when no worker is live."""
-        return home_worker(session_key, self._sorted_ids)
+        home = self._homes.get(session_key)
+        if home is None:
+            home = home_worker(session_key, self._sorted_ids)
+            if len(session_key) <= _MEMO_KEY_CHARS:  # huge keys are not kept alive by the memo
+                if len(self._homes) >= _MEMO_ENTRIES:
+                    del self._homes[next(iter(self._homes))]  # the oldest entry
+                self._homes[session_key] = home
+        return home
 
     def queued_count(self) -> int:
         """Return the number of tasks waiting in any queue."""
@@ -190,9 +209,13 @@ class Dispatcher:
             queue = self._homeless
         else:
             assert task.session_key is not None  # Task refuses a keyless session task
-            queue = self._workers[home_worker(task.session_key, self._sorted_ids)].queue
+            home = self.home_of(task.session_key)
+            queue = self._workers[home].queue
+            self._ready.add(home)
         queue.push(task)
         self._queued_ids.add(task.id)
+        if queue is self._shared and self.workers_take_shared:
+            self._ready.update(self._sorted_ids)
 
     # --- work out --------------------------------------------------------------------------------
 
@@ -233,7 +256,12 @@ class Dispatcher:
         Call it after each submit/complete/fail/lifecycle event; it returns what to launch.
         """
         out: list[Assignment] = []
-        for worker_id in self._sorted_ids:
+        # The same assignments, in the same order, as visiting every worker in sorted order: a
+        # worker outside _ready would get nothing (see __init__).
+        ready, self._ready = self._ready, set()
+        for worker_id in sorted(ready) if len(ready) > 1 else ready:
+            if worker_id not in self._workers:
+                continue  # retired since
             while (task := self.next_for_worker(worker_id)) is not None:
                 out.append(Assignment(worker_id, task))
         while (task := self.next_shared_task()) is not None:
@@ -248,6 +276,7 @@ class Dispatcher:
         worker_id = self._running_on.pop(task_id)
         if worker_id is None:
             return self._shared_running.pop(task_id)
+        self._ready.add(worker_id)  # a slot is free again
         return self._workers[worker_id].running.pop(task_id)
 
     def complete(self, task_id: int, measured_ms: float) -> Optional[Task]:
@@ -289,6 +318,7 @@ class Dispatcher:
             raise ValueError(f"worker {worker_id!r} is already live")
         self._workers[worker_id] = _Worker()
         bisect.insort(self._sorted_ids, worker_id)
+        self._ready.add(worker_id)
         self._rehome()
 
     def retire_worker(self, worker_id: str) -> list[Task]:
@@ -304,10 +334,10 @@ class Dispatcher:
         return list(worker.running.values())
 
     def _rehome(self) -> None:
-        # Homes are rendezvous (highest random weight) over the live workers: a change of the
-        # worker set moves only the sessions whose top choice joined or left (about 1/n).
-        # Re-routing every queued session task keeps one invariant: a queued task always waits at
-        # its session's current home, where that session's next requests also go.
+        self._homes.clear()  # the worker set changed: homes are recomputed on demand
+        # Rendezvous moves only the sessions of a worker that left or that a new one takes, but
+        # re-routing every queued session task is simple and keeps one invariant: a queued task
+        # always waits at its session's current home, where that session's next requests also go.
         pending = self._homeless.drain()
         for worker in self._workers.values():
             pending.extend(worker.queue.drain())

@@ -1,0 +1,454 @@
+"""A discrete-event simulation of a pool at scale that drives the real scheduler.
+
+The pool's decisions are not modelled: every task goes through a real :class:`Dispatcher` (its
+policy, its per-worker in-flight limit, its shared chunk slots) and every session through the real
+rendezvous routing, on a :class:`FakeClock` that this simulation moves. What IS modelled is time:
+each step takes a service time measured on a real machine (:class:`Costs`, filled in by
+``bench/bench_scaleout.py``) while holding the resources it needs, so the simulation finds which
+resource saturates first and how throughput grows with cores and nodes:
+
+* a **driver** (a process that calls the pool: its orchestrator runs on one asyncio loop under one
+  GIL) holds its GIL and one core of its node for every step of the orchestrator: accepting a call
+  (the hand-off to the loop and the orchestrator's request side), launching a task on a worker
+  (the side channel on the same node, a Ray actor call or task elsewhere, the arguments' put),
+  and taking an answer (splice, arrow assembly, the hand-back);
+* a **session worker** (one per core by default) runs one call at a time on a core of its node;
+* **chunk tasks** (the dispatcher's shared slots) run on cores of the nodes, spread round robin;
+* a **NIC** per node and direction carries what crosses nodes (texts out, IDs back) at
+  ``net_mb_per_ms``.
+
+Cores are FIFO servers shared by the workers, the tasks and the driver of a node. A resource's
+utilization is its busy server-time over its capacity; the first component to saturate is the
+one whose utilization is highest when the offered load exceeds what the pool completes.
+Ray-free and stdlib-only, like the rest of ``scheduler/``.
+"""
+from __future__ import annotations
+
+import heapq
+import itertools
+import math
+import random
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Callable, Optional
+
+from .clock import FakeClock
+from .dispatcher import Dispatcher
+
+TURN_CHARS = 1300
+
+
+@dataclass(frozen=True)
+class Costs:
+    """Service times in ms, each measured on a real machine (see bench/bench_scaleout.py)."""
+
+    # driver CPU (GIL + a core of the driver's node) per step
+    handoff_ms: float = 0.07  # caller thread -> the pool's loop and back
+    orch_session_ms: float = 0.30  # orchestrator per session call (fake transport answering at once)...
+    orch_session_ms_per_worker: float = 0.0  # ...and its growth with the number of workers it routes over
+    orch_chunk_ms: float = 0.07  # orchestrator per chunk dispatch...
+    orch_chunk_ms_per_worker: float = 0.0  # ...and its growth with the number of workers
+    channel_client_ms: float = 0.10  # a same-node side-channel call, the driver's CPU
+    ray_call_ms: float = 0.25  # a Ray actor call or task launch, the driver's CPU
+    put_ms_per_mchar: float = 4.0  # a chunk's text into the object store, per million characters
+    plan_ms_per_mchar: float = 2.0  # planning the cuts of a stateless text
+    assemble_ms_per_mchar: float = 2.0  # concatenating and wrapping a stateless text's IDs
+    # latency only (no resource held)
+    channel_rtt_ms: float = 0.05
+    ray_rtt_ms: float = 0.5
+    # worker CPU
+    worker_call_ms: float = 0.05  # a worker's fixed cost per call (frames, lock, bookkeeping)
+    turn_ms_100k: float = 0.3  # a 1.3K turn on a 100K-character session
+    turn_ms_1m: float = 0.5  # the same on 1M characters (interpolated linearly in between)
+    encode_ms_per_mchar: float = 10.0  # a stateless chunk's encode, per million characters
+    # network, per node and direction (not measurable on one machine: 10 Gbit/s assumed)
+    net_mb_per_ms: float = 1.25
+
+    def orch_session(self, workers: int) -> float:
+        return self.orch_session_ms + self.orch_session_ms_per_worker * workers
+
+    def orch_chunk(self, workers: int) -> float:
+        return self.orch_chunk_ms + self.orch_chunk_ms_per_worker * workers
+
+    def turn_ms(self, context_chars: int) -> float:
+        f = (context_chars - 100_000) / 900_000
+        return self.turn_ms_100k + (self.turn_ms_1m - self.turn_ms_100k) * f
+
+
+@dataclass(frozen=True)
+class Cluster:
+    """``nodes`` nodes of ``cores_per_node`` cores; ``workers`` session workers spread round robin
+    over them (default: one per core); ``task_slots`` chunk tasks at once (default: one per core);
+    ``drivers`` processes calling the pool (each with its own orchestrator), on nodes 0, 1, ..."""
+
+    nodes: int = 1
+    cores_per_node: int = 2
+    workers: Optional[int] = None
+    task_slots: Optional[int] = None
+    drivers: int = 1
+    policy: str = "shortest_first"
+    chunk_size: int = 65_536
+    max_chunks: int = 16
+    cut_threshold: int = 131_072
+
+    @property
+    def cores(self) -> int:
+        return self.nodes * self.cores_per_node
+
+    @property
+    def n_workers(self) -> int:
+        return self.workers if self.workers is not None else self.cores
+
+    @property
+    def n_task_slots(self) -> int:
+        return self.task_slots if self.task_slots is not None else self.cores
+
+
+class Resource:
+    """``servers`` identical servers with one FIFO queue; tracks busy server-time."""
+
+    def __init__(self, sim: "Simulation", name: str, servers: int):
+        self.sim, self.name, self.servers = sim, name, servers
+        self.busy = 0
+        self._queue: deque[Callable[[], None]] = deque()
+        self._area = 0.0
+        self._since = 0.0
+
+    def _account(self) -> None:
+        now = self.sim.now
+        self._area += self.busy * (now - self._since)
+        self._since = now
+
+    def acquire(self, granted: Callable[[], None]) -> None:
+        if self.busy < self.servers:
+            self._account()
+            self.busy += 1
+            granted()
+        else:
+            self._queue.append(granted)
+
+    def release(self) -> None:
+        if self._queue:
+            self._queue.popleft()()  # the server passes straight to the next in line
+        else:
+            self._account()
+            self.busy -= 1
+
+    def utilization(self, start: float, end: float) -> float:
+        self._account()
+        return self._area / max(1e-9, (end - start) * self.servers)
+
+    def reset_accounting(self) -> None:
+        self._account()
+        self._area = 0.0
+
+
+@dataclass
+class Result:
+    """What a run completed, how long each request took (ms), and each resource's utilization."""
+
+    duration_ms: float
+    completed: dict[str, int]
+    latencies: dict[str, list[float]]
+    utilization: dict[str, float]
+
+    def throughput(self, kind: Optional[str] = None) -> float:
+        """Completed requests per second (of ``kind``, or all)."""
+        n = sum(self.completed.values()) if kind is None else self.completed.get(kind, 0)
+        return n / (self.duration_ms / 1e3)
+
+    def percentile(self, kind: str, q: float) -> float:
+        xs = sorted(self.latencies.get(kind, []))
+        if not xs:
+            return math.nan
+        return xs[min(len(xs) - 1, max(0, math.ceil(q / 100 * len(xs)) - 1))]
+
+    def bottleneck(self) -> tuple[str, float]:
+        """The most utilized component and its utilization."""
+        name = max(self.utilization, key=self.utilization.get)
+        return name, self.utilization[name]
+
+
+@dataclass
+class _Session:
+    key: str
+    context: int
+    driver: int
+    busy: bool = False
+    waiting: deque = field(default_factory=deque)
+
+
+class Simulation:
+    """One cluster, one set of costs; add load (``chat``, ``stateless``, ``closed_*``), then ``run``."""
+
+    def __init__(self, cluster: Cluster, costs: Costs, *, seed: int = 0):
+        self.cluster, self.costs = cluster, costs
+        self.clock = FakeClock()
+        self.rng = random.Random(seed)
+        self._events: list = []
+        self._seq = itertools.count()
+        c = cluster
+        self.cpu = [Resource(self, f"node{n} cores", c.cores_per_node) for n in range(c.nodes)]
+        self.nic_out = [Resource(self, f"node{n} NIC out", 1) for n in range(c.nodes)]
+        self.nic_in = [Resource(self, f"node{n} NIC in", 1) for n in range(c.nodes)]
+        self.gil = [Resource(self, f"driver{d} loop", 1) for d in range(c.drivers)]
+        self.worker_ids = [f"w{i:04d}" for i in range(c.n_workers)]
+        self.worker_node = {w: i % c.nodes for i, w in enumerate(self.worker_ids)}
+        self.worker_lock = {w: Resource(self, f"worker {w}", 1) for w in self.worker_ids}
+        self.driver_node = [d % c.nodes for d in range(c.drivers)]
+        # Each driver (a process attached to the pool) has its own dispatcher over all workers.
+        self.dispatchers = [Dispatcher(c.policy, workers=self.worker_ids, clock=self.clock,
+                                       max_inflight_tasks=max(0, c.n_task_slots // c.drivers) or 1,
+                                       workers_take_shared=False) for _ in range(c.drivers)]
+        self._spread = itertools.count()
+        self.completed: dict[str, int] = {}
+        self.latencies: dict[str, list[float]] = {}
+        self._measure_from = 0.0
+        self.sessions: list[_Session] = []
+
+    # -- the event loop ---------------------------------------------------------------------------
+    @property
+    def now(self) -> float:
+        return self.clock.now_ms()
+
+    def after(self, ms: float, fn: Callable[[], None]) -> None:
+        heapq.heappush(self._events, (self.now + max(0.0, ms), next(self._seq), fn))
+
+    def run(self, until_ms: float, warmup_ms: float = 0.0) -> Result:
+        """Run until ``until_ms`` of simulated time; requests finishing before ``warmup_ms`` and the
+        resources' busy time before it are not counted."""
+        reset_done = warmup_ms <= 0
+        while self._events and self._events[0][0] <= until_ms:
+            t, _, fn = heapq.heappop(self._events)
+            if not reset_done and t >= warmup_ms:
+                self.clock.set(warmup_ms)
+                self._start_measuring()
+                reset_done = True
+            self.clock.set(t)
+            fn()
+        if not reset_done:
+            self.clock.set(warmup_ms)
+            self._start_measuring()
+        self.clock.set(max(self.now, until_ms))
+        return self._result(until_ms)
+
+    def _start_measuring(self) -> None:
+        self._measure_from = self.now
+        self.completed, self.latencies = {}, {}
+        for r in self._resources():
+            r.reset_accounting()
+
+    def _resources(self) -> list[Resource]:
+        return [*self.cpu, *self.nic_out, *self.nic_in, *self.gil, *self.worker_lock.values()]
+
+    def _result(self, end: float) -> Result:
+        start = self._measure_from
+        util = {
+            "driver loop (GIL)": max(r.utilization(start, end) for r in self.gil),
+            "node cores (busiest node)": max(r.utilization(start, end) for r in self.cpu),
+            "session worker (busiest)": max(r.utilization(start, end) for r in self.worker_lock.values()),
+            "NIC (busiest)": max(r.utilization(start, end) for r in self.nic_out + self.nic_in),
+        }
+        return Result(end - start, dict(self.completed), {k: list(v) for k, v in self.latencies.items()}, util)
+
+    def _done(self, kind: str, t0: float) -> None:
+        # Everything that completes inside the measured window counts (in overload, requests that
+        # arrived during the warm-up are still being completed: that IS the throughput).
+        self.completed[kind] = self.completed.get(kind, 0) + 1
+        self.latencies.setdefault(kind, []).append(self.now - t0)
+
+    # -- holding resources --------------------------------------------------------------------------
+    def hold(self, resources: list[Resource], ms: float, then: Callable[[], None]) -> None:
+        """Acquire ``resources`` in order, hold them all for ``ms``, release, then call ``then``."""
+        def step(i: int) -> None:
+            if i < len(resources):
+                resources[i].acquire(lambda: step(i + 1))
+                return
+
+            def finish() -> None:
+                for r in resources:
+                    r.release()
+                then()
+            self.after(ms, finish)
+        step(0)
+
+    def driver_step(self, d: int, ms: float, then: Callable[[], None]) -> None:
+        self.hold([self.gil[d], self.cpu[self.driver_node[d]]], ms, then)
+
+    def transfer(self, src: int, dst: int, n_bytes: float, then: Callable[[], None]) -> None:
+        """Bytes from node ``src`` to ``dst``: nothing on one node (shared memory is in the costs)."""
+        if src == dst or n_bytes <= 0:
+            then()
+            return
+        self.hold([self.nic_out[src], self.nic_in[dst]], n_bytes / 1e6 / self.costs.net_mb_per_ms, then)
+
+    # -- dispatch -----------------------------------------------------------------------------------
+    def _pump(self, d: int) -> None:
+        for wid, task in self.dispatchers[d].dispatch():
+            launch = task.payload
+            launch(wid, task)
+
+    # -- session turns --------------------------------------------------------------------------------
+    def add_sessions(self, n: int, context: tuple[int, int] = (100_000, 1_000_000)) -> None:
+        """``n`` sessions already initialized, contexts uniform in ``context``; callers spread over drivers."""
+        base = len(self.sessions)
+        for i in range(n):
+            s = _Session(f"session-{base + i}", self.rng.randint(*context), (base + i) % self.cluster.drivers)
+            self.sessions.append(s)
+
+    def turn(self, s: _Session, on_done: Optional[Callable[[], None]] = None) -> None:
+        """One 1.3K turn of session ``s`` arrives now (a caller blocked until its answer)."""
+        t0 = self.now
+        if s.busy:  # the orchestrator serializes a session's calls (its key lock)
+            s.waiting.append((t0, on_done))
+            return
+        self._start_turn(s, t0, on_done)
+
+    def _start_turn(self, s: _Session, t0: float, on_done) -> None:
+        s.busy = True
+        c, d = self.costs, s.driver
+        disp = self.dispatchers[d]
+        orch = c.orch_session(self.cluster.n_workers)
+        started = [t0]
+
+        def accepted() -> None:
+            disp.submit("session", TURN_CHARS, session_key=s.key, payload=launch)
+            self._pump(d)
+
+        def launch(wid: str, task) -> None:
+            started[0] = self.now
+            node = self.worker_node[wid]
+            local = node == self.driver_node[d]
+            client = c.channel_client_ms if local else c.ray_call_ms
+            rtt = c.channel_rtt_ms if local else c.ray_rtt_ms
+
+            def sent() -> None:
+                self.transfer(self.driver_node[d], node, TURN_CHARS, lambda: self.after(rtt / 2, at_worker))
+
+            def at_worker() -> None:
+                self.hold([self.worker_lock[wid], self.cpu[node]], c.worker_call_ms + c.turn_ms(s.context),
+                          lambda: self.transfer(node, self.driver_node[d], 4 * TURN_CHARS / 4,
+                                                lambda: self.after(rtt / 2, answered)))
+
+            def answered() -> None:
+                self.driver_step(d, orch / 2 + c.handoff_ms / 2, lambda: finished(task))
+            self.driver_step(d, client, sent)
+
+        def finished(task) -> None:
+            disp.complete(task.id, self.now - started[0])
+            s.context += TURN_CHARS
+            s.busy = False
+            self._done("turn", t0)
+            self._pump(d)
+            if s.waiting:
+                t1, cb = s.waiting.popleft()
+                self._start_turn(s, t1, cb)
+            if on_done is not None:
+                on_done()
+
+        self.driver_step(d, c.handoff_ms / 2 + orch / 2, accepted)
+
+    def chat(self, rate_per_s: float, until_ms: float) -> None:
+        """Poisson turn arrivals at ``rate_per_s`` over the sessions (uniformly) until ``until_ms``."""
+        def arrive() -> None:
+            self.turn(self.rng.choice(self.sessions))
+            self._next(rate_per_s, until_ms, arrive)
+        self._next(rate_per_s, until_ms, arrive)
+
+    def closed_turns(self, callers: int) -> None:
+        """``callers`` callers, each on its own session, each sending its next turn when answered."""
+        for i in range(callers):
+            s = self.sessions[i % len(self.sessions)]
+
+            def loop(s=s) -> None:
+                self.turn(s, on_done=loop)
+            loop()
+
+    # -- stateless long texts ---------------------------------------------------------------------------
+    def chunk_count(self, n: int) -> int:
+        c = self.cluster
+        if n < c.cut_threshold:
+            return 1
+        slots = max(1, c.n_task_slots)
+        return max(1, min(-(-n // c.chunk_size), c.max_chunks, slots))
+
+    def text(self, n_chars: int, driver: int = 0, on_done: Optional[Callable[[], None]] = None) -> None:
+        """One stateless text of ``n_chars`` arrives now: planned, chunked, run on task slots, assembled."""
+        t0 = self.now
+        c, d = self.costs, driver
+        disp = self.dispatchers[d]
+        k = self.chunk_count(n_chars)
+        piece = n_chars / k
+        left = [k]
+        orch = c.orch_chunk(self.cluster.n_workers)
+        launched: dict[int, float] = {}
+
+        def planned() -> None:
+            for _ in range(k):
+                disp.submit("chunk", int(piece), payload=launch, request_chars=n_chars)
+            self._pump(d)
+
+        def launch(_wid, task) -> None:
+            launched[task.id] = self.now
+            node = next(self._spread) % self.cluster.nodes  # SPREAD
+
+            def sent() -> None:
+                self.transfer(self.driver_node[d], node, piece, lambda: self.after(c.ray_rtt_ms / 2, run))
+
+            def run() -> None:
+                self.hold([self.cpu[node]], c.encode_ms_per_mchar * piece / 1e6,
+                          lambda: self.transfer(node, self.driver_node[d], piece,  # ~4 bytes per 4 chars
+                                                lambda: self.after(c.ray_rtt_ms / 2, answered)))
+
+            def answered() -> None:
+                self.driver_step(d, orch / 2, lambda: chunk_done(task))
+            self.driver_step(d, c.ray_call_ms + c.put_ms_per_mchar * piece / 1e6 + orch / 2, sent)
+
+        def chunk_done(task) -> None:
+            disp.complete(task.id, self.now - launched.pop(task.id))
+            self._pump(d)
+            left[0] -= 1
+            if left[0] == 0:
+                self.driver_step(d, c.assemble_ms_per_mchar * n_chars / 1e6 + c.handoff_ms / 2, finished)
+
+        def finished() -> None:
+            self._done("text", t0)
+            if on_done is not None:
+                on_done()
+
+        self.driver_step(d, c.handoff_ms / 2 + c.plan_ms_per_mchar * n_chars / 1e6, planned)
+
+    def stateless(self, rate_per_s: float, until_ms: float, size: tuple[int, int] = (1_000_000, 3_000_000)) -> None:
+        """Poisson arrivals of stateless texts of uniform size in ``size``, callers spread over drivers."""
+        turn = itertools.count()
+
+        def arrive() -> None:
+            self.text(self.rng.randint(*size), driver=next(turn) % self.cluster.drivers)
+            self._next(rate_per_s, until_ms, arrive)
+        self._next(rate_per_s, until_ms, arrive)
+
+    def closed_texts(self, callers: int, n_chars: int) -> None:
+        """``callers`` callers each sending a text of ``n_chars`` when its last one is answered."""
+        for i in range(callers):
+            def loop(d=i % self.cluster.drivers) -> None:
+                self.text(n_chars, driver=d, on_done=loop)
+            loop()
+
+    def _next(self, rate_per_s: float, until_ms: float, fn: Callable[[], None]) -> None:
+        if rate_per_s <= 0:
+            return
+        dt = self.rng.expovariate(rate_per_s / 1e3)
+        if self.now + dt <= until_ms:
+            self.after(dt, fn)
+
+
+def sweep(cluster: Cluster, costs: Costs, load: Callable[[Simulation, float, float], None],
+          rates: list[float], *, duration_ms: float = 2_000.0, warmup_ms: float = 500.0,
+          seed: int = 0) -> list[tuple[float, Result]]:
+    """Run one simulation per offered rate; ``load(sim, rate, until_ms)`` adds the arrivals."""
+    out = []
+    for rate in rates:
+        sim = Simulation(cluster, costs, seed=seed)
+        load(sim, rate, warmup_ms + duration_ms)
+        out.append((rate, sim.run(warmup_ms + duration_ms, warmup_ms)))
+    return out

@@ -1,0 +1,127 @@
+"""The scale-out simulation on its fake clock: queueing results it must reproduce, and that it drives
+the real scheduler (rendezvous homes, in-flight limits). Simulated time only; no wall-clock asserts."""
+from __future__ import annotations
+
+import pytest
+
+from delta_ray.scheduler import home_worker
+from delta_ray.scheduler.simulation import Cluster, Costs, Resource, Simulation, sweep
+
+# Everything free except what a test sets: results then follow from arithmetic.
+FREE = Costs(handoff_ms=0.0, orch_session_ms=0.0, orch_chunk_ms=0.0, channel_client_ms=0.0, ray_call_ms=0.0,
+             put_ms_per_mchar=0.0, plan_ms_per_mchar=0.0, assemble_ms_per_mchar=0.0, channel_rtt_ms=0.0,
+             ray_rtt_ms=0.0, worker_call_ms=0.0, turn_ms_100k=1.0, turn_ms_1m=1.0, encode_ms_per_mchar=0.0)
+
+
+def test_resource_is_fifo_and_counts_busy_time():
+    sim = Simulation(Cluster(), FREE)
+    r = Resource(sim, "r", 1)
+    order = []
+    for i in range(3):
+        sim.hold([r], 2.0, lambda i=i: order.append((i, sim.now)))
+    sim.run(100.0)
+    assert order == [(0, 2.0), (1, 4.0), (2, 6.0)]
+    assert r.utilization(0.0, 12.0) == pytest.approx(0.5)
+
+
+def test_one_worker_closed_loop_runs_at_its_service_rate():
+    # 1 worker, 1 ms a turn, nothing else costs: 4 callers complete 1,000 turns/s, each waiting 4 ms.
+    sim = Simulation(Cluster(nodes=1, cores_per_node=4, workers=1, task_slots=1), FREE)
+    sim.add_sessions(4, (100_000, 100_000))
+    sim.closed_turns(4)
+    res = sim.run(1_100.0, 100.0)
+    assert res.throughput("turn") == pytest.approx(1000, rel=0.01)
+    assert res.percentile("turn", 99) == pytest.approx(4.0)
+    assert res.utilization["session worker (busiest)"] == pytest.approx(1.0, abs=0.01)
+    assert res.bottleneck()[0] == "session worker (busiest)"
+
+
+def test_the_driver_loop_is_one_server_whatever_the_cores():
+    # 0.5 ms of orchestrator per call, free workers: at most 2,000 calls/s on 1 or 64 cores.
+    costs = Costs(**{**FREE.__dict__, "orch_session_ms": 0.5, "turn_ms_100k": 0.0, "turn_ms_1m": 0.0})
+    for cores in (2, 64):
+        sim = Simulation(Cluster(nodes=1, cores_per_node=cores), costs)
+        sim.add_sessions(64, (100_000, 100_000))
+        sim.closed_turns(64)
+        res = sim.run(400.0, 100.0)
+        assert res.throughput("turn") == pytest.approx(2000, rel=0.01)
+        assert res.bottleneck()[0] == "driver loop (GIL)"
+
+
+def test_growth_with_workers_is_charged_per_call():
+    costs = Costs(**{**FREE.__dict__, "orch_session_ms": 0.1, "orch_session_ms_per_worker": 0.01,
+                     "turn_ms_100k": 0.0, "turn_ms_1m": 0.0})
+    rates = []
+    for workers in (10, 40):  # 0.2 ms and 0.5 ms a call
+        sim = Simulation(Cluster(nodes=1, cores_per_node=64, workers=workers), costs)
+        sim.add_sessions(64, (100_000, 100_000))
+        sim.closed_turns(64)
+        rates.append(sim.run(400.0, 100.0).throughput("turn"))
+    assert rates[0] == pytest.approx(5000, rel=0.01) and rates[1] == pytest.approx(2000, rel=0.01)
+
+
+def test_turns_run_on_their_rendezvous_home():
+    sim = Simulation(Cluster(nodes=2, cores_per_node=4), FREE)
+    sim.add_sessions(32)
+    ran = {}
+    disp = sim.dispatchers[0]
+    submit = disp.submit
+
+    def spy(kind, n, **kw):
+        task = submit(kind, n, **kw)
+        launch = task.payload
+
+        def wrapped_launch(wid, t):
+            ran[t.session_key] = wid
+            launch(wid, t)
+        object.__setattr__(task, "payload", wrapped_launch)
+        return task
+    disp.submit = spy
+    for s in sim.sessions:
+        sim.turn(s)
+    sim.run(1_000.0)
+    assert len(ran) == 32
+    assert all(wid == home_worker(key, sim.worker_ids) for key, wid in ran.items())
+
+
+def test_a_session_runs_one_turn_at_a_time():
+    sim = Simulation(Cluster(nodes=1, cores_per_node=8), FREE)
+    sim.add_sessions(1, (100_000, 100_000))
+    s = sim.sessions[0]
+    for _ in range(5):
+        sim.turn(s)
+    res = sim.run(100.0)
+    assert sorted(res.latencies["turn"]) == pytest.approx([1.0, 2.0, 3.0, 4.0, 5.0])
+    assert s.context == 100_000 + 5 * 1300
+
+
+def test_chunks_of_a_text_run_in_parallel_up_to_the_task_slots():
+    # 1M characters at 16 ms per 1M: 16 chunks of 62,500 on 16 slots take 1 ms, 4 chunks on 4 slots 4 ms.
+    costs = Costs(**{**FREE.__dict__, "encode_ms_per_mchar": 16.0})
+    for slots, want in ((16, 1.0), (4, 4.0)):
+        sim = Simulation(Cluster(nodes=1, cores_per_node=16, task_slots=slots, max_chunks=16), costs)
+        sim.text(1_000_000)
+        res = sim.run(100.0)
+        assert sim.chunk_count(1_000_000) == min(16, slots)  # the planner's k: one chunk per slot here
+        assert res.completed == {"text": 1} and res.latencies["text"][0] == pytest.approx(want)
+
+
+def test_crossing_nodes_uses_the_network():
+    costs = Costs(**{**FREE.__dict__, "encode_ms_per_mchar": 0.0, "net_mb_per_ms": 1.0})
+    one = Simulation(Cluster(nodes=1, cores_per_node=4, task_slots=4), costs)
+    one.text(1_000_000)
+    two = Simulation(Cluster(nodes=2, cores_per_node=2, task_slots=4), costs)
+    two.text(1_000_000)
+    a, b = one.run(100.0), two.run(100.0)
+    assert a.latencies["text"][0] == pytest.approx(0.0)
+    assert b.latencies["text"][0] > 0 and b.utilization["NIC (busiest)"] > 0
+
+
+def test_open_loop_sweep_saturates_at_capacity():
+    res = sweep(Cluster(nodes=1, cores_per_node=2, workers=1), FREE,
+                lambda sim, rate, until: (sim.add_sessions(16), sim.chat(rate, until)),
+                [200.0, 4000.0], duration_ms=2_000.0, warmup_ms=200.0)
+    (_, low), (_, high) = res
+    assert low.throughput() == pytest.approx(200, rel=0.15)
+    assert high.throughput() == pytest.approx(1000, rel=0.02)  # one worker, 1 ms a turn
+    assert high.bottleneck()[0] == "session worker (busiest)"
