@@ -12,7 +12,7 @@ from delta_ray.bundled import bundled_tokenizer_config
 from delta_ray.chat_template import ChatTemplate
 from delta_ray.config import TokenizerConfig
 from delta_ray.loading import load_tokenizer
-from delta_ray.tokenizer import DeltaTokenizer
+from delta_ray.tokenizer import TokenizerCore
 
 NAME = "llama3.2"  # a BOS template: IDs with and without add_special_tokens differ
 TOK = TokenizerConfig(chunk_size=4096, cut_threshold=12_000, threads=1, engine="reference", shadow_rate=0.0)
@@ -34,7 +34,7 @@ class _NoMetrics:
 
 
 def _handler(loaded, **kw) -> RequestHandler:
-    return RequestHandler(loaded, DeltaTokenizer(loaded, TOK), served={NAME}, record=_NoMetrics(),
+    return RequestHandler(loaded, TokenizerCore(loaded, TOK), served={NAME}, record=_NoMetrics(),
                           template=ChatTemplate.from_config(bundled_tokenizer_config(NAME)), **kw)
 
 
@@ -140,7 +140,7 @@ def test_append_needs_a_version_and_a_held_session(loaded):
 
 
 class _FakePool:
-    def __init__(self, delta: DeltaTokenizer):
+    def __init__(self, delta: TokenizerCore):
         self.delta, self.calls = delta, []
 
     async def encode_async(self, text, *, add_special_tokens=True, session=None, tenant=None):
@@ -149,7 +149,7 @@ class _FakePool:
 
 
 def test_keyless_prompts_sent_to_the_pool_keep_their_tenant(loaded, ref, text):
-    pool = _FakePool(DeltaTokenizer(loaded, TOK))
+    pool = _FakePool(TokenizerCore(loaded, TOK))
     h = _handler(loaded, pool=pool, pool_min_chars=1_000)
     for tenant in ("victim", "attacker", None):
         body = {"prompt": text} if tenant is None else {"prompt": text, "cache_salt": tenant}

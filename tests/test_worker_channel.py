@@ -588,20 +588,20 @@ def channel_pool(tokenizer_paths):
     from delta_ray.actors.worker import WorkerService
     from delta_ray.config import PoolConfig, TokenizerConfig
     from delta_ray.loading import load_tokenizer
-    from delta_ray.tokenizer import DeltaTokenizer
+    from delta_ray.tokenizer import TokenizerCore
 
     class NoMetrics:
         def __getattr__(self, name):
             return lambda *a, **k: None
     tok = TokenizerConfig(chunk_size=4096, cut_threshold=12_000, threads=1, engine="reference", shadow_rate=0.0)
     loaded = load_tokenizer(tokenizer_paths["llama3.2"])
-    svc = WorkerService(DeltaTokenizer(loaded, tok), SECRET)
+    svc = WorkerService(TokenizerCore(loaded, tok), SECRET)
     server = ChannelServer(lambda m, a: getattr(svc, m)(*a), SECRET, methods=CHANNEL_METHODS, idle_timeout_s=0.3)
     client = ChannelClient(server.address, SECRET, expected_pid=os.getpid())
     ray_side = _FakeRay({"w0": svc})
     cfg = PoolConfig(tokenizer=tok, placement=False, request_timeout_s=10.0).resolved(2)
     loop = asyncio.new_event_loop()
-    orch = PoolOrchestrator(DeltaTokenizer(loaded, tok), ChannelTransport(ray_side, {"w0": client}), ["w0"], cfg,
+    orch = PoolOrchestrator(TokenizerCore(loaded, tok), ChannelTransport(ray_side, {"w0": client}), ["w0"], cfg,
                             loop, SECRET, record=NoMetrics())
     yield orch, loop, server, client, ray_side
     client.close()
