@@ -9,6 +9,9 @@
 3. Bursts: four 1M-character documents every 2 s on top of the turns; turn P99 with documents
    whole vs chunked, FIFO vs shortest-first.
 
+4. After a 30 ms idle: the pool's no-op and extend, a worker's own call and the in-process extend,
+   each call after its own sleep (issue 27: the floor a server pays between requests).
+
 Usage: python bench/bench_pool.py [--quick] [--sessions 64] [--duration 15] [--rates 4,8,16,32]
 """
 from __future__ import annotations
@@ -100,6 +103,47 @@ def single_calls(pool, dt, ref, quick):
               f"{pool_ms / dt_ms:.2f}x of in-process (target <= 1.2x); placed here: "
               f"{pool.stats.get('placed_here', 0)}")
     print(f"extend at 100K adds {added_extend_100k:.2f} ms median over in-process (target <= 1.5 ms)")
+
+
+def idle_calls(pool, dt, path, ref, turns: int = 25, sleep_s: float = 0.030) -> None:
+    """Issue 27: a session call's floor when the caller waited 30 ms before it (a server between
+    requests), each call after its own sleep, alternating: the pool's no-op (extend with an empty
+    delta) and extend, the worker's own call without the pool (``WorkerService``, in this process,
+    no transport), and the in-process extend."""
+    from delta_ray.actors.worker import WorkerService
+    print("\n## After a 30 ms idle (median ms, each call after its own sleep; 100K-character sessions, +1.3K a turn)")
+    src = corpus("code", 400_000)
+    n = 100_000
+    svc = WorkerService(DeltaTokenizer(path, engine=ENGINE), b"bench")
+    pool.encode(src[:n], session="idle-p")
+    dt.encode(src[:n], session="idle-d")
+    version, _, _ = svc.encode_session("idle-w", src[:n], None)
+    times = {k: [] for k in ("pool no-op", "pool extend", "worker extend", "in-process extend")}
+    text = src[:n]
+    for t in range(turns):
+        delta = src[n + t * 1300:n + (t + 1) * 1300]
+        text += delta
+        calls = {"pool no-op": lambda: pool.extend("idle-p", ""),
+                 "pool extend": lambda: pool.extend("idle-p", delta),
+                 "worker extend": lambda: svc.extend("idle-w", delta, version, version),
+                 "in-process extend": lambda: dt.extend("idle-d", delta)}
+        order = list(calls)
+        order = order[t % 4:] + order[:t % 4]
+        if order.index("pool no-op") > order.index("pool extend"):  # the no-op must see the extended state
+            order.remove("pool no-op")
+            order.insert(order.index("pool extend") + 1, "pool no-op")
+        got = {}
+        for name in order:
+            time.sleep(sleep_s)
+            t0 = time.perf_counter()
+            got[name] = calls[name]()
+            times[name].append((time.perf_counter() - t0) * 1e3)
+        version = got["worker extend"][0]
+    want = np.asarray(ref.encode(text).ids, dtype=np.int32)
+    assert np.array_equal(got["pool extend"].to_numpy(), want)
+    assert np.array_equal(got["in-process extend"].to_numpy(), want)
+    print("".join(f"{k:>20}" for k in times))
+    print("".join(f"{statistics.median(v):>20.3f}" for v in times.values()))
 
 
 # -- open-loop replay -----------------------------------------------------------------------------
@@ -257,7 +301,7 @@ def main() -> None:
     ap.add_argument("--burst-chars", type=int, default=None,
                     help="size of each burst document (default 1M on 8+ cores, scaled down on fewer: "
                          "four 1M documents every 2 s exceed what 2 cores can encode)")
-    ap.add_argument("--skip", default="", help="comma list of parts to skip: single,sweep,burst")
+    ap.add_argument("--skip", default="", help="comma list of parts to skip: single,idle,sweep,burst")
     args = ap.parse_args()
     skip = set(filter(None, args.skip.split(",")))
     path = bundled_tokenizer_path(args.tokenizer)
@@ -273,6 +317,8 @@ def main() -> None:
             dt = DeltaTokenizer(path, engine=args.engine)
             if "single" not in skip:
                 single_calls(pool, dt, ref, args.quick)
+            if "idle" not in skip:
+                idle_calls(pool, dt, path, ref)
             if "sweep" not in skip:
                 rates = [float(r) for r in args.rates.split(",")]
                 rate_sweep(path, pool, rates[:2] if args.quick else rates,

@@ -30,6 +30,8 @@ class ConfiningEncoder:
         self.predicate = predicate
         self.window = window
         self.confined = 0
+        # The direct path needs the shadow verifier to sit between this encoder and ``switch``.
+        self._shadow = inner if getattr(inner, "switch", None) is switch and hasattr(inner, "check_later") else None
 
     @property
     def name(self) -> str:
@@ -63,6 +65,24 @@ class ConfiningEncoder:
         return [piece[a:b] for a, b in zip(bounds, bounds[1:]) if b > a]
 
     def encode_pieces(self, texts: Sequence[str]) -> list[np.ndarray]:
+        # The direct path (a session turn's few pieces): when the engine in use now is a guarded
+        # fast engine and its guard allows every piece, the layers below would each pass the
+        # pieces on unchanged (no window to confine, the shadow only samples, the switch
+        # delegates, the guard sends all to the engine), so call the engine once and sample here.
+        # Same engine read once, same guard check, same sampling: the same answer and checks,
+        # without three Python layers between the call and the native encode.
+        enc = self.switch.current
+        guard = getattr(enc, "guard", None)
+        if guard is not None and self._shadow is not None:
+            allows = guard.allows
+            for t in texts:
+                if not allows(t):
+                    break
+            else:
+                out = enc.fast.encode_pieces(texts)
+                enc.fast_texts += len(texts)
+                self._shadow.check_later(texts, out, enc)
+                return out
         texts = list(texts)
         splits = [self.split(t) for t in texts]
         if all(len(s) == 1 for s in splits):
@@ -79,6 +99,18 @@ class ConfiningEncoder:
         return out
 
     def encode_flat(self, texts: Sequence[str]) -> tuple[np.ndarray, np.ndarray]:
+        enc = self.switch.current  # the direct path, as in encode_pieces
+        guard = getattr(enc, "guard", None)
+        if guard is not None and self._shadow is not None:
+            allows = guard.allows
+            for t in texts:
+                if not allows(t):
+                    break
+            else:
+                values, offsets = enc.fast.encode_flat(texts)
+                enc.fast_texts += len(texts)
+                self._shadow.check_flat_later(texts, values, offsets, enc)
+                return values, offsets
         from .encoder import encode_flat
         from .fast_engine import flat_from_pieces
         texts = list(texts)

@@ -44,12 +44,16 @@ class CutPredicate:
         self.anchors = anchors
         if normalize is not None and anchors is None:
             raise ValueError("an NFC predicate needs the anchor table")
-        self._cls = family.class_table()
-        self._acc = family.accept_matrix
+        # Per-character lookups as bytes: indexing a bytes object by an int is one C step, indexing
+        # a numpy array makes a numpy scalar (the turn's tail scan does this per character).
+        self._cls = family.class_table().tobytes()
+        self._acc = tuple(bytes(row) for row in np.asarray(family.accept_matrix, dtype=np.uint8))
+        if anchors is not None:
+            self.anchors = np.asarray(anchors, dtype=np.uint8).tobytes()
 
     def transition_ok(self, x: str, y: str) -> bool:
         """Whether the family accepts a cut between characters x and y."""
-        return bool(self._acc[self._cls[ord(x)], self._cls[ord(y)]])
+        return bool(self._acc[self._cls[ord(x)]][self._cls[ord(y)]])
 
     def check(self, text: str, b: int, open_end: bool = False) -> tuple[int, int] | None:
         """The evidence span (lo, ext) if b is a safe cut of text, else None."""
@@ -57,7 +61,7 @@ class CutPredicate:
         if b <= 0 or b >= n:
             return None
         x, y = text[b - 1], text[b]
-        if not self._acc[self._cls[ord(x)], self._cls[ord(y)]]:
+        if not self._acc[self._cls[ord(x)]][self._cls[ord(y)]]:
             return None
         if self.specials.crosses(text, b):
             return None
@@ -99,7 +103,7 @@ class CutPredicate:
         right = self.normalize(text[b:c])
         if not left or not right or self.normalize(text[a:c]) != left + right:
             return None
-        if not self._acc[self._cls[ord(left[-1])], self._cls[ord(right[0])]]:
+        if not self._acc[self._cls[ord(left[-1])]][self._cls[ord(right[0])]]:
             return None
         return a, max(extent, c_extent)
 
@@ -110,7 +114,7 @@ class CutPredicate:
         b = min(start, len(text) - 1)
         stop = max(stop, 1)
         while b >= stop:
-            if acc[cls[ord(text[b - 1])], cls[ord(text[b])]]:
+            if acc[cls[ord(text[b - 1])]][cls[ord(text[b])]]:
                 span = self.check(text, b, open_end)
                 if span is not None and span[0] >= min_lo and (max_ext is None or span[1] <= max_ext):
                     return b, span[0], span[1]

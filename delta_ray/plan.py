@@ -11,6 +11,7 @@ dispatcher there).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from enum import Enum
 from typing import Sequence
 
 
@@ -35,19 +36,40 @@ class Plan:
         return split_at(self.text, self.cuts)
 
 
-# Where a request goes (one decision for the in-process tokenizer and the pool):
-SESSION = "session"  # a keyed session: repair the tail after the stored text's last safe cut
-CONTENT = "content"  # keyless, reusing a stored text that shares its prefix
-CHUNKED = "chunked"  # keyless and long: pieces between safe cuts, in parallel
-WHOLE = "whole"  # keyless and short (or unadmitted): one encode
+class Route(str, Enum):
+    """Where a request goes: one decision for the in-process tokenizer and the pool (``route``)."""
+
+    SESSION = "session"  # a keyed session: repair the tail after the stored text's last safe cut
+    SESSION_WHOLE = "session_whole"  # a keyed session re-encoded whole: too little to reuse to pay for a repair
+    CONTENT = "content"  # keyless, reusing a stored text that shares its prefix
+    CHUNKED = "chunked"  # keyless and long: pieces between safe cuts, in parallel
+    WHOLE = "whole"  # keyless and short (or unadmitted): one encode
 
 
-def route(n_chars: int, session: str | None, *, admitted: bool, cut_threshold: int, content_reuse: bool) -> str:
+SESSION, SESSION_WHOLE, CONTENT, CHUNKED, WHOLE = (Route.SESSION, Route.SESSION_WHOLE, Route.CONTENT,
+                                                  Route.CHUNKED, Route.WHOLE)
+
+# The repair's own cost beyond encoding its tail (finding the checkpoint, splicing the kept IDs, the
+# kept part's Arrow slice), in characters the engine encodes in the same time: measured with
+# bench/bench_turns.py's --splice on this machine (about 0.02 ms; fast engine ~100 chars/us, the
+# reference ~1.5 chars/us). Below this much reusable text a whole re-encode is the cheaper turn.
+SPLICE_CHARS_FAST = 2048
+SPLICE_CHARS_REFERENCE = 32
+
+
+def route(n_chars: int, session: str | None, *, admitted: bool, cut_threshold: int, content_reuse: bool,
+          reusable: int | None = None, fast: bool = False) -> Route:
     """The path a request takes: its session, content reuse, chunks, or one whole encode.
 
     An unadmitted configuration has no cuts and no repairs: keyless texts are one whole encode
-    (a keyed session still keeps its text, so that ``extend`` works)."""
+    (a keyed session still keeps its text, so that ``extend`` works). For a session turn,
+    ``reusable`` (the characters the new text shares with the stored one, an upper bound of what a
+    repair keeps) makes it a cost-based choice: a whole re-encode by the current engine (``fast``:
+    the fast tier) when that is estimated cheaper than repairing. Either way the new state is a
+    complete one (IDs and checkpoints), so the next turn repairs from it."""
     if session is not None:
+        if reusable is not None and admitted and reusable < (SPLICE_CHARS_FAST if fast else SPLICE_CHARS_REFERENCE):
+            return SESSION_WHOLE
         return SESSION
     if not admitted:
         return WHOLE

@@ -15,9 +15,9 @@ import numpy as np
 
 from . import constants as C
 from .cut_predicate import NFC_WINDOW, CutPredicate
-from .encoder import Encoder
+from .encoder import Encoder, encode_flat
 from .planner import Cut, PlannerConfig, plan_cuts, tail_cut
-from .session_store import SessionState, merge_id_parts, merge_text_parts, suffix_parts
+from .session_store import CheckpointLog, SessionState, merge_id_parts, merge_text_parts, suffix_parts
 
 WINDOW_BACK = 2 * NFC_WINDOW + 64  # characters before a reused checkpoint the predicate may read
 
@@ -63,9 +63,8 @@ class RepairPlan:
     kept_parts: tuple[np.ndarray, ...]  # ids[:kept_tokens] of the base, zero-copy
     cuts: list[Cut]
     pieces: list[str]
-    keep_pos: np.ndarray
-    keep_tok: np.ndarray
-    keep_ext: np.ndarray
+    base: SessionState | None = None  # the state reused (its checkpoints, Arrow chunks)
+    n_keep: int = 0  # how many of base's checkpoints stay valid (a prefix: see plan_turn)
 
     @property
     def text(self) -> str:
@@ -79,21 +78,28 @@ def plan_turn(text_parts: tuple[str, ...], n: int, base: SessionState | None, lc
     The predicate only ever reads characters from ``NFC_WINDOW`` plus the longest added token
     before a candidate, and candidates lie after the reused checkpoint ``b``, so the planning runs
     on the window ``text[b - WINDOW_BACK:]``: a turn reads O(append) characters, not the context.
+
+    A state's checkpoints are chained (each one's evidence ends at or before the next position,
+    and ``ext > pos``), so both ``cp_pos`` and ``cp_ext`` increase strictly and the checkpoints
+    still valid for a text sharing ``lcp`` characters (``ext <= lcp``) are a prefix of them: one
+    binary search finds the last one, without reading the others.
     """
     if base is not None and lcp > 0:
-        valid = base.cp_ext <= lcp
-        keep_pos, keep_tok, keep_ext = base.cp_pos[valid], base.cp_tok[valid], base.cp_ext[valid]
-        if len(keep_pos):
-            i = int(np.argmax(keep_pos))
-            b, k, b_ext = int(keep_pos[i]), int(keep_tok[i]), int(keep_ext[i])
+        last = base.last_checkpoint
+        if last is not None and last[2] <= lcp:  # a continuation: every checkpoint stays valid
+            n_keep, (b, k, b_ext) = base.n_checkpoints, last
         else:
-            b, k, b_ext = 0, 0, 0
+            n_keep = int(base.cp_ext.searchsorted(lcp, side="right"))
+            if n_keep:
+                i = n_keep - 1
+                b, k, b_ext = int(base.cp_pos[i]), int(base.cp_tok[i]), int(base.cp_ext[i])
+            else:
+                b, k, b_ext = 0, 0, 0
         kept_parts = base.id_prefix_parts(k)
     else:
-        keep_pos = keep_tok = keep_ext = np.zeros(0, dtype=np.int64)
-        b, k, b_ext, kept_parts = 0, 0, 0, ()
+        n_keep, b, k, b_ext, kept_parts = 0, 0, 0, 0, ()
     w0 = max(0, b - (WINDOW_BACK + predicate.specials.max_len))
-    window = "".join(suffix_parts(text_parts, w0))
+    window = "".join(suffix_parts(text_parts, w0, n))
     wb, wb_ext = b - w0, max(0, b_ext - w0)
     cuts: list[Cut] = plan_cuts(window, predicate, cfg, workers, start=wb, start_ext=wb_ext)
     span = n - b
@@ -108,8 +114,9 @@ def plan_turn(text_parts: tuple[str, ...], n: int, base: SessionState | None, lc
         cuts.append(tc)
     bounds = [wb] + [c.pos for c in cuts] + [len(window)]
     pieces = [window[s:e] for s, e in zip(bounds, bounds[1:]) if e > s]
-    cuts = [Cut(c.pos + w0, c.lo + w0, c.ext + w0) for c in cuts]
-    return RepairPlan(tuple(text_parts), n, b, k, kept_parts, cuts, pieces, keep_pos, keep_tok, keep_ext)
+    if w0:
+        cuts = [Cut(c.pos + w0, c.lo + w0, c.ext + w0) for c in cuts]
+    return RepairPlan(tuple(text_parts), n, b, k, kept_parts, cuts, pieces, base if n_keep else None, n_keep)
 
 
 def plan_repair(text: str, base: SessionState | None, lcp: int, predicate: CutPredicate,
@@ -122,29 +129,51 @@ def finish_repair(plan: RepairPlan, arrays: list[np.ndarray]) -> RepairResult:
     """Append the pieces' IDs to the kept prefix (no copy of it) and record the new checkpoints."""
     if len(arrays) != len(plan.pieces):
         raise ValueError("one ID array per piece is required")
-    k, cuts = plan.kept_tokens, plan.cuts
-    id_parts = merge_id_parts(list(plan.kept_parts) + [np.asarray(a, dtype=np.int32) for a in arrays])
-    cp_pos, cp_tok, cp_ext = (np.asarray(a, dtype=np.int64) for a in (plan.keep_pos, plan.keep_tok, plan.keep_ext))
-    if cuts:
-        # Each cut's token index is the kept prefix plus the pieces before it.
-        counts = np.cumsum([len(a) for a in arrays[:len(cuts)]], dtype=np.int64) + k
-        cp_pos = np.concatenate([cp_pos, np.array([c.pos for c in cuts], dtype=np.int64)])
-        cp_tok = np.concatenate([cp_tok, counts])
-        cp_ext = np.concatenate([cp_ext, np.array([c.ext for c in cuts], dtype=np.int64)])
-    if len(cp_pos) > C.MAX_CHECKPOINTS:  # keep the newest: the next turn wants those near the end
-        cp_pos, cp_tok, cp_ext = cp_pos[-C.MAX_CHECKPOINTS:], cp_tok[-C.MAX_CHECKPOINTS:], cp_ext[-C.MAX_CHECKPOINTS:]
-    state = SessionState(None, None, cp_pos, cp_tok, cp_ext,
-                         text_parts=merge_text_parts(plan.text_parts), id_parts=id_parts)
+    new_ids = [a if a.dtype == np.int32 else np.asarray(a, dtype=np.int32) for a in arrays]
+    counts = [len(a) for a in new_ids]
+    return _finish(plan, new_ids, counts)
+
+
+def finish_flat(plan: RepairPlan, values: np.ndarray, offsets: np.ndarray) -> RepairResult:
+    """:func:`finish_repair` for the pieces' IDs as one flat buffer (the engine's own output):
+    consecutive pieces of the text, so the buffer is one new ID part, split nowhere."""
+    if len(offsets) != len(plan.pieces) + 1:
+        raise ValueError("one offset per piece plus one is required")
+    bounds = offsets.tolist()
+    return _finish(plan, [values] if len(values) else [], [e - s for s, e in zip(bounds, bounds[1:])])
+
+
+def _finish(plan: RepairPlan, new_ids: list[np.ndarray], counts: list[int]) -> RepairResult:
+    k = plan.kept_tokens
+    id_parts = merge_id_parts(list(plan.kept_parts) + new_ids)
+    new_cp: list[int] = []
+    tok = k
+    for c, count in zip(plan.cuts, counts):  # each cut's token index: the kept prefix plus the pieces before it
+        tok += count
+        new_cp += (c.pos, tok, c.ext)
+    log, a, b = CheckpointLog.extend(plan.base, plan.n_keep, new_cp)
+    if b - a > C.MAX_CHECKPOINTS:  # keep the newest: the next turn wants those near the end
+        a = b - C.MAX_CHECKPOINTS
+    base = plan.base
+    state = SessionState(None, None, None, None, None, checkpoints=(log, a, b),
+                         text_parts=merge_text_parts(plan.text_parts), id_parts=id_parts,
+                         n_chars=plan.n, n_ids=k + sum(counts),
+                         arrow_from=base.arrow_source() if base is not None else None)
     return RepairResult(state, k, plan.n - plan.start, len(plan.pieces))
 
 
 def encode_turn(text_parts: tuple[str, ...], n: int, base: SessionState | None, lcp: int,
                 predicate: CutPredicate, encoder: Encoder, cfg: PlannerConfig, workers: int,
                 margin: int) -> RepairResult:
-    """Encode a new text (a rope) reusing ``base``'s IDs up to its last valid checkpoint."""
+    """Encode a new text (a rope) reusing ``base``'s IDs up to its last valid checkpoint.
+
+    The pieces go to the encoder in one call and come back as one flat buffer (the fast engine's
+    own output, zero-copy), which becomes the state's new ID part as it is."""
     plan = plan_turn(text_parts, n, base, lcp, predicate, cfg, workers, margin)
-    arrays = encoder.encode_pieces(plan.pieces) if plan.pieces else []
-    return finish_repair(plan, arrays)
+    if not plan.pieces:
+        return _finish(plan, [], [])
+    values, offsets = encode_flat(encoder, plan.pieces)
+    return finish_flat(plan, values, offsets)
 
 
 def encode_with_base(text: str, base: SessionState | None, lcp: int, predicate: CutPredicate,

@@ -81,10 +81,15 @@ class ShadowVerifier:
     def encode_pieces(self, texts: Sequence[str]) -> list[np.ndarray]:
         enc = self.switch.current
         out = enc.encode_pieces(texts)
+        self.check_later(texts, out, enc)
+        return out
+
+    def check_later(self, texts: Sequence[str], out: list[np.ndarray], enc) -> None:
+        """Sample one call's answers (``enc``'s IDs of ``texts``) for comparison off the request
+        path; a caller that ran the engine itself (the turn's direct path) samples through this."""
         if self.rate and enc is not self.switch.reference and self._rng.random() < self.rate:
             idx = self._sample(len(texts), texts)
             self._enqueue([texts[i] for i in idx], [out[i] for i in idx], enc)
-        return out
 
     def encode_flat(self, texts: Sequence[str]) -> tuple[np.ndarray, np.ndarray]:
         """Flat IDs from the current engine; a sampled call is split into per-text arrays in the
@@ -92,11 +97,15 @@ class ShadowVerifier:
         from .encoder import encode_flat
         enc = self.switch.current
         values, offsets = encode_flat(enc, texts)
+        self.check_flat_later(texts, values, offsets, enc)
+        return values, offsets
+
+    def check_flat_later(self, texts: Sequence[str], values: np.ndarray, offsets: np.ndarray, enc) -> None:
+        """:meth:`check_later` for a flat answer (split into per-text arrays only when sampled)."""
         if self.rate and enc is not self.switch.reference and self._rng.random() < self.rate:
             texts = list(texts)
             idx = self._sample(len(texts), texts)
             self._enqueue([texts[i] for i in idx], [values[offsets[i]:offsets[i + 1]] for i in idx], enc)
-        return values, offsets
 
     def drain(self, timeout: float = 60.0) -> None:
         """Wait until every queued comparison is done (tests, shutdown)."""

@@ -11,7 +11,6 @@ import functools
 import itertools
 import os
 import threading
-import zlib
 from collections import Counter
 from dataclasses import replace
 from typing import Iterable, Sequence
@@ -32,12 +31,14 @@ from .shadow import ShadowVerifier
 from .families import FAMILIES
 from .loading import LoadedTokenizer, TokenizerLike, load_tokenizer
 from .nfc_anchors import anchor_table
-from .plan import CONTENT, SESSION, Plan, route
+from .plan import CONTENT, SESSION, SESSION_WHOLE, Plan, route
 from .reference_api import api_generation
 from .planner import chunk_count, plan_cuts
 from .repair import RepairPlan, common_prefix_len, encode_turn, encode_with_base, plan_repair
 from .session_store import SessionNotFound, SessionState, SessionStore
 from .special_tokens import SpecialTokenIndex
+
+_INT32 = pa.int32()
 
 __all__ = ["REUSE_MODES", "TokenizerConfig", "TokenizerCore", "build_predicate", "check_text"]
 
@@ -385,7 +386,9 @@ class TokenizerCore:
 
     # -- internals --------------------------------------------------------------------------
     def _lock_for(self, session: str) -> threading.Lock:
-        return self._session_locks[zlib.crc32(session.encode("utf-8", "surrogatepass")) % len(self._session_locks)]
+        # str hashes are cached in the object and stable within the process, which is all a lock
+        # stripe needs (a CRC-32 of the key's UTF-8 encoded it again on every call)
+        return self._session_locks[hash(session) % len(self._session_locks)]
 
     def _purge(self, reason: str) -> None:
         """Discard every state the (now disabled) fast tier may have produced (once)."""
@@ -437,13 +440,25 @@ class TokenizerCore:
         return ids
 
     def _chunked(self, state: SessionState, add_special_tokens: bool) -> pa.ChunkedArray:
-        return self.session_arrow(state.id_parts, add_special_tokens)
+        """A state's IDs as a ChunkedArray of its cached per-part arrays (a turn wraps only its new
+        parts), the template's arrays (built once) around them."""
+        chunks = state.arrow_chunks()
+        if add_special_tokens:
+            pre, suf = self._template_chunks
+            if pre is not None or suf is not None:
+                chunks = ((pre,) if pre is not None else ()) + chunks + ((suf,) if suf is not None else ())
+        return pa.chunked_array(chunks, type=_INT32)
 
     def session_arrow(self, id_parts, add_special_tokens: bool) -> pa.ChunkedArray:
         """A session's ID parts as a zero-copy ChunkedArray, post-processed (template) once."""
         if add_special_tokens:
             return to_chunked_arrow(id_parts, *self._template_arrays)
         return to_chunked_arrow(id_parts)
+
+    @functools.cached_property
+    def _template_chunks(self) -> tuple[pa.Int32Array | None, pa.Int32Array | None]:
+        pre, suf = self._template_arrays
+        return (to_arrow(pre) if len(pre) else None), (to_arrow(suf) if len(suf) else None)
 
     @functools.cached_property
     def _template_arrays(self) -> tuple[np.ndarray, np.ndarray]:
@@ -469,7 +484,13 @@ class TokenizerCore:
                 lcp = state.n_chars
             else:
                 lcp = common_prefix_len(state.text, text) if state is not None else 0
-        generation = self.engine_switch.generation
+        switch = self.engine_switch
+        generation = switch.generation
+        if state is not None and route(n, key, admitted=True, cut_threshold=self.planner.cut_threshold,
+                                       content_reuse=False, reusable=lcp,
+                                       fast=switch.current is not self._reference) is SESSION_WHOLE:
+            state, lcp = None, 0  # cheaper whole: a first encode's state (IDs and checkpoints)
+            self.stats["reencode"] += 1
         res = encode_turn(parts, n, state, lcp, self._predicate, self.encoder, self.planner,
                           self.threads, self.margin)
         self.stats["repair" if res.reused_tokens else "init"] += 1

@@ -1,0 +1,181 @@
+"""The compact session turn (issue 27): what it reads and skips keeps every check's meaning.
+
+Each test compares with the reference, and each one checks a mechanism that would give wrong IDs or
+a wrong state without it: the chained-checkpoint invariant the turn's one-checkpoint lookup relies
+on, the shared checkpoint log's immutability, the encoder stack's direct path (guard and shadow
+still applied), the Arrow chunk reuse, the cost-based whole re-encode, and the rope's lazy joins.
+"""
+from __future__ import annotations
+
+import importlib.util
+
+import numpy as np
+import pytest
+
+from delta_ray import DeltaTokenizer
+from delta_ray.encoder import ReferenceEncoder
+from delta_ray.plan import SESSION, SESSION_WHOLE, SPLICE_CHARS_FAST, SPLICE_CHARS_REFERENCE, route
+from delta_ray.repair import encode_turn
+from delta_ray.session_store import YOUNG_PARTS
+
+HAS_FAST = importlib.util.find_spec("fastokens") is not None
+
+
+def _chat(real_texts, n_msgs: int, start: int = 0) -> list[str]:
+    src = real_texts["english"] + real_texts["code"] + real_texts["multilingual"]
+    out = []
+    for i in range(start, start + n_msgs):
+        body = src[(i * 977) % (len(src) - 1500):][:300 + (i * 131) % 1100]
+        out.append(f"<|im_start|>{'user' if i % 2 == 0 else 'assistant'}\n{body}<|im_end|>\n")
+    return out
+
+
+def _assert_chained(state) -> None:
+    pos, ext = state.cp_pos, state.cp_ext
+    assert np.all(np.diff(pos) > 0) and np.all(np.diff(ext) > 0)
+    assert np.all(ext[:-1] <= pos[1:])  # each one's evidence ends before the next cut
+    assert np.all(ext > pos)
+
+
+def test_checkpoints_stay_chained_and_exact_over_mixed_turns(tokenizer_paths, references, real_texts):
+    """extend, whole transcripts, a divergence and a replay: after each turn the checkpoints are
+    strictly increasing in pos and ext and chained (what lets a turn read only the last valid one),
+    and every checkpoint's IDs are the reference's IDs of its prefix."""
+    ref = references["qwen-3"]
+    dt = DeltaTokenizer(tokenizer_paths["qwen-3"], engine="reference", shadow_rate=0.0,
+                        chunk_size=8192, cut_threshold=20_000)
+    msgs = _chat(real_texts, 60)
+    text = "".join(msgs[:30])
+    dt.encode(text, session="s")
+    for i, m in enumerate(msgs[30:]):
+        if i % 3 == 0:
+            text += m
+            got = dt.extend("s", m)
+        elif i == 10:  # a template that rewrites an earlier message: diverges inside the context
+            text = text[:len(text) // 2] + "<|im_start|>user\nrewritten<|im_end|>\n" + m
+            got = dt.encode(text, session="s")
+        else:
+            text += m
+            got = dt.encode(text, session="s")
+        assert got.to_pylist() == ref.encode(text).ids
+        st = dt.core.store.get("s")
+        _assert_chained(st)
+        assert st.last_checkpoint == (int(st.cp_pos[-1]), int(st.cp_tok[-1]), int(st.cp_ext[-1]))
+    ids = st.ids
+    for pos, tok in zip(st.cp_pos[-8:], st.cp_tok[-8:]):
+        assert ref.encode(st.text[:pos], add_special_tokens=False).ids == ids[:tok].tolist()
+
+
+def test_the_shared_checkpoint_log_never_changes_an_older_state(tokenizer_paths, references, real_texts):
+    """Two turns from the same state: the first appends to the shared log in place, the second
+    (its base is no longer the newest writer) must copy; neither changes the other's checkpoints
+    or the base's, and both are exact."""
+    ref = references["qwen-3"]
+    dt = DeltaTokenizer(tokenizer_paths["qwen-3"], engine="reference", shadow_rate=0.0)
+    msgs = _chat(real_texts, 12)
+    base_text = "".join(msgs[:10])
+    dt.encode(base_text, session="s")
+    dt.extend("s", msgs[10])
+    base = dt.core.store.get("s")
+    before = [c.copy() for c in (base.cp_pos, base.cp_tok, base.cp_ext)]
+    args = (dt.core.predicate, dt.core.encoder, dt.core.planner, 1, dt.core.margin)
+    n0 = base.n_chars
+    a = encode_turn(base.text_parts + (msgs[11],), n0 + len(msgs[11]), base, n0, *args).state
+    other = "<|im_start|>user\nsomething else entirely, 12345<|im_end|>\n"
+    b = encode_turn(base.text_parts + (other,), n0 + len(other), base, n0, *args).state
+    assert a._cp_log is base._cp_log and b._cp_log is not base._cp_log  # in place, then a copy
+    for col, want in zip((base.cp_pos, base.cp_tok, base.cp_ext), before):
+        assert np.array_equal(col, want)
+    for st, tail in ((a, msgs[11]), (b, other)):
+        _assert_chained(st)
+        assert st.ids.tolist() == ref.encode(base.text + tail, add_special_tokens=False).ids
+        for pos, tok in zip(st.cp_pos[-3:], st.cp_tok[-3:]):
+            assert ref.encode(st.text[:pos], add_special_tokens=False).ids == st.ids[:tok].tolist()
+
+
+@pytest.mark.skipif(not HAS_FAST, reason="fastokens is not installed")
+def test_the_direct_path_keeps_the_guard_and_the_shadow(tokenizer_paths, references, real_texts):
+    """A turn with the guarded fast tier calls the engine directly, but only when the guard allows
+    every piece (minimax-m3: fastokens splits " I'\u017f" differently from the reference, so a
+    turn that skipped the guard would return wrong IDs), and the shadow verifier still samples it."""
+    from delta_ray.fast_engine import cached_fast_encoder
+    from delta_ray.guard_runtime import GuardedEncoder, GuardSet
+    name = "minimax-m3"
+    ref = references[name]
+    fast = cached_fast_encoder(open(tokenizer_paths[name], "rb").read(), "fastokens")
+    bad = " I'\u017f"
+    assert fast.encode(bad).tolist() != ref.encode(bad, add_special_tokens=False).ids  # what the guard prevents
+    enc = GuardedEncoder(fast, GuardSet(frozenset({0x17F})), ReferenceEncoder(ref))
+    dt = DeltaTokenizer(tokenizer_paths[name], encoder=enc, shadow_rate=1.0)
+    text = real_texts["english"][:20_000]
+    dt.encode(text, session="s")
+    for delta in (" one more line.\n", bad + " and then", " plain again.\n"):
+        text += delta
+        assert dt.extend("s", delta).to_pylist() == ref.encode(text).ids
+    assert enc.fallback_texts >= 1 and enc.fast_texts >= 2
+    dt.core.shadow.drain()
+    assert dt.core.shadow.comparisons >= 2 and dt.core.shadow.mismatches == 0  # the direct path was sampled
+
+
+def test_a_turn_reuses_the_arrow_arrays_of_the_parts_it_keeps(tokenizer_paths, references, real_texts):
+    """The Arrow result of a turn shares the previous result's arrays for the kept parts (a
+    zero-copy slice for the part cut at the checkpoint), and every earlier result stays unchanged."""
+    ref = references["qwen-3"]
+    dt = DeltaTokenizer(tokenizer_paths["qwen-3"], engine="reference", shadow_rate=0.0)
+    msgs = _chat(real_texts, 40)
+    text = "".join(msgs[:30])
+    first = dt.encode(text, session="s")
+    kept = first.to_pylist()
+    results = []
+    for m in msgs[30:]:
+        prev = dt.core.store.get("s")
+        text += m
+        got = dt.extend("s", m)
+        assert got.to_pylist() == ref.encode(text).ids
+        new = dt.core.store.get("s")
+        shared = [i for i, p in enumerate(new.id_parts) if i < len(prev.id_parts) and p is prev.id_parts[i]]
+        for i in shared:
+            assert new.arrow_chunks()[i] is prev.arrow_chunks()[i]
+        results.append((got, got.to_pylist()))
+    assert first.to_pylist() == kept
+    assert all(r.to_pylist() == want for r, want in results)
+
+
+def test_a_turn_with_little_to_reuse_is_re_encoded_whole_and_the_session_goes_on(tokenizer_paths, references):
+    """route() picks a whole re-encode when the shared text is under the repair's fixed cost; the
+    state it leaves has checkpoints, so the next turn repairs from it."""
+    assert route(100, "s", admitted=True, cut_threshold=10, content_reuse=False,
+                 reusable=SPLICE_CHARS_FAST - 1, fast=True) is SESSION_WHOLE
+    assert route(100, "s", admitted=True, cut_threshold=10, content_reuse=False,
+                 reusable=SPLICE_CHARS_FAST, fast=True) is SESSION
+    assert route(100, "s", admitted=False, cut_threshold=10, content_reuse=False, reusable=0) is SESSION
+    assert len("Hi there. ") < SPLICE_CHARS_REFERENCE
+    ref = references["qwen-3"]
+    dt = DeltaTokenizer(tokenizer_paths["qwen-3"], engine="reference", shadow_rate=0.0)
+    text = "Hi there. "  # shorter than the reference's SPLICE_CHARS_REFERENCE
+    dt.encode(text, session="s")
+    text += "How are you? I hope all is well."  # the next turn has enough to reuse
+    assert dt.encode(text, session="s").to_pylist() == ref.encode(text).ids
+    assert dt.stats["reencode"] == 1 and dt.core.store.get("s").n_checkpoints >= 1
+    text += " Fine, thanks. " * 10
+    assert dt.extend("s", " Fine, thanks. " * 10).to_pylist() == ref.encode(text).ids
+    assert dt.stats["repair"] >= 1
+
+
+def test_small_appends_wait_and_are_joined_eight_at_a_time(tokenizer_paths, references, real_texts):
+    """Most turns copy no text: small appended parts are kept as they are until there are
+    YOUNG_PARTS of them, then joined once; the rope stays shallow and the IDs exact."""
+    ref = references["qwen-3"]
+    dt = DeltaTokenizer(tokenizer_paths["qwen-3"], engine="reference", shadow_rate=0.0)
+    text = real_texts["english"][:50_000]
+    dt.encode(text, session="s")
+    first_part = dt.core.store.get("s").text_parts[0]
+    depths = []
+    for i, m in enumerate(_chat(real_texts, 3 * YOUNG_PARTS)):
+        text += m
+        assert dt.extend("s", m).to_pylist() == ref.encode(text).ids
+        st = dt.core.store.get("s")
+        depths.append(len(st.text_parts))
+        assert st.text_parts[0] is first_part  # the context is never copied again
+    assert max(depths) <= YOUNG_PARTS + 1 and min(depths) < max(depths)
+    assert "".join(st.text_parts) == text
