@@ -3,7 +3,7 @@
 It runs on one asyncio loop and reaches workers only through a
 :class:`~delta_ray.actors.transport.WorkerTransport`, so it holds no Ray handle and its fault
 handling (dead worker, hung worker, lost connection, timeout) is tested in milliseconds on an
-in-process fake transport. Requests follow the core's one path: :func:`delta_ray.plan.route`
+in-process fake transport. Requests follow the core's one path: :class:`delta_ray.plan.Router`
 decides, ``TokenizerCore.plan`` / ``plan_session_init`` cut, the dispatcher runs the pieces, and
 ``TokenizerCore.finish`` / ``session_arrow`` assemble, exactly as in process.
 
@@ -25,7 +25,7 @@ import pyarrow as pa
 from delta_ray import constants as C
 from delta_ray.assembly import concat_ids, to_arrow
 from delta_ray.config import PoolConfig
-from delta_ray.plan import CHUNKED, SESSION, route
+from delta_ray.plan import CHUNKED, REFERENCE, SESSION, Router
 from delta_ray.repair import finish_repair
 from delta_ray.session_store import (SessionNotFound, merge_id_parts, merge_text_parts, prefix_parts,
                                      rope_is_prefix)
@@ -91,6 +91,10 @@ class PoolOrchestrator:
         self._loop = loop
         self._record = record
         self.admitted = bool(local.admission)
+        # Keyless texts under the cut threshold are sticky by content on a worker (inside their
+        # tenant), so a repeated prompt finds its state; longer ones are chunked over the cluster.
+        self.router = Router(self.admitted, local.config.cut_threshold, content_reuse=True,
+                             content_below=local.config.cut_threshold)
         self.dispatcher = Dispatcher(config.policy, workers=list(worker_ids),
                                      max_inflight_tasks=config.max_inflight_tasks,
                                      workers_take_shared=config.workers_take_shared, clock=clock)
@@ -118,7 +122,7 @@ class PoolOrchestrator:
     def runs_here(self, text: str) -> bool:
         """Stateless placement: short texts always run in the caller; longer ones where the cost
         model (scheduler/placement.py) expects them to finish first."""
-        if self._is_local(text):
+        if self.router.is_small(text):
             return True
         if not self.admitted or not self.config.placement:
             return False
@@ -137,15 +141,12 @@ class PoolOrchestrator:
 
     async def encode(self, text: str, session: str | None, add: bool, *, tenant: str | None = None):
         """A text's IDs: its session, or keyless (chunked, whole, or sticky by content inside ``tenant``)."""
-        path = route(len(text), session, admitted=self.admitted, cut_threshold=self.local.config.cut_threshold,
-                     # keyless texts under the cut threshold are sticky by content on a worker, so a
-                     # repeated prompt finds its state; long ones are chunked over the cluster
-                     content_reuse=len(text) < self.local.config.cut_threshold)
-        if path == SESSION:
+        path = self.router.route(text, session)
+        if path is SESSION:
             return await self._session(session, text, add)
-        if path == CHUNKED:
+        if path is CHUNKED:
             return await self._stateless_chunked(text, add)
-        if not self.admitted:
+        if path is REFERENCE:
             return to_arrow(await self._whole(text, add))
         # The content key carries the tenant (the one injective namespace Serve's replicas use too):
         # a keyless prompt never finds another tenant's state on a worker, so timing reveals nothing.
@@ -179,13 +180,14 @@ class PoolOrchestrator:
 
     async def encode_batch(self, texts: list[str], add: bool) -> list[pa.Int32Array]:
         async def one(t: str) -> pa.Int32Array:
-            if self._is_local(t):
+            if self.router.is_small(t):
                 return await asyncio.to_thread(self.local.encode, t, add_special_tokens=add)
-            if not self.admitted:
+            path = self.router.route(t, None)
+            if path is REFERENCE:
                 return to_arrow(await self._whole(t, add))
-            if len(t) >= self.local.config.cut_threshold:
+            if path is CHUNKED:
                 return await self._stateless_chunked(t, add)
-            return await self._stateless(t, add)
+            return await self._stateless(t, add)  # no content reuse for batches: each text once
         return list(await asyncio.gather(*(one(t) for t in texts)))
 
     def count(self, path: str) -> None:
@@ -193,11 +195,6 @@ class PoolOrchestrator:
         self._record.record_path(path)
 
     # -- request paths -------------------------------------------------------------------------------
-    def _is_local(self, text: str) -> bool:
-        if len(text) >= C.LOCAL_MAX_BYTES:
-            return False
-        return text.isascii() or len(text.encode("utf-8", "surrogatepass")) < C.LOCAL_MAX_BYTES
-
     def _slots(self) -> int:
         """Parallel execution slots for planning chunks: Ray task slots, plus the live workers
         when they take shared work too."""

@@ -208,8 +208,7 @@ class RequestHandler:
             self._record.record_path("serve_pool")
         else:
             content = False
-            if key is None and len(text) * 4 >= C.LOCAL_MAX_BYTES and \
-                    len(text.encode("utf-8", "surrogatepass")) >= C.LOCAL_MAX_BYTES:
+            if key is None and not self.delta.router.is_small(text):
                 # Keyless long prompts are reused by content, always inside the caller's tenant,
                 # so one tenant's timing can never reveal another's text.
                 from delta_ray.scheduler import content_key

@@ -84,3 +84,12 @@ def list_array(rows: Sequence[np.ndarray]) -> pa.ListArray:
     offsets[1:] = ends
     values = concat_ids(list(rows)) if rows else EMPTY
     return pa.ListArray.from_arrays(to_arrow(offsets), to_arrow(values))
+
+
+def flat_from_pieces(arrays: Sequence[np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
+    """One int32 values buffer and int64 offsets from per-text arrays."""
+    offsets = np.zeros(len(arrays) + 1, dtype=np.int64)
+    if len(arrays):
+        np.cumsum([len(a) for a in arrays], out=offsets[1:])
+    values = np.concatenate(arrays).astype(np.int32, copy=False) if len(arrays) else np.zeros(0, np.int32)
+    return values, offsets

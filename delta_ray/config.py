@@ -49,9 +49,8 @@ class TokenizerConfig:
             raise ValueError(f"reuse must be one of {REUSE_MODES}, got {self.reuse!r}")
         _positive_int("max_session_bytes", self.max_session_bytes)
         _positive_int("max_sessions", self.max_sessions)
-        from .engines import ENGINES
-        if self.engine not in ENGINES:
-            raise ValueError(f"engine must be one of {ENGINES}, got {self.engine!r}")
+        if self.engine not in C.ENGINES:
+            raise ValueError(f"engine must be one of {C.ENGINES}, got {self.engine!r}")
         if not isinstance(self.shadow_rate, (int, float)) or not 0.0 <= self.shadow_rate <= 1.0:
             raise ValueError(f"shadow_rate must be in [0, 1], got {self.shadow_rate!r}")
 

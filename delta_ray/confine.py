@@ -15,7 +15,7 @@ from typing import Sequence
 
 import numpy as np
 
-from .assembly import concat_ids
+from .assembly import concat_ids, flat_from_pieces
 
 WINDOW = 2048  # characters kept on each side of a guarded code point
 MIN_PIECE = 4 * WINDOW  # shorter pieces go to the reference whole
@@ -112,7 +112,6 @@ class ConfiningEncoder:
                 self._shadow.check_flat_later(texts, values, offsets, enc)
                 return values, offsets
         from .encoder import encode_flat
-        from .fast_engine import flat_from_pieces
         texts = list(texts)
         splits = [self.split(t) for t in texts]
         if all(len(s) == 1 for s in splits):

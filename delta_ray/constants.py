@@ -39,3 +39,4 @@ TEXT_MIRROR_BYTES = 256 * 1024 * 1024  # session texts the pool keeps so a whole
 SHADOW_RATE = 0.01  # share of fast-tier answers re-checked with the reference, off the request path
 POOL_SHADOW_RATE = SHADOW_RATE  # the same knob in the pool and Serve
 SESSION_LOCK_STRIPES = 64  # per-session locks of a DeltaTokenizer (concurrent calls on one session serialize)
+ENGINES = ("auto", "reference", "fast")  # TokenizerConfig.engine: admitted fast tier if any, or one of the two

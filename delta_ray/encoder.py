@@ -15,6 +15,7 @@ from tokenizers import Tokenizer
 
 from .reference_api import encode_batch as _reference_batch
 from .reference_api import ids_of
+from .assembly import flat_from_pieces
 
 PARALLEL_MIN_CHARS = 32768  # below this total, pieces are encoded sequentially
 
@@ -36,7 +37,6 @@ def encode_flat(encoder, texts: Sequence[str]) -> tuple[np.ndarray, np.ndarray]:
     flat = getattr(encoder, "encode_flat", None)
     if flat is not None:
         return flat(texts)
-    from .fast_engine import flat_from_pieces
     return flat_from_pieces(encoder.encode_pieces(texts))
 
 

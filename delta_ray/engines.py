@@ -23,10 +23,10 @@ import threading
 import time
 from typing import Callable
 
+from . import constants as C
 from .encoder import Encoder, ReferenceEncoder
 
 log = logging.getLogger("delta_ray.engines")
-ENGINES = ("auto", "reference", "fast")
 BATTERY_FORMAT = 2  # bump when the battery or the admission fuzz changes
 ADMISSION_FUZZ_SECONDS = 4.0  # fuzzing at admission (DELTA_RAY_ADMISSION_FUZZ_SECONDS overrides)
 
@@ -233,8 +233,8 @@ _BG_STARTED: set[str] = set()
 def select_engine(engine: str, config_bytes: bytes, switch: EngineSwitch, *, digest: str,
                   on_ready: Callable[[str], None] | None = None) -> str:
     """Configure ``switch`` for ``engine``; returns a human-readable reason."""
-    if engine not in ENGINES:
-        raise ValueError(f"engine must be one of {ENGINES}, got {engine!r}")
+    if engine not in C.ENGINES:
+        raise ValueError(f"engine must be one of {C.ENGINES}, got {engine!r}")
     if engine == "reference":
         switch.reason = "reference (requested)"
         return switch.reason

@@ -63,6 +63,7 @@ from pathlib import Path
 from typing import Sequence, Union
 
 import numpy as np
+from .assembly import flat_from_pieces
 from .errors import DeltaRayError
 
 FAST_BACKENDS = ("fastokens", "gigatoken")
@@ -280,15 +281,6 @@ class FastEncoder:
 
     def __repr__(self) -> str:
         return f"FastEncoder(backend={self.backend!r}, version={self.backend_version!r}, digest={self.digest[:12]})"
-
-
-def flat_from_pieces(arrays: Sequence[np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
-    """One int32 values buffer and int64 offsets from per-text arrays."""
-    offsets = np.zeros(len(arrays) + 1, dtype=np.int64)
-    if len(arrays):
-        np.cumsum([len(a) for a in arrays], out=offsets[1:])
-    values = np.concatenate(arrays).astype(np.int32, copy=False) if len(arrays) else np.zeros(0, np.int32)
-    return values, offsets
 
 
 _LOADED: dict[tuple[str, str], FastEncoder] = {}

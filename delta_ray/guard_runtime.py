@@ -17,7 +17,8 @@ from typing import Iterable, Sequence
 
 import numpy as np
 
-from .fast_engine import FastEncoder, flat_from_pieces
+from .assembly import flat_from_pieces
+from .fast_engine import FastEncoder
 
 
 def _ranges(cps: Iterable[int]) -> list[tuple[int, int]]:

@@ -4,8 +4,8 @@ Every path (a stateless text, a batch, a session's first encode) becomes a :clas
 consecutive pieces between safe cuts, each encoded with no post-processing, whose IDs concatenate
 to the whole text's; the template (BOS, suffix) is applied once when finishing. A configuration the
 exactness argument does not cover is a plan with no cuts that the reference encodes whole, its own
-post-processing included: one encode, never a guess. ``DeltaTokenizer`` runs plans on its threads;
-``TokenizerPool`` runs the same plans on Ray (``DeltaTokenizer.run_pieces`` here, the orchestrator's
+post-processing included: one encode, never a guess. ``TokenizerCore`` runs plans on its threads;
+``TokenizerPool`` runs the same plans on Ray (``TokenizerCore.run_pieces`` here, the orchestrator's
 dispatcher there).
 """
 from __future__ import annotations
@@ -13,6 +13,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from enum import Enum
 from typing import Sequence
+
+from . import constants as C
 
 
 def split_at(text: str, cuts: Sequence[int]) -> list[str]:
@@ -37,17 +39,19 @@ class Plan:
 
 
 class Route(str, Enum):
-    """Where a request goes: one decision for the in-process tokenizer and the pool (``route``)."""
+    """Where a request goes (:class:`Router`): one decision for the in-process tokenizer, the pool
+    and Serve."""
 
     SESSION = "session"  # a keyed session: repair the tail after the stored text's last safe cut
     SESSION_WHOLE = "session_whole"  # a keyed session re-encoded whole: too little to reuse to pay for a repair
-    CONTENT = "content"  # keyless, reusing a stored text that shares its prefix
+    CONTENT = "content"  # keyless, reusing a stored text that shares its prefix (inside its tenant)
     CHUNKED = "chunked"  # keyless and long: pieces between safe cuts, in parallel
-    WHOLE = "whole"  # keyless and short (or unadmitted): one encode
+    WHOLE = "whole"  # keyless and short: one encode by the current engine
+    REFERENCE = "reference"  # keyless, unadmitted configuration: the reference, whole, template included
 
 
-SESSION, SESSION_WHOLE, CONTENT, CHUNKED, WHOLE = (Route.SESSION, Route.SESSION_WHOLE, Route.CONTENT,
-                                                  Route.CHUNKED, Route.WHOLE)
+SESSION, SESSION_WHOLE, CONTENT, CHUNKED, WHOLE, REFERENCE = (
+    Route.SESSION, Route.SESSION_WHOLE, Route.CONTENT, Route.CHUNKED, Route.WHOLE, Route.REFERENCE)
 
 # The repair's own cost beyond encoding its tail (finding the checkpoint, splicing the kept IDs, the
 # kept part's Arrow slice), in characters the engine encodes in the same time: measured with
@@ -57,22 +61,49 @@ SPLICE_CHARS_FAST = 2048
 SPLICE_CHARS_REFERENCE = 32
 
 
-def route(n_chars: int, session: str | None, *, admitted: bool, cut_threshold: int, content_reuse: bool,
-          reusable: int | None = None, fast: bool = False) -> Route:
-    """The path a request takes: its session, content reuse, chunks, or one whole encode.
+@dataclass(frozen=True)
+class Router:
+    """The routing decision of one tokenizer (or pool), built once from its admission and thresholds.
 
-    An unadmitted configuration has no cuts and no repairs: keyless texts are one whole encode
-    (a keyed session still keeps its text, so that ``extend`` works). For a session turn,
-    ``reusable`` (the characters the new text shares with the stored one, an upper bound of what a
-    repair keeps) makes it a cost-based choice: a whole re-encode by the current engine (``fast``:
-    the fast tier) when that is estimated cheaper than repairing. Either way the new state is a
-    complete one (IDs and checkpoints), so the next turn repairs from it."""
-    if session is not None:
-        if reusable is not None and admitted and reusable < (SPLICE_CHARS_FAST if fast else SPLICE_CHARS_REFERENCE):
+    ``content_reuse``: keyless texts are reused by content; ``content_below`` (a pool) keeps that to
+    texts shorter than it, longer ones being chunked over the cluster. An unadmitted configuration
+    has no cuts and no repairs: its keyless texts are :data:`REFERENCE` (a keyed session still keeps
+    its text, so that ``extend`` works).
+    """
+
+    admitted: bool
+    cut_threshold: int
+    content_reuse: bool = False
+    content_below: int | None = None
+    small_bytes: int = C.LOCAL_MAX_BYTES  # under this much UTF-8 a text is encoded where it is
+
+    def route(self, text: str, session: str | None) -> Route:
+        """The path of a request for ``text`` (with ``session``, its key)."""
+        if session is not None:
+            return SESSION
+        if not self.admitted:
+            return REFERENCE
+        n = len(text)
+        if self.content_reuse and (self.content_below is None or n < self.content_below):
+            return CONTENT
+        return CHUNKED if n >= self.cut_threshold else WHOLE
+
+    def turn(self, reusable: int, *, fast: bool) -> Route:
+        """A session turn's cost-based choice, once the stored state is read: ``reusable`` (the
+        characters the new text shares with the stored one, an upper bound of what a repair keeps)
+        under the repair's fixed cost makes it a whole re-encode by the current engine (``fast``:
+        the fast tier). Either way the new state is a complete one (IDs and checkpoints), so the
+        next turn repairs from it. An unadmitted configuration never repairs."""
+        if self.admitted and reusable < (SPLICE_CHARS_FAST if fast else SPLICE_CHARS_REFERENCE):
             return SESSION_WHOLE
         return SESSION
-    if not admitted:
-        return WHOLE
-    if content_reuse:
-        return CONTENT
-    return CHUNKED if n_chars >= cut_threshold else WHOLE
+
+    def is_small(self, text: str) -> bool:
+        """Whether ``text`` is under ``small_bytes`` of UTF-8 (read only when the length alone
+        cannot tell: an ASCII text's length is its size, and UTF-8 takes at most 4 bytes a character)."""
+        n = len(text)
+        if n >= self.small_bytes:
+            return False
+        if text.isascii() or n * 4 < self.small_bytes:
+            return True
+        return len(text.encode("utf-8", "surrogatepass")) < self.small_bytes

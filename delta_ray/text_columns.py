@@ -22,7 +22,6 @@ import pyarrow as pa
 from . import constants as C
 from .assembly import flat_list_array, to_arrow
 
-ENGINES = ("auto", "fast", "reference")
 
 
 def is_text_type(t: Any) -> bool:
@@ -74,8 +73,8 @@ class BatchSpec:
             raise TypeError("add_special_tokens and drop_text must be bools")
         if not isinstance(self.batch_bytes, int) or isinstance(self.batch_bytes, bool) or self.batch_bytes < 1:
             raise ValueError(f"batch_bytes must be a positive int, got {self.batch_bytes!r}")
-        if self.engine not in ENGINES:
-            raise ValueError(f"engine must be one of {ENGINES}, got {self.engine!r}")
+        if self.engine not in C.ENGINES:
+            raise ValueError(f"engine must be one of {C.ENGINES}, got {self.engine!r}")
         if self.threads is not None and (not isinstance(self.threads, int) or isinstance(self.threads, bool)
                                          or self.threads < 1):
             raise ValueError(f"threads must be an int >= 1 or None, got {self.threads!r}")

@@ -20,7 +20,7 @@ import pyarrow as pa
 
 from . import constants as C
 from .admission import Admission, admit
-from .assembly import concat_ids, insert_template, to_arrow, to_chunked_arrow, with_template
+from .assembly import concat_ids, flat_from_pieces, insert_template, to_arrow, to_chunked_arrow, with_template
 from .config import REUSE_MODES, TokenizerConfig, tokenizer_config
 from .confine import ConfiningEncoder
 from .content_index import ContentIndex
@@ -31,7 +31,7 @@ from .shadow import ShadowVerifier
 from .families import FAMILIES
 from .loading import LoadedTokenizer, TokenizerLike, load_tokenizer
 from .nfc_anchors import anchor_table
-from .plan import CONTENT, SESSION, SESSION_WHOLE, Plan, route
+from .plan import CONTENT, REFERENCE, SESSION, SESSION_WHOLE, Plan, Router
 from .reference_api import api_generation
 from .planner import chunk_count, plan_cuts
 from .repair import RepairPlan, common_prefix_len, encode_turn, encode_with_base, plan_repair
@@ -108,6 +108,7 @@ class TokenizerCore:
         self.margin = max(C.MIN_MARGIN, longest)
         self._store = SessionStore(cfg.max_session_bytes, cfg.max_sessions)
         self._content = ContentIndex() if cfg.reuse == "content" else None
+        self.router = Router(self._predicate is not None, cfg.cut_threshold, content_reuse=self._content is not None)
         self._entry_ids = itertools.count()
         self.stats: Counter[str] = Counter()
         # Thread safety: a session's read-encode-install runs under its stripe's lock, so two threads
@@ -283,21 +284,19 @@ class TokenizerCore:
     # -- IDs as numpy (used by the pool and the batch pipeline) -----------------------------------
     def encode_ids(self, text: str, *, session: str | None = None, add_special_tokens: bool = True) -> np.ndarray:
         """Like :meth:`encode`, returning an int32 numpy array."""
-        path = route(len(text), session, admitted=self._predicate is not None,
-                     cut_threshold=self.config.cut_threshold, content_reuse=self._content is not None)
-        if path == SESSION:
+        path = self.router.route(text, session)
+        if path is SESSION:
             with self._lock_for(session):
                 if self._predicate is None:
                     return self._reference_session(session, text, add_special_tokens)
                 ids = self._session_encode(session, text, self._states().get(session))[0].ids
-        elif path == CONTENT:
+        elif path is CONTENT:
             with self._content_lock:
                 ids = self._content_ids(text)
+        elif path is REFERENCE:
+            return self.encode_by_reference(text, add_special_tokens)
         else:
-            plan = self.plan(text)
-            if plan.by_reference:
-                return self.encode_by_reference(text, add_special_tokens)
-            ids = self._run_plan(plan)
+            ids = self._run_plan(self.plan(text))
         return self.finish(ids, add_special_tokens)
 
     def encode_batch_ids(self, texts: list[str], *, add_special_tokens: bool = True) -> list[np.ndarray]:
@@ -330,7 +329,6 @@ class TokenizerCore:
         """
         texts = list(texts)
         if self._batch_by_reference():
-            from .fast_engine import flat_from_pieces
             self.stats["reference"] += len(texts)
             return flat_from_pieces(self._reference.encode_texts(texts, add_special_tokens))
         pieces: list[str] = []
@@ -486,9 +484,7 @@ class TokenizerCore:
                 lcp = common_prefix_len(state.text, text) if state is not None else 0
         switch = self.engine_switch
         generation = switch.generation
-        if state is not None and route(n, key, admitted=True, cut_threshold=self.planner.cut_threshold,
-                                       content_reuse=False, reusable=lcp,
-                                       fast=switch.current is not self._reference) is SESSION_WHOLE:
+        if state is not None and self.router.turn(lcp, fast=switch.current is not self._reference) is SESSION_WHOLE:
             state, lcp = None, 0  # cheaper whole: a first encode's state (IDs and checkpoints)
             self.stats["reencode"] += 1
         res = encode_turn(parts, n, state, lcp, self._predicate, self.encoder, self.planner,

@@ -14,7 +14,7 @@ import pytest
 
 from delta_ray import DeltaTokenizer
 from delta_ray.encoder import ReferenceEncoder
-from delta_ray.plan import SESSION, SESSION_WHOLE, SPLICE_CHARS_FAST, SPLICE_CHARS_REFERENCE, route
+from delta_ray.plan import SESSION, SESSION_WHOLE, SPLICE_CHARS_FAST, SPLICE_CHARS_REFERENCE, Router
 from delta_ray.repair import encode_turn
 from delta_ray.session_store import YOUNG_PARTS
 
@@ -142,13 +142,14 @@ def test_a_turn_reuses_the_arrow_arrays_of_the_parts_it_keeps(tokenizer_paths, r
 
 
 def test_a_turn_with_little_to_reuse_is_re_encoded_whole_and_the_session_goes_on(tokenizer_paths, references):
-    """route() picks a whole re-encode when the shared text is under the repair's fixed cost; the
-    state it leaves has checkpoints, so the next turn repairs from it."""
-    assert route(100, "s", admitted=True, cut_threshold=10, content_reuse=False,
-                 reusable=SPLICE_CHARS_FAST - 1, fast=True) is SESSION_WHOLE
-    assert route(100, "s", admitted=True, cut_threshold=10, content_reuse=False,
-                 reusable=SPLICE_CHARS_FAST, fast=True) is SESSION
-    assert route(100, "s", admitted=False, cut_threshold=10, content_reuse=False, reusable=0) is SESSION
+    """Router.turn picks a whole re-encode when the shared text is under the repair's fixed cost;
+    the state it leaves has checkpoints, so the next turn repairs from it."""
+    router = Router(admitted=True, cut_threshold=10)
+    assert router.route("x" * 100, "s") is SESSION
+    assert router.turn(SPLICE_CHARS_FAST - 1, fast=True) is SESSION_WHOLE
+    assert router.turn(SPLICE_CHARS_FAST, fast=True) is SESSION
+    assert router.turn(SPLICE_CHARS_REFERENCE - 1, fast=False) is SESSION_WHOLE
+    assert Router(admitted=False, cut_threshold=10).turn(0, fast=False) is SESSION
     assert len("Hi there. ") < SPLICE_CHARS_REFERENCE
     ref = references["qwen-3"]
     dt = DeltaTokenizer(tokenizer_paths["qwen-3"], engine="reference", shadow_rate=0.0)
