@@ -15,6 +15,7 @@ and their chunks waited out the 60 s fail-over), and actors never wait on tasks.
 from __future__ import annotations
 
 import asyncio
+import functools
 import hashlib
 import hmac
 import logging
@@ -259,56 +260,44 @@ class TokenizerPool:
         """The worker a session's requests go to now."""
         return self._orch.dispatcher.home_of(session)
 
+    # Each operation has one body (its ``_..._request``: checks, then where it runs); the sync and
+    # async methods differ only in how they wait for it (``_run`` / ``_run_async``).
     def encode(self, text: str, *, session: str | None = None, add_special_tokens: bool = True,
-               tenant: str | None = None) -> pa.Int32Array:
+               tenant: str | None = None) -> pa.Int32Array | pa.ChunkedArray:
         """Reference IDs of ``text`` (a session reuses what its worker already encoded).
 
         ``tenant`` namespaces what a keyless text reuses by content on the workers (a service
         serving several tenants passes it, so no tenant's timing reveals another's text)."""
-        check_text(text)
-        if session is not None:
-            check_text(session, "session")
-        if session is None and self._orch.runs_here(text):
-            return self._orch.encode_here(text, add_special_tokens)
-        return self._call(self._orch.encode(text, session, add_special_tokens, tenant=tenant))
-
-    def extend(self, session: str, delta: str, *, add_special_tokens: bool = True) -> pa.Int32Array:
-        """IDs of the session's stored text plus ``delta``; SessionNotFound if its worker lacks it."""
-        check_text(session, "session")
-        check_text(delta, "delta")
-        return self._call(self._orch.extend(session, delta, add_special_tokens))
-
-    def encode_batch(self, texts: Sequence[str], *, add_special_tokens: bool = True) -> list[pa.Int32Array]:
-        """Reference IDs of many stateless texts, spread over the workers and tasks."""
-        texts = self._check_batch(texts)
-        return self._call(self._orch.encode_batch(texts, add_special_tokens))
+        return self._run(self._encode_request(text, session, add_special_tokens, tenant))
 
     async def encode_async(self, text: str, *, session: str | None = None, add_special_tokens: bool = True,
-                           tenant: str | None = None) -> pa.Int32Array:
-        check_text(text)
-        if session is not None:
-            check_text(session, "session")
-        if session is None and self._orch.runs_here(text):
-            return await asyncio.to_thread(self._orch.encode_here, text, add_special_tokens)
-        return await self._call_async(self._orch.encode(text, session, add_special_tokens, tenant=tenant))
+                           tenant: str | None = None) -> pa.Int32Array | pa.ChunkedArray:
+        """:meth:`encode` for a caller on an event loop."""
+        return await self._run_async(self._encode_request(text, session, add_special_tokens, tenant))
+
+    def extend(self, session: str, delta: str, *, add_special_tokens: bool = True) -> pa.Int32Array | pa.ChunkedArray:
+        """IDs of the session's stored text plus ``delta``; SessionNotFound if its worker lacks it."""
+        return self._run(self._extend_request(session, delta, add_special_tokens, tail=False))
+
+    async def extend_async(self, session: str, delta: str, *,
+                           add_special_tokens: bool = True) -> pa.Int32Array | pa.ChunkedArray:
+        """:meth:`extend` for a caller on an event loop."""
+        return await self._run_async(self._extend_request(session, delta, add_special_tokens, tail=False))
 
     async def extend_tail_async(self, session: str, delta: str, *,
                                 add_special_tokens: bool = True) -> tuple[int, int, np.ndarray]:
         """``extend`` answering only the IDs that changed: ``(start, count, tail)``, where the
         session's IDs are the caller's previous answer cut to ``start`` followed by ``tail`` (an
         append over HTTP receives kilobytes, not the transcript's IDs)."""
-        check_text(session, "session")
-        check_text(delta, "delta")
-        return await self._call_async(self._orch.extend_tail(session, delta, add_special_tokens))
+        return await self._run_async(self._extend_request(session, delta, add_special_tokens, tail=True))
 
-    async def extend_async(self, session: str, delta: str, *, add_special_tokens: bool = True) -> pa.Int32Array:
-        check_text(session, "session")
-        check_text(delta, "delta")
-        return await self._call_async(self._orch.extend(session, delta, add_special_tokens))
+    def encode_batch(self, texts: Sequence[str], *, add_special_tokens: bool = True) -> list[pa.Int32Array]:
+        """Reference IDs of many stateless texts, spread over the workers and tasks."""
+        return self._run(self._orch.encode_batch(self._check_batch(texts), add_special_tokens))
 
     async def encode_batch_async(self, texts: Sequence[str], *, add_special_tokens: bool = True) -> list[pa.Int32Array]:
-        texts = self._check_batch(texts)
-        return await self._call_async(self._orch.encode_batch(texts, add_special_tokens))
+        """:meth:`encode_batch` for a caller on an event loop."""
+        return await self._run_async(self._orch.encode_batch(self._check_batch(texts), add_special_tokens))
 
     def decode(self, ids, *, skip_special_tokens: bool = True) -> str:
         return self._orch.local.decode(ids, skip_special_tokens=skip_special_tokens)
@@ -354,8 +343,28 @@ class TokenizerPool:
             check_text(t)
         return texts
 
-    def _call(self, coro):
-        return self._loop_thread.run(coro)
+    def _encode_request(self, text, session, add: bool, tenant):
+        """What :meth:`encode` runs: a call here (a text the caller should encode itself), or a
+        coroutine for the pool's loop."""
+        check_text(text)
+        if session is not None:
+            check_text(session, "session")
+        if session is None and self._orch.runs_here(text):
+            return functools.partial(self._orch.encode_here, text, add)
+        return self._orch.encode(text, session, add, tenant=tenant)
 
-    async def _call_async(self, coro):
-        return await self._loop_thread.run_async(coro)
+    def _extend_request(self, session, delta, add: bool, *, tail: bool):
+        check_text(session, "session")
+        check_text(delta, "delta")
+        return (self._orch.extend_tail if tail else self._orch.extend)(session, delta, add)
+
+    def _run(self, request):
+        """Wait for a request in this thread: a call here runs here, a coroutine on the pool's loop."""
+        if isinstance(request, functools.partial):
+            return request()
+        return self._loop_thread.run(request)
+
+    async def _run_async(self, request):
+        if isinstance(request, functools.partial):
+            return await asyncio.to_thread(request)
+        return await self._loop_thread.run_async(request)
