@@ -3,7 +3,7 @@
 Why: a Ray actor call costs 1.4-2 ms here even for an empty method, more than a 1.3K-character
 session repair itself; a Unix socket round trip from the pool's event loop costs about 0.4 ms.
 
-What travels: typed binary frames, never pickle. A frame is a 9-byte header (magic ``DRC2``, a
+What travels (:mod:`delta_ray.actors.channel_codec`): typed binary frames, never pickle. A frame is a 9-byte header (magic ``DRC2``, a
 kind byte, a uint32 body length), a body of typed values (None, bool, signed or unsigned 64-bit
 integers, UTF-8 text and little-endian int32 arrays) and a 32-byte tag. A request is ``(method,
 *args)``; an answer is a tuple of values, one value, or an error (exception type name and message,
@@ -58,42 +58,24 @@ import time
 import uuid
 from typing import Any, Callable, Optional
 
-import numpy as np
-
-from delta_ray.session_store import SessionNotFound
 from delta_ray.errors import DeltaRayError
 
-MAGIC = b"DRC2"
+from . import channel_codec as codec
+from .channel_codec import (HEADER, KIND_ERROR, KIND_REQUEST, KIND_TUPLE, KIND_VALUE, MAX_FRAME, FrameError,
+                            RemoteError, answer_frame, decode_values, encode_values, error_frame, frame, parse_header,
+                            raise_error)  # noqa: F401 - RemoteError is re-exported
+
 HELLO = b"DRH2"
-_HEADER = struct.Struct("!4sBI")  # magic, kind, body length
 _PEERCRED = struct.Struct("3i")  # struct ucred: pid, uid, gid
 _NONCE = 32
 _MAC = hashlib.sha256().digest_size
 _TAG = _MAC  # per-frame HMAC-SHA256
 _IDLE = struct.Struct("!I")  # the server's idle timeout in ms, in its hello
-_PIDS = struct.Struct("!QQ")  # server pid, client pid, in the transcript
-_SEQ = struct.Struct("!Q")
 
-KIND_REQUEST, KIND_TUPLE, KIND_VALUE, KIND_ERROR = 1, 2, 3, 4
-T_NONE, T_FALSE, T_TRUE, T_INT, T_STR, T_I32, T_UINT = range(7)
-_LEN = struct.Struct("!I")
-_INT = struct.Struct("!q")
-_UINT = struct.Struct("!Q")  # state versions are random 64-bit counters
-_I32_MIN, _I32_MAX = -2 ** 31, 2 ** 31 - 1
-
-MAX_FRAME = 512 * 1024 * 1024  # a 100M-character text or 128M IDs; larger goes through Ray
-MAX_VALUES = 16  # values per frame: calls carry at most 5; bounds per-value overhead on decode
 MAX_CONNECTIONS = 32
 HANDSHAKE_TIMEOUT_S = 5.0
 IDLE_TIMEOUT_S = 600.0
 RECONNECT_BACKOFF_S = 1.0  # after a failed connect, calls go through Ray this long before retrying
-
-# Exceptions a worker may raise that the client re-raises as themselves.
-KNOWN_ERRORS: dict[str, type[BaseException]] = {
-    "SessionNotFound": SessionNotFound, "KeyError": KeyError, "ValueError": ValueError,
-    "TypeError": TypeError, "RuntimeError": RuntimeError,
-}
-
 
 class ChannelClosed(DeltaRayError, ConnectionError):
     """The worker's end of the channel went away (the actor most likely died), or it failed to
@@ -110,14 +92,6 @@ class ChannelAuthError(ChannelNotSent):
     Raised during the handshake, before any request is sent; the client stays closed."""
 
 
-class RemoteError(DeltaRayError, RuntimeError):
-    """A worker error of a type the channel does not map back (its type name is in the message)."""
-
-
-class FrameError(DeltaRayError, ValueError):
-    """A malformed or unauthenticated frame: the connection that sent it ends."""
-
-
 def supported() -> bool:
     """Abstract-namespace Unix sockets and SO_PEERCRED are Linux features."""
     return sys.platform.startswith("linux") and hasattr(socket, "SO_PEERCRED")
@@ -126,181 +100,6 @@ def supported() -> bool:
 def new_secret() -> bytes:
     """A per-pool secret (handed to workers through Ray, never over the channel)."""
     return secrets.token_bytes(32)
-
-
-# -- values ---------------------------------------------------------------------------------------
-def _i32_array(v: np.ndarray) -> bytes:
-    """Little-endian int32 bytes of an integer array; refuses (never wraps) values out of range."""
-    if v.dtype.kind not in "iu":
-        raise TypeError(f"the side channel carries integer ID arrays, not {v.dtype}")
-    if v.dtype != np.int32 and v.size and (int(v.min()) < _I32_MIN or int(v.max()) > _I32_MAX):
-        raise OverflowError(f"an ID array of {v.dtype} holds values outside int32")
-    return np.ascontiguousarray(v, dtype="<i4").tobytes()
-
-
-def encode_values(values: tuple) -> bytes:
-    """Typed binary encoding of a tuple of None/bool/int/str/int32-array values.
-
-    Raises TypeError for other types, OverflowError for an int outside [-2**63, 2**64) or an array
-    value outside int32 (nothing is wrapped), ValueError for more than :data:`MAX_VALUES` values.
-    """
-    if len(values) > MAX_VALUES:
-        raise ValueError(f"the side channel carries at most {MAX_VALUES} values per frame, not {len(values)}")
-    out = bytearray()
-    for v in values:
-        if v is None:
-            out.append(T_NONE)
-        elif v is True or v is False:
-            out.append(T_TRUE if v else T_FALSE)
-        elif isinstance(v, (int, np.integer)):
-            v = int(v)
-            if not -2 ** 63 <= v < 2 ** 64:
-                raise OverflowError(f"the side channel carries 64-bit integers; {v} is out of range")
-            if v >= 0:
-                out.append(T_UINT)
-                out += _UINT.pack(v)
-            else:
-                out.append(T_INT)
-                out += _INT.pack(v)
-        elif isinstance(v, str):
-            data = v.encode("utf-8", "surrogatepass")
-            out.append(T_STR)
-            out += _LEN.pack(len(data)) + data
-        elif isinstance(v, np.ndarray):
-            data = _i32_array(v)
-            out.append(T_I32)
-            out += _LEN.pack(len(data) // 4) + data
-        else:
-            raise TypeError(f"the side channel carries None, bool, int, str and int32 arrays, not {type(v).__name__}")
-    return bytes(out)
-
-
-def decode_values(body: bytes) -> tuple:
-    """Inverse of :func:`encode_values`; raises :class:`FrameError` on anything malformed.
-
-    Memory: at most :data:`MAX_VALUES` values; a string decodes to at most 4 bytes per UTF-8 byte
-    and an int32 array is a view of ``body``, so a frame cannot decode into much more than itself.
-    """
-    out: list[Any] = []
-    pos, n = 0, len(body)
-    mv = memoryview(body)
-    while pos < n:
-        if len(out) >= MAX_VALUES:
-            raise FrameError(f"more than {MAX_VALUES} values in a frame")
-        t = body[pos]
-        pos += 1
-        if t == T_NONE:
-            out.append(None)
-        elif t in (T_FALSE, T_TRUE):
-            out.append(t == T_TRUE)
-        elif t in (T_INT, T_UINT):
-            if pos + 8 > n:
-                raise FrameError("truncated int")
-            out.append((_INT if t == T_INT else _UINT).unpack_from(body, pos)[0])
-            pos += 8
-        elif t in (T_STR, T_I32):
-            if pos + 4 > n:
-                raise FrameError("truncated length")
-            count = _LEN.unpack_from(body, pos)[0]
-            pos += 4
-            size = count * (4 if t == T_I32 else 1)
-            if pos + size > n:
-                raise FrameError("truncated value")
-            if t == T_STR:
-                try:
-                    out.append(bytes(mv[pos:pos + size]).decode("utf-8", "surrogatepass"))
-                except UnicodeDecodeError as exc:
-                    raise FrameError(f"malformed text: {exc.reason}") from None
-            else:
-                out.append(np.frombuffer(body, dtype="<i4", count=count, offset=pos).astype(np.int32, copy=False))
-            pos += size
-        else:
-            raise FrameError(f"unknown value type {t}")
-    return tuple(out)
-
-
-def frame(kind: int, body: bytes) -> bytes:
-    """Header and body of a frame (its tag is added by the connection that sends it)."""
-    return _HEADER.pack(MAGIC, kind, len(body)) + body
-
-
-def _parse_header(header: bytes, max_frame: int) -> tuple[int, int]:
-    magic, kind, size = _HEADER.unpack(header)
-    if magic != MAGIC:
-        raise FrameError("bad magic")
-    if size > max_frame:
-        raise FrameError(f"frame of {size} bytes over the {max_frame}-byte cap")
-    return kind, size
-
-
-def _mac(secret: bytes, tag: bytes, transcript: bytes) -> bytes:
-    return hmac.new(secret, tag + transcript, hashlib.sha256).digest()
-
-
-def _transcript(hello: bytes, nonce_c: bytes, server_pid: int, client_pid: int) -> bytes:
-    """What both proofs and the frame keys are bound to: the server's hello (nonce and idle
-    timeout), the client's nonce, and both endpoints' pids as each kernel reports them."""
-    return hello + nonce_c + _PIDS.pack(server_pid & (2 ** 64 - 1), client_pid & (2 ** 64 - 1))
-
-
-class _FrameKeys:
-    """Per-connection, per-direction frame authentication with sequence numbers.
-
-    Keys: HMAC-SHA256(secret, "keys" || transcript) as a pseudo-random key, expanded per direction
-    (HKDF-style). A tag is HMAC-SHA256(direction key, seq || header || body); each side counts the
-    frames it sent and received, so a replayed, reordered or dropped frame fails the next check.
-    """
-
-    def __init__(self, secret: bytes, transcript: bytes, *, server: bool):
-        prk = _mac(secret, b"delta-ray channel keys v2", transcript)
-        c2s = hmac.new(prk, b"client to server\x01", hashlib.sha256).digest()
-        s2c = hmac.new(prk, b"server to client\x01", hashlib.sha256).digest()
-        send, recv = (s2c, c2s) if server else (c2s, s2c)
-        self._send = hmac.new(send, digestmod=hashlib.sha256)  # keyed state, copied per frame
-        self._recv = hmac.new(recv, digestmod=hashlib.sha256)
-        self._sent = 0
-        self._received = 0
-
-    @staticmethod
-    def _tag(base, seq: int, data, more=b"") -> bytes:
-        m = base.copy()
-        m.update(_SEQ.pack(seq))
-        m.update(data)
-        if more:
-            m.update(more)
-        return m.digest()
-
-    def seal(self, data: bytes) -> bytes:
-        """The tag of the next frame this side sends (``data`` is its header and body)."""
-        tag = self._tag(self._send, self._sent, data)
-        self._sent += 1
-        return tag
-
-    def check(self, header: bytes, body: bytes, tag: bytes) -> None:
-        """Verify the next received frame's tag; FrameError ends the connection."""
-        if not hmac.compare_digest(self._tag(self._recv, self._received, header, body), tag):
-            raise FrameError("a frame failed authentication (altered, replayed or not from the peer)")
-        self._received += 1
-
-
-def _answer_frame(result: Any) -> bytes:
-    if isinstance(result, tuple):
-        return frame(KIND_TUPLE, encode_values(result))
-    return frame(KIND_VALUE, encode_values((result,)))
-
-
-def _error_frame(exc: BaseException) -> bytes:
-    name = type(exc).__name__ if type(exc).__name__ in KNOWN_ERRORS else "RemoteError"
-    msg = str(exc) if name != "RemoteError" else f"{type(exc).__name__}: {exc}"
-    return frame(KIND_ERROR, encode_values((name, msg[:4096])))
-
-
-def _raise_error(values: tuple) -> None:
-    if len(values) != 2 or not all(isinstance(v, str) for v in values):
-        raise FrameError("malformed error frame")
-    name, msg = values
-    cls = KNOWN_ERRORS.get(name, RemoteError)
-    raise cls(msg)
 
 
 def _peer(sock: socket.socket) -> tuple[int, int]:
@@ -383,7 +182,7 @@ class ChannelServer:
                     continue
             threading.Thread(target=self._serve, args=(conn, pid), name="delta-ray-channel-conn", daemon=True).start()
 
-    def _handshake(self, conn: socket.socket, client_pid: int) -> _FrameKeys | None:
+    def _handshake(self, conn: socket.socket, client_pid: int) -> codec.FrameKeys | None:
         """The server's side of the handshake, all of it before one deadline; None if refused."""
         deadline = time.monotonic() + self.handshake_timeout_s
         hello = HELLO + secrets.token_bytes(_NONCE) + _IDLE.pack(max(1, int(self.idle_timeout_s * 1000)))
@@ -391,16 +190,16 @@ class ChannelServer:
         conn.sendall(hello)
         got = _recv_exactly(conn, _NONCE + _MAC, deadline)
         nonce_c, mac = got[:_NONCE], got[_NONCE:]
-        transcript = _transcript(hello, nonce_c, os.getpid(), client_pid)
-        if not hmac.compare_digest(mac, _mac(self._secret, b"client", transcript)):
+        transcript = codec.transcript(hello, nonce_c, os.getpid(), client_pid)
+        if not hmac.compare_digest(mac, codec.mac(self._secret, b"client", transcript)):
             return None  # no secret, or a relay: the client saw another server pid than ours
         left = deadline - time.monotonic()
         if left <= 0:
             return None
         conn.settimeout(left)
-        conn.sendall(_mac(self._secret, b"server", transcript))
+        conn.sendall(codec.mac(self._secret, b"server", transcript))
         conn.settimeout(self.idle_timeout_s)
-        return _FrameKeys(self._secret, transcript, server=True)
+        return codec.FrameKeys(self._secret, transcript, server=True)
 
     def _serve(self, conn: socket.socket, client_pid: int) -> None:
         try:
@@ -420,12 +219,12 @@ class ChannelServer:
             with self._conns_lock:
                 self._conns.discard(conn)
 
-    def _serve_frames(self, conn: socket.socket, reader, keys: _FrameKeys) -> None:
+    def _serve_frames(self, conn: socket.socket, reader, keys: codec.FrameKeys) -> None:
         while not self.closed:
-            header = reader.read(_HEADER.size)
-            if len(header) < _HEADER.size:
+            header = reader.read(HEADER.size)
+            if len(header) < HEADER.size:
                 return
-            kind, size = _parse_header(header, self.max_frame)
+            kind, size = parse_header(header, self.max_frame)
             if kind != KIND_REQUEST:
                 return
             body = reader.read(size)
@@ -441,11 +240,11 @@ class ChannelServer:
             try:
                 if self._methods is not None and method not in self._methods:
                     raise ValueError(f"{method!r} is not served over the side channel")
-                data = _answer_frame(self._handler(method, args))
+                data = answer_frame(self._handler(method, args))
             except Exception as exc:  # noqa: BLE001 - the caller gets it, as from a Ray call
-                data = _error_frame(exc)
-            if len(data) - _HEADER.size > self.max_frame:
-                data = _error_frame(RuntimeError("the answer is over the side channel's frame cap"))
+                data = error_frame(exc)
+            if len(data) - HEADER.size > self.max_frame:
+                data = error_frame(RuntimeError("the answer is over the side channel's frame cap"))
             tag = keys.seal(data)
             if len(data) < 65536:
                 conn.sendall(data + tag)
@@ -495,7 +294,7 @@ class ChannelClient:
         self.reconnect_backoff_s = reconnect_backoff_s
         self._reader: Optional[asyncio.StreamReader] = None
         self._writer: Optional[asyncio.StreamWriter] = None
-        self._keys: _FrameKeys | None = None
+        self._keys: codec.FrameKeys | None = None
         self._lock: Optional[asyncio.Lock] = None
         self._reuse_s = IDLE_TIMEOUT_S / 2  # replaced by half the server's idle timeout on connect
         self._last_used = 0.0
@@ -519,12 +318,12 @@ class ChannelClient:
         if hello[:len(HELLO)] != HELLO:
             raise ChannelAuthError("not a delta-ray channel (or another version of it)")
         nonce_c = secrets.token_bytes(_NONCE)
-        transcript = _transcript(hello, nonce_c, pid, os.getpid())
-        writer.write(nonce_c + _mac(self._secret, b"client", transcript))
+        transcript = codec.transcript(hello, nonce_c, pid, os.getpid())
+        writer.write(nonce_c + codec.mac(self._secret, b"client", transcript))
         proof = await reader.readexactly(_MAC)
-        if not hmac.compare_digest(proof, _mac(self._secret, b"server", transcript)):
+        if not hmac.compare_digest(proof, codec.mac(self._secret, b"server", transcript)):
             raise ChannelAuthError("the worker did not prove the pool secret")
-        self._keys = _FrameKeys(self._secret, transcript, server=False)
+        self._keys = codec.FrameKeys(self._secret, transcript, server=False)
         idle_s = _IDLE.unpack_from(hello, len(HELLO) + _NONCE)[0] / 1000
         self._reuse_s = idle_s / 2
         self._last_used = asyncio.get_running_loop().time()
@@ -573,8 +372,8 @@ class ChannelClient:
                     self._writer.write(request)
                     self._writer.write(tag)
                 del request
-                header = await self._reader.readexactly(_HEADER.size)
-                kind, size = _parse_header(header, self.max_frame)
+                header = await self._reader.readexactly(HEADER.size)
+                kind, size = parse_header(header, self.max_frame)
                 rest = memoryview(await self._reader.readexactly(size + _TAG))
                 body = rest[:size]
                 self._keys.check(header, body, rest[size:])
@@ -590,7 +389,7 @@ class ChannelClient:
                 raise
             self._last_used = asyncio.get_running_loop().time()
         if kind == KIND_ERROR:
-            _raise_error(values)
+            raise_error(values)
         if kind == KIND_TUPLE:
             return values
         if kind == KIND_VALUE and len(values) == 1:

@@ -156,7 +156,7 @@ class _Raw:
     def __init__(self, address, secret=SECRET):
         import os
         import socket
-        from delta_ray.actors.worker_channel import _FrameKeys, _mac, _transcript
+        from delta_ray.actors.channel_codec import FrameKeys as _FrameKeys, mac as _mac, transcript as _transcript
         raw = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         raw.settimeout(10)
         raw.connect(address)
@@ -371,7 +371,7 @@ def test_close_stops_serving():
 
 
 def test_values_round_trip_including_64_bit_versions():
-    from delta_ray.actors.worker_channel import decode_values, encode_values
+    from delta_ray.actors.channel_codec import decode_values, encode_values
     vals = (2 ** 64 - 1, 2 ** 63, -2 ** 63, 0, "é\ud800x", None, False, np.arange(5, dtype=np.int32))
     out = decode_values(encode_values(vals))
     assert out[:7] == vals[:7] and np.array_equal(out[7], vals[7])
@@ -485,7 +485,7 @@ def test_frames_altered_in_flight_end_the_connection(tmp_path, monkeypatch, dire
 
 
 def test_a_replayed_or_reordered_frame_fails_its_check():
-    from delta_ray.actors.worker_channel import FrameError, _FrameKeys
+    from delta_ray.actors.channel_codec import FrameError, FrameKeys as _FrameKeys
     sender = _FrameKeys(SECRET, b"transcript", server=False)
     receiver = _FrameKeys(SECRET, b"transcript", server=True)
     first, second = b"header-1body-1", b"header-2body-2"
@@ -641,7 +641,7 @@ def test_an_extend_the_channel_could_not_send_goes_through_ray(channel_pool, ref
 
 # -- the frame codec refuses instead of wrapping, and bounds decoding (item 15) ---------------------
 def test_the_codec_refuses_values_it_would_wrap():
-    from delta_ray.actors.worker_channel import decode_values, encode_values
+    from delta_ray.actors.channel_codec import decode_values, encode_values
     for bad in (np.array([2 ** 31], np.int64), np.array([-2 ** 31 - 1], np.int64), np.array([2 ** 32 - 1], np.uint32)):
         with pytest.raises(OverflowError):
             encode_values((bad,))
@@ -658,7 +658,7 @@ def test_the_codec_refuses_values_it_would_wrap():
 def test_decoding_cannot_amplify_a_frame():
     """A 5 MB body of empty arrays would decode into a million numpy objects (about 100 bytes each);
     a frame holds at most MAX_VALUES values."""
-    from delta_ray.actors.worker_channel import MAX_VALUES, FrameError, decode_values, encode_values
+    from delta_ray.actors.channel_codec import MAX_VALUES, FrameError, decode_values, encode_values
     body = b"\x05\0\0\0\0" * 1_000_000  # T_I32 with count 0
     with pytest.raises(FrameError, match="values"):
         decode_values(body)
