@@ -31,6 +31,7 @@ from .shadow import ShadowVerifier
 from .families import FAMILIES
 from .loading import LoadedTokenizer, TokenizerLike, load_tokenizer
 from .nfc_anchors import anchor_table
+from .parallel_encode import PieceThreads
 from .plan import CONTENT, REFERENCE, SESSION, SESSION_WHOLE, Plan, Router
 from .reference_api import api_generation
 from .planner import chunk_count, plan_cuts
@@ -110,6 +111,7 @@ class TokenizerCore:
         self._content = ContentIndex() if cfg.reuse == "content" else None
         self.router = Router(self._predicate is not None, cfg.cut_threshold, content_reuse=self._content is not None)
         self._entry_ids = itertools.count()
+        self._threads = PieceThreads()  # long texts' pieces, on up to ``threads`` threads
         self.stats: Counter[str] = Counter()
         # Thread safety: a session's read-encode-install runs under its stripe's lock, so two threads
         # extending one session serialize instead of losing an update; other sessions run in parallel.
@@ -341,7 +343,7 @@ class TokenizerCore:
                 counts[i] = len(plan_pieces)
             else:
                 pieces.append(t)
-        values, piece_offsets = self._encode_flat(pieces, threads or 1)
+        values, piece_offsets = self._threads.encode_flat(self.encoder, pieces, threads or 1, self.uses_fast_engine)
         if len(pieces) == len(texts):
             offsets = piece_offsets
         else:
@@ -352,35 +354,6 @@ class TokenizerCore:
         if add_special_tokens and (self._admission.prefix_ids or self._admission.suffix_ids):
             values, offsets = insert_template(values, offsets, self._admission.prefix_ids, self._admission.suffix_ids)
         return values, offsets
-
-    def _encode_flat(self, pieces: list[str], threads: int) -> tuple[np.ndarray, np.ndarray]:
-        from .encoder import encode_flat
-        total = sum(map(len, pieces))
-        if threads <= 1 or len(pieces) < 2 or total < 65536 or not self.uses_fast_engine:
-            return encode_flat(self.encoder, pieces)
-        # contiguous groups of about equal characters, one per thread
-        cum = np.cumsum([len(p) for p in pieces])
-        cuts = np.searchsorted(cum, [total * i / threads for i in range(1, threads)])
-        bounds = [0] + sorted(set(int(c) + 1 for c in cuts if 0 <= c < len(pieces) - 1)) + [len(pieces)]
-        groups = [pieces[a:b] for a, b in zip(bounds, bounds[1:])]
-        pool = self._thread_pool(threads)
-        parts = list(pool.map(lambda g: encode_flat(self.encoder, g), groups))
-        values = np.concatenate([v for v, _ in parts]).astype(np.int32, copy=False)
-        offsets = np.zeros(len(pieces) + 1, dtype=np.int64)
-        pos, base = 1, 0
-        for v, o in parts:
-            offsets[pos:pos + len(o) - 1] = o[1:] + base
-            pos += len(o) - 1
-            base += len(v)
-        return values, offsets
-
-    def _thread_pool(self, threads: int):
-        pool, size = getattr(self, "_pool", (None, 0))
-        if pool is None or size < threads:
-            from concurrent.futures import ThreadPoolExecutor
-            pool = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="delta-ray-encode")
-            self._pool = (pool, threads)
-        return pool
 
     # -- internals --------------------------------------------------------------------------
     def _lock_for(self, session: str) -> threading.Lock:
@@ -428,7 +401,7 @@ class TokenizerCore:
             self.stats["whole"] += 1
             return self.run_pieces([plan.text])[0]
         self.stats["chunked"] += 1
-        values, _ = self._encode_flat(plan.pieces, self.threads)
+        values, _ = self._threads.encode_flat(self.encoder, plan.pieces, self.threads, self.uses_fast_engine)
         return values
 
     def _reference_session(self, key: str, text: str, add_special_tokens: bool) -> np.ndarray:
