@@ -202,7 +202,8 @@ def replica_endpoints(app_name: str, timeout_s: float = 30.0) -> "list[tuple[str
     With ``RAY_SERVE_ENABLE_DIRECT_INGRESS=1`` in the environment of the process that starts Ray
     (Ray 2.60), every ingress replica listens for HTTP itself (ports from 30000) and no proxy
     stands in between: a client or load balancer routes sessions by :func:`rendezvous_order` of
-    the session key over these replica ids, the same order the in-cluster router uses. This reads
+    the routing key (``tenant_keys.routing_key``, the ``x-session-id`` value) over these replica
+    ids, the same order the in-cluster router uses. This reads
     the Serve controller's target groups, a Serve internal (an alpha API in 2.60); returns [] when
     direct ingress is off.
     """
