@@ -74,6 +74,26 @@ def _as_loaded(tokenizer: Any) -> LoadedTokenizer:
     return load_tokenizer(tokenizer)
 
 
+def _resolve_engine(tokenizer: Any, loaded: LoadedTokenizer, spec: BatchSpec) -> BatchSpec:
+    """``engine="auto"`` decided once, in the driver, before any actor starts: an actor left to
+    decide alone would encode with the reference while admitting the fast tier in the background
+    (50-100x slower for the first seconds or minutes of every actor). The admission is blocking
+    here and cached on disk, so later runs and the actors on this node find it at once; actors on
+    other nodes admit it themselves ("fast": one process per node probes, under its lock)."""
+    import dataclasses
+
+    if spec.engine != "auto":
+        return spec
+    if isinstance(tokenizer, DeltaTokenizer) and tokenizer.uses_fast_engine:
+        return dataclasses.replace(spec, engine="fast")
+    from delta_ray.fast_engine import FastEngineUnavailable
+    try:
+        DeltaTokenizer(loaded, TokenizerConfig(engine="fast", reuse="none"))
+    except FastEngineUnavailable:
+        return dataclasses.replace(spec, engine="reference")
+    return dataclasses.replace(spec, engine="fast")
+
+
 def _default_concurrency() -> int:
     import ray
 
@@ -138,7 +158,7 @@ def tokenize_dataset(dataset, tokenizer, spec: BatchSpec | None = None, *, batch
             (as in the reference ``encode``), ``drop_text``, ``batch_bytes`` (the most text an
             actor encodes at once: a larger block is encoded and yielded in slices, so huge
             documents stay bounded in memory), ``engine`` (``"auto"``, ``"fast"``,
-            ``"reference"``) and ``threads`` (an actor's encode threads; default its node's CPUs, at
+            ``"reference"``; ``"auto"`` is decided here, once: see :func:`_resolve_engine`) and ``threads`` (an actor's encode threads; default its node's CPUs, at
             most 8).
         batch_size: rows per actor call; default None: whole blocks as Ray Data makes them (each
             block costs Ray Data a task, an object-store put and a write, tens of milliseconds on a
@@ -190,12 +210,13 @@ def tokenize_dataset(dataset, tokenizer, spec: BatchSpec | None = None, *, batch
             raise ValueError(f"concurrency must be an int >= 1 or a (min, max) pair, got {concurrency!r}")
     elif not isinstance(concurrency, int) or isinstance(concurrency, bool) or concurrency < 1:
         raise ValueError(f"concurrency must be an int >= 1 or a (min, max) pair, got {concurrency!r}")
+    loaded = _as_loaded(tokenizer)
+    _check_schema(dataset, spec)
+    spec = _resolve_engine(tokenizer, loaded, spec)
     # Validated once here, then sent as it is to every actor.
     config = TokenizerConfig(chunk_size=chunk_size, cut_threshold=cut_threshold, threads=spec.threads,
                              reuse="none", engine=spec.engine)
 
-    loaded = _as_loaded(tokenizer)
-    _check_schema(dataset, spec)
     if isinstance(concurrency, tuple):
         compute = ray.data.ActorPoolStrategy(min_size=concurrency[0], max_size=concurrency[1])
     else:

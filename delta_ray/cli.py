@@ -8,7 +8,8 @@ import sys
 # Subcommands that need Ray live in actors/; each module offers add_arguments(parser) and run(args).
 _RAY_COMMANDS = {
     "serve": ("delta_ray.actors.serve_cli", "start the HTTP tokenization service (vLLM/SGLang-compatible /tokenize)"),
-    "tokenize": ("delta_ray.actors.tokenize_job", "tokenize text/JSONL/Parquet files into Parquet with Ray Data"),
+    "tokenize": ("delta_ray.actors.tokenize_job",
+                 "tokenize text/JSONL/Parquet files into Parquet (this machine, or a cluster with --ray-data)"),
 }
 
 
