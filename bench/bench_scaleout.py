@@ -120,27 +120,46 @@ def measure_ray(ray, n: int = 300) -> dict:
     text = ("The quick brown fox jumps over the lazy dog. " * 30)[:TURN]
     ray.get(a.extend.remote("w", text, None, None))
     ray.get([task.remote(0) for _ in range(8)])
-    call_cpu, call_wall = _cpu_per_call(lambda: ray.get(a.extend.remote("s", text, 7, 7)), n)
+    call_cpu, _ = _cpu_per_call(lambda: ray.get(a.extend.remote("s", text, 7, 7)), n)
+    call_wall = _median(lambda: ray.get(a.extend.remote("s", text, 7, 7)), n)  # medians: robust to load
     c0, t0 = time.process_time(), time.perf_counter()
     refs = [task.remote(0) for _ in range(n)]
     launch_cpu = (time.process_time() - c0) / n * 1e3
     ray.get(refs)
-    task_cpu, task_wall = _cpu_per_call(lambda: ray.get(task.remote(0)), n // 2)
+    task_wall = _median(lambda: ray.get(task.remote(0)), n // 2)
     big = corpus("english", 1_000_000)
     put_ms = _median(lambda: ray.get(task.remote(big)), 9) - task_wall
     return {"ray_call_cpu_ms": call_cpu, "ray_call_wall_ms": call_wall, "task_launch_cpu_ms": launch_cpu,
             "task_wall_ms": task_wall, "put_ms_per_mchar": max(put_ms, 0.0)}
 
 
+def orchestrator_costs(local, secs: float, baseline: bool = False, tag: str = "") -> dict:
+    """The orchestrator's CPU per session call and per chunk at 2 and 64 workers (ms)."""
+    raw = {}
+    for w in (2, 64):
+        cpu, wall, n = ceil.session_loop(local, w, 1, secs, baseline=baseline)
+        raw[f"orch_session_{w}{tag}"] = cpu / n * 1e3
+        cpu, wall, n = ceil.chunk_loop(local, w, 1, secs, baseline=baseline)
+        raw[f"orch_chunk_{w}{tag}"] = cpu / n * 1e3
+    return raw
+
+
+def with_orchestrator(costs: Costs, raw: dict, tag: str = "") -> Costs:
+    """``costs`` with the orchestrator's terms fitted (linear in the workers) from ``raw``."""
+    per_worker = max(0.0, (raw[f"orch_session_64{tag}"] - raw[f"orch_session_2{tag}"]) / 62)
+    per_worker_chunk = max(0.0, (raw[f"orch_chunk_64{tag}"] - raw[f"orch_chunk_2{tag}"]) / 62)
+    return dataclasses.replace(
+        costs, orch_session_ms=raw[f"orch_session_2{tag}"] - 2 * per_worker, orch_session_ms_per_worker=per_worker,
+        orch_chunk_ms=raw[f"orch_chunk_2{tag}"] - 2 * per_worker_chunk, orch_chunk_ms_per_worker=per_worker_chunk)
+
+
 def measure_costs(loaded, engine: str, ray=None, quick: bool = False) -> tuple[Costs, dict]:
     local = TokenizerCore(loaded, TokenizerConfig(threads=1, shadow_rate=0.0, engine="reference"))
     secs = 0.4 if quick else 1.0
     raw: dict = {}
-    for w in (2, 64):
-        cpu, wall, n = ceil.session_loop(local, w, 1, secs)
-        raw[f"orch_session_{w}"] = cpu / n * 1e3
-        cpu, wall, n = ceil.chunk_loop(local, w, 1, secs)
-        raw[f"orch_chunk_{w}"] = cpu / n * 1e3
+    raw.update(orchestrator_costs(local, secs))
+    if ceil.BASELINE is not None:
+        raw.update(orchestrator_costs(local, secs, baseline=True, tag="_base"))
     lt = LoopThread("bench-hop")
 
     async def noop():
@@ -176,12 +195,8 @@ def measure_costs(loaded, engine: str, ray=None, quick: bool = False) -> tuple[C
     else:  # NOTES.md, 2026-11-30: an actor call ~0.6 ms, a task ~1.1 ms, a 1M-character argument ~4 ms
         raw.update({"ray_call_cpu_ms": 0.25, "ray_call_wall_ms": 0.6, "task_launch_cpu_ms": 0.3,
                     "task_wall_ms": 1.1, "put_ms_per_mchar": 4.0})
-    per_worker = max(0.0, (raw["orch_session_64"] - raw["orch_session_2"]) / 62)
-    per_worker_chunk = max(0.0, (raw["orch_chunk_64"] - raw["orch_chunk_2"]) / 62)
     costs = Costs(
         handoff_ms=raw["handoff_ms"],
-        orch_session_ms=raw["orch_session_2"] - 2 * per_worker, orch_session_ms_per_worker=per_worker,
-        orch_chunk_ms=raw["orch_chunk_2"] - 2 * per_worker_chunk, orch_chunk_ms_per_worker=per_worker_chunk,
         channel_client_ms=raw["channel_client_ms"],
         ray_call_ms=raw["ray_call_cpu_ms"],
         put_ms_per_mchar=raw["put_ms_per_mchar"],
@@ -191,7 +206,7 @@ def measure_costs(loaded, engine: str, ray=None, quick: bool = False) -> tuple[C
         worker_call_ms=raw["channel_server_ms"],
         turn_ms_100k=raw["turn_100000"], turn_ms_1m=raw["turn_1000000"],
         encode_ms_per_mchar=raw["encode_ms_per_mchar"])
-    return costs, raw
+    return with_orchestrator(costs, raw), raw
 
 
 # -- 2. validation against the real pool ---------------------------------------------------------------
@@ -292,10 +307,11 @@ def grid(costs: Costs, drivers: int, quick: bool, kinds=("chat", "stateless", "m
     first component to saturate is the busiest one at the highest rate offered."""
     out = {}
     for kind in kinds:
-        rates = RATES[kind]
+        # several caller processes go further: start higher, so the sweep reaches their ceiling
+        rates = RATES[kind] if drivers == 1 else [r * 8 for r in RATES[kind]]
         print(f"\n### {kind}: completed requests/s at each offered rate ({drivers} driver process(es))")
         print(f"{'cores':>6}{'nodes':>6} " + "".join(f"{r:>8}" for r in rates) + "   max/s  first to saturate")
-        for cores, nodes in GRID:
+        for cores, nodes in GRID if drivers == 1 else [(64, 1), (64, 4), (256, 16)]:
             cl = Cluster(nodes=nodes, cores_per_node=cores // nodes, drivers=drivers)
             dur = 1_000.0 if kind == "chat" or quick else 3_000.0
             res, behind = [], 0
@@ -306,9 +322,10 @@ def grid(costs: Costs, drivers: int, quick: bool, kinds=("chat", "stateless", "m
                     break
             done = [r.throughput() for _, r in res]
             name, util = res[-1][1].bottleneck()
+            also = [k for k in res[-1][1].saturated() if k != name]
             out[(kind, cores, nodes)] = (max(done), name, util, res)
             print(f"{cores:>6}{nodes:>6} " + "".join(f"{d:>8.0f}" for d in done) + " " * 8 * (len(rates) - len(done))
-                  + f"{max(done):>8.0f}  {name} ({util:.0%})")
+                  + f"{max(done):>8.0f}  {name} ({util:.0%})" + (f"; also {', '.join(also)}" if also else ""))
     return out
 
 
@@ -319,7 +336,14 @@ def main() -> int:
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--no-ray", action="store_true", help="skip Ray (its costs from NOTES.md) and the validation")
     ap.add_argument("--drivers", default="1", help="caller processes attached to the pool, e.g. 1,16")
+    ap.add_argument("--no-validate", action="store_true", help="measure Ray's costs but skip the validation")
+    ap.add_argument("--no-grid", action="store_true", help="stop after the validation")
+    ap.add_argument("--kinds", default="chat,stateless,mixed", help="workloads of the grid")
+    ap.add_argument("--ab", default=None, metavar="REV",
+                    help="also simulate chat sessions with the orchestrator's costs on scheduler/ as of REV")
     args = ap.parse_args()
+    if args.ab:
+        ceil.BASELINE = ceil.scheduler_at(args.ab)
     path = bundled_tokenizer_path(args.tokenizer)
     loaded = load_tokenizer(path)
     print(f"# bench_scaleout: {args.tokenizer}, engine {args.engine}, {os.cpu_count()} cores here, "
@@ -337,7 +361,7 @@ def main() -> int:
             print(f"  {k:<24}{v:>10.4f}")
         print("  -> simulation costs: " + ", ".join(f"{f.name}={getattr(costs, f.name):.4g}"
                                                     for f in dataclasses.fields(costs)))
-        if ray is not None:
+        if ray is not None and not args.no_validate:
             print("\n## Validation: the real TokenizerPool on local Ray vs the simulation (closed loops)")
             print(f"{'workers':>8}  {'load':<28}{'measured/s':>11}{'sim/s':>9}{'err':>6}"
                   f"{'P99 ms':>9}{'sim P99':>9}{'err':>6}")
@@ -347,9 +371,26 @@ def main() -> int:
     finally:
         if ray is not None:
             ray.shutdown()
+    if args.no_grid:
+        return 0
     print("\n## Simulation: 16-256 cores on 1-16 nodes (workers = task slots = cores; driver on node 0)")
+    if args.ab:
+        before = with_orchestrator(costs, raw, "_base")
+        print(f"\n## Before/after: chat sessions with the orchestrator's costs on scheduler/ as of {args.ab}"
+              f" ({before.orch_session_ms:.3f} + {before.orch_session_ms_per_worker * 1e3:.2f} us/worker ms a call)"
+              f" and now ({costs.orch_session_ms:.3f} + {costs.orch_session_ms_per_worker * 1e3:.2f} us/worker)")
+        print(f"{'cores':>6}{'nodes':>6}{'before max/s':>14}{'after max/s':>13}{'gain':>7}  first to saturate after")
+        for cores, nodes in [(16, 1), (64, 1), (64, 4), (256, 4), (256, 16)]:
+            cl = Cluster(nodes=nodes, cores_per_node=cores // nodes)
+            rates = [250, 500, 1000, 2000, 4000, 8000, 16000]
+            b = max(r.throughput() for _, r in sweep(cl, before, workload("chat", cores), rates, duration_ms=600,
+                                                      warmup_ms=200))
+            res = sweep(cl, costs, workload("chat", cores), rates, duration_ms=600, warmup_ms=200)
+            a = max(r.throughput() for _, r in res)
+            name, util = res[-1][1].bottleneck()
+            print(f"{cores:>6}{nodes:>6}{b:>14.0f}{a:>13.0f}{a / b:>6.1f}x  {name} ({util:.0%})")
     for d in (int(x) for x in args.drivers.split(",")):
-        grid(costs, d, args.quick)
+        grid(costs, d, args.quick, kinds=tuple(args.kinds.split(",")))
     return 0
 
 

@@ -168,6 +168,10 @@ class Result:
         name = max(self.utilization, key=self.utilization.get)
         return name, self.utilization[name]
 
+    def saturated(self, share: float = 0.95) -> list[str]:
+        """Components at least ``share`` busy, the busiest first (several when they saturate together)."""
+        return sorted((k for k, u in self.utilization.items() if u >= share), key=lambda k: -self.utilization[k])
+
 
 @dataclass
 class _Session:
