@@ -16,8 +16,8 @@ from typing import Any
 
 import numpy as np
 
-from delta_ray.errors import DeltaRayError
-from delta_ray.session_store import SessionNotFound
+from delta_ray.core.errors import DeltaRayError
+from delta_ray.core.session_store import SessionNotFound
 
 MAGIC = b"DRC2"
 HEADER = struct.Struct("!4sBI")  # magic, kind, body length

@@ -6,7 +6,7 @@ import os
 import numpy as np
 import ray
 
-from delta_ray.config import TokenizerConfig
+from delta_ray.core.config import TokenizerConfig
 
 from .local_ray import WORKER_ENV
 from .tokenizer_cache import get_tokenizer

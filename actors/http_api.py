@@ -8,7 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from delta_ray.errors import DeltaRayError
+from delta_ray.core.errors import DeltaRayError
 
 from .tenant_keys import content_session_key, session_key  # noqa: F401 - the keys requests are stored under
 

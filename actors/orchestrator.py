@@ -3,7 +3,7 @@
 It runs on one asyncio loop and reaches workers only through a
 :class:`~delta_ray.actors.transport.WorkerTransport`, so it holds no Ray handle and its fault
 handling (dead worker, hung worker, lost connection, timeout) is tested in milliseconds on an
-in-process fake transport. Requests follow the core's one path: :class:`delta_ray.plan.Router`
+in-process fake transport. Requests follow the core's one path: :class:`delta_ray.core.plan.Router`
 decides, ``TokenizerCore.plan`` / ``plan_session_init`` cut, the dispatcher runs the pieces, and
 ``TokenizerCore.finish`` / ``session_arrow`` assemble, exactly as in process.
 
@@ -22,15 +22,15 @@ from typing import Any, Callable, Sequence
 import numpy as np
 import pyarrow as pa
 
-from delta_ray import constants as C
-from delta_ray.assembly import concat_ids, to_arrow
-from delta_ray.config import PoolConfig
-from delta_ray.plan import CHUNKED, REFERENCE, SESSION, Router
-from delta_ray.repair import finish_repair
-from delta_ray.session_store import (SessionNotFound, merge_id_parts, merge_text_parts, prefix_parts,
+from delta_ray.core import constants as C
+from delta_ray.core.assembly import concat_ids, to_arrow
+from delta_ray.core.config import PoolConfig
+from delta_ray.core.plan import CHUNKED, REFERENCE, SESSION, Router
+from delta_ray.core.repair import finish_repair
+from delta_ray.core.session_store import (SessionNotFound, merge_id_parts, merge_text_parts, prefix_parts,
                                      rope_is_prefix)
-from delta_ray.state_seal import seal_state
-from delta_ray.tokenizer import TokenizerCore
+from delta_ray.core.state_seal import seal_state
+from delta_ray.tokenizer_core import TokenizerCore
 from delta_ray.scheduler import Dispatcher, PlacementModel, content_key, nonascii_share
 
 from . import metrics
@@ -78,7 +78,7 @@ class PoolOrchestrator:
     """Everything the pool decides, on one event loop, over a transport.
 
     ``local`` is the caller-side tokenizer (planning, short texts, the in-process fail-over);
-    ``config`` a resolved :class:`~delta_ray.config.PoolConfig`. Coroutines must run on ``loop``.
+    ``config`` a resolved :class:`~delta_ray.core.config.PoolConfig`. Coroutines must run on ``loop``.
     """
 
     def __init__(self, local: TokenizerCore, transport: WorkerTransport, worker_ids: Sequence[str],

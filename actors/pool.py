@@ -28,12 +28,12 @@ import numpy as np
 import pyarrow as pa
 import ray
 
-from delta_ray import constants as C
-from delta_ray.config import PoolConfig, pool_config
-from delta_ray.errors import PoolAuthError, PoolClosed, PoolStartupError
-from delta_ray.loading import TokenizerLike, load_tokenizer
+from delta_ray.core import constants as C
+from delta_ray.core.config import PoolConfig, pool_config
+from delta_ray.core.errors import PoolAuthError, PoolClosed, PoolStartupError
+from delta_ray.core.loading import TokenizerLike, load_tokenizer
 from delta_ray.scheduler.policies import make_policy
-from delta_ray.tokenizer import TokenizerCore, check_text
+from delta_ray.tokenizer_core import TokenizerCore, check_text
 
 from . import worker_channel
 from .calls import ENCODE_PIECES, ENCODE_WHOLE, Call
@@ -88,7 +88,7 @@ class TokenizerPool:
     chunks run in parallel; stateless texts under 4,096 bytes are encoded in the caller's process.
     Thread-safe and coroutine-safe; use ``close()`` or a ``with`` block.
 
-    Options: a :class:`~delta_ray.config.PoolConfig` and/or its fields as keywords (``num_workers``,
+    Options: a :class:`~delta_ray.core.config.PoolConfig` and/or its fields as keywords (``num_workers``,
     ``policy``, ``max_inflight_tasks``, ``request_timeout_s``, ...), plus the workers' tokenizer
     options (``chunk_size``, ``cut_threshold``, ``engine``, ...). Stateless texts and chunks run as
     Ray tasks, at most ``max_inflight_tasks`` at once (default: the cluster's CPUs).

@@ -5,7 +5,7 @@ of vLLM's and SGLang's OpenAI-compatible servers (``POST /tokenize``, ``POST /de
 ``GET /health``), so existing clients work; a ``DeploymentHandle`` can call ``tokenize`` and
 ``detokenize`` with the same JSON bodies (model composition).
 
-Sessions are served where they arrive: every replica holds a :class:`~delta_ray.tokenizer.TokenizerCore` with its
+Sessions are served where they arrive: every replica holds a :class:`~delta_ray.tokenizer_core.TokenizerCore` with its
 sessions in process, and the deployment's request router (``serve_router.SessionRouter``) sends
 a session's requests to the replica that holds it, by the ``x-session-id`` header
 (:func:`routing_headers`). There is no second hop on a session turn. A pool (``pool_name`` or
@@ -22,7 +22,7 @@ from fastapi.responses import Response
 from ray import serve
 from ray.serve.config import RequestRouterConfig
 
-from delta_ray.loading import TokenizerLike, load_tokenizer
+from delta_ray.core.loading import TokenizerLike, load_tokenizer
 
 from .serve_config import DEFAULT_MAX_BODY_BYTES, ServeConfig  # noqa: F401 - re-exported
 from .serve_handler import RequestHandler
@@ -60,7 +60,7 @@ _app = FastAPI(title="delta-ray", description="Exact tokenization (vLLM/SGLang-c
 @serve.deployment
 @serve.ingress(_app)
 class TokenizerService:
-    """One replica: a :class:`~delta_ray.tokenizer.TokenizerCore` with its sessions, an optional pool, and
+    """One replica: a :class:`~delta_ray.tokenizer_core.TokenizerCore` with its sessions, an optional pool, and
     the Ray-free :class:`~delta_ray.actors.serve_handler.RequestHandler` that answers requests.
 
     Built by :func:`serve_app` (deployment options, the tokenizer's bytes, its chat config and a
@@ -68,9 +68,9 @@ class TokenizerService:
     """
 
     def __init__(self, config_bytes: bytes, digest: str, chat_config: "dict | None", config: ServeConfig):
-        from delta_ray.chat_template import ChatTemplate
-        from delta_ray.loading import LoadedTokenizer
-        from delta_ray.tokenizer import TokenizerCore
+        from delta_ray.apps.chat_template import ChatTemplate
+        from delta_ray.core.loading import LoadedTokenizer
+        from delta_ray.tokenizer_core import TokenizerCore
 
         loaded = LoadedTokenizer.from_bytes(config_bytes, expected_digest=digest)
         self.pool = None
@@ -148,9 +148,9 @@ def serve_app(tokenizer: TokenizerLike, *, model_name: "str | None" = None, pool
     ``$DELTA_RAY_POOL_SECRET``); ``num_workers`` starts one per replica; neither, no pool.
     ``require_tenant`` refuses requests without a ``cache_salt``: session ids are then private to a
     tenant, never names shared by all callers. Other keyword arguments are
-    :class:`~delta_ray.config.TokenizerConfig` fields (``chunk_size``, ``cut_threshold``, ``engine``,
+    :class:`~delta_ray.core.config.TokenizerConfig` fields (``chunk_size``, ``cut_threshold``, ``engine``,
     ...: the replica's tokenizer and the pool's workers; ``max_session_bytes`` and ``max_sessions``
-    only the replica's) or, with ``num_workers``, :class:`~delta_ray.config.PoolConfig` fields; any
+    only the replica's) or, with ``num_workers``, :class:`~delta_ray.core.config.PoolConfig` fields; any
     other name is a TypeError. They are validated here, once, into a :class:`ServeConfig`.
 
     ``fast_replica`` (default) trims Serve's per-request work in the replicas: user code on the

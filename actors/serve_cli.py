@@ -36,7 +36,7 @@ def run(args: argparse.Namespace) -> int:
     from ray import serve
 
     from delta_ray.actors.local_ray import local_init_kwargs
-    from delta_ray.bundled import BUNDLED, bundled_tokenizer_config, bundled_tokenizer_path
+    from delta_ray.apps.bundled import BUNDLED, bundled_tokenizer_config, bundled_tokenizer_path
 
     from .serve import DEFAULT_MAX_BODY_BYTES, serve_app
 

@@ -24,9 +24,9 @@ from typing import Any, AsyncIterable, Callable
 
 import numpy as np
 
-from delta_ray import constants as C
-from delta_ray.loading import LoadedTokenizer
-from delta_ray.session_store import SessionNotFound
+from delta_ray.core import constants as C
+from delta_ray.core.loading import LoadedTokenizer
+from delta_ray.core.session_store import SessionNotFound
 
 from . import metrics
 from .http_api import (BadRequest, TokenizeRequest, detokenize_size, dumps_json, loads_json, parse_detokenize,
@@ -86,7 +86,7 @@ class RequestHandler:
                  pool_min_chars: "int | None" = None, overflow_inflight: "int | None" = None,
                  max_detokenize_tokens: int = DEFAULT_MAX_DETOKENIZE_TOKENS, replica_id: str = "",
                  record: Any = metrics):
-        from delta_ray.reference_api import id_to_token_fn, vocab_size  # 0.x API or tokenizer.json (1.x)
+        from delta_ray.core.reference_api import id_to_token_fn, vocab_size  # 0.x API or tokenizer.json (1.x)
 
         self.delta = delta
         self.pool = pool
@@ -127,7 +127,7 @@ class RequestHandler:
                    chunks: AsyncIterable[bytes]) -> "tuple[int, bytes, dict[str, str]]":
         """One HTTP request: (status, JSON body, headers). A client error is a 4xx with a message,
         an internal one a 500 with a reference id (details only in the log)."""
-        from delta_ray.chat_template import ChatTemplateError
+        from delta_ray.apps.chat_template import ChatTemplateError
 
         handler: Callable = self.tokenize_body if endpoint == "tokenize" else self.detokenize_body
         status = 200

@@ -3,13 +3,13 @@
     delta-ray tokenize --tokenizer PATH INPUT... --output DIR [--text-column text] [--engine auto]
                        [--threads N] [--verify N] [--no-special-tokens] [--drop-text] [--ray-data]
 
-By default the job runs on this machine at its limit, without Ray (:mod:`delta_ray.batch_files`):
+By default the job runs on this machine at its limit, without Ray (:mod:`delta_ray.apps.batch_files`):
 one Parquet file per input, read in parallel and encoded on every core from the engine's flat
 buffers, each written atomically; a rerun skips the inputs already done, so a killed run rerun
 gives exactly the output of an uninterrupted one. It shows a progress bar with tokens/s, ends with
 a summary, and ``--verify N`` checks N random rows against the reference. ``--ray-data`` runs the
 same encode on a Ray Data actor pool instead (for a cluster; one directory of part files). Both
-paths take one :class:`~delta_ray.text_columns.BatchSpec` built from the options (:func:`spec_of`):
+paths take one :class:`~delta_ray.core.text_columns.BatchSpec` built from the options (:func:`spec_of`):
 the columns, ``--no-special-tokens``, ``--drop-text``, ``--batch-bytes``, ``--engine`` and
 ``--threads`` mean the same on both; ``--concurrency``, ``--num-cpus`` and ``--batch-size`` size the
 Ray Data pool and are refused without ``--ray-data``. One output directory takes one run at a time
@@ -77,7 +77,7 @@ RAY_ONLY = ("concurrency", "num_cpus", "batch_size")
 
 def spec_of(args: argparse.Namespace):
     """The one batch specification both paths run with, from the command line."""
-    from delta_ray.text_columns import BatchSpec
+    from delta_ray.core.text_columns import BatchSpec
 
     fields = dict(text_column=args.text_column, output_column=args.output_column,
                   count_column=args.count_column or None, add_special_tokens=not args.no_special_tokens,
@@ -91,7 +91,7 @@ def spec_of(args: argparse.Namespace):
 
 
 def _kind(path: str) -> str:
-    from delta_ray.batch_files import COMPRESSED, input_kind
+    from delta_ray.apps.batch_files import COMPRESSED, input_kind
     kind = input_kind(path)
     if kind is None:
         raise UsageError(f"{path}: unknown input type (expected .txt, .jsonl, .json or .parquet; "
@@ -115,7 +115,7 @@ def _check_output(out: str, ray_data: bool) -> None:
         if not ray_data:
             raise UsageError(f"{out}: a URI output needs --ray-data")
         return
-    from delta_ray.batch_files import is_previous_output
+    from delta_ray.apps.batch_files import is_previous_output
     p = Path(out)
     if p.exists() and not p.is_dir():
         raise UsageError(f"{out}: output must be a new or empty directory")
@@ -142,8 +142,8 @@ def _read(groups: dict[str, list[str]], text_column: str):
 
 def _run_local(args: argparse.Namespace, loaded, spec) -> int:
     """This machine at its limit: threads over every core, atomic per-input outputs, resumable."""
-    from delta_ray.batch_files import OutputLocked, tokenize_files, verify_outputs
-    from delta_ray.tokenizer import TokenizerCore
+    from delta_ray.apps.batch_files import OutputLocked, tokenize_files, verify_outputs
+    from delta_ray.tokenizer_core import TokenizerCore
 
     opts = spec
     inputs = [os.path.abspath(p) for p in args.inputs]
@@ -242,13 +242,13 @@ def run(args: argparse.Namespace) -> int:
             raise UsageError("--batch-size must be >= 1 and --num-cpus > 0")
         if args.ray_data and args.verify and spec.drop_text:
             raise UsageError("--verify with --ray-data checks rows by their text: not with --drop-text")
-        from delta_ray.loading import load_tokenizer
+        from delta_ray.core.loading import load_tokenizer
         try:
             loaded = load_tokenizer(args.tokenizer)
         except (OSError, ValueError) as exc:
             raise UsageError(f"--tokenizer: {exc}") from exc
         if not args.ray_data:
-            from delta_ray.batch_files import check_text_column
+            from delta_ray.apps.batch_files import check_text_column
             for p in args.inputs:
                 try:
                     check_text_column(p, spec)

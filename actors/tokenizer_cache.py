@@ -7,9 +7,9 @@ from __future__ import annotations
 
 import threading
 
-from delta_ray.config import TokenizerConfig
-from delta_ray.loading import LoadedTokenizer
-from delta_ray.tokenizer import TokenizerCore
+from delta_ray.core.config import TokenizerConfig
+from delta_ray.core.loading import LoadedTokenizer
+from delta_ray.tokenizer_core import TokenizerCore
 
 _CACHE: dict[tuple, TokenizerCore] = {}
 _LOCK = threading.Lock()

@@ -14,9 +14,9 @@ import threading
 import numpy as np
 import ray
 
-from delta_ray.config import TokenizerConfig
-from delta_ray.session_store import SessionState
-from delta_ray.tokenizer import TokenizerCore
+from delta_ray.core.config import TokenizerConfig
+from delta_ray.core.session_store import SessionState
+from delta_ray.tokenizer_core import TokenizerCore
 
 from . import metrics
 from . import worker_channel
@@ -60,7 +60,7 @@ class WorkerService:
     @_locked
     def install(self, key: str, state: SessionState, seal: bytes) -> bool:
         """Adopt a state the pool computed (chunked initialization); refused unless its seal verifies."""
-        from delta_ray.state_seal import verify_state
+        from delta_ray.core.state_seal import verify_state
         if not verify_state(self._secret, key, state, seal):
             raise PermissionError(f"refused to install session {key!r}: the state is not sealed by this pool")
         self._dt.install_session(key, state)

@@ -58,7 +58,7 @@ import time
 import uuid
 from typing import Any, Callable, Optional
 
-from delta_ray.errors import DeltaRayError
+from delta_ray.core.errors import DeltaRayError
 
 from . import channel_codec as codec
 from .channel_codec import (HEADER, KIND_ERROR, KIND_REQUEST, KIND_TUPLE, KIND_VALUE, MAX_FRAME, FrameError,

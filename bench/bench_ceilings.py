@@ -40,12 +40,12 @@ import numpy as np  # noqa: E402
 
 from delta_ray.actors.loop_thread import LoopThread  # noqa: E402
 from delta_ray.actors.orchestrator import PoolOrchestrator  # noqa: E402
-from delta_ray.bundled import bundled_tokenizer_path  # noqa: E402
-from delta_ray.config import PoolConfig, TokenizerConfig  # noqa: E402
-from delta_ray.loading import load_tokenizer  # noqa: E402
-from delta_ray.sample_text import corpus  # noqa: E402
+from delta_ray.apps.bundled import bundled_tokenizer_path  # noqa: E402
+from delta_ray.core.config import PoolConfig, TokenizerConfig  # noqa: E402
+from delta_ray.core.loading import load_tokenizer  # noqa: E402
+from delta_ray.apps.sample_text import corpus  # noqa: E402
 from delta_ray.scheduler import content_key, home_worker  # noqa: E402
-from delta_ray.tokenizer import TokenizerCore, check_text  # noqa: E402
+from delta_ray.tokenizer_core import TokenizerCore, check_text  # noqa: E402
 
 SECRET = b"s" * 32
 CONTEXT_TOKENS = 25_000  # a 100K-character session

@@ -17,8 +17,8 @@ import time
 from tokenizers import Tokenizer
 
 from delta_ray import DeltaTokenizer
-from delta_ray.bundled import bundled_tokenizer_path
-from delta_ray.sample_text import corpus
+from delta_ray.apps.bundled import bundled_tokenizer_path
+from delta_ray.apps.sample_text import corpus
 
 ENGINE = "reference"  # set by --engine
 

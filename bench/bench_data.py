@@ -14,7 +14,7 @@ Pipelines, each timed end to end (read -> tokenize -> ``write_parquet`` / Parque
 
 * ``plain``: the script a user would write without Ray: pyarrow batches + fastokens
   ``encode_batch_flat`` + a ParquetWriter, one process, fastokens with its default threads;
-* ``cli``: ``delta-ray tokenize``'s local path (:func:`delta_ray.batch_files.tokenize_files`);
+* ``cli``: ``delta-ray tokenize``'s local path (:func:`delta_ray.apps.batch_files.tokenize_files`);
 * ``ray-fastokens``: the Ray Data pipeline a user would write with fastokens: ``read_parquet(dir)``
   / ``read_json(dir)``, ``map_batches`` with an actor pool of ``os.cpu_count()`` actors,
   ``num_cpus=0.5``, ``batch_format="pyarrow"``, Ray Data's default blocks and batches, the IDs
@@ -50,8 +50,8 @@ import numpy as np  # noqa: E402
 import pyarrow as pa  # noqa: E402
 import pyarrow.parquet as pq  # noqa: E402
 
-from delta_ray.bundled import TEST_TOKENIZERS, bundled_tokenizer_path  # noqa: E402
-from delta_ray.sample_text import corpus  # noqa: E402
+from delta_ray.apps.bundled import TEST_TOKENIZERS, bundled_tokenizer_path  # noqa: E402
+from delta_ray.apps.sample_text import corpus  # noqa: E402
 
 PIPELINES = ("plain", "cli", "ray-fastokens", "tokenize_dataset", "ray-reference")
 
@@ -128,7 +128,7 @@ def plain(path_json: str, inputs: list[str], out: str) -> tuple[float, int]:
 def cli(path_json: str, inputs: list[str], out: str) -> tuple[float, int]:
     """``delta-ray tokenize``'s local path, as the command runs it."""
     from delta_ray import DeltaTokenizer
-    from delta_ray.batch_files import Options, tokenize_files
+    from delta_ray.apps.batch_files import Options, tokenize_files
     # "fast": the admission blocking and cached (bench_files does the same); "auto" with nothing
     # cached would start on the reference while admitting in the background.
     dt = DeltaTokenizer(path_json, engine="fast", reuse="none")

@@ -4,7 +4,7 @@ Pipelines, each writing Parquet with a ``list<int32>`` IDs column:
 
 * ``plain``: the script a user would write: pyarrow batches of 8,192 rows + fastokens
   ``encode_batch_flat`` + a ParquetWriter, one process;
-* ``delta-ray``: ``delta-ray tokenize``'s path (:func:`delta_ray.batch_files.tokenize_files`);
+* ``delta-ray``: ``delta-ray tokenize``'s path (:func:`delta_ray.apps.batch_files.tokenize_files`);
 * ``naive Ray Data``: ``map_batches`` with the reference tokenizer (``--ray`` only: slow);
 * the machine's limit: the larger of a read+write pass with no encode and a raw fastokens encode of
   the same texts, both measured here.
@@ -34,9 +34,9 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 from tokenizers import Tokenizer  # noqa: E402
 
 from delta_ray import DeltaTokenizer  # noqa: E402
-from delta_ray.batch_files import Options, tokenize_files, verify_outputs  # noqa: E402
-from delta_ray.bundled import bundled_tokenizer_path  # noqa: E402
-from delta_ray.sample_text import corpus  # noqa: E402
+from delta_ray.apps.batch_files import Options, tokenize_files, verify_outputs  # noqa: E402
+from delta_ray.apps.bundled import bundled_tokenizer_path  # noqa: E402
+from delta_ray.apps.sample_text import corpus  # noqa: E402
 
 
 def make_inputs(root: str, mb: int, files: int) -> tuple[str, list[str]]:

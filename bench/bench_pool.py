@@ -33,8 +33,8 @@ from tokenizers import Tokenizer  # noqa: E402
 
 from delta_ray.actors.local_ray import local_init_kwargs  # noqa: E402
 from delta_ray import DeltaTokenizer, TokenizerPool  # noqa: E402
-from delta_ray.bundled import bundled_tokenizer_path  # noqa: E402
-from delta_ray.sample_text import corpus  # noqa: E402
+from delta_ray.apps.bundled import bundled_tokenizer_path  # noqa: E402
+from delta_ray.apps.sample_text import corpus  # noqa: E402
 
 OUT = Path(__file__).resolve().parent / "out"
 ENGINE = "reference"  # set by --engine

@@ -42,13 +42,13 @@ import numpy as np  # noqa: E402
 
 import bench_ceilings as ceil  # noqa: E402
 from delta_ray.actors.loop_thread import LoopThread  # noqa: E402
-from delta_ray.assembly import concat_ids, to_arrow  # noqa: E402
-from delta_ray.bundled import bundled_tokenizer_path  # noqa: E402
-from delta_ray.config import TokenizerConfig  # noqa: E402
-from delta_ray.loading import load_tokenizer  # noqa: E402
-from delta_ray.sample_text import corpus  # noqa: E402
+from delta_ray.core.assembly import concat_ids, to_arrow  # noqa: E402
+from delta_ray.apps.bundled import bundled_tokenizer_path  # noqa: E402
+from delta_ray.core.config import TokenizerConfig  # noqa: E402
+from delta_ray.core.loading import load_tokenizer  # noqa: E402
+from delta_ray.apps.sample_text import corpus  # noqa: E402
 from delta_ray.scheduler.simulation import Cluster, Costs, Simulation, sweep  # noqa: E402
-from delta_ray.tokenizer import TokenizerCore  # noqa: E402
+from delta_ray.tokenizer_core import TokenizerCore  # noqa: E402
 
 TURN = 1300
 

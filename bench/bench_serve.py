@@ -42,7 +42,7 @@ SIZES = {"100k": (100_000, 32), "1m": (1_000_000, 8)}
 # -- workload (rebuilt identically in the client process) -------------------------------------------
 def workload(size: int, sessions: int, turns: int, append: int) -> tuple[list[str], list[list[str]]]:
     """Initial texts (one per session) and each session's deltas, from the corpus."""
-    from delta_ray.sample_text import corpus
+    from delta_ray.apps.sample_text import corpus
     src = corpus("english", size + sessions * 7919 + sessions * turns * append + 10_000)
     bases, deltas = [], []
     pos = size + sessions * 7919
@@ -431,7 +431,7 @@ def main() -> None:
     for kv in args.serve_env:
         k, _, v = kv.partition("=")
         os.environ[k] = v
-    from delta_ray.bundled import BUNDLED, bundled_tokenizer_path
+    from delta_ray.apps.bundled import BUNDLED, bundled_tokenizer_path
 
     path = bundled_tokenizer_path(args.tokenizer) if args.tokenizer in BUNDLED else args.tokenizer
     modes = args.modes.split(",")
@@ -458,7 +458,7 @@ def _run(args, path, modes, sizes, specials, plain_proc, pport) -> None:
     from delta_ray import serve_app
     from delta_ray.actors.local_ray import local_init_kwargs
     from delta_ray.actors.serve import replica_endpoints
-    from delta_ray.loading import load_tokenizer
+    from delta_ray.core.loading import load_tokenizer
 
     if plain_proc is not None:
         _wait_http("127.0.0.1", pport)

@@ -34,8 +34,8 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 from tokenizers import Tokenizer  # noqa: E402
 
 from delta_ray import DeltaTokenizer  # noqa: E402
-from delta_ray.bundled import bundled_tokenizer_path  # noqa: E402
-from delta_ray.sample_text import corpus  # noqa: E402
+from delta_ray.apps.bundled import bundled_tokenizer_path  # noqa: E402
+from delta_ray.apps.sample_text import corpus  # noqa: E402
 
 
 def run(path, engine, n, sessions, turns, append, ref, check_every):

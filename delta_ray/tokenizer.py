@@ -1,74 +1,31 @@
-"""``TokenizerCore``: the exact tokenizer's service interface (sessions, safe-cut chunking, content reuse).
+"""``DeltaTokenizer``: the user's tokenizer (exact IDs, sessions, safe-cut chunking) in a few methods.
 
-The user's facade is :class:`delta_ray.delta_tokenizer.DeltaTokenizer` (a handful of methods over one
-``TokenizerCore``); the pool's orchestrator, its workers and chunk tasks, Serve replicas and the
-batch pipelines are handed a ``TokenizerCore`` and use its plan / run / finish and session-state
-methods directly.
+Everything else a pool, a worker, Serve or a batch pipeline needs (plans, pieces, session states,
+flat batch buffers) lives on :class:`delta_ray.tokenizer_core.TokenizerCore`, reachable as ``.core`` and
+handed to those parts explicitly; this class only forwards the user's calls to it.
 """
 from __future__ import annotations
 
-import functools
-import itertools
-import os
-import threading
 from collections import Counter
-from dataclasses import replace
-from typing import Iterable, Sequence
+from typing import Sequence
 
-import numpy as np
 import pyarrow as pa
 
-from . import constants as C
-from .admission import Admission, admit
-from .assembly import concat_ids, flat_from_pieces, insert_template, to_arrow, to_chunked_arrow, with_template
-from .config import REUSE_MODES, TokenizerConfig, tokenizer_config
-from .confine import ConfiningEncoder
-from .content_index import ContentIndex
-from .cut_predicate import CutPredicate
-from .encoder import Encoder, ReferenceEncoder
-from .engines import EngineSwitch, select_engine
-from .shadow import ShadowVerifier
-from .families import FAMILIES
-from .loading import LoadedTokenizer, TokenizerLike, load_tokenizer
-from .nfc_anchors import anchor_table
-from .parallel_encode import PieceThreads
-from .plan import CONTENT, REFERENCE, SESSION, SESSION_WHOLE, Plan, Router
-from .reference_api import api_generation
-from .planner import chunk_count, plan_cuts
-from .repair import RepairPlan, common_prefix_len, encode_turn, encode_with_base, plan_repair
-from .session_store import SessionNotFound, SessionState, SessionStore
-from .special_tokens import SpecialTokenIndex
-
-_INT32 = pa.int32()
-
-__all__ = ["REUSE_MODES", "TokenizerConfig", "TokenizerCore", "build_predicate", "check_text"]
+from .core.admission import Admission
+from .core.config import TokenizerConfig
+from .core.encoder import Encoder
+from .core.loading import TokenizerLike
+from .tokenizer_core import TokenizerCore
 
 
-def check_text(text: object, what: str = "text") -> str:
-    """``text`` if it is a str; TypeError naming ``what`` otherwise (every public entry point checks)."""
-    if not isinstance(text, str):
-        raise TypeError(f"{what} must be str, not {type(text).__name__}")
-    return text
-
-
-def build_predicate(loaded: LoadedTokenizer, admission: Admission) -> CutPredicate:
-    """The cut predicate of an admitted configuration."""
-    fam = FAMILIES[admission.family]
-    specials = SpecialTokenIndex(admission.added_tokens)
-    if admission.normalizer == "nfc":
-        from .reference_api import normalizer  # the reference's own NFC (0.x and 1.x)
-        return CutPredicate(fam, specials, normalizer("NFC"), anchor_table())
-    return CutPredicate(fam, specials)
-
-
-class TokenizerCore:
+class DeltaTokenizer:
     """Exactly the reference's IDs, computed incrementally and in parallel where provably safe.
 
     ``encode(text, session=key)`` re-encodes only the tail after the session's last checkpoint that
-    the new text still shares; keyless texts from ``cut_threshold`` characters are cut at safe cuts
-    and the chunks encoded in parallel by the tokenizer's GIL-releasing batch encode. A
-    configuration the exactness argument does not cover is served by the reference alone
-    (``admission`` says why).
+    the new text still shares; ``extend(key, delta)`` appends without resending the transcript;
+    keyless texts from ``cut_threshold`` characters are cut at safe cuts and the chunks encoded in
+    parallel. A configuration the exactness argument does not cover is served by the reference
+    alone (``admission`` says why).
 
     An instance may be shared between threads (a web app's sync endpoints do this): calls on one
     session are serialized, so concurrent ``extend``s never lose an update; calls on different
@@ -77,416 +34,75 @@ class TokenizerCore:
     every session and content entry it produced.
     """
 
+    __slots__ = ("_core", "_encode", "_extend")
+
     def __init__(self, tokenizer: TokenizerLike, config: TokenizerConfig | None = None, *,
                  encoder: Encoder | None = None, **options):
-        """``config`` (a :class:`~delta_ray.config.TokenizerConfig`) and/or its fields as keywords
+        """``config`` (a :class:`~delta_ray.core.config.TokenizerConfig`) and/or its fields as keywords
         (``chunk_size``, ``cut_threshold``, ``max_chunks``, ``threads``, ``reuse``,
         ``max_session_bytes``, ``max_sessions``, ``engine``, ``shadow_rate``); ``encoder`` replaces
         the engine (tests)."""
-        cfg = tokenizer_config(config, options)
-        self.config = cfg  # the options, as given (validated)
-        self._loaded = load_tokenizer(tokenizer)
-        self._tok = self._loaded.tokenizer
-        self.planner = cfg.planner
-        self.threads = cfg.threads or os.cpu_count() or 1
-        self.reuse = cfg.reuse
-        engine, shadow_rate = cfg.engine, cfg.shadow_rate
-        self._admission = admit(self._loaded)
-        self._reference = ReferenceEncoder(self._tok)
-        self._reference_is_native = api_generation() >= 1  # tokenizers 1.x: as fast as the fast tier
-        # The encoder seam: a switchable engine (reference, or the guarded fast tier once admitted),
-        # sampled by the shadow verifier. Unadmitted configurations only ever use the reference.
-        self.engine_switch = EngineSwitch(self._reference)
-        if encoder is not None:
-            self.engine_switch.use(encoder, f"{encoder.name} (given)")
-        elif self._admission:
-            select_engine(engine, self._loaded.config_bytes, self.engine_switch, digest=self._loaded.digest)
-        self.shadow = ShadowVerifier(self.engine_switch, shadow_rate)
-        self._predicate = build_predicate(self._loaded, self._admission) if self._admission else None
-        # A guarded code point sends only a window around it to the reference, not its whole chunk.
-        self.encoder: Encoder = ConfiningEncoder(self.shadow, self.engine_switch, self._predicate)
-        longest = max((len(t) for t in self._admission.added_tokens), default=0)
-        self.margin = max(C.MIN_MARGIN, longest)
-        self._store = SessionStore(cfg.max_session_bytes, cfg.max_sessions)
-        self._content = ContentIndex() if cfg.reuse == "content" else None
-        self.router = Router(self._predicate is not None, cfg.cut_threshold, content_reuse=self._content is not None)
-        self._entry_ids = itertools.count()
-        self._threads = PieceThreads()  # long texts' pieces, on up to ``threads`` threads
-        self.stats: Counter[str] = Counter()
-        # Thread safety: a session's read-encode-install runs under its stripe's lock, so two threads
-        # extending one session serialize instead of losing an update; other sessions run in parallel.
-        self._session_locks = [threading.Lock() for _ in range(C.SESSION_LOCK_STRIPES)]
-        self._content_lock = threading.Lock()
-        # A fast tier found wrong leaves nothing behind: every state it may have produced goes.
-        self._purge_lock = threading.Lock()
-        self._purged = False
-        self.engine_switch.add_disable_listener(self._purge)
-
-    # -- public API -------------------------------------------------------------------------
-    @property
-    def admission(self) -> Admission:
-        """Whether the fast paths serve this tokenizer, why, and which engine encodes now."""
-        return replace(self._admission, engine=self.engine_switch.reason)
-
-    @property
-    def digest(self) -> str:
-        """SHA-256 of the tokenizer configuration bytes."""
-        return self._loaded.digest
-
-    @property
-    def loaded(self) -> LoadedTokenizer:
-        return self._loaded
+        self._core = TokenizerCore(tokenizer, config, encoder=encoder, **options)
+        # Bound once: a turn pays one call into the core, not an attribute walk as well.
+        self._encode = self._core.encode
+        self._extend = self._core.extend
 
     def encode(self, text: str, *, session: str | None = None,
                add_special_tokens: bool = True) -> pa.Int32Array | pa.ChunkedArray:
         """The reference IDs of ``text``; with ``session``, reuse what that session already encoded.
 
-        A session call returns a ``pyarrow.ChunkedArray`` whose chunks are zero-copy views of the
-        session's immutable ID parts: the turn costs O(append), and the array stays valid and
-        unchanged whatever the session does next (``combine_chunks()`` makes one contiguous copy).
-        A stateless call returns a ``pyarrow.Int32Array``.
+        A session call returns a ``pyarrow.ChunkedArray`` of zero-copy views of the session's
+        immutable ID parts (the turn costs O(append); ``combine_chunks()`` makes one contiguous
+        copy); a stateless call returns a ``pyarrow.Int32Array``.
         """
-        check_text(text)
-        if session is not None:
-            check_text(session, "session")
-            if self._predicate is not None:
-                with self._lock_for(session):
-                    state, _ = self._session_encode(session, text, self._states().get(session))
-                return self._chunked(state, add_special_tokens)
-        return to_arrow(self.encode_ids(text, session=session, add_special_tokens=add_special_tokens))
+        return self._encode(text, session=session, add_special_tokens=add_special_tokens)
 
     def extend(self, session: str, delta: str, *,
                add_special_tokens: bool = True) -> pa.Int32Array | pa.ChunkedArray:
         """IDs of the session's stored text plus ``delta``, without resending the transcript.
 
-        O(len(delta)): neither the transcript nor its IDs are copied (a ``ChunkedArray`` as for
-        :meth:`encode` with a session). Raises :class:`SessionNotFound` when the session is unknown
-        or was evicted: the caller must then send the whole text with ``encode(text, session=...)``.
+        Raises :class:`~delta_ray.SessionNotFound` when the session is unknown or was evicted:
+        send the whole text with ``encode(text, session=...)`` then.
         """
-        check_text(session, "session")
-        check_text(delta, "delta")
-        with self._lock_for(session):
-            state = self._states().get(session)
-            if state is None:
-                raise SessionNotFound(f"session {session!r} is not held (unknown or evicted): "
-                                      "send the whole text with encode(text, session=...)")
-            if self._predicate is None:
-                return to_arrow(self._reference_session(session, state.text + delta, add_special_tokens))
-            new, _ = self._session_encode(session, None, state, delta=delta)
-        return self._chunked(new, add_special_tokens)
+        return self._extend(session, delta, add_special_tokens=add_special_tokens)
 
     def encode_batch(self, texts: Sequence[str], *, add_special_tokens: bool = True) -> list[pa.Int32Array]:
         """Reference IDs of many stateless texts, all pieces encoded in one parallel batch."""
-        if isinstance(texts, str) or not isinstance(texts, Iterable):
-            raise TypeError("texts must be a sequence of str")
-        texts = list(texts)
-        for t in texts:
-            check_text(t)
-        return [to_arrow(a) for a in self.encode_batch_ids(texts, add_special_tokens=add_special_tokens)]
-
-    def cuts(self, text: str) -> list[int]:
-        """The character offsets the planner would cut ``text`` at with this instance's settings."""
-        check_text(text)
-        return list(self.plan(text).cuts)
-
-    # -- the request path: plan -> run pieces (here, or a pool's executor) -> finish ----------------
-    def plan(self, text: str, slots: int | None = None) -> Plan:
-        """The pieces to encode ``text`` as (consecutive, between safe cuts), for ``slots`` parallel
-        encoders (default: this instance's threads). Unadmitted: the whole text, by the reference."""
-        if self._predicate is None:
-            return Plan(text, by_reference=True)
-        cuts = plan_cuts(text, self._predicate, self.planner, slots or self.threads)
-        return Plan(text, tuple(c.pos for c in cuts))
-
-    def plan_session_init(self, text: str, slots: int) -> RepairPlan:
-        """A long session's first encode as a plan (pieces in parallel, then checkpoints and state:
-        :func:`delta_ray.repair.finish_repair`), for an executor with ``slots`` parallel encoders."""
-        if self._predicate is None:
-            raise RuntimeError("session plans need an admitted configuration")
-        return plan_repair(text, None, 0, self._predicate, self.planner, slots, self.margin)
-
-    def missed_cuts(self, text: str, plan: Plan, slots: int) -> int:
-        """How many of the planner's targets found no safe cut in their window (a metric)."""
-        return max(0, chunk_count(len(text), self.planner, slots) - 1 - len(plan.cuts))
-
-    @property
-    def uses_fast_engine(self) -> bool:
-        """Whether the fast tier encodes now (it may be switched off for good by the shadow check)."""
-        return getattr(self.engine_switch.current, "fast", None) is not None
-
-    def run_pieces(self, pieces: list[str]) -> list[np.ndarray]:
-        """The in-process executor: each piece's IDs (no post-processing) from the current engine."""
-        return self.encoder.encode_pieces(pieces)
-
-    def finish(self, ids: np.ndarray, add_special_tokens: bool) -> np.ndarray:
-        """A plan's concatenated piece IDs, post-processed (template) when asked."""
-        if not add_special_tokens:
-            return ids
-        return with_template(ids, self._admission.prefix_ids, self._admission.suffix_ids)
-
-    def encode_by_reference(self, text: str, add_special_tokens: bool) -> np.ndarray:
-        """A ``by_reference`` plan: the reference's own IDs of the whole text, its post-processing included."""
-        self.stats["reference"] += 1
-        return self._reference.encode_texts([text], add_special_tokens)[0]
+        return self._core.encode_batch(texts, add_special_tokens=add_special_tokens)
 
     def decode(self, ids, *, skip_special_tokens: bool = True) -> str:
         """The reference decode of IDs (list, numpy or Arrow)."""
-        if isinstance(ids, (pa.Array, pa.ChunkedArray)):
-            ids = ids.to_numpy(zero_copy_only=False)
-        return self._tok.decode([int(i) for i in np.asarray(ids).ravel()], skip_special_tokens=skip_special_tokens)
+        return self._core.decode(ids, skip_special_tokens=skip_special_tokens)
+
+    def cuts(self, text: str) -> list[int]:
+        """The character offsets the planner would cut ``text`` at with this instance's settings."""
+        return self._core.cuts(text)
 
     def drop_session(self, session: str) -> bool:
         """Forget a session; returns whether it was held."""
-        return self._store.pop(session) is not None
-
-    def has_session(self, session: str) -> bool:
-        return session in self._states()
+        return self._core.drop_session(session)
 
     @property
-    def store(self) -> SessionStore:
-        return self._states()
+    def admission(self) -> Admission:
+        """Whether the fast paths serve this tokenizer, why, and which engine encodes now."""
+        return self._core.admission
 
     @property
-    def predicate(self):
-        """The cut predicate (None when the configuration is not admitted)."""
-        return self._predicate
+    def digest(self) -> str:
+        """SHA-256 of the tokenizer configuration bytes (what a pool's workers check they load)."""
+        return self._core.digest
 
-    def encode_session_delta(self, session: str, text: str, known_version: int | None = None,
-                             delta: str | None = None, expect_version: int | None = None) -> tuple[int, int, np.ndarray]:
-        """Session encode for a remote caller that may hold the previous IDs already.
+    @property
+    def config(self) -> TokenizerConfig:
+        """The options, as given (validated)."""
+        return self._core.config
 
-        Returns (version, k, tail): the new state's IDs (no post-processing) are the IDs of the
-        state ``known_version`` cut to ``k`` tokens followed by ``tail``; k is 0 (tail = all IDs)
-        unless the reused state is the one the caller holds. With ``delta``, ``text`` is ignored
-        and the stored text plus ``delta`` is encoded (:meth:`extend`); with ``expect_version`` an
-        extend of a state other than that version is refused (:class:`SessionNotFound`), so an
-        extend that outlived its caller's timeout cannot apply on top of a newer text.
-        """
-        if self._predicate is None:
-            raise RuntimeError("delta encodes need an admitted configuration")
-        with self._lock_for(session):
-            state = self._states().get(session)
-            if delta is not None:
-                if state is None:
-                    raise SessionNotFound(f"session {session!r} is not held (unknown or evicted): "
-                                          "send the whole text with encode(text, session=...)")
-                if expect_version is not None and state.version != expect_version:
-                    raise SessionNotFound(f"session {session!r} changed since the state this extend was made "
-                                          "for (a stale or concurrent extend): send the whole text")
-            new, reused = self._session_encode(session, text, state, delta=delta)
-        k = reused if state is not None and known_version is not None and state.version == known_version else 0
-        return new.version, k, new.ids_from(k)
+    @property
+    def stats(self) -> Counter:
+        """How many calls took each path (replay, repair, init, chunked, content_hit, reference...)."""
+        return self._core.stats
 
-    def install_session(self, session: str, state: SessionState) -> None:
-        """Adopt a state computed elsewhere (a pool's chunked initialization)."""
-        check_text(session, "session")
-        with self._lock_for(session):
-            self._store.put(session, state)
-
-    # -- IDs as numpy (used by the pool and the batch pipeline) -----------------------------------
-    def encode_ids(self, text: str, *, session: str | None = None, add_special_tokens: bool = True) -> np.ndarray:
-        """Like :meth:`encode`, returning an int32 numpy array."""
-        path = self.router.route(text, session)
-        if path is SESSION:
-            with self._lock_for(session):
-                if self._predicate is None:
-                    return self._reference_session(session, text, add_special_tokens)
-                ids = self._session_encode(session, text, self._states().get(session))[0].ids
-        elif path is CONTENT:
-            with self._content_lock:
-                ids = self._content_ids(text)
-        elif path is REFERENCE:
-            return self.encode_by_reference(text, add_special_tokens)
-        else:
-            ids = self._run_plan(self.plan(text))
-        return self.finish(ids, add_special_tokens)
-
-    def encode_batch_ids(self, texts: list[str], *, add_special_tokens: bool = True) -> list[np.ndarray]:
-        """Stateless IDs for many texts through one batch encode of all their pieces."""
-        if self._batch_by_reference():  # one GIL-releasing batch call, parallel across texts
-            self.stats["reference"] += len(texts)
-            return self._reference.encode_texts(list(texts), add_special_tokens)
-        counts, pieces = [], []
-        for t in texts:
-            plan_pieces = self.plan(t).pieces
-            counts.append(len(plan_pieces))
-            pieces.extend(plan_pieces)
-        arrays = self.run_pieces(pieces)
-        out, i = [], 0
-        for count in counts:
-            out.append(self.finish(concat_ids(arrays[i:i + count]), add_special_tokens))
-            i += count
-        self.stats["batch_texts"] += len(texts)
-        return out
-
-    def encode_batch_flat(self, texts: Sequence[str], *, add_special_tokens: bool = True,
-                          threads: int | None = None) -> tuple[np.ndarray, np.ndarray]:
-        """Stateless IDs of many texts as one int32 values buffer plus int64 offsets (len + 1).
-
-        These are a ``list<int32>`` column's own buffers (:func:`delta_ray.assembly.flat_list_array`).
-        Long texts are cut at safe cuts; a text's pieces are consecutive in the engine's flat
-        output, so the texts' offsets are the pieces' offsets at text boundaries: no per-text array
-        and no copy, except the one insertion pass for a template (BOS). With the fast tier the
-        pieces are split over ``threads`` threads (the engine releases the GIL).
-        """
-        texts = list(texts)
-        if self._batch_by_reference():
-            self.stats["reference"] += len(texts)
-            return flat_from_pieces(self._reference.encode_texts(texts, add_special_tokens))
-        pieces: list[str] = []
-        counts = np.ones(len(texts), dtype=np.int64)
-        cut_from = max(self.planner.cut_threshold, self.planner.min_cut_text)
-        for i, t in enumerate(texts):
-            if len(t) >= cut_from:
-                plan_pieces = self.plan(t).pieces
-                pieces.extend(plan_pieces)
-                counts[i] = len(plan_pieces)
-            else:
-                pieces.append(t)
-        values, piece_offsets = self._threads.encode_flat(self.encoder, pieces, threads or 1, self.uses_fast_engine)
-        if len(pieces) == len(texts):
-            offsets = piece_offsets
-        else:
-            idx = np.zeros(len(texts) + 1, dtype=np.int64)
-            np.cumsum(counts, out=idx[1:])
-            offsets = piece_offsets[idx]
-        self.stats["batch_texts"] += len(texts)
-        if add_special_tokens and (self._admission.prefix_ids or self._admission.suffix_ids):
-            values, offsets = insert_template(values, offsets, self._admission.prefix_ids, self._admission.suffix_ids)
-        return values, offsets
-
-    # -- internals --------------------------------------------------------------------------
-    def _lock_for(self, session: str) -> threading.Lock:
-        # str hashes are cached in the object and stable within the process, which is all a lock
-        # stripe needs (a CRC-32 of the key's UTF-8 encoded it again on every call)
-        return self._session_locks[hash(session) % len(self._session_locks)]
-
-    def _purge(self, reason: str) -> None:
-        """Discard every state the (now disabled) fast tier may have produced (once)."""
-        with self._purge_lock:
-            if self._purged:
-                return
-            self._purged = True
-            n = self._store.clear()
-            if self._content is not None:
-                self._content.clear()
-        self.stats["purged_states"] += n
-
-    def _states(self) -> SessionStore:
-        """The session store, for reading: emptied first if the fast tier is disabled and its purge
-        has not run yet. The switch to the reference is immediate but its purge listener runs after
-        the rejection is persisted; without this, a turn in between could reuse the disabled
-        engine's IDs (a replay returned them unchanged)."""
-        if not self._purged and self.engine_switch.disabled_reason is not None:
-            self._purge(self.engine_switch.disabled_reason)
-        return self._store
-
-    def _install(self, key: str, state: SessionState, generation: int) -> None:
-        """Store a state unless the engine switched while it was computed (it may be the wrong engine's)."""
-        if self.engine_switch.generation == generation:
-            self._store.put(key, state)
-        else:
-            self._store.pop(key)
-
-    def _batch_by_reference(self) -> bool:
-        """Whether batches go to the reference's own batch call whole: always when unadmitted, and
-        when the reference itself encodes now and is a native-speed engine (tokenizers 1.x), since
-        per-text planning then costs more than it saves (the batch call is parallel across texts)."""
-        return self._predicate is None or (self._reference_is_native and not self.uses_fast_engine)
-
-    def _run_plan(self, plan: Plan) -> np.ndarray:
-        """Run a stateless plan here: its pieces are consecutive, so their flat values are the text's
-        IDs; a fast engine runs them on ``threads`` threads (the reference's batch call is parallel)."""
-        if not plan.cuts:
-            self.stats["whole"] += 1
-            return self.run_pieces([plan.text])[0]
-        self.stats["chunked"] += 1
-        values, _ = self._threads.encode_flat(self.encoder, plan.pieces, self.threads, self.uses_fast_engine)
-        return values
-
-    def _reference_session(self, key: str, text: str, add_special_tokens: bool) -> np.ndarray:
-        """An unadmitted session: one reference encode; the text is kept so that ``extend`` works."""
-        ids = self.encode_by_reference(text, add_special_tokens)
-        self._store.put(key, SessionState(text, np.zeros(0, np.int32), *(np.zeros(0, np.int64),) * 3))
-        return ids
-
-    def _chunked(self, state: SessionState, add_special_tokens: bool) -> pa.ChunkedArray:
-        """A state's IDs as a ChunkedArray of its cached per-part arrays (a turn wraps only its new
-        parts), the template's arrays (built once) around them."""
-        chunks = state.arrow_chunks()
-        if add_special_tokens:
-            pre, suf = self._template_chunks
-            if pre is not None or suf is not None:
-                chunks = ((pre,) if pre is not None else ()) + chunks + ((suf,) if suf is not None else ())
-        return pa.chunked_array(chunks, type=_INT32)
-
-    def session_arrow(self, id_parts, add_special_tokens: bool) -> pa.ChunkedArray:
-        """A session's ID parts as a zero-copy ChunkedArray, post-processed (template) once."""
-        if add_special_tokens:
-            return to_chunked_arrow(id_parts, *self._template_arrays)
-        return to_chunked_arrow(id_parts)
-
-    @functools.cached_property
-    def _template_chunks(self) -> tuple[pa.Int32Array | None, pa.Int32Array | None]:
-        pre, suf = self._template_arrays
-        return (to_arrow(pre) if len(pre) else None), (to_arrow(suf) if len(suf) else None)
-
-    @functools.cached_property
-    def _template_arrays(self) -> tuple[np.ndarray, np.ndarray]:
-        adm = self._admission
-        return np.asarray(adm.prefix_ids, dtype=np.int32), np.asarray(adm.suffix_ids, dtype=np.int32)
-
-    def _session_encode(self, key: str, text: str | None, state: SessionState | None, *,
-                        delta: str | None = None) -> tuple[SessionState, int]:
-        """Encode a session's new text (or its stored text plus ``delta``); returns the installed
-        state and how many IDs it kept. O(append): the stored text is compared in place
-        (``startswith`` per part) and neither it nor the kept IDs are copied."""
-        if delta is not None:
-            if not delta:
-                self.stats["replay"] += 1
-                return state, state.n_ids
-            parts, n, lcp = state.text_parts + (delta,), state.n_chars + len(delta), state.n_chars
-        else:
-            parts, n = (text,), len(text)
-            if state is not None and state.prefix_of(text):
-                if n == state.n_chars:
-                    self.stats["replay"] += 1
-                    return state, state.n_ids
-                lcp = state.n_chars
-            else:
-                lcp = common_prefix_len(state.text, text) if state is not None else 0
-        switch = self.engine_switch
-        generation = switch.generation
-        if state is not None and self.router.turn(lcp, fast=switch.current is not self._reference) is SESSION_WHOLE:
-            state, lcp = None, 0  # cheaper whole: a first encode's state (IDs and checkpoints)
-            self.stats["reencode"] += 1
-        res = encode_turn(parts, n, state, lcp, self._predicate, self.encoder, self.planner,
-                          self.threads, self.margin)
-        self.stats["repair" if res.reused_tokens else "init"] += 1
-        self._install(key, res.state, generation)
-        return res.state, res.reused_tokens
-
-    def _content_ids(self, text: str) -> np.ndarray:
-        try:
-            data = text.encode("utf-8")
-        except UnicodeEncodeError as exc:
-            raise ValueError(f"the reference tokenizer rejects this text (not valid Unicode): {exc}") from exc
-        if len(data) < self._content.min_bytes:
-            return self._run_plan(self.plan(text))
-        generation = self.engine_switch.generation
-        entry = self._content.lookup(data)
-        base = self._states().get("content:" + entry) if entry is not None else None
-        lcp = common_prefix_len(base.text, text) if base is not None else 0
-        if base is not None and lcp == len(text) == len(base.text):
-            self.stats["content_hit"] += 1
-            return base.ids
-        res = encode_with_base(text, base if lcp else None, lcp, self._predicate, self.encoder,
-                               self.planner, self.threads, self.margin)
-        self.stats["content_hit" if res.reused_tokens else "content_miss"] += 1
-        # A request that extends a stored text replaces it (the conversation grew); others add one.
-        if base is None or lcp < len(base.text):
-            entry = f"{next(self._entry_ids)}"
-        self._install("content:" + entry, res.state, generation)
-        for dropped in self._content.add(entry, data):
-            self._store.pop("content:" + dropped)
-        return res.state.ids
+    @property
+    def core(self) -> TokenizerCore:
+        """The service interface this facade forwards to (what a pool, worker or Serve is handed)."""
+        return self._core

@@ -11,7 +11,7 @@ import sys
 import pytest
 from tokenizers import Tokenizer
 
-from delta_ray.bundled import TEST_TOKENIZERS, bundled_tokenizer_path
+from delta_ray.apps.bundled import TEST_TOKENIZERS, bundled_tokenizer_path
 
 DATA = pathlib.Path(__file__).parent / "data"
 
@@ -47,7 +47,7 @@ def _refused_by_reference() -> dict[str, str]:
     """Test tokenizers the installed reference refuses to load, with its reason (tokenizers 1.x
     refuses qwen-3.5's Split pattern: it needs a system-regex backend). Under 0.x: none, and a load
     failure is an error of the test, not a skip."""
-    from delta_ray.reference_version import reference_major
+    from delta_ray.core.reference_version import reference_major
     if reference_major() < 1:
         return {}
     out = {}

@@ -6,8 +6,8 @@ from typing import Iterable, Sequence
 
 from tokenizers import Tokenizer
 
-from delta_ray.cut_predicate import CutPredicate
-from delta_ray.reference_api import added_token_contents
+from delta_ray.core.cut_predicate import CutPredicate
+from delta_ray.core.reference_api import added_token_contents
 
 # Fragments that stress each guard: normalization (decomposed accents, U+0958, Hangul jamo,
 # reordering marks), the regex families (contractions, digit runs, whitespace and CR/LF runs,

@@ -8,8 +8,8 @@ from ray.cluster_utils import Cluster  # noqa: E402
 from tokenizers import Tokenizer  # noqa: E402
 
 from delta_ray import TokenizerPool  # noqa: E402
-from delta_ray.bundled import bundled_tokenizer_path  # noqa: E402
-from delta_ray.sample_text import stdlib_prose  # noqa: E402
+from delta_ray.apps.bundled import bundled_tokenizer_path  # noqa: E402
+from delta_ray.apps.sample_text import stdlib_prose  # noqa: E402
 
 cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 1})
 nodes = [cluster.add_node(num_cpus=1) for _ in range(2)]

@@ -7,7 +7,7 @@ import pytest
 from tokenizers import Tokenizer
 
 from delta_ray import DeltaTokenizer, load_tokenizer
-from delta_ray.reference_api import tokenizer_from_str
+from delta_ray.core.reference_api import tokenizer_from_str
 
 
 def _variant(path: str, edit) -> Tokenizer:

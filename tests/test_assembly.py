@@ -4,7 +4,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from delta_ray.assembly import flat_list_array, insert_template
+from delta_ray.core.assembly import flat_list_array, insert_template
 
 
 @pytest.mark.parametrize("prefix,suffix", [((7,), ()), ((), (9,)), ((1, 2), (3,)), ((5,), (6, 7, 8)), ((), ())])

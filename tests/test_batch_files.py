@@ -8,8 +8,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from delta_ray.tokenizer import TokenizerCore
-from delta_ray.batch_files import Options, byte_slices, output_name, tokenize_files, verify_outputs
+from delta_ray.tokenizer_core import TokenizerCore
+from delta_ray.apps.batch_files import Options, byte_slices, output_name, tokenize_files, verify_outputs
 
 
 @pytest.fixture(scope="module")
@@ -128,7 +128,7 @@ def test_a_large_row_group_is_split_into_units_that_encode_in_parallel(tmp_path,
                                                                       references, monkeypatch):
     """pyarrow writes a file as one row group by default: it must not become one unit (one thread,
     every text of the file as Python strings at once). Its batches keep the input's row order."""
-    import delta_ray.batch_files as bf
+    import delta_ray.apps.batch_files as bf
     src = real_texts["english"] + real_texts["multilingual"] + real_texts["code"]
     rows = [src[i * 173:i * 173 + 20 + (i * 131) % 2500] for i in range(900)] + [src[:60_000], "", src[5:9]]
     path = tmp_path / "layout.parquet"
@@ -167,7 +167,7 @@ def test_a_second_run_on_a_locked_output_directory_is_refused(inputs, tmp_path, 
     import fcntl
     import os
 
-    from delta_ray.batch_files import is_previous_output
+    from delta_ray.apps.batch_files import is_previous_output
 
     out = tmp_path / "out"
     out.mkdir()
@@ -203,8 +203,8 @@ def test_a_rerun_redoes_an_output_whose_rows_differ_from_its_manifest(inputs, tm
 _STREAM_PROBE = r"""
 import resource, sys
 import pyarrow.compute
-from delta_ray.batch_files import _units, input_kind
-from delta_ray.text_columns import BatchSpec
+from delta_ray.apps.batch_files import _units, input_kind
+from delta_ray.core.text_columns import BatchSpec
 path = sys.argv[1]
 before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
 units = _units(path, input_kind(path), BatchSpec(batch_bytes=1 << 20))

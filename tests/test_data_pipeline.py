@@ -10,7 +10,7 @@ import pytest
 from tokenizers import Tokenizer
 
 from delta_ray import DeltaTokenizer, load_tokenizer
-from delta_ray.reference_api import tokenizer_from_str
+from delta_ray.core.reference_api import tokenizer_from_str
 
 pytestmark = pytest.mark.ray
 
@@ -149,7 +149,7 @@ def _compare_by_text(table: pa.Table, texts: list[str], ref: Tokenizer, text_col
 
 
 def test_cli_jsonl_and_txt(ray_session, tokenizer_paths, real_texts, tmp_path, capsys):
-    from delta_ray.cli import main
+    from delta_ray.apps.cli import main
 
     name = "llama3.2"
     docs = [p for p in real_texts["multilingual"].split("\n") if p.strip()][:60]
@@ -196,7 +196,7 @@ def test_cli_text_column_no_special_tokens(ray_session, tokenizer_paths, real_te
 
 
 def test_cli_usage_errors(tokenizer_paths, tmp_path, capsys):
-    from delta_ray.cli import main
+    from delta_ray.apps.cli import main
 
     tok = tokenizer_paths["qwen-3"]
     (tmp_path / "a.csv").write_text("text\nx\n")
@@ -219,8 +219,8 @@ def test_cli_usage_errors(tokenizer_paths, tmp_path, capsys):
 
 def _batch_fn(config: bytes, digest: str, **kw):
     from delta_ray.actors.data import TokenizeBatch
-    from delta_ray.config import TokenizerConfig
-    from delta_ray.text_columns import BatchSpec
+    from delta_ray.core.config import TokenizerConfig
+    from delta_ray.core.text_columns import BatchSpec
 
     return TokenizeBatch(config, digest, TokenizerConfig(chunk_size=65_536, cut_threshold=131_072, reuse="none"),
                          BatchSpec(**kw))
@@ -231,7 +231,7 @@ def test_actor_class_unadmitted_config_and_digest(tokenizer_paths, real_texts):
     configuration bytes that do not match their digest are refused."""
     import hashlib
 
-    from delta_ray.loading import DigestMismatch
+    from delta_ray.core.loading import DigestMismatch
 
     cfg = json.loads(open(tokenizer_paths["llama3.2"], encoding="utf-8").read())
     cfg["normalizer"] = {"type": "Lowercase"}  # not absent/NFC: not admitted
@@ -264,9 +264,9 @@ def test_every_cli_option_reaches_both_paths(ray_session, tokenizer_paths, tmp_p
     import dataclasses
 
     import delta_ray.actors.data as data_mod
-    import delta_ray.batch_files as bf
+    import delta_ray.apps.batch_files as bf
     from delta_ray.actors import tokenize_job
-    from delta_ray.text_columns import BatchSpec
+    from delta_ray.core.text_columns import BatchSpec
 
     src = tmp_path / "docs.jsonl"
     src.write_text(json.dumps({"body": "hello", "k": 1}) + "\n", encoding="utf-8")

@@ -9,12 +9,12 @@ import time
 import numpy as np
 import pytest
 
-from delta_ray.bundled import TEST_TOKENIZERS, BundledTokenizerError, bundled_tokenizer_json, bundled_tokenizer_path
-from delta_ray.encoder import Encoder, ReferenceEncoder
-from delta_ray.fast_engine import cached_fast_encoder
-from delta_ray.guard_battery import verify_fast_engine
-from delta_ray.guard_probe import CONTEXTS, _pick_separator, check_probe_isolation, guard_set_for, probe_disagreements
-from delta_ray.guard_runtime import GuardedEncoder, GuardSet
+from delta_ray.apps.bundled import TEST_TOKENIZERS, BundledTokenizerError, bundled_tokenizer_json, bundled_tokenizer_path
+from delta_ray.core.encoder import Encoder, ReferenceEncoder
+from delta_ray.verify.fast_engine import cached_fast_encoder
+from delta_ray.verify.guard_battery import verify_fast_engine
+from delta_ray.verify.guard_probe import CONTEXTS, _pick_separator, check_probe_isolation, guard_set_for, probe_disagreements
+from delta_ray.verify.guard_runtime import GuardedEncoder, GuardSet
 
 tokenizers = pytest.importorskip("tokenizers")
 HAS_GIGATOKEN = importlib.util.find_spec("gigatoken") is not None
@@ -262,5 +262,5 @@ def test_full_guard_probe(name, backend, bundled, shared_cache, monkeypatch):
     ok, reason = verify_fast_engine(ref, fast, guard=guard)
     assert ok, reason
     if backend == "fastokens":  # only the case-fold guard (none for DeepSeek's case-sensitive pattern)
-        from delta_ray.probe_contexts import fold_sensitive_code_points
+        from delta_ray.verify.probe_contexts import fold_sensitive_code_points
         assert guard.code_points == fold_sensitive_code_points(json.loads(data))

@@ -9,7 +9,7 @@ import pytest
 
 from delta_ray.actors.loop_thread import LoopThread
 from delta_ray import SessionNotFound
-from delta_ray.errors import PoolClosed
+from delta_ray.core.errors import PoolClosed
 
 
 @pytest.fixture

@@ -16,9 +16,9 @@ from delta_ray.actors.calls import EXTEND
 from delta_ray.actors.orchestrator import PoolOrchestrator
 from delta_ray.actors.transport import ConnectionLost, WorkerDead
 from delta_ray.actors.worker import WorkerService
-from delta_ray.config import PoolConfig, TokenizerConfig
-from delta_ray.loading import load_tokenizer
-from delta_ray.tokenizer import TokenizerCore
+from delta_ray.core.config import PoolConfig, TokenizerConfig
+from delta_ray.core.loading import load_tokenizer
+from delta_ray.tokenizer_core import TokenizerCore
 
 SECRET = b"s" * 32
 TOK = TokenizerConfig(chunk_size=4096, cut_threshold=12_000, threads=1, engine="reference", shadow_rate=0.0)
@@ -182,7 +182,7 @@ def test_unadmitted_configuration_encodes_once_with_the_reference_template(token
     ref = references["llama3.2"]
     cfg = json.loads(open(tokenizer_paths["llama3.2"], encoding="utf-8").read())
     cfg["normalizer"] = {"type": "Lowercase"}  # not covered by the exactness argument
-    from delta_ray.reference_api import tokenizer_from_str
+    from delta_ray.core.reference_api import tokenizer_from_str
     lowered_ref = tokenizer_from_str(json.dumps(cfg))
     loaded = load_tokenizer(lowered_ref)
     orch, transport, loop = _orchestrator(loaded)
@@ -239,7 +239,7 @@ def test_keyless_content_reuse_stays_inside_its_tenant(loaded, references, real_
 def test_session_records_are_bounded_and_evicted_whole(loaded, references, real_texts, monkeypatch):
     """Every per-session table of the orchestrator is bounded: past the limit the oldest session is
     forgotten entirely (its start included), and a forgotten session still answers exactly."""
-    from delta_ray import constants as C
+    from delta_ray.core import constants as C
     ref = references["llama3.2"]
     monkeypatch.setattr(C, "KNOWN_SESSIONS", 8)
     orch, transport, loop = _orchestrator(loaded)

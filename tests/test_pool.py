@@ -131,7 +131,7 @@ def test_connect_refuses_a_registry_that_does_not_prove_the_secret(pool, tokeniz
     own workers and secret. Replayed: it returns a genuine registry answer (obtained for another
     nonce) with the workers swapped. Either way connect() must refuse, not adopt them."""
     import os
-    from delta_ray import constants as C
+    from delta_ray.core import constants as C
     from delta_ray.actors.pool import PoolAuthError, _attach_proof
 
     @ray.remote(num_cpus=0)
@@ -163,8 +163,8 @@ def test_workers_install_only_sealed_states(pool, references):
     """A job calling a worker's install with a state it made up is refused; the pool's own is adopted."""
     import numpy as np
     import ray
-    from delta_ray.session_store import SessionState
-    from delta_ray.state_seal import seal_state
+    from delta_ray.core.session_store import SessionState
+    from delta_ray.core.state_seal import seal_state
     worker = next(iter(pool._workers.values()))
     z = np.zeros(0, np.int64)
     bogus = SessionState("hello", np.array([1, 2, 3], np.int32), z, z, z)
@@ -266,7 +266,7 @@ def test_whole_transcript_turns_ship_only_the_suffix(pool, references, real_text
 
 def test_closing_a_pool_answers_every_caller_in_flight(pool, references, real_texts):
     """close() while threads wait on the pool: each gets its exact IDs or PoolClosed, none hangs."""
-    from delta_ray.errors import PoolClosed
+    from delta_ray.core.errors import PoolClosed
     ref = references["llama3.2"]
     other = TokenizerPool.connect("test-pool", pool.secret)  # its own loop and channels, the same workers
     text = real_texts["english"][:60_000]  # over cut_threshold: chunk tasks in flight

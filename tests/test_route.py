@@ -1,11 +1,11 @@
-"""The one routing decision (delta_ray.plan.Router): every entry point asks it, none re-derives it."""
+"""The one routing decision (delta_ray.core.plan.Router): every entry point asks it, none re-derives it."""
 from __future__ import annotations
 
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from delta_ray.plan import CHUNKED, CONTENT, REFERENCE, SESSION, WHOLE, Router
+from delta_ray.core.plan import CHUNKED, CONTENT, REFERENCE, SESSION, WHOLE, Router
 
 
 @pytest.mark.parametrize("router, text, session, want", [
@@ -33,7 +33,7 @@ def test_every_entry_point_routes_through_the_router():
     own: no call of a free route function, no local byte-size rule."""
     import pathlib
     root = pathlib.Path(__file__).resolve().parents[1]
-    for rel in ("delta_ray/tokenizer.py", "actors/orchestrator.py", "actors/serve_handler.py"):
+    for rel in ("delta_ray/tokenizer_core.py", "actors/orchestrator.py", "actors/serve_handler.py"):
         src = (root / rel).read_text(encoding="utf-8")
         assert "LOCAL_MAX_BYTES" not in src, rel
         assert " route(" not in src, rel

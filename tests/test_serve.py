@@ -10,8 +10,8 @@ import urllib.request
 import pytest
 from tokenizers import Tokenizer
 
-from delta_ray.bundled import bundled_tokenizer_config
-from delta_ray.chat_template import ChatTemplate
+from delta_ray.apps.bundled import bundled_tokenizer_config
+from delta_ray.apps.chat_template import ChatTemplate
 
 pytestmark = pytest.mark.ray
 

@@ -8,11 +8,11 @@ import json
 import pytest
 
 from delta_ray.actors.serve_handler import RequestHandler
-from delta_ray.bundled import bundled_tokenizer_config
-from delta_ray.chat_template import ChatTemplate
-from delta_ray.config import TokenizerConfig
-from delta_ray.loading import load_tokenizer
-from delta_ray.tokenizer import TokenizerCore
+from delta_ray.apps.bundled import bundled_tokenizer_config
+from delta_ray.apps.chat_template import ChatTemplate
+from delta_ray.core.config import TokenizerConfig
+from delta_ray.core.loading import load_tokenizer
+from delta_ray.tokenizer_core import TokenizerCore
 
 NAME = "llama3.2"  # a BOS template: IDs with and without add_special_tokens differ
 TOK = TokenizerConfig(chunk_size=4096, cut_threshold=12_000, threads=1, engine="reference", shadow_rate=0.0)
@@ -209,7 +209,7 @@ def test_serve_config_takes_the_config_classes_own_fields():
     from dataclasses import fields
 
     from delta_ray.actors.serve_config import ServeConfig
-    from delta_ray.config import PoolConfig
+    from delta_ray.core.config import PoolConfig
 
     cfg = ServeConfig.from_options({"chunk_size": 8192, "cut_threshold": 20_000, "max_sessions": 7,
                                     "request_timeout_s": 9.0, "engine": "reference"}, threads=3, num_workers=2)

@@ -194,7 +194,7 @@ def test_threads_extending_one_session_never_lose_an_update(tokenizer_paths, ref
 def test_session_keys_count_against_the_bound():
     """300 sessions with 1 MiB keys under an 8 MiB bound stay within the bound + 10%."""
     import numpy as np
-    from delta_ray.session_store import SessionState, SessionStore
+    from delta_ray.core.session_store import SessionState, SessionStore
     store = SessionStore(max_bytes=8 << 20, max_sessions=10_000)
     z = np.zeros(0, np.int64)
     for i in range(300):
@@ -205,7 +205,7 @@ def test_session_keys_count_against_the_bound():
 
 def test_one_huge_session_evicts_nothing():
     import numpy as np
-    from delta_ray.session_store import SessionState, SessionStore
+    from delta_ray.core.session_store import SessionState, SessionStore
     store = SessionStore(max_bytes=1 << 20)
     z = np.zeros(0, np.int64)
     for i in range(10):

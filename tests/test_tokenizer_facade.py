@@ -7,7 +7,7 @@ import pytest
 import tokenizers
 
 from delta_ray import DeltaTokenizer, SessionNotFound
-from delta_ray.tokenizer import TokenizerCore
+from delta_ray.tokenizer_core import TokenizerCore
 
 USER_SURFACE = {"encode", "extend", "encode_batch", "decode", "cuts", "drop_session", "admission", "digest",
                 "config", "stats", "core"}

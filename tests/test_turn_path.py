@@ -13,10 +13,10 @@ import numpy as np
 import pytest
 
 from delta_ray import DeltaTokenizer
-from delta_ray.encoder import ReferenceEncoder
-from delta_ray.plan import SESSION, SESSION_WHOLE, SPLICE_CHARS_FAST, SPLICE_CHARS_REFERENCE, Router
-from delta_ray.repair import encode_turn
-from delta_ray.session_store import YOUNG_PARTS
+from delta_ray.core.encoder import ReferenceEncoder
+from delta_ray.core.plan import SESSION, SESSION_WHOLE, SPLICE_CHARS_FAST, SPLICE_CHARS_REFERENCE, Router
+from delta_ray.core.repair import encode_turn
+from delta_ray.core.session_store import YOUNG_PARTS
 
 HAS_FAST = importlib.util.find_spec("fastokens") is not None
 
@@ -98,8 +98,8 @@ def test_the_direct_path_keeps_the_guard_and_the_shadow(tokenizer_paths, referen
     """A turn with the guarded fast tier calls the engine directly, but only when the guard allows
     every piece (minimax-m3: fastokens splits " I'\u017f" differently from the reference, so a
     turn that skipped the guard would return wrong IDs), and the shadow verifier still samples it."""
-    from delta_ray.fast_engine import cached_fast_encoder
-    from delta_ray.guard_runtime import GuardedEncoder, GuardSet
+    from delta_ray.verify.fast_engine import cached_fast_encoder
+    from delta_ray.verify.guard_runtime import GuardedEncoder, GuardSet
     name = "minimax-m3"
     ref = references[name]
     fast = cached_fast_encoder(open(tokenizer_paths[name], "rb").read(), "fastokens")

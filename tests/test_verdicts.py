@@ -8,8 +8,8 @@ import os
 
 import pytest
 
-from delta_ray import cache_store
-from delta_ray.engines import load_verdict, reject_verdict, save_verdict, verdict_key
+from delta_ray.core import cache_store
+from delta_ray.verify.engines import load_verdict, reject_verdict, save_verdict, verdict_key
 
 HAS_FAST = importlib.util.find_spec("fastokens") is not None
 
@@ -150,7 +150,7 @@ def test_reference_engine_never_touches_the_cache(tokenizer_paths, tmp_path, mon
 @pytest.mark.skipif(not HAS_FAST, reason="fastokens is not installed")
 def test_a_rejected_verdict_is_not_admitted_again(tokenizer_paths):
     from delta_ray import DeltaTokenizer
-    from delta_ray.fast_engine import FastEngineUnavailable, package_version
+    from delta_ray.verify.fast_engine import FastEngineUnavailable, package_version
     data = open(tokenizer_paths["glm-4"], "rb").read()
     k = verdict_key(data, "fastokens", package_version("fastokens"))
     reject_verdict(k, "shadow mismatch in an earlier process")

@@ -586,9 +586,9 @@ def channel_pool(tokenizer_paths):
     from delta_ray.actors.orchestrator import PoolOrchestrator
     from delta_ray.actors.transport import ChannelTransport
     from delta_ray.actors.worker import WorkerService
-    from delta_ray.config import PoolConfig, TokenizerConfig
-    from delta_ray.loading import load_tokenizer
-    from delta_ray.tokenizer import TokenizerCore
+    from delta_ray.core.config import PoolConfig, TokenizerConfig
+    from delta_ray.core.loading import load_tokenizer
+    from delta_ray.tokenizer_core import TokenizerCore
 
     class NoMetrics:
         def __getattr__(self, name):

@@ -1,0 +1,499 @@
+"""Tokenize files to Parquet at the machine's limit: Ray-free, resumable, output from engine buffers.
+
+What ``delta-ray tokenize`` runs on one node. Each input is split into *units* (Parquet row
+groups, a large one streamed in batches of about ``batch_bytes``; text and JSONL, compressed or
+not, streamed in pieces of about ``batch_bytes`` of input, never held whole); units from all
+inputs go, in order, to a thread pool whose threads read their unit and encode it with
+:meth:`TokenizerCore.encode_batch_flat` (the engine drops the GIL, so the threads use every core);
+the ``list<int32>`` column is built from the engine's flat values buffer plus offsets, with no
+Python object per token. Each input's units are written in order by that input's own writer
+thread (several inputs are written at once: Parquet writing drops the GIL), so the output keeps the
+input's row order.
+
+One run per output directory: a run holds an exclusive lock on ``<out>/.delta-ray.lock``
+(:func:`output_lock`), so two runs cannot remove each other's temporary files or publish each
+other's rows; the kernel drops the lock when a process dies.
+
+Atomic and resumable: an input's output is written to a hidden temporary file, renamed into place
+when complete, and then recorded in a manifest (``_delta_ray_done/<output>.json``: the input's path,
+size and mtime, the tokenizer's digest and the options, the rows and tokens written; Parquet
+readers skip ``_`` and ``.`` names). A rerun skips an input whose manifest matches and whose output
+file holds the rows the manifest records (read from its Parquet footer), and redoes the rest from
+scratch, so a run killed at any point and rerun gives exactly the output of an
+uninterrupted run; stray temporary files of a killed run are removed.
+"""
+from __future__ import annotations
+
+import fcntl
+import hashlib
+import json
+import os
+import random
+import time
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable, Iterator
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from delta_ray.core import constants as C
+from ..core.text_columns import BatchSpec, encode_table
+from ..tokenizer_core import TokenizerCore
+
+KINDS = {".txt": "text", ".jsonl": "json", ".json": "json", ".parquet": "parquet"}
+COMPRESSED = (".gz", ".bz2", ".zst")
+MANIFEST_FORMAT = 1
+TMP_MARK = ".delta-ray-tmp"
+MANIFESTS = "_delta_ray_done"  # readers of the output directory skip names starting with "_" or "."
+
+
+def input_kind(path: str) -> str | None:
+    """``text``, ``json`` or ``parquet`` from the file name, or None."""
+    name, compressed = path.lower(), False
+    for comp in COMPRESSED:
+        if name.endswith(comp):
+            name, compressed = name[: -len(comp)], True
+            break
+    kind = KINDS.get(os.path.splitext(name)[1])
+    if kind is None or (compressed and kind == "parquet"):
+        return None
+    return kind
+
+
+def output_name(path: str) -> str:
+    """The output file of an input: its stem plus a digest of its absolute path (no collisions)."""
+    p = Path(path).resolve()
+    stem = p.name.split(".")[0] or "input"
+    return f"{stem}-{hashlib.sha256(str(p).encode()).hexdigest()[:10]}.parquet"
+
+
+# The one batch specification (columns, flags, batch bytes, engine, threads): see text_columns.
+Options = BatchSpec
+
+
+@dataclass
+class Summary:
+    inputs: int = 0
+    skipped: int = 0
+    documents: int = 0
+    tokens: int = 0
+    text_bytes: int = 0
+    seconds: float = 0.0
+    outputs: list[str] = field(default_factory=list)
+
+    @property
+    def tokens_per_s(self) -> float:
+        return self.tokens / self.seconds if self.seconds > 0 else 0.0
+
+
+# -- reading --------------------------------------------------------------------------------------
+def _line_chunks(path: str, max_bytes: int) -> Iterator[bytes]:
+    """The decompressed input in pieces of about ``max_bytes``, each ending at a newline (or at the
+    end): a compressed input is streamed, never held whole (a small ``.gz`` can hold gigabytes).
+    A cut after ``\n`` is a line boundary for ``str.splitlines`` and a UTF-8 character boundary."""
+    with pa.input_stream(path, compression="detect") as fh:
+        rest = b""
+        while True:
+            block = fh.read(max_bytes)
+            if not block:
+                break
+            data = rest + block
+            cut = data.rfind(b"\n") + 1
+            if cut == 0:  # one line longer than max_bytes: keep reading until it ends
+                rest = data
+                continue
+            rest = data[cut:]
+            yield data[:cut]
+        if rest:
+            yield rest
+
+
+def _lines_table(chunk: bytes, column: str) -> pa.Table:
+    """One document per non-empty line, as Ray Data's ``read_text`` does."""
+    lines = [ln for ln in chunk.decode("utf-8").splitlines() if ln]
+    return pa.table({column: pa.array(lines, pa.string())})
+
+
+def _json_table(chunk: bytes) -> pa.Table:
+    import pyarrow.json as pj
+    return pj.read_json(pa.BufferReader(chunk))
+
+
+def _stream_tables(path: str, kind: str, spec: BatchSpec) -> Iterator[pa.Table]:
+    """A text or JSONL input as tables of about ``spec.batch_bytes`` of input each, read as drawn."""
+    for chunk in _line_chunks(path, spec.batch_bytes):
+        table = _lines_table(chunk, spec.text_column) if kind == "text" else _json_table(chunk)
+        if table.num_rows:
+            yield table
+
+
+def _read_lines(path: str, column: str) -> pa.Table:
+    """A whole text input (one document per non-empty line), streamed in pieces."""
+    parts = [_lines_table(c, column) for c in _line_chunks(path, C.BATCH_BYTES)]
+    return pa.concat_tables(parts) if parts else pa.table({column: pa.array([], pa.string())})
+
+
+def _read_json(path: str) -> pa.Table:
+    """A whole JSONL input, streamed in pieces (their schemas unified)."""
+    parts = [_json_table(c) for c in _line_chunks(path, C.BATCH_BYTES)]
+    parts = [p for p in parts if p.num_rows]
+    if not parts:
+        return pa.table({})
+    return pa.concat_tables(parts, promote_options="permissive")
+
+
+def _conform(table: pa.Table, schema: pa.Schema, where: str) -> pa.Table:
+    """A later piece of a JSONL input in its file's schema (that of the first piece): missing
+    columns become nulls, types are cast; a column the first piece lacks, or a cast that fails, is
+    a ValueError (one Parquet file has one schema)."""
+    if table.schema.equals(schema):
+        return table
+    extra = [n for n in table.column_names if n not in schema.names]
+    if extra:
+        raise ValueError(f"{where}: columns {extra} appear after the first {C.BATCH_BYTES >> 20} MiB; "
+                         "one output file has one schema (convert the input to Parquet first)")
+    cols = []
+    for f in schema:
+        if f.name in table.column_names:
+            try:
+                cols.append(table.column(f.name).cast(f.type))
+            except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as exc:
+                raise ValueError(f"{where}: column {f.name!r} changes type to "
+                                 f"{table.schema.field(f.name).type} (first {f.type}): {exc}") from exc
+        else:
+            cols.append(pa.nulls(table.num_rows, f.type))
+    return pa.Table.from_arrays(cols, schema=schema)
+
+
+def _units(path: str, kind: str, opts: Options) -> Iterator[Callable[[], pa.Table]]:
+    """Loaders for the input's units, in row order (each loads when called, in a worker thread)."""
+    if kind == "parquet":
+        pf = pq.ParquetFile(path)
+        meta = pf.metadata
+        groups: list[int] = []
+        size = 0
+
+        def read_groups(g: tuple) -> Callable[[], pa.Table]:
+            return lambda: pq.ParquetFile(path).read_row_groups(list(g))
+        for i in range(meta.num_row_groups):
+            rg = meta.row_group(i)
+            if rg.total_byte_size > 2 * opts.batch_bytes and rg.num_rows > 1:
+                # A large row group (pyarrow writes a 100 MB file as one by default) would be one
+                # unit: one thread, and the whole group as Python strings at once. Stream it in
+                # batches of about batch_bytes instead, read here (the caller draws units only as
+                # fast as the threads take them), so its batches encode in parallel.
+                if groups:
+                    yield read_groups(tuple(groups))
+                    groups, size = [], 0
+                rows = max(1, rg.num_rows * opts.batch_bytes // rg.total_byte_size)
+                for batch in pf.iter_batches(batch_size=rows, row_groups=[i]):
+                    yield (lambda t=pa.Table.from_batches([batch]): t)
+                continue
+            groups.append(i)
+            size += rg.total_byte_size
+            if size >= opts.batch_bytes:
+                yield read_groups(tuple(groups))
+                groups, size = [], 0
+        if groups:
+            yield read_groups(tuple(groups))
+        elif meta.num_row_groups == 0:
+            yield (lambda: pq.ParquetFile(path).schema_arrow.empty_table())
+        return
+    # Text and JSONL (compressed or not) are streamed: each piece is read when the caller draws
+    # it, and the caller draws only as fast as the threads take units, so memory stays bounded.
+    empty = True
+    for table in _stream_tables(path, kind, opts):
+        empty = False
+        yield (lambda t=table: t)
+    if empty:
+        yield (lambda: pa.table({opts.text_column: pa.array([], pa.string())}))
+
+
+def byte_slices(texts: pa.Array | pa.ChunkedArray, max_bytes: int) -> Iterator[tuple[int, int]]:
+    """Consecutive row ranges ``[start, end)`` covering ``texts``, each holding at most
+    ``max_bytes`` of UTF-8 (or one row, when that row alone is larger)."""
+    cum = np.cumsum(np.asarray(pa.compute.binary_length(texts).fill_null(0), dtype=np.int64))
+    start, n = 0, len(cum)
+    while start < n:
+        base = cum[start - 1] if start else 0
+        end = int(np.searchsorted(cum, base + max_bytes, side="right"))
+        end = min(max(end, start + 1), n)
+        yield start, end
+        start = end
+
+
+# -- the run --------------------------------------------------------------------------------------
+def _manifest(path: str, digest: str, opts: Options) -> dict:
+    st = os.stat(path)
+    return {"format": MANIFEST_FORMAT, "input": str(Path(path).resolve()), "size": st.st_size,
+            "mtime_ns": st.st_mtime_ns, "tokenizer_sha256": digest, "options": opts.digest()}
+
+
+def _manifest_path(out_dir: Path, name: str) -> Path:
+    return out_dir / MANIFESTS / (name + ".json")
+
+
+def _tmp_path(out_dir: Path, name: str) -> Path:
+    return out_dir / f".{name}{TMP_MARK}"
+
+
+def is_previous_output(out_dir: str) -> bool:
+    """Whether a directory holds this tool's earlier output (a rerun may resume into it): its
+    manifests, or at least the lock file of a run that stopped before its first output."""
+    return (Path(out_dir) / MANIFESTS).is_dir() or (Path(out_dir) / LOCK_NAME).is_file()
+
+
+def check_text_column(path: str, opts: BatchSpec) -> None:
+    """Refuse, before any work, an input whose text column is missing or not text (the spec's one
+    schema check; a JSONL input by its first MiB, a text input always has it)."""
+    kind = input_kind(path)
+    if kind == "parquet":
+        schema = pq.ParquetFile(path).schema_arrow
+    elif kind == "json":
+        import pyarrow.json as pj
+        with pa.input_stream(path, compression="detect") as fh:
+            head = fh.read(1 << 20)
+        head = head[:head.rfind(b"\n") + 1] or head
+        schema = pj.read_json(pa.BufferReader(head)).schema if head.strip() else None
+    else:
+        return
+    if schema is not None:
+        opts.check_schema(schema, where=path)
+
+
+def _done(out_dir: Path, name: str, expect: dict) -> dict | None:
+    """The manifest of an input done earlier with the same input, tokenizer and options, if the
+    output file it names is there with the rows it records (read from the Parquet footer: a file
+    replaced or cut short since is redone, not skipped)."""
+    try:
+        doc = json.loads(_manifest_path(out_dir, name).read_text())
+    except (OSError, ValueError):
+        return None
+    if not isinstance(doc, dict) or {k: doc.get(k) for k in expect} != expect:
+        return None
+    try:
+        rows = pq.ParquetFile(out_dir / name).metadata.num_rows
+    except (OSError, pa.ArrowException):
+        return None
+    if rows != doc.get("rows"):
+        return None
+    return doc
+
+
+LOCK_NAME = ".delta-ray.lock"
+
+
+class OutputLocked(RuntimeError):
+    """Another run is writing to the same output directory."""
+
+
+@contextmanager
+def output_lock(out_dir: Path):
+    """Hold the output directory's lock (an exclusive ``flock`` on ``<out>/.delta-ray.lock``) for
+    a run: two runs on one directory would remove each other's temporary files, overwrite each
+    other's outputs and publish a file under another run's manifest. The kernel drops the lock
+    when the process dies, so a killed run never leaves the directory locked."""
+    fd = os.open(out_dir / LOCK_NAME, os.O_RDWR | os.O_CREAT | getattr(os, "O_CLOEXEC", 0), 0o644)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise OutputLocked(f"{out_dir}: another delta-ray tokenize is writing to this directory") from None
+        yield
+    finally:
+        os.close(fd)  # releases the lock
+
+
+class _OutputFile:
+    """One input's output, written by its own thread so that several files are written at once.
+
+    Units are written in submission order (a one-thread executor); the file is renamed into place
+    and its manifest written only after every unit was written, so a failure or a kill leaves at
+    most a hidden temporary file, never a partial output that a rerun would skip.
+    """
+
+    def __init__(self, out: Path, path: str, name: str, expect: dict, opts: Options):
+        self.out, self.path, self.name, self.expect, self.opts = out, path, name, expect, opts
+        self.tmp = _tmp_path(out, name)
+        self._writer: pq.ParquetWriter | None = None
+        self._rows = self._tokens = 0
+        self._failed: BaseException | None = None
+        self._thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="delta-ray-write")
+
+    def write(self, table: pa.Table, tokens: int):
+        return self._thread.submit(self._write, table, tokens)
+
+    def publish(self):
+        done = self._thread.submit(self._publish)
+        self._thread.shutdown(wait=False)  # its thread ends after the queued writes and this
+        return done
+
+    def close(self) -> None:
+        self._thread.shutdown(wait=True, cancel_futures=True)
+        if self._writer is not None:  # not published: a failed run (the rename never happened)
+            self._writer.close()
+            self._writer = None
+
+    def _write(self, table: pa.Table, tokens: int) -> None:
+        if self._failed is not None:
+            return
+        try:
+            if self._writer is None:
+                # Token IDs barely repeat within a page: dictionary encoding and min/max statistics
+                # cost half the write time of the IDs column (measured) and buy nothing.
+                opts = self.opts
+                plain = [c for c in table.schema.names if c not in (opts.output_column, opts.count_column)]
+                self._writer = pq.ParquetWriter(self.tmp, table.schema, use_dictionary=plain or False,
+                                                write_statistics=plain or False)
+                self._schema = table.schema
+            elif not table.schema.equals(self._schema):  # a later piece of a JSONL input
+                table = _conform(table, self._schema, self.path)
+            self._writer.write_table(table)
+            self._rows += table.num_rows
+            self._tokens += tokens
+        except BaseException as exc:
+            self._failed = exc
+            raise
+
+    def _publish(self) -> None:
+        if self._failed is not None:
+            raise self._failed
+        if self._writer is not None:
+            self._writer.close()
+            self._writer = None
+            os.replace(self.tmp, self.out / self.name)
+        doc = {**self.expect, "rows": self._rows, "tokens": self._tokens}
+        mp = _manifest_path(self.out, self.name)
+        mp.parent.mkdir(exist_ok=True)
+        tmp_doc = mp.parent / f".{mp.name}{TMP_MARK}"
+        tmp_doc.write_text(json.dumps(doc))
+        os.replace(tmp_doc, mp)
+
+
+def tokenize_files(inputs: list[str], out_dir: str, dt: TokenizerCore, opts: Options, *,
+                   threads: int | None = None, progress: Callable[[int, int, int], None] | None = None) -> Summary:
+    """Tokenize ``inputs`` into ``out_dir`` (one Parquet file per input); returns the summary.
+
+    ``progress(text_bytes_done, text_bytes_total, tokens_done)`` is called as units complete.
+    ``threads`` defaults to ``opts.threads``, else the CPUs this process may use. The output
+    directory is locked for the run (:class:`OutputLocked` if another run holds it).
+    """
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    with output_lock(out):
+        return _tokenize_files(inputs, out, dt, opts, threads=threads or opts.encode_threads(), progress=progress)
+
+
+def _tokenize_files(inputs: list[str], out: Path, dt: TokenizerCore, opts: Options, *, threads: int,
+                    progress: Callable[[int, int, int], None] | None) -> Summary:
+    for stray in [*out.glob(f".*{TMP_MARK}"), *out.glob(f"{MANIFESTS}/.*{TMP_MARK}")]:
+        stray.unlink()  # a killed run's half-written files
+    summary = Summary(inputs=len(inputs))
+    todo = []
+    total_bytes = 0
+    for path in inputs:
+        kind = input_kind(path)
+        if kind is None:
+            raise ValueError(f"{path}: unknown input type")
+        name = output_name(path)
+        expect = _manifest(path, dt.digest, opts)
+        doc = _done(out, name, expect)
+        summary.outputs.append(str(out / name))
+        if doc is not None:
+            summary.skipped += 1
+            continue
+        todo.append((path, kind, name, expect))
+        total_bytes += os.path.getsize(path)
+    t0 = time.perf_counter()
+    done_bytes = 0
+    window = 2 * threads  # units read and encoded ahead of the writers, and units queued to write
+    with ThreadPoolExecutor(max_workers=threads, thread_name_prefix="delta-ray-tokenize") as pool:
+        def work(load):
+            return encode_table(dt, load(), opts)
+
+        def submissions():
+            for path, kind, name, expect in todo:
+                for load in _units(path, kind, opts):
+                    yield path, name, expect, load
+
+        pending: list = []
+        it = submissions()
+
+        def refill():
+            while len(pending) < window:
+                try:
+                    path, name, expect, load = next(it)
+                except StopIteration:
+                    return
+                pending.append((path, name, expect, pool.submit(work, load)))
+
+        current: _OutputFile | None = None
+        outputs: list[_OutputFile] = []
+        writes: list = []  # write futures not yet known to be done, oldest first
+        try:
+            refill()
+            while pending:
+                path, name, expect, fut = pending.pop(0)
+                table, tokens, nbytes = fut.result()
+                refill()
+                if current is None or current.path != path:
+                    if current is not None:
+                        writes.append(current.publish())
+                    current = _OutputFile(out, path, name, expect, opts)
+                    outputs.append(current)
+                writes.append(current.write(table, tokens))
+                while len(writes) > window:  # bounds the encoded tables held for writing
+                    writes.pop(0).result()
+                summary.documents += table.num_rows
+                summary.tokens += tokens
+                summary.text_bytes += nbytes
+                done_bytes += nbytes
+                if progress is not None:
+                    progress(done_bytes, total_bytes, summary.tokens)
+            if current is not None:
+                writes.append(current.publish())
+            for w in writes:
+                w.result()
+        finally:
+            for o in outputs:
+                o.close()
+    summary.seconds = time.perf_counter() - t0
+    return summary
+
+
+def verify_outputs(inputs: list[str], out_dir: str, reference, opts: BatchSpec, n: int,
+                   seed: int = 0) -> tuple[int, list[str]]:
+    """Compare ``n`` random rows of the outputs with the reference; returns (checked, mismatches)."""
+    rng = random.Random(seed)
+    out = Path(out_dir)
+    files = [(p, out / output_name(p)) for p in inputs]
+    sizes = [pq.ParquetFile(f).metadata.num_rows for _, f in files]
+    total = sum(sizes)
+    if total == 0 or n <= 0:
+        return 0, []
+    picks = sorted(rng.sample(range(total), min(n, total)))
+    bad, checked = [], 0
+    bounds = np.cumsum([0] + sizes)
+    for (src, dst), lo, hi in zip(files, bounds[:-1], bounds[1:]):
+        rows = [r - lo for r in picks if lo <= r < hi]
+        if not rows:
+            continue
+        got = pq.read_table(dst, columns=[opts.output_column]).column(opts.output_column)
+        kind = input_kind(src)
+        if kind == "parquet":
+            texts = pq.read_table(src, columns=[opts.text_column]).column(opts.text_column)
+        elif kind == "text":
+            texts = _read_lines(src, opts.text_column).column(opts.text_column)
+        else:
+            texts = _read_json(src).column(opts.text_column)
+        for r in rows:
+            text = texts[r].as_py()
+            want = reference.encode(text, add_special_tokens=opts.add_special_tokens).ids
+            checked += 1
+            if got[r].as_py() != want:
+                bad.append(f"{src} row {r}")
+    return checked, bad

@@ -1,0 +1,78 @@
+"""The encoder seam: whatever turns a piece of text into token IDs.
+
+Every fast path in delta-ray (chunks, repair tails, short texts) asks an ``Encoder`` for the IDs of
+pieces of text *without post-processing*; post-processing (BOS, templates) is applied once to the
+assembled sequence by :mod:`delta_ray.core.assembly`. The planner, the repair, the store, the pool and the
+batch pipeline never care which encoder ran, so a faster engine can replace the reference one piece
+at a time as long as it returns the same IDs.
+"""
+from __future__ import annotations
+
+from typing import Protocol, Sequence, runtime_checkable
+
+import numpy as np
+from tokenizers import Tokenizer
+
+from .reference_api import encode_batch as _reference_batch
+from .reference_api import ids_of
+from .assembly import flat_from_pieces
+
+PARALLEL_MIN_CHARS = 32768  # below this total, pieces are encoded sequentially
+
+
+@runtime_checkable
+class Encoder(Protocol):
+    """Encodes pieces of text to int32 IDs with no post-processing."""
+
+    name: str
+
+    def encode_pieces(self, texts: Sequence[str]) -> list[np.ndarray]:
+        """Return one int32 array per text, equal to the reference's IDs with add_special_tokens=False."""
+        ...
+
+
+def encode_flat(encoder, texts: Sequence[str]) -> tuple[np.ndarray, np.ndarray]:
+    """``encoder``'s IDs of ``texts`` as one int32 buffer plus int64 offsets: the engine's own flat
+    output where it has one (no per-text arrays), else assembled from ``encode_pieces``."""
+    flat = getattr(encoder, "encode_flat", None)
+    if flat is not None:
+        return flat(texts)
+    return flat_from_pieces(encoder.encode_pieces(texts))
+
+
+class ReferenceEncoder:
+    """The reference ``tokenizers`` pipeline, used through its GIL-releasing batch form.
+
+    ``encode_batch_fast`` (``encode_batch`` under tokenizers 1.x, :mod:`delta_ray.core.reference_api`)
+    skips offsets and releases the GIL, so other threads (an event loop, a Serve replica) keep
+    running while it encodes; with several inputs it spreads them over the tokenizers thread pool.
+    """
+
+    name = "reference"
+
+    def __init__(self, tokenizer: Tokenizer):
+        self.tokenizer = tokenizer
+
+    def encode_pieces(self, texts: Sequence[str]) -> list[np.ndarray]:
+        """Encode each text with the reference, no special tokens; reject what it rejects with ValueError."""
+        return self.encode_texts(texts, add_special_tokens=False)
+
+    def encode_texts(self, texts: Sequence[str], add_special_tokens: bool) -> list[np.ndarray]:
+        """The reference's own IDs of whole texts, its post-processing included when asked (the one
+        place that turns the reference's refusal of a text into ValueError)."""
+        if not texts:
+            return []
+        try:
+            if len(texts) > 1 and sum(map(len, texts)) < PARALLEL_MIN_CHARS:
+                # Small pieces (a repair's tail): a parallel batch costs more in thread hand-offs
+                # than it saves, so encode them one by one on this thread.
+                encs = [_reference_batch(self.tokenizer, [t], add_special_tokens)[0] for t in texts]
+            else:
+                encs = _reference_batch(self.tokenizer, texts, add_special_tokens)
+        except Exception as exc:  # the reference's own refusal (e.g. lone surrogates)
+            raise ValueError(f"the reference tokenizer rejected the text: {exc}") from exc
+        out = []
+        for enc in encs:
+            out.append(ids_of(enc))
+        del encs  # Encoding objects are heavy; free them before the caller goes on
+        return out

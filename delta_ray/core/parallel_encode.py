@@ -1,0 +1,52 @@
+"""Consecutive pieces encoded as one flat buffer on several threads (the fast engine drops the GIL)."""
+from __future__ import annotations
+
+import threading
+from concurrent.futures import ThreadPoolExecutor
+
+import numpy as np
+
+from .encoder import Encoder, encode_flat
+
+MIN_PARALLEL_CHARS = 65536  # below this a second thread costs more than it saves
+
+
+class PieceThreads:
+    """A lazily grown thread pool that encodes pieces in contiguous groups of about equal length.
+
+    The groups' flat outputs are concatenated in order, so the values and offsets are exactly
+    those of encoding the pieces one after another (:func:`delta_ray.core.encoder.encode_flat`).
+    """
+
+    def __init__(self) -> None:
+        self._pool: ThreadPoolExecutor | None = None
+        self._size = 0
+        self._lock = threading.Lock()
+
+    def encode_flat(self, encoder: Encoder, pieces: list[str], threads: int,
+                    parallel: bool = True) -> tuple[np.ndarray, np.ndarray]:
+        """int32 values and int64 offsets (len(pieces) + 1) of the pieces; on ``threads`` threads
+        when ``parallel`` (an engine that releases the GIL) and the work is large enough."""
+        total = sum(map(len, pieces))
+        if not parallel or threads <= 1 or len(pieces) < 2 or total < MIN_PARALLEL_CHARS:
+            return encode_flat(encoder, pieces)
+        cum = np.cumsum([len(p) for p in pieces])
+        cuts = np.searchsorted(cum, [total * i / threads for i in range(1, threads)])
+        bounds = [0] + sorted(set(int(c) + 1 for c in cuts if 0 <= c < len(pieces) - 1)) + [len(pieces)]
+        groups = [pieces[a:b] for a, b in zip(bounds, bounds[1:])]
+        parts = list(self._executor(threads).map(lambda g: encode_flat(encoder, g), groups))
+        values = np.concatenate([v for v, _ in parts]).astype(np.int32, copy=False)
+        offsets = np.zeros(len(pieces) + 1, dtype=np.int64)
+        pos, base = 1, 0
+        for v, o in parts:
+            offsets[pos:pos + len(o) - 1] = o[1:] + base
+            pos += len(o) - 1
+            base += len(v)
+        return values, offsets
+
+    def _executor(self, threads: int) -> ThreadPoolExecutor:
+        with self._lock:
+            if self._pool is None or self._size < threads:
+                self._pool = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="delta-ray-encode")
+                self._size = threads
+            return self._pool

@@ -1,0 +1,308 @@
+"""The fast encoder tier: a native BPE engine behind the :class:`~delta_ray.core.encoder.Encoder` seam.
+
+Two third-party engines read a HF ``tokenizer.json`` and encode 10-200x faster than the reference
+``tokenizers`` pipeline on one thread:
+
+``fastokens`` (default)
+    Loaded with ``Tokenizer.from_json_str`` (its ``from_file`` also merges a sibling
+    ``tokenizer_config.json``, which the reference does not). Encoded with
+    ``encode_batch_flat(texts, add_special_tokens=False)``: one call for the whole list, the IDs come
+    back as one little-endian uint32 buffer plus uint64 offsets, so no per-token Python object is
+    built. It releases the GIL while it encodes. Its intra-request parallelism is a rayon pool sized
+    by ``FASTOKENS_BPE_THREADS``, read once per process when the pool is first built: this module
+    sets ``FASTOKENS_BPE_THREADS=1`` at import time when it is unset (see
+    :func:`fast_engine_threads`). Its opt-in caches stay off: the segment cache is switched off per
+    tokenizer with ``enable_segment_cache(0)``; the prefix cache (``FASTOKENS_INPUT_CACHE``) is off
+    unless that variable is set, which this module does not do.
+
+``gigatoken``
+    Loaded with ``gigatoken.load_hf_json(bytes)`` (the Rust backend, no Hub lookups). Encoded one
+    text at a time with ``backend.encode(text)`` which returns a uint32 numpy array and runs on the
+    calling thread (its ``encode_batch*`` methods default to a process-global rayon pool and are
+    never used here). It holds the GIL for the whole encode.
+
+Neither engine adds post-processor tokens on these calls, so both are compared with the reference's
+``add_special_tokens=False``; special-token strings inside the text are still matched as added
+tokens, as the reference does.
+
+Why fastokens is the default (measured with ``bench/bench_engines.py`` and the guard probe, qwen-3,
+one thread, tokenizers 0.23.3 / fastokens 0.3.5 / gigatoken 0.10.0):
+
+* exactness: the guard probe (every code point in 11 contexts, plus composition pairs) finds **no**
+  code point on which fastokens disagrees with the reference, on all six bundled tokenizers;
+  gigatoken disagrees on ~4,650-4,800 per tokenizer (characters assigned in Unicode 15-17, whose
+  classes its tables do not share with the reference's Oniguruma 16 / NFC 9.0), so with gigatoken
+  every text holding one of them falls back to the reference;
+* speed (CPU time, one thread): both are 25-165x the reference (1-1.7 MB/s here); fastokens is
+  1.05-1.2x gigatoken on English and code (4M chars: 212 vs 194 MB/s English, 237 vs 216 MB/s
+  code) and 1.5x on short multilingual texts (10K chars: 34 vs 24 MB/s); gigatoken is ahead on long
+  multilingual texts (4M chars: 55 vs 44 MB/s);
+* concurrency: fastokens drops the GIL while it encodes (a 1 ms ticker thread stalled at most
+  1.7 ms across 300 KB encodes, 7.2 ms with gigatoken), so an event loop or a second encoder
+  thread keeps running.
+
+Caveats: ``FASTOKENS_BPE_THREADS`` is process-wide and read once, when fastokens first builds its
+pool; set it in the environment of the worker processes (e.g. Ray ``runtime_env={"env_vars":
+{"FASTOKENS_BPE_THREADS": "1"}}``) if fastokens may run before this module is imported. Never set
+``FASTOKENS_INPUT_CACHE`` for exactness-critical work (an older fastokens had a stale-match bug in
+a similar cache). Loading costs 1.5-3 s for fastokens and 0.5-1.3 s for gigatoken: use
+:func:`cached_fast_encoder` to load once per process.
+
+An engine is only as exact as its checks: :mod:`delta_ray.verify.guard_probe` derives, per tokenizer and per
+installed versions, the code points on which the engine may disagree with the reference, and runs a
+verification battery before the engine is admitted. Use :func:`delta_ray.verify.engines.admit_fast`
+or ``GuardSet.allows`` before trusting a :class:`FastEncoder` with a text.
+"""
+from __future__ import annotations
+
+import hashlib
+import importlib
+import importlib.metadata
+import os
+from pathlib import Path
+from typing import Sequence, Union
+
+import numpy as np
+from ..core.assembly import flat_from_pieces
+from ..core.errors import DeltaRayError
+
+FAST_BACKENDS = ("fastokens", "gigatoken")
+DEFAULT_BACKEND = "fastokens"  # no guarded code point on the six tokenizers, GIL-free, fastest on 1 thread
+
+# Pin fastokens' own worker pool to the calling thread before anything can build it. The pool is
+# built once per process from this variable, so a value set after the first large encode is ignored.
+if "FASTOKENS_BPE_THREADS" not in os.environ:
+    os.environ["FASTOKENS_BPE_THREADS"] = "1"
+
+TokenizerSource = Union[str, os.PathLike, bytes, bytearray, memoryview]
+
+
+class FastEngineUnavailable(DeltaRayError, RuntimeError):
+    """The fast engine cannot be used: package missing, or it refused the tokenizer.json."""
+
+    def __init__(self, reason: str):
+        super().__init__(reason)
+        self.reason = reason
+
+
+def package_version(dist: str) -> str | None:
+    """The installed version of a distribution, or None."""
+    try:
+        return importlib.metadata.version(dist)
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+def fast_engine_versions() -> dict[str, str | None]:
+    """Installed versions of the reference and of each fast engine (None when not installed).
+
+    Part of every cache key that records what a fast engine did (guard sets, verdicts)."""
+    return {"tokenizers": package_version("tokenizers"),
+            **{name: package_version(name) for name in FAST_BACKENDS}}
+
+
+def engine_key(tokenizer_json_bytes: bytes, backend: str | None, backend_version: str | None) -> dict:
+    """What anything cached about an engine on a tokenizer depends on (guard sets, verdicts): the
+    tokenizer's SHA-256, the reference's version (and, under tokenizers 1.x, what its class tables
+    were derived with), the engine's name and version, and Python's Unicode tables.
+
+    Computable from package metadata alone: loading an engine costs seconds, a cache lookup should not.
+    """
+    import unicodedata
+
+    from ..core.reference_api import FULL_API
+    from ..core.reference_version import reference_version
+    key = {"tokenizer_sha256": hashlib.sha256(tokenizer_json_bytes).hexdigest(),
+           "tokenizers": reference_version(),
+           "backend": backend, "backend_version": backend_version,
+           "python_unicodedata": unicodedata.unidata_version}
+    if not FULL_API:  # 1.x: the fold set and class checks start from the regex package's tables
+        from ..core.charclass import candidate_source
+        key["reference_tables"] = candidate_source()
+    return key
+
+
+def fast_engine_threads() -> dict[str, str]:
+    """The threading settings the engines run under (for logs and benchmark headers)."""
+    return {"FASTOKENS_BPE_THREADS": os.environ.get("FASTOKENS_BPE_THREADS", "<unset>"),
+            "FASTOKENS_INPUT_CACHE": os.environ.get("FASTOKENS_INPUT_CACHE", "<unset>"),
+            "gigatoken": "encode() on the calling thread (no rayon pool)"}
+
+
+def available_backends() -> list[str]:
+    """The fast engines whose package is importable, default first."""
+    out = []
+    for name in FAST_BACKENDS:
+        try:
+            importlib.import_module(name)
+        except Exception:  # noqa: BLE001 - a broken install is as unavailable as a missing one
+            continue
+        out.append(name)
+    return out
+
+
+def _read_source(src: TokenizerSource) -> bytes:
+    if isinstance(src, (bytes, bytearray, memoryview)):
+        return bytes(src)
+    if isinstance(src, (str, os.PathLike)):
+        try:
+            return Path(src).read_bytes()
+        except OSError as exc:
+            raise FastEngineUnavailable(f"cannot read tokenizer.json at {src!r}: {exc}") from exc
+    raise TypeError(f"expected a tokenizer.json path or its bytes, got {type(src).__name__}")
+
+
+class _FastokensBackend:
+    name = "fastokens"
+
+    def __init__(self, data: bytes):
+        try:
+            import fastokens
+        except Exception as exc:  # noqa: BLE001
+            raise FastEngineUnavailable(f"fastokens is not importable ({exc}); pip install 'fastokens>=0.3.5'") from exc
+        try:
+            tok = fastokens.Tokenizer.from_json_str(data.decode("utf-8"))
+        except Exception as exc:  # noqa: BLE001 - ValueError for configs it does not support
+            raise FastEngineUnavailable(f"fastokens refused the tokenizer.json: {exc}") from exc
+        if hasattr(tok, "enable_segment_cache"):
+            tok.enable_segment_cache(0)  # caches off: the engine's answer may depend on nothing but the text
+        self._tok = tok
+
+    def encode_pieces(self, texts: list[str]) -> list[np.ndarray]:
+        buf, offs = self._tok.encode_batch_flat(texts, add_special_tokens=False)
+        ids = np.frombuffer(buf, dtype="<u4").astype(np.int32)  # one copy: writable, native order
+        if len(texts) == 1:
+            return [ids]
+        bounds = np.frombuffer(offs, dtype="<u8").tolist()  # a few pieces: slices beat np.split
+        return [ids[a:b] for a, b in zip(bounds, bounds[1:])]
+
+    def encode_flat(self, texts: list[str]) -> tuple[np.ndarray, np.ndarray]:
+        """All texts' IDs in one int32 buffer plus int64 offsets (n + 1), straight from the engine's
+        own output: the values are a zero-copy view (IDs are below 2**31)."""
+        buf, offs = self._tok.encode_batch_flat(texts, add_special_tokens=False)
+        values = np.frombuffer(buf, dtype="<u4").view("<i4")
+        offsets = np.frombuffer(offs, dtype="<u8").view("<i8")
+        if offsets.dtype != np.int64 or values.dtype != np.int32:  # big-endian hosts
+            values, offsets = values.astype(np.int32), offsets.astype(np.int64)
+        return values, offsets
+
+
+class _GigatokenBackend:
+    name = "gigatoken"
+
+    def __init__(self, data: bytes):
+        try:
+            from gigatoken.gigatoken_rs import load_hf_json
+        except Exception as exc:  # noqa: BLE001
+            raise FastEngineUnavailable(f"gigatoken is not importable ({exc}); pip install 'gigatoken>=0.10.0'") from exc
+        try:
+            self._backend = load_hf_json(data)
+        except Exception as exc:  # noqa: BLE001 - RuntimeError for configs it does not support
+            raise FastEngineUnavailable(f"gigatoken refused the tokenizer.json: {str(exc).splitlines()[0]}") from exc
+        self._encode = self._backend.encode
+
+    def encode_pieces(self, texts: list[str]) -> list[np.ndarray]:
+        enc = self._encode
+        out = []
+        for t in texts:
+            ids = enc(t)
+            out.append(ids.view(np.int32) if ids.dtype == np.uint32 else ids.astype(np.int32))
+        return out
+
+
+_BACKEND_CLASSES = {"fastokens": _FastokensBackend, "gigatoken": _GigatokenBackend}
+
+
+class FastEncoder:
+    """A native engine implementing the ``Encoder`` protocol (``name = "fast"``).
+
+    ``encode_pieces`` returns one int32 array per text, meant to equal the reference's IDs with
+    ``add_special_tokens=False``. Exactness is *checked*, not assumed: gate texts with
+    :class:`delta_ray.verify.guard_runtime.GuardSet` and admit the engine with
+    :func:`delta_ray.verify.engines.admit_fast`.
+
+    ``backend="auto"`` takes the first loadable engine among :data:`FAST_BACKENDS` (fastokens, then
+    gigatoken). A missing package or a tokenizer.json the engine refuses raises
+    :class:`FastEngineUnavailable` with the reason.
+    """
+
+    name = "fast"
+
+    def __init__(self, tokenizer_json: TokenizerSource, backend: str = "auto"):
+        data = _read_source(tokenizer_json)
+        self.digest = hashlib.sha256(data).hexdigest()
+        if backend == "auto":
+            candidates = list(FAST_BACKENDS)
+        elif backend in _BACKEND_CLASSES:
+            candidates = [backend]
+        else:
+            raise ValueError(f"unknown fast backend {backend!r}; choose 'auto' or one of {FAST_BACKENDS}")
+        reasons = []
+        for cand in candidates:
+            try:
+                self._impl = _BACKEND_CLASSES[cand](data)
+            except FastEngineUnavailable as exc:
+                reasons.append(f"{cand}: {exc.reason}")
+                continue
+            self.backend = cand
+            self.backend_version = package_version(cand)
+            break
+        else:
+            raise FastEngineUnavailable("; ".join(reasons))
+
+    @property
+    def cache_key(self) -> str:
+        """tokenizer digest + engine name/version + reference version, for anything cached about it."""
+        return f"{self.digest}:{self.backend}-{self.backend_version}:tokenizers-{package_version('tokenizers')}"
+
+    def encode_pieces(self, texts: Sequence[str]) -> list[np.ndarray]:
+        """Encode each text (no post-processing); reject what the reference rejects with ValueError."""
+        if not texts:
+            return []
+        texts = list(texts)
+        try:
+            return self._impl.encode_pieces(texts)
+        except (TypeError, UnicodeEncodeError) as exc:  # lone surrogates: the reference refuses them too
+            raise ValueError(f"the fast engine ({self.backend}) rejected the text: {exc}") from exc
+
+    def encode(self, text: str) -> np.ndarray:
+        """One text's IDs as an int32 array."""
+        return self.encode_pieces([text])[0]
+
+    def encode_flat(self, texts: Sequence[str]) -> tuple[np.ndarray, np.ndarray]:
+        """All texts' IDs as one int32 buffer plus int64 offsets (len(texts) + 1)."""
+        texts = list(texts)
+        try:
+            if hasattr(self._impl, "encode_flat"):
+                return self._impl.encode_flat(texts)
+            return flat_from_pieces(self._impl.encode_pieces(texts) if texts else [])
+        except (TypeError, UnicodeEncodeError) as exc:
+            raise ValueError(f"the fast engine ({self.backend}) rejected the text: {exc}") from exc
+
+    def __repr__(self) -> str:
+        return f"FastEncoder(backend={self.backend!r}, version={self.backend_version!r}, digest={self.digest[:12]})"
+
+
+_LOADED: dict[tuple[str, str], FastEncoder] = {}
+
+
+def cached_fast_encoder(tokenizer_json: TokenizerSource, backend: str = "auto") -> FastEncoder:
+    """A process-wide FastEncoder per (tokenizer.json digest, backend): loading costs 0.5-3 s.
+
+    The engines keep no per-call state (fastokens' caches are off), so one instance serves every
+    caller of the process; fastokens encodes with the GIL released, so threads may share it.
+    """
+    data = _read_source(tokenizer_json)
+    digest = hashlib.sha256(data).hexdigest()
+    if backend != "auto":
+        enc = _LOADED.get((digest, backend))
+        if enc is None:
+            enc = _LOADED[(digest, backend)] = FastEncoder(data, backend)
+        return enc
+    reasons = []
+    for cand in FAST_BACKENDS:  # "auto": the first engine that loads, as FastEncoder does
+        try:
+            return cached_fast_encoder(data, cand)
+        except FastEngineUnavailable as exc:
+            reasons.append(f"{cand}: {exc.reason}")
+    raise FastEngineUnavailable("; ".join(reasons))

@@ -1,0 +1,142 @@
+"""Shadow verification: re-encode a sample of fast-tier results with the reference, off the path.
+
+A sampled call's texts and answers are queued; one background thread re-encodes them with the
+reference and compares. Any mismatch switches the tokenizer back to the reference tier for good
+(``EngineSwitch.back_to_reference``), which persists the rejection and makes every owner discard
+the states the engine produced. Log lines carry the text's length and digest, not the text, unless
+``DELTA_RAY_LOG_TEXT=1`` (request text is user data). Counters: ``comparisons``, ``mismatches``;
+``add_listener`` hooks metrics.
+"""
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+import queue
+import random
+import threading
+from typing import Callable, Sequence
+
+import numpy as np
+
+log = logging.getLogger("delta_ray.shadow")
+
+
+def describe_text(text: str) -> str:
+    """How a log line names a request text: length and digest, the text itself only on request."""
+    digest = hashlib.blake2b(text.encode("utf-8", "surrogatepass"), digest_size=8).hexdigest()
+    if os.environ.get("DELTA_RAY_LOG_TEXT") == "1":
+        return f"a {len(text)}-character text {digest} (first 200: {text[:200]!r})"
+    return f"a {len(text)}-character text {digest}"
+
+
+class ShadowVerifier:
+    """Wraps the switchable encoder; samples fast-tier answers for background comparison."""
+
+    def __init__(self, switch, rate: float, *, max_queue: int = 64, max_chars: int = 1 << 16,
+                 on_result: Callable[[bool], None] | None = None, seed: int | None = None):
+        if not 0.0 <= rate <= 1.0:
+            raise ValueError(f"shadow_rate must be within [0, 1], got {rate!r}")
+        self.switch = switch
+        self.rate = rate
+        self.max_chars = max_chars  # a sampled call re-checks at most this many characters
+        self.comparisons = 0
+        self.mismatches = 0
+        self.last_mismatch: str | None = None
+        self._listeners: list[Callable[[bool], None]] = [on_result] if on_result is not None else []
+        self._rng = random.Random(seed)
+        self._queue: queue.Queue = queue.Queue(maxsize=max_queue)
+        self._thread: threading.Thread | None = None
+        self._thread_lock = threading.Lock()
+
+    @property
+    def name(self) -> str:
+        return self.switch.name
+
+    def add_listener(self, fn: Callable[[bool], None]) -> None:
+        """Call ``fn(same)`` after every comparison (metrics)."""
+        self._listeners.append(fn)
+
+    def _sample(self, n_texts: int, texts) -> list[int]:
+        """Indices of the texts a sampled call re-checks: random ones within ``max_chars``, so a
+        batch job's 8 MB call costs the verifier what a chat turn does."""
+        order = list(range(n_texts))
+        self._rng.shuffle(order)
+        picked, budget = [], self.max_chars
+        for i in order:
+            if len(texts[i]) <= budget or not picked:
+                picked.append(i)
+                budget -= len(texts[i])
+            if budget <= 0:
+                break
+        return sorted(picked)
+
+    def _enqueue(self, texts, got, enc) -> None:
+        try:
+            self._queue.put_nowait((texts, got, enc))
+            self._ensure_thread()
+        except queue.Full:  # verification never slows the request path
+            pass
+
+    def encode_pieces(self, texts: Sequence[str]) -> list[np.ndarray]:
+        enc = self.switch.current
+        out = enc.encode_pieces(texts)
+        self.check_later(texts, out, enc)
+        return out
+
+    def check_later(self, texts: Sequence[str], out: list[np.ndarray], enc) -> None:
+        """Sample one call's answers (``enc``'s IDs of ``texts``) for comparison off the request
+        path; a caller that ran the engine itself (the turn's direct path) samples through this."""
+        if self.rate and enc is not self.switch.reference and self._rng.random() < self.rate:
+            idx = self._sample(len(texts), texts)
+            self._enqueue([texts[i] for i in idx], [out[i] for i in idx], enc)
+
+    def encode_flat(self, texts: Sequence[str]) -> tuple[np.ndarray, np.ndarray]:
+        """Flat IDs from the current engine; a sampled call is split into per-text arrays in the
+        verifier's thread, never on the request path."""
+        from ..core.encoder import encode_flat
+        enc = self.switch.current
+        values, offsets = encode_flat(enc, texts)
+        self.check_flat_later(texts, values, offsets, enc)
+        return values, offsets
+
+    def check_flat_later(self, texts: Sequence[str], values: np.ndarray, offsets: np.ndarray, enc) -> None:
+        """:meth:`check_later` for a flat answer (split into per-text arrays only when sampled)."""
+        if self.rate and enc is not self.switch.reference and self._rng.random() < self.rate:
+            texts = list(texts)
+            idx = self._sample(len(texts), texts)
+            self._enqueue([texts[i] for i in idx], [values[offsets[i]:offsets[i + 1]] for i in idx], enc)
+
+    def drain(self, timeout: float = 60.0) -> None:
+        """Wait until every queued comparison is done (tests, shutdown)."""
+        if self._thread is not None:
+            self._queue.join()
+
+    def _ensure_thread(self) -> None:
+        with self._thread_lock:
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._run, name="delta-ray-shadow", daemon=True)
+                self._thread.start()
+
+    def _run(self) -> None:
+        ref = self.switch.reference
+        while True:
+            texts, got, enc = self._queue.get()
+            try:
+                want = ref.encode_pieces(texts)
+                for text, g, w in zip(texts, got, want):
+                    self.comparisons += 1
+                    same = np.array_equal(g, w)
+                    if not same:
+                        self.mismatches += 1
+                        self.last_mismatch = text
+                        log.error("fast tier (%s) disagrees with the reference on %s; switching this "
+                                  "tokenizer back to the reference and discarding its states",
+                                  getattr(enc, "description", enc.name), describe_text(text))
+                        self.switch.back_to_reference(f"shadow mismatch on a {len(text)}-character text")
+                    for fn in self._listeners:
+                        fn(same)
+            except Exception:  # noqa: BLE001
+                log.warning("shadow verification failed", exc_info=True)
+            finally:
+                self._queue.task_done()

@@ -1,0 +1,155 @@
+"""The package's dependency rule, read from the source (function-local imports included).
+
+Parts, bottom up (docs/design.md, "Map"):
+  delta_ray/core     the exact core: loading, admission, cut predicate, planner, repair, session
+                     store, assembly, the encoder protocol. Imports nothing else of the project.
+  delta_ray/verify   the fast tier's verification and its engines. Imports core.
+  delta_ray/*.py     the tokenizer (TokenizerCore composes core and verify; DeltaTokenizer is the
+                     user's facade) and the package's lazy front door.
+  delta_ray/apps     what is built on the tokenizer: batch files, chat templates, CLI, demo, drop-in.
+  actors             the Ray glue (pool, workers, chunk tasks, Serve, Data).
+  scheduler          Ray-free queue policy. Imports only itself.
+An application imports actors only inside a function (Ray stays lazy); nothing below the
+applications imports them. No import cycle among modules; no module imports another module's
+underscore names.
+"""
+from __future__ import annotations
+
+import ast
+import pathlib
+import subprocess
+import sys
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+FOLDERS = {"delta_ray": "delta_ray", "actors": "delta_ray.actors", "scheduler": "delta_ray.scheduler"}
+# What each part may import (module level and inside functions alike), besides itself.
+ALLOWED = {
+    "core": set(),
+    "verify": {"core"},
+    "top": {"core", "verify", "apps", "actors"},  # __init__ exposes the pool lazily
+    "apps": {"core", "verify", "top", "actors"},
+    "actors": {"core", "verify", "top", "apps", "scheduler"},
+    "scheduler": set(),
+}
+LAZY_ONLY = {("apps", "actors"), ("top", "actors"), ("top", "apps")}  # allowed inside functions only
+MAX_LINES = 500
+
+
+def _modules() -> dict[str, pathlib.Path]:
+    out = {}
+    for folder, pkg in FOLDERS.items():
+        for path in (ROOT / folder).rglob("*.py"):
+            rel = path.relative_to(ROOT / folder).with_suffix("")
+            name = ".".join((pkg, *rel.parts))
+            out[name.removesuffix(".__init__")] = path
+    return out
+
+
+def _part(module: str) -> str:
+    rest = module.split(".")[1:]
+    if not rest:
+        return "top"
+    if rest[0] in ("core", "verify", "apps", "actors", "scheduler"):
+        return rest[0]
+    return "top"
+
+
+def _imports(name: str, path: pathlib.Path, modules: dict) -> list[tuple[str, bool, list[str]]]:
+    """(target module, inside a function, imported names) for every project import of a module."""
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    in_func = set()
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            in_func |= {id(n) for n in ast.walk(node) if isinstance(n, (ast.Import, ast.ImportFrom))}
+    base = name if path.name == "__init__.py" else name.rsplit(".", 1)[0]
+    out = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom):
+            if node.level:
+                parts = base.split(".")[:len(base.split(".")) - node.level + 1]
+                mod = ".".join(parts + ([node.module] if node.module else []))
+            else:
+                mod = node.module or ""
+            for alias in node.names:
+                full = f"{mod}.{alias.name}"
+                target = full if full in modules else mod
+                if target in modules:
+                    out.append((target, id(node) in in_func, [] if target == full else [alias.name]))
+        elif isinstance(node, ast.Import):
+            out += [(a.name, id(node) in in_func, []) for a in node.names if a.name in modules]
+    return out
+
+
+def test_parts_import_only_what_the_rule_allows():
+    modules = _modules()
+    bad = []
+    for name, path in modules.items():
+        src = _part(name)
+        for target, lazy, _ in _imports(name, path, modules):
+            dst = _part(target)
+            if dst == src:
+                continue
+            if dst not in ALLOWED[src] or ((src, dst) in LAZY_ONLY and not lazy):
+                bad.append(f"{name} -> {target}{' (in a function)' if lazy else ''}")
+    assert not bad, "imports against the dependency rule:\n" + "\n".join(bad)
+
+
+def test_no_import_cycle_and_no_private_names():
+    modules = _modules()
+    graph = {name: set() for name in modules}
+    private = []
+    for name, path in modules.items():
+        for target, _, names in _imports(name, path, modules):
+            if target != name:
+                graph[name].add(target)
+            private += [f"{name} imports {target}.{n}" for n in names if n.startswith("_") and not n.startswith("__")]
+    assert not private, private
+    # Tarjan's strongly connected components: a component of more than one module is a cycle.
+    index, low, stack, on, cycles, counter = {}, {}, [], set(), [], [0]
+
+    def visit(v):
+        index[v] = low[v] = counter[0]
+        counter[0] += 1
+        stack.append(v)
+        on.add(v)
+        for w in graph[v]:
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            comp = []
+            while True:
+                w = stack.pop()
+                on.discard(w)
+                comp.append(w)
+                if w == v:
+                    break
+            if len(comp) > 1:
+                cycles.append(sorted(comp))
+
+    sys.setrecursionlimit(max(sys.getrecursionlimit(), 10_000))
+    for v in graph:
+        if v not in index:
+            visit(v)
+    assert not cycles, cycles
+
+
+def test_modules_stay_small():
+    long = {str(p.relative_to(ROOT)): n for p in _modules().values()
+            if (n := len(p.read_text(encoding="utf-8").splitlines())) > MAX_LINES}
+    assert not long, long
+
+
+def test_the_core_loads_without_the_verifier_or_ray():
+    """In a fresh interpreter: the exact core's modules import neither ray nor the fast tier."""
+    core = sorted(n for n in _modules() if _part(n) == "core" and n != "delta_ray.core")
+    code = ("import importlib, sys\n"
+            "sys.modules['delta_ray'] = type(sys)('delta_ray')\n"  # skip the package's front door
+            f"sys.modules['delta_ray'].__path__ = [{str(ROOT / 'delta_ray')!r}]\n"
+            f"for m in {core!r}:\n    importlib.import_module(m)\n"
+            "bad = sorted(m for m in sys.modules if m == 'ray' or m.startswith(('ray.', 'delta_ray.verify',"
+            " 'delta_ray.actors', 'delta_ray.apps', 'fastokens', 'gigatoken')))\n"
+            "assert not bad, bad\n")
+    subprocess.run([sys.executable, "-c", code], check=True, cwd=ROOT)
