@@ -19,6 +19,7 @@ fraction of a CPU so that reads and writes always have cores.
 """
 from __future__ import annotations
 
+import dataclasses
 import os
 from typing import Any, Iterator
 
@@ -29,6 +30,7 @@ from delta_ray.apps.batch_files import byte_slices
 from delta_ray.core.config import TokenizerConfig
 from delta_ray.core.loading import LoadedTokenizer, load_tokenizer
 from delta_ray.core.text_columns import BatchSpec, checked_text_column, encode_table
+from delta_ray.verify.fast_engine import FastEngineUnavailable
 from delta_ray.tokenizer import DeltaTokenizer
 from delta_ray.tokenizer_core import TokenizerCore
 
@@ -44,9 +46,17 @@ def _null_hint(column: str) -> str:
 class TokenizeBatch:
     """The actor-side callable: one TokenizerCore per actor, one threaded batch encode per slice."""
 
-    def __init__(self, config_bytes: bytes, digest: str, config: TokenizerConfig, spec: BatchSpec):
+    def __init__(self, config_bytes: bytes, digest: str, config: TokenizerConfig, spec: BatchSpec,
+                 fallback: bool = False):
+        """``fallback``: the driver chose ``"fast"`` for ``"auto"``; a node where the fast tier is
+        unavailable then encodes with the reference instead of failing."""
         loaded = LoadedTokenizer.from_bytes(config_bytes, expected_digest=digest, source="<tokenize_dataset>")
-        self.tokenizer = TokenizerCore(loaded, config)
+        try:
+            self.tokenizer = TokenizerCore(loaded, config)
+        except FastEngineUnavailable:
+            if not fallback:
+                raise
+            self.tokenizer = TokenizerCore(loaded, dataclasses.replace(config, engine="reference"))
         self.spec = spec
         # Resolved here, in the actor: the CPUs of the node it runs on, not the driver's.
         self.encode_threads = spec.threads or min(spec.encode_threads(), _ACTOR_THREADS_CAP)
@@ -80,13 +90,10 @@ def _resolve_engine(tokenizer: Any, loaded: LoadedTokenizer, spec: BatchSpec) ->
     (50-100x slower for the first seconds or minutes of every actor). The admission is blocking
     here and cached on disk, so later runs and the actors on this node find it at once; actors on
     other nodes admit it themselves ("fast": one process per node probes, under its lock)."""
-    import dataclasses
-
     if spec.engine != "auto":
         return spec
     if isinstance(tokenizer, DeltaTokenizer) and tokenizer.uses_fast_engine:
         return dataclasses.replace(spec, engine="fast")
-    from delta_ray.verify.fast_engine import FastEngineUnavailable
     try:
         DeltaTokenizer(loaded, TokenizerConfig(engine="fast", reuse="none"))
     except FastEngineUnavailable:
@@ -188,8 +195,6 @@ def tokenize_dataset(dataset, tokenizer, spec: BatchSpec | None = None, *, batch
     (``ray.exceptions.UserCodeException``, or the ``ValueError`` itself with
     ``DataContext.raise_original_map_exception``). Filter or fill nulls first.
     """
-    import dataclasses
-
     import ray.data
 
     if spec is not None and not isinstance(spec, BatchSpec):
@@ -212,6 +217,7 @@ def tokenize_dataset(dataset, tokenizer, spec: BatchSpec | None = None, *, batch
         raise ValueError(f"concurrency must be an int >= 1 or a (min, max) pair, got {concurrency!r}")
     loaded = _as_loaded(tokenizer)
     _check_schema(dataset, spec)
+    fallback = spec.engine == "auto"
     spec = _resolve_engine(tokenizer, loaded, spec)
     # Validated once here, then sent as it is to every actor.
     config = TokenizerConfig(chunk_size=chunk_size, cut_threshold=cut_threshold, threads=spec.threads,
@@ -223,7 +229,7 @@ def tokenize_dataset(dataset, tokenizer, spec: BatchSpec | None = None, *, batch
         compute = ray.data.ActorPoolStrategy(size=concurrency)
     return dataset.map_batches(
         TokenizeBatch,
-        fn_constructor_args=(loaded.config_bytes, loaded.digest, config, spec),
+        fn_constructor_args=(loaded.config_bytes, loaded.digest, config, spec, fallback),
         batch_size=batch_size,
         batch_format="pyarrow",
         zero_copy_batch=True,

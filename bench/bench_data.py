@@ -54,6 +54,8 @@ from delta_ray.apps.bundled import TEST_TOKENIZERS, bundled_tokenizer_path  # no
 from delta_ray.apps.sample_text import corpus  # noqa: E402
 
 PIPELINES = ("plain", "cli", "ray-fastokens", "tokenize_dataset", "ray-reference")
+MARKERS = {"ray-fastokens": "FastokensTokenize", "tokenize_dataset": "TokenizeBatch",
+           "ray-reference": "ReferenceTokenize"}
 
 
 # -- corpora --------------------------------------------------------------------------------------
@@ -293,6 +295,7 @@ def main(argv: list[str] | None = None) -> int:
         failed = False
         results: dict[str, dict[str, list[float]]] = {}
         tokens_of: dict[str, int] = {}
+        peaks: dict[tuple[str, str], float] = {}
         for cname, (source, files) in corpora.items():
             texts = None
             times: dict[str, list[float]] = {k: [] for k in pipelines}
@@ -307,7 +310,9 @@ def main(argv: list[str] | None = None) -> int:
                         elapsed, tokens = in_own_process(name, path, files, out)
                         stats = ""
                     else:
-                        elapsed, stats = run_ray(ray, name, path, source, out)
+                        with ActorPeakRSS(MARKERS[name]) as rss:
+                            elapsed, stats = run_ray(ray, name, path, source, out)
+                        peaks[(cname, name)] = max(peaks.get((cname, name), 0.0), rss.peak_mb())
                     times[name].append(elapsed)
                     if r == 0:  # check each pipeline's first output
                         if texts is None:
@@ -338,6 +343,8 @@ def main(argv: list[str] | None = None) -> int:
                     cell += f" ({statistics.median(times['plain']) / med:.2f}x plain)"
                 cells.append(cell)
             print(f"| {name} | " + " | ".join(cells) + " |")
+        print("peak RSS of the largest actor process: " + "; ".join(
+            f"{c} {n} {mb:,.0f} MB" for (c, n), mb in peaks.items()))
         print(f"(tokens: {', '.join(f'{c} {n:,}' for c, n in tokens_of.items())}; {args.verify} random rows of "
               f"each pipeline's first output checked against the reference: {'FAILED' if failed else 'exact'}; "
               f"load average at the end {os.getloadavg()[0]:.2f})")
