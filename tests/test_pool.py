@@ -295,3 +295,42 @@ def test_closing_a_pool_answers_every_caller_in_flight(pool, references, real_te
         assert not t.is_alive(), "a caller still waits on a closed pool"
     assert outcomes.count("closed") == 4
     assert all(o is True for o in outcomes if o != "closed")
+
+
+def test_an_abandoned_actor_call_still_queued_never_runs(ray_session):
+    """A call abandoned by its pool (it timed out, or the pool closed) while it waits in the
+    worker's queue behind another call is dropped there instead of running late."""
+    import time
+    from delta_ray.actors.calls import EXTEND, Call
+    from delta_ray.actors.transport import RayTransport
+
+    @ray.remote(num_cpus=0, max_concurrency=1)
+    class Busy:
+        def __init__(self):
+            self.ran = []
+
+        def extend(self, tag):
+            if tag == "first":
+                time.sleep(3.0)
+            self.ran.append(tag)
+            return tag
+
+        def log(self):
+            return self.ran
+
+    actor = Busy.remote()
+    ray.get(actor.log.remote())
+    transport = RayTransport({"w": actor}, chunk_task=None, owner=False)
+
+    async def main():
+        first = asyncio.ensure_future(transport.call("w", Call(EXTEND, ("first",), "k")))
+        await asyncio.sleep(0.3)
+        second = asyncio.ensure_future(transport.call("w", Call(EXTEND, ("second",), "k")))
+        await asyncio.sleep(0.3)
+        second.cancel()
+        assert await first == "first"
+    try:
+        asyncio.run(main())
+        assert ray.get(actor.log.remote()) == ["first"]
+    finally:
+        ray.kill(actor)
