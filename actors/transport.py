@@ -92,14 +92,11 @@ class RayTransport:
         try:
             return await asyncio.wrap_future(ref.future())
         except asyncio.CancelledError:
-            # Abandoned (hung, timed out, or the pool closed): a chunk task's process is freed; an
-            # actor call still waiting in the worker's queue (several pools may share a worker) is
-            # dropped there, so it does not run late (one already running finishes: Ray does not
-            # interrupt a running actor task, and the state version check covers it).
-            try:
-                ray.cancel(ref, force=wid is None)
-            except Exception:  # noqa: BLE001 - best effort
-                pass
+            if wid is None:  # an abandoned (hung) chunk task: free its process
+                try:
+                    ray.cancel(ref, force=True)
+                except Exception:  # noqa: BLE001 - best effort
+                    pass
             raise
         except (ray.exceptions.RayActorError, ray.exceptions.ActorUnavailableError) as exc:
             raise WorkerDead(wid, type(exc).__name__) from exc
