@@ -25,7 +25,10 @@ from typing import Any, AsyncIterable, Callable
 import numpy as np
 
 from delta_ray.core import constants as C
+from delta_ray.apps.chat_template import ChatTemplateError
 from delta_ray.core.loading import LoadedTokenizer
+from delta_ray.core.reference_api import id_to_token_fn, vocab_size  # the 0.x API or tokenizer.json (1.x)
+from delta_ray.scheduler import content_key
 from delta_ray.core.session_store import SessionNotFound
 
 from . import metrics
@@ -86,8 +89,6 @@ class RequestHandler:
                  pool_min_chars: "int | None" = None, overflow_inflight: "int | None" = None,
                  max_detokenize_tokens: int = DEFAULT_MAX_DETOKENIZE_TOKENS, replica_id: str = "",
                  record: Any = metrics):
-        from delta_ray.core.reference_api import id_to_token_fn, vocab_size  # 0.x API or tokenizer.json (1.x)
-
         self.delta = delta
         self.pool = pool
         self.template = template
@@ -127,8 +128,6 @@ class RequestHandler:
                    chunks: AsyncIterable[bytes]) -> "tuple[int, bytes, dict[str, str]]":
         """One HTTP request: (status, JSON body, headers). A client error is a 4xx with a message,
         an internal one a 500 with a reference id (details only in the log)."""
-        from delta_ray.apps.chat_template import ChatTemplateError
-
         handler: Callable = self.tokenize_body if endpoint == "tokenize" else self.detokenize_body
         status = 200
         self.inflight += 1
@@ -211,7 +210,6 @@ class RequestHandler:
             if key is None and not self.delta.router.is_small(text):
                 # Keyless long prompts are reused by content, always inside the caller's tenant,
                 # so one tenant's timing can never reveal another's text.
-                from delta_ray.scheduler import content_key
                 key, content = content_session_key(content_key(text), req.tenant), True
             if key is None:
                 tokens = await asyncio.to_thread(self._stateless, text, add) if len(text) > OFF_LOOP_CHARS \
