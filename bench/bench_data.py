@@ -258,6 +258,28 @@ def check_output(out: str, texts: dict[int, str], ref, verify: int, seed: int) -
     return len(ids), tokens, ""
 
 
+_UNITS = {"us": 1e-6, "ms": 1e-3, "s": 1.0, "m": 60.0, "h": 3600.0}
+
+
+def stage_cpu(stats: str) -> dict[str, float]:
+    """Remote CPU seconds per stage (read, map, write) from ``Dataset.stats()``: what the workers
+    spent, which a busy machine disturbs far less than wall time."""
+    import re
+    out: dict[str, float] = {}
+    stage = None
+    for line in stats.splitlines():
+        line = line.strip()
+        if line.startswith("Operator "):
+            name = line.split(":", 1)[0]
+            stage = "map" if "MapBatches" in name else "write" if "Write" in name else \
+                "read" if "Read" in name or "ListFiles" in name else "other"
+        elif stage and line.startswith("* Remote cpu time"):
+            m = re.search(r"([0-9.]+)(us|ms|s|m|h) total", line)
+            if m:
+                out[stage] = out.get(stage, 0.0) + float(m.group(1)) * _UNITS[m.group(2)]
+    return out
+
+
 def brief_stats(stats: str) -> str:
     keep = ("Operator ", "tasks executed", "Remote wall time", "Remote cpu time", "UDF time",
             "Output num rows per block", "Output size bytes per block", "Operator throughput",
@@ -296,6 +318,7 @@ def main(argv: list[str] | None = None) -> int:
         results: dict[str, dict[str, list[float]]] = {}
         tokens_of: dict[str, int] = {}
         peaks: dict[tuple[str, str], float] = {}
+        cpus: dict[tuple[str, str], list[dict[str, float]]] = {}
         for cname, (source, files) in corpora.items():
             texts = None
             times: dict[str, list[float]] = {k: [] for k in pipelines}
@@ -314,6 +337,8 @@ def main(argv: list[str] | None = None) -> int:
                             elapsed, stats = run_ray(ray, name, path, source, out)
                         peaks[(cname, name)] = max(peaks.get((cname, name), 0.0), rss.peak_mb())
                     times[name].append(elapsed)
+                    if stats:
+                        cpus.setdefault((cname, name), []).append(stage_cpu(stats))
                     if r == 0:  # check each pipeline's first output
                         if texts is None:
                             t = first if cname == "big" and first is not None else _texts_of(files)
@@ -343,6 +368,11 @@ def main(argv: list[str] | None = None) -> int:
                     cell += f" ({statistics.median(times['plain']) / med:.2f}x plain)"
                 cells.append(cell)
             print(f"| {name} | " + " | ".join(cells) + " |")
+        print("\nRay Data workers' CPU seconds (medians; read / map / write; less disturbed by load than wall time):")
+        for (c, n), runs in cpus.items():
+            med = {k: statistics.median([r.get(k, 0.0) for r in runs]) for k in ("read", "map", "write")}
+            print(f"  {c:10s} {n:17s} read {med['read']:6.2f}  map {med['map']:6.2f}  write {med['write']:6.2f}  "
+                  f"total {sum(med.values()):6.2f}")
         print("peak RSS of the largest actor process: " + "; ".join(
             f"{c} {n} {mb:,.0f} MB" for (c, n), mb in peaks.items()))
         print(f"(tokens: {', '.join(f'{c} {n:,}' for c, n in tokens_of.items())}; {args.verify} random rows of "

@@ -241,3 +241,18 @@ def test_a_compressed_input_is_streamed_not_decompressed_whole(tmp_path, kind):
     rows, grown_mb = map(int, out.stdout.split())
     assert rows > 4 * 1000  # four units of about 1 MiB of lines each
     assert grown_mb < 100, f"drawing 4 units of 1 MiB grew the process by {grown_mb} MiB"
+
+
+def test_a_jsonl_record_longer_than_a_mebibyte(tmp_path, real_texts, tokenizer_paths, references):
+    """pyarrow's JSON reader refuses a record longer than its block (1 MiB by default): a corpus
+    with one long document must still be read, checked and tokenized."""
+    from delta_ray.batch_files import check_text_column
+
+    long_doc = (real_texts["english"] * 40)[:1_500_000]
+    path = tmp_path / "long.jsonl"
+    path.write_text(json.dumps({"text": long_doc}) + "\n" + json.dumps({"text": "short"}) + "\n", encoding="utf-8")
+    check_text_column(str(path), Options())
+    dt = DeltaTokenizer(tokenizer_paths["llama3.2"], reuse="none")
+    s = tokenize_files([str(path)], str(tmp_path / "out"), dt, Options(batch_bytes=1 << 20), threads=2)
+    got = pq.read_table(tmp_path / "out" / output_name(str(path))).column("input_ids").to_pylist()
+    assert s.documents == 2 and got == [references["llama3.2"].encode(t).ids for t in (long_doc, "short")]

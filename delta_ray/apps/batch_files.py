@@ -119,8 +119,10 @@ def _lines_table(chunk: bytes, column: str) -> pa.Table:
 
 
 def _json_table(chunk: bytes) -> pa.Table:
+    """The JSON lines of a piece; its block size holds the piece whole (pyarrow's default, 1 MiB,
+    refuses a record longer than that: "straddles two block boundaries")."""
     import pyarrow.json as pj
-    return pj.read_json(pa.BufferReader(chunk))
+    return pj.read_json(pa.BufferReader(chunk), read_options=pj.ReadOptions(block_size=len(chunk) + 1))
 
 
 def _stream_tables(path: str, kind: str, spec: BatchSpec) -> Iterator[pa.Table]:
@@ -254,11 +256,12 @@ def check_text_column(path: str, opts: BatchSpec) -> None:
     if kind == "parquet":
         schema = pq.ParquetFile(path).schema_arrow
     elif kind == "json":
-        import pyarrow.json as pj
-        with pa.input_stream(path, compression="detect") as fh:
-            head = fh.read(1 << 20)
-        head = head[:head.rfind(b"\n") + 1] or head
-        schema = pj.read_json(pa.BufferReader(head)).schema if head.strip() else None
+        chunks = _line_chunks(path, 1 << 20)
+        try:
+            head = next(chunks, b"")  # the first MiB of whole lines (at least one line)
+        finally:
+            chunks.close()
+        schema = _json_table(head).schema if head.strip() else None
     else:
         return
     if schema is not None:
