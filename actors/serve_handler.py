@@ -24,7 +24,6 @@ from typing import Any, AsyncIterable, Callable
 
 import numpy as np
 
-from delta_ray.core import constants as C
 from delta_ray.apps.chat_template import ChatTemplateError
 from delta_ray.core.loading import LoadedTokenizer
 from delta_ray.core.reference_api import id_to_token_fn, vocab_size  # the 0.x API or tokenizer.json (1.x)

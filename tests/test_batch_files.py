@@ -246,7 +246,7 @@ def test_a_compressed_input_is_streamed_not_decompressed_whole(tmp_path, kind):
 def test_a_jsonl_record_longer_than_a_mebibyte(tmp_path, real_texts, tokenizer_paths, references):
     """pyarrow's JSON reader refuses a record longer than its block (1 MiB by default): a corpus
     with one long document must still be read, checked and tokenized."""
-    from delta_ray.batch_files import check_text_column
+    from delta_ray.apps.batch_files import check_text_column
 
     long_doc = (real_texts["english"] * 40)[:1_500_000]
     path = tmp_path / "long.jsonl"
