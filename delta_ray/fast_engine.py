@@ -64,6 +64,7 @@ from typing import Sequence, Union
 
 import numpy as np
 from .errors import DeltaRayError
+from .exit_guard import checkpoint
 
 FAST_BACKENDS = ("fastokens", "gigatoken")
 DEFAULT_BACKEND = "fastokens"  # no guarded code point on the six tokenizers, GIL-free, fastest on 1 thread
@@ -258,6 +259,7 @@ class FastEncoder:
         """Encode each text (no post-processing); reject what the reference rejects with ValueError."""
         if not texts:
             return []
+        checkpoint()  # a background thread of delta-ray never enters the engine once the process exits
         texts = list(texts)
         try:
             return self._impl.encode_pieces(texts)
@@ -270,6 +272,7 @@ class FastEncoder:
 
     def encode_flat(self, texts: Sequence[str]) -> tuple[np.ndarray, np.ndarray]:
         """All texts' IDs as one int32 buffer plus int64 offsets (len(texts) + 1)."""
+        checkpoint()
         texts = list(texts)
         try:
             if hasattr(self._impl, "encode_flat"):
