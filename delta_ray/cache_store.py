@@ -7,7 +7,9 @@ and the reference's version, so an upgrade of ``tokenizers`` re-derives every ta
 encodes a user's text, so it is never trusted blindly:
 
 * the directory must be a real directory owned by this user and writable by nobody else (created
-  ``0700``); otherwise caching is off for the process (a warning, then in-memory admission);
+  ``0700``); otherwise caching is off for the process (a warning, then in-memory admission). The
+  check is made on an open descriptor of the directory, and files are opened relative to it, so a
+  parent directory swapped for a symlink after the check redirects nothing (:func:`private_dir_fd`);
 * files are written through a temporary file created exclusively (``O_EXCL | O_NOFOLLOW``, mode
   ``0600``) and renamed into place, and read without following symlinks, so another user cannot
   plant a link or a half-written file;

@@ -101,4 +101,8 @@ def _at_exit() -> None:
             log.warning("delta-ray thread %s did not stop within %.0f s at exit", t.name, JOIN_TIMEOUT_S)
 
 
-threading._register_atexit(_at_exit)  # type: ignore[attr-defined]  # CPython 3.9+: see module docstring
+if hasattr(threading, "_register_atexit"):  # CPython 3.9+: see the module docstring
+    threading._register_atexit(_at_exit)  # type: ignore[attr-defined]
+else:  # pragma: no cover - other interpreters: atexit still runs before finalization
+    import atexit
+    atexit.register(_at_exit)
