@@ -28,15 +28,19 @@ class SlowFinalizer:
     runtime, as with any ``__del__`` that takes a while)."""
 
     def __init__(self):
-        self.threads = [t for t in threading.enumerate() if t.name.startswith("delta-ray")]
-        self.monotonic, self.write = time.monotonic, os.write
+        # native ids: Thread.is_alive() says False for every daemon thread once finalization began
+        self.threads = {t.native_id: t.name for t in threading.enumerate() if t.name.startswith("delta-ray")}
+        self.monotonic, self.write, self.exists = time.monotonic, os.write, os.path.exists
+
+    def alive(self) -> list:
+        return [name for tid, name in self.threads.items() if self.exists(f"/proc/self/task/{tid}")]
 
     def __del__(self):
-        alive = [t.name for t in self.threads if t.is_alive()]
+        alive = self.alive()
         if alive:
             self.write(2, f"delta-ray threads alive at finalization: {alive}\n".encode())
         end = self.monotonic() + 30
-        while self.monotonic() < end and any(t.is_alive() for t in self.threads):
+        while self.monotonic() < end and self.alive():
             sum(range(1000))
 
 

@@ -59,7 +59,9 @@ def main(argv: list[str] | None = None) -> int:
     rng = random.Random()
     failures = {"script": 0, "tokenize": 0}
     counts = {"script": 0, "tokenize": 0}
-    jobs = [("script", i) for i in range(args.runs)] + [("tokenize", i) for i in range(args.tokenize_runs)]
+    jobs = [("script", i) for i in range(args.runs)]
+    for i in range(args.tokenize_runs):  # spread over the script runs
+        jobs.insert(round((i + 1) * len(jobs) / (args.tokenize_runs + 1)), ("tokenize", i))
     for kind, i in jobs:
         cache = fresh_cache(base, f"{kind}-{i}", not args.empty)
         env = dict(os.environ, DELTA_RAY_CACHE=str(cache), DELTA_RAY_FAST_BACKGROUND="1")
