@@ -158,3 +158,75 @@ def test_a_rejected_verdict_is_not_admitted_again(tokenizer_paths):
         DeltaTokenizer(tokenizer_paths["glm-4"], engine="fast")
     dt = DeltaTokenizer(tokenizer_paths["glm-4"], engine="auto")
     assert dt.admission.engine.startswith("reference")
+
+
+def test_a_late_passing_verdict_never_overwrites_a_persisted_rejection(key):
+    """Issue 21 (15): a slow admission that passes after another process's shadow verifier persisted
+    a rejection must not turn the rejection back into an admission."""
+    reject_verdict(key, "shadow mismatch in another process")
+    save_verdict(key, True, "battery passed (admission started before the rejection)", [])
+    rec = load_verdict(key)
+    assert rec is not None and rec["ok"] is False and "shadow mismatch" in rec["reason"]
+    save_verdict(key, False, "a second rejection", [])  # rejections may replace each other
+    assert load_verdict(key)["ok"] is False
+
+
+def test_a_rejection_written_in_the_old_layout_is_not_overwritten_either(key):
+    from delta_ray.verify.engines import _valid_verdict  # noqa: F401 - the record format is the same
+    cache_store.save_record("verdict", key, {"ok": False, "reason": "refused earlier", "at": 1.0, "ranges": [],
+                                             "ranges_sha256": __import__("delta_ray.verify.guard_runtime", fromlist=["x"])
+                                             .ranges_digest([]), "stats": {}})
+    save_verdict(key, True, "battery passed", [])
+    assert load_verdict(key)["ok"] is False
+
+
+def _swapper(link, targets, seconds):
+    """A process that keeps replacing ``link`` by a symlink to each of ``targets`` in turn (the
+    owner of a parent directory racing a reader)."""
+    import subprocess
+    import sys
+    code = ("import os,sys,time\nlink,a,b,s=sys.argv[1],sys.argv[2],sys.argv[3],float(sys.argv[4])\n"
+            "tmp=link+'.new'\nprint('ready',flush=True)\nend=time.time()+s\n"
+            "while time.time()<end:\n"
+            "  for t in (a,b):\n"
+            "    try: os.unlink(tmp)\n"
+            "    except FileNotFoundError: pass\n"
+            "    os.symlink(t,tmp); os.replace(tmp,link)\n")
+    proc = subprocess.Popen([sys.executable, "-c", code, str(link), *map(str, targets), str(seconds)],
+                            stdout=subprocess.PIPE, text=True)
+    assert proc.stdout.readline().strip() == "ready"
+    return proc
+
+
+def test_a_parent_directory_swapped_for_a_symlink_never_redirects_a_read(key, tmp_path, monkeypatch):
+    """Issue 21 (10): the private-directory check used to cover the leaf only, and the file was then
+    opened by path: whoever owns a parent directory could swap it between the check and the open and
+    have a forged record read from a directory anybody can write. Now the directory is opened once,
+    checked on its descriptor, and the record is read relative to it."""
+    real, evil = tmp_path / "real", tmp_path / "evil"
+    (real / "cache" / "guard").mkdir(parents=True)
+    for d in (real, real / "cache", real / "cache" / "guard"):
+        os.chmod(d, 0o700)
+    monkeypatch.setenv("DELTA_RAY_CACHE", str(evil / "cache"))
+    assert save_verdict(key, True, "forged: admitted without a battery", [])
+    for d in (evil / "cache", evil / "cache" / "guard"):
+        os.chmod(d, 0o777)  # the attacker's copy: anybody may write there, so it is never trusted
+    parent = tmp_path / "parent"
+    os.symlink(real, parent)
+    monkeypatch.setenv("DELTA_RAY_CACHE", str(parent / "cache"))
+    cache_store._WARNED.add(f"cache directory {parent / 'cache' / 'guard'} is writable by others")
+    assert load_verdict(key) is None  # the genuine cache holds nothing
+    import time
+    proc = _swapper(parent, (real, evil), 30)
+    forged = reads = 0
+    try:
+        end = time.monotonic() + 6
+        while time.monotonic() < end and not forged:
+            reads += 1
+            if load_verdict(key) is not None:
+                forged += 1
+    finally:
+        proc.kill()
+        proc.wait()
+    assert forged == 0, f"a forged record was read through a swapped parent (after {reads} reads)"
+    assert reads > 100

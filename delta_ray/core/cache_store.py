@@ -7,7 +7,9 @@ and the reference's version, so an upgrade of ``tokenizers`` re-derives every ta
 encodes a user's text, so it is never trusted blindly:
 
 * the directory must be a real directory owned by this user and writable by nobody else (created
-  ``0700``); otherwise caching is off for the process (a warning, then in-memory admission);
+  ``0700``); otherwise caching is off for the process (a warning, then in-memory admission). The
+  check is made on an open descriptor of the directory, and files are opened relative to it, so a
+  parent directory swapped for a symlink after the check redirects nothing (:func:`private_dir_fd`);
 * files are written through a temporary file created exclusively (``O_EXCL | O_NOFOLLOW``, mode
   ``0600``) and renamed into place, and read without following symlinks, so another user cannot
   plant a link or a half-written file;
@@ -46,57 +48,84 @@ def _warn_once(what: str) -> None:
         log.warning("%s: delta-ray caches nothing there for this process (admission runs in memory)", what)
 
 
-def private_dir(sub: str = "", *, create: bool = True) -> Path | None:
-    """``cache_root()/sub``, created ``0700``; None (with a warning) if it is not private to this user.
+_O_DIR = os.O_RDONLY | getattr(os, "O_DIRECTORY", 0) | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
 
-    A reader passes ``create=False``: a missing directory then means "nothing cached" and nothing is
-    created, so a background poller never makes a cache directory where nothing will be written."""
+
+@contextlib.contextmanager
+def private_dir_fd(sub: str = "", *, create: bool = True) -> Iterator[int | None]:
+    """An open descriptor of ``cache_root()/sub`` (created ``0700``), or None (with a warning) when
+    that directory is not private to this user.
+
+    The check is made on the descriptor (``fstat``), and every file operation of this module is
+    relative to it (``dir_fd``): swapping any component of the path afterwards (a parent directory
+    owned by someone else replaced by a symlink) redirects nothing, since the path is resolved once,
+    when the descriptor is opened. The last component is opened with ``O_NOFOLLOW``. A reader passes
+    ``create=False``: a missing directory then means "nothing cached" and nothing is created, so a
+    background poller never makes a cache directory where nothing will be written."""
     path = cache_root() / sub if sub else cache_root()
     try:
         if create:
             path.mkdir(parents=True, exist_ok=True, mode=0o700)
-        st = os.lstat(path)
+        fd = os.open(path, _O_DIR)
     except OSError as exc:
         if not create and isinstance(exc, FileNotFoundError):
-            return None
+            yield None
+            return
         _warn_once(f"cache directory {path} is unusable ({exc.strerror})")
-        return None
-    if not stat.S_ISDIR(st.st_mode):
-        _warn_once(f"cache path {path} is not a directory")
-        return None
-    if hasattr(os, "geteuid") and st.st_uid != os.geteuid():
-        _warn_once(f"cache directory {path} belongs to another user")
-        return None
-    if st.st_mode & 0o022:
-        _warn_once(f"cache directory {path} is writable by others")
-        return None
-    return path
+        yield None
+        return
+    try:
+        st = os.fstat(fd)
+        problem = None
+        if not stat.S_ISDIR(st.st_mode):
+            problem = f"cache path {path} is not a directory"
+        elif hasattr(os, "geteuid") and st.st_uid != os.geteuid():
+            problem = f"cache directory {path} belongs to another user"
+        elif st.st_mode & 0o022:
+            problem = f"cache directory {path} is writable by others"
+        if problem is not None:
+            _warn_once(problem)
+            yield None
+        else:
+            yield fd
+    finally:
+        os.close(fd)
 
 
-def atomic_write(path: Path, data: bytes) -> bool:
-    """Write ``data`` to ``path`` through an exclusive temporary file and a rename; False on failure."""
+def private_dir(sub: str = "", *, create: bool = True) -> Path | None:
+    """``cache_root()/sub`` if it is (now) private to this user, else None (diagnostics only: the
+    records and tables of this module are read and written through :func:`private_dir_fd`)."""
+    with private_dir_fd(sub, create=create) as fd:
+        return None if fd is None else (cache_root() / sub if sub else cache_root())
+
+
+def atomic_write(path: Path | str, data: bytes, *, dir_fd: int | None = None) -> bool:
+    """Write ``data`` to ``path`` through an exclusive temporary file and a rename; False on failure.
+
+    With ``dir_fd``, ``path`` is a name inside that directory (see :func:`private_dir_fd`)."""
+    path = Path(path)
     tmp = path.with_name(f".{path.name}.{os.getpid()}.{secrets.token_hex(6)}.tmp")
     flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
     try:
-        fd = os.open(tmp, flags, 0o600)
+        fd = os.open(tmp, flags, 0o600, dir_fd=dir_fd)
         try:
             with os.fdopen(fd, "wb") as fh:
                 fh.write(data)
         except BaseException:
             with contextlib.suppress(OSError):
-                os.unlink(tmp)
+                os.unlink(tmp, dir_fd=dir_fd)
             raise
-        os.replace(tmp, path)
+        os.replace(tmp, path, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
         return True
     except OSError:  # a read-only cache only costs a redo next time
         return False
 
 
-def read_file(path: Path) -> bytes | None:
+def read_file(path: Path | str, *, dir_fd: int | None = None) -> bytes | None:
     """The bytes of a regular file, not following a symlink at the last component; None otherwise."""
     flags = os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
     try:
-        fd = os.open(path, flags)
+        fd = os.open(path, flags, dir_fd=dir_fd)
     except OSError:
         return None
     try:
@@ -114,27 +143,27 @@ def _canonical(obj: Any) -> bytes:
     return json.dumps(obj, sort_keys=True, separators=(",", ":"), ensure_ascii=True).encode()
 
 
-def _record_path(directory: Path, kind: str, key: dict) -> Path:
-    return directory / f"{kind}-{hashlib.sha256(_canonical(key)).hexdigest()[:40]}.json"
+def _record_name(kind: str, key: dict) -> str:
+    return f"{kind}-{hashlib.sha256(_canonical(key)).hexdigest()[:40]}.json"
 
 
 def save_record(kind: str, key: dict, payload: dict, *, sub: str = "guard") -> bool:
     """Store ``payload`` under ``key`` (bound by digest); False when caching is off or failed."""
-    directory = private_dir(sub)
-    if directory is None:
-        return False
     body = {"format": RECORD_FORMAT, "kind": kind, "key": key, "payload": payload}
     body["sha256"] = hashlib.sha256(_canonical(body)).hexdigest()
-    return atomic_write(_record_path(directory, kind, key), _canonical(body))
+    with private_dir_fd(sub) as dfd:
+        if dfd is None:
+            return False
+        return atomic_write(_record_name(kind, key), _canonical(body), dir_fd=dfd)
 
 
 def load_record(kind: str, key: dict, *, sub: str = "guard",
                 validate: Callable[[dict], bool] | None = None) -> dict | None:
     """The payload stored under exactly ``key``, or None when absent, altered or invalid."""
-    directory = private_dir(sub, create=False)
-    if directory is None:
-        return None
-    raw = read_file(_record_path(directory, kind, key))
+    with private_dir_fd(sub, create=False) as dfd:
+        if dfd is None:
+            return None
+        raw = read_file(_record_name(kind, key), dir_fd=dfd)
     if raw is None:
         return None
     try:
@@ -149,16 +178,16 @@ def load_record(kind: str, key: dict, *, sub: str = "guard",
     except Exception:  # noqa: BLE001 - anything malformed is simply not trusted
         ok = False
     if not ok:
-        log.warning("discarding an invalid %s record in %s", kind, directory)
+        log.warning("discarding an invalid %s record in %s", kind, cache_root() / sub)
         return None
     return body["payload"]
 
 
 def delete_record(kind: str, key: dict, *, sub: str = "guard") -> None:
-    directory = private_dir(sub, create=False)
-    if directory is not None:
-        with contextlib.suppress(OSError):
-            os.unlink(_record_path(directory, kind, key))
+    with private_dir_fd(sub, create=False) as dfd:
+        if dfd is not None:
+            with contextlib.suppress(OSError):
+                os.unlink(_record_name(kind, key), dir_fd=dfd)
 
 
 def cached_table(name: str, version: int, derive: Callable[[], Any], shape: tuple, dtype) -> Any:
@@ -169,9 +198,9 @@ def cached_table(name: str, version: int, derive: Callable[[], Any], shape: tupl
     import numpy as np
 
     from .reference_version import reference_version
-    directory = private_dir()
-    path = directory / f"{name}-v{version}-tokenizers-{reference_version()}.npy" if directory else None
-    raw = read_file(path) if path is not None else None
+    name = f"{name}-v{version}-tokenizers-{reference_version()}.npy"
+    with private_dir_fd() as dfd:
+        raw = read_file(name, dir_fd=dfd) if dfd is not None else None
     if raw is not None:
         try:
             table = np.load(io.BytesIO(raw), allow_pickle=False)
@@ -180,32 +209,11 @@ def cached_table(name: str, version: int, derive: Callable[[], Any], shape: tupl
         except Exception:  # noqa: BLE001 - a damaged file is derived again
             pass
     table = derive()
-    if path is not None:
-        buf = io.BytesIO()
-        np.save(buf, table, allow_pickle=False)
-        atomic_write(path, buf.getvalue())
+    buf = io.BytesIO()
+    np.save(buf, table, allow_pickle=False)
+    with private_dir_fd() as dfd:
+        if dfd is not None:
+            atomic_write(name, buf.getvalue(), dir_fd=dfd)
     return table
 
 
-@contextlib.contextmanager
-def exclusive_lock(name: str, *, sub: str = "guard") -> Iterator[None]:
-    """Hold an exclusive lock file (one process per machine does the work); no lock if caching is off."""
-    directory = private_dir(sub)
-    if directory is None:
-        yield
-        return
-    flags = os.O_RDWR | os.O_CREAT | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
-    try:
-        fd = os.open(directory / name, flags, 0o600)
-    except OSError:
-        yield
-        return
-    try:
-        try:
-            import fcntl
-            fcntl.flock(fd, fcntl.LOCK_EX)
-        except ImportError:  # pragma: no cover - not POSIX
-            pass
-        yield
-    finally:
-        os.close(fd)

@@ -27,7 +27,7 @@ from .reference_api import FULL_API
 
 # Family class ids (small ints indexing the accept matrix).
 LET, NUM, CRLF, WS, APOS, OTH, CJK, PS, GAP, MARK, UNV = range(11)
-# UNV: a code point whose class the reference did not confirm (tokenizers 1.x, delta_ray.class_verify);
+# UNV: a code point whose class the reference did not confirm (tokenizers 1.x, delta_ray.core.class_verify);
 # no transition into or out of it is ever accepted.
 CLASS_NAMES = ["L", "N", "CRLF", "W", "APOS", "O", "K", "PS", "G", "M", "UNV"]
 N_CLASSES = len(CLASS_NAMES)

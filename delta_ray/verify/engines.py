@@ -25,8 +25,9 @@ from typing import Callable
 
 from delta_ray.core import constants as C
 from ..core.encoder import Encoder, ReferenceEncoder
+from ..core.exit_guard import checkpoint, start_thread
 
-log = logging.getLogger("delta_ray.engines")
+log = logging.getLogger("delta_ray.verify.engines")
 BATTERY_FORMAT = 2  # bump when the battery or the admission fuzz changes
 ADMISSION_FUZZ_SECONDS = 4.0  # fuzzing at admission (DELTA_RAY_ADMISSION_FUZZ_SECONDS overrides)
 
@@ -49,19 +50,37 @@ def _valid_verdict(p: dict) -> bool:
             and isinstance(p.get("at"), (int, float)) and valid_guard_payload(p))
 
 
+# A rejection lives in its own record, which no admission ever writes: a passing verdict written
+# late (a slow admission finishing after another process's shadow verifier caught the engine) can
+# therefore never replace it, whatever the interleaving, without a lock.
+REJECTION_KIND = "verdict-rejected"
+
+
 def load_verdict(key: dict) -> dict | None:
-    """The validated admission record for ``key``, or None (absent, altered, or caching off)."""
+    """The validated admission record for ``key``, or None (absent, altered, or caching off).
+
+    A persisted rejection wins over any passing record for the same key."""
     from ..core.cache_store import load_record
+    rejected = load_record(REJECTION_KIND, key, validate=_valid_verdict)
+    if rejected is not None and not rejected["ok"]:
+        return rejected
     return load_record("verdict", key, validate=_valid_verdict)
 
 
 def save_verdict(key: dict, ok: bool, reason: str, ranges: list, stats: dict | None = None) -> bool:
+    """Persist an admission verdict; a rejection (``ok=False``) goes to its own record, which a later
+    passing verdict cannot overwrite. False when caching is off or the write failed."""
     from ..core.cache_store import save_record
     from .guard_runtime import ranges_digest
     ranges = [list(map(int, r)) for r in ranges]
-    return save_record("verdict", key, {"ok": bool(ok), "reason": str(reason), "at": time.time(),
-                                        "ranges": ranges, "ranges_sha256": ranges_digest(ranges),
-                                        "stats": stats or {}})
+    payload = {"ok": bool(ok), "reason": str(reason), "at": time.time(),
+               "ranges": ranges, "ranges_sha256": ranges_digest(ranges), "stats": stats or {}}
+    if ok:
+        from ..core.cache_store import load_record
+        old = load_record("verdict", key, validate=_valid_verdict)
+        if old is not None and not old["ok"]:  # a rejection written before rejections had their own record
+            return False
+    return save_record("verdict" if ok else REJECTION_KIND, key, payload)
 
 
 def reject_verdict(key: dict | None, reason: str) -> None:
@@ -80,7 +99,13 @@ def _fuzz_at_admission(config_bytes: bytes, reference: ReferenceEncoder, fast, g
         return set(), []
     cfg = json.loads(config_bytes)
     added = [t["content"] for t in cfg.get("added_tokens") or []]
-    res = fuzz(reference.encode_pieces, fast.encode_pieces, fuzz_alphabet(cfg, added),
+    def checked(encode):  # a checkpoint before each native call (see exit_guard)
+        def run(texts):
+            checkpoint()
+            return encode(texts)
+        return run
+
+    res = fuzz(checked(reference.encode_pieces), checked(fast.encode_pieces), fuzz_alphabet(cfg, added),
                allows=guard.allows, seconds=seconds)
     extra: set[int] = set()
     unguardable: list[str] = []
@@ -100,7 +125,9 @@ def admit_fast(config_bytes: bytes, reference: ReferenceEncoder, backend: str = 
     from .guard_probe import guard_set_for
     from .guard_runtime import GuardedEncoder, GuardSet, guard_from_ranges
 
+    checkpoint()
     fast = cached_fast_encoder(config_bytes, backend)
+    checkpoint()
     key = verdict_key(config_bytes, fast.backend, fast.backend_version)
     rec = load_verdict(key)
     if rec is not None:
@@ -108,6 +135,7 @@ def admit_fast(config_bytes: bytes, reference: ReferenceEncoder, backend: str = 
         ok, reason = rec["ok"], rec["reason"]
     else:
         guard = guard_set_for(config_bytes, fast, ref_tokenizer=reference.tokenizer)
+        checkpoint()
         extra, unguardable = _fuzz_at_admission(config_bytes, reference, fast, guard)
         if extra:
             guard = GuardSet(guard.code_points | frozenset(extra), key=guard.key,
@@ -117,7 +145,12 @@ def admit_fast(config_bytes: bytes, reference: ReferenceEncoder, backend: str = 
         else:
             import json
             ok, reason = verify_fast_engine(reference.tokenizer, fast, guard=guard, config=json.loads(config_bytes))
+        checkpoint()  # an admission cut short by the exit records nothing
         save_verdict(key, ok, reason, [list(r) for r in guard.ranges()], guard.stats)
+        if ok:  # a rejection persisted meanwhile (another process's shadow verifier) wins
+            latest = load_verdict(key)
+            if latest is not None and not latest["ok"]:
+                ok, reason = False, latest["reason"]
     if not ok:
         raise FastEngineUnavailable(f"{fast.backend} {fast.backend_version} is not admitted: {reason}")
     enc = GuardedEncoder(fast, guard, reference, verdict_key=key)
@@ -210,10 +243,10 @@ def _watch_verdict(switch: EngineSwitch, key: dict) -> None:
     shadow verifier caught the engine) disables the fast tier here too, with the same purge."""
     import weakref
     ref = weakref.ref(switch)
+    stop = threading.Event()
 
     def run() -> None:
-        while True:
-            time.sleep(VERDICT_POLL_S)
+        while not stop.wait(VERDICT_POLL_S):
             sw = ref()
             if sw is None or sw.disabled_reason is not None:
                 return
@@ -223,7 +256,7 @@ def _watch_verdict(switch: EngineSwitch, key: dict) -> None:
                 return
             del sw
 
-    threading.Thread(target=run, name="delta-ray-verdict-watch", daemon=True).start()
+    start_thread(run, "delta-ray-verdict-watch", stop=stop.set)
 
 
 _BG_LOCK = threading.Lock()
@@ -259,11 +292,20 @@ def select_engine(engine: str, config_bytes: bytes, switch: EngineSwitch, *, dig
 
 
 def _start_background(config_bytes: bytes, switch: EngineSwitch, digest: str, on_ready) -> None:
+    """Admit the fast tier in a background thread (see :mod:`delta_ray.core.exit_guard` for how it ends
+    when the process exits: at its next checkpoint, before finalization, recording nothing)."""
+    def waiting(msg: str) -> None:
+        switch.reason = f"reference (fast tier admission {msg})"
+
     def run():
-        from ..core.cache_store import exclusive_lock
+        from ..core.cache_lock import bounded_lock
         from .fast_engine import FastEngineUnavailable
         try:
-            with exclusive_lock(f"admitting-{digest[:16]}.lock"):  # one probing process per machine
+            # one probing process per machine; a stopped or hung holder is waited for with a bound
+            with bounded_lock(f"admitting-{digest[:16]}.lock", on_wait=waiting) as lock:
+                if switch.disabled_reason is None:
+                    switch.reason = ("reference (fast tier admission running in the background)" if lock.held
+                                     else f"reference (fast tier admission running: {lock.reason})")
                 enc = admit_fast(config_bytes, switch.reference)
             switch.use(enc, enc.description)
             log.info("fast tier admitted: %s", enc.description)
@@ -280,4 +322,4 @@ def _start_background(config_bytes: bytes, switch: EngineSwitch, digest: str, on
         if key in _BG_STARTED:
             return
         _BG_STARTED.add(key)
-    threading.Thread(target=run, name="delta-ray-fast-admission", daemon=True).start()
+    start_thread(run, "delta-ray-fast-admission")

@@ -65,6 +65,7 @@ from typing import Sequence, Union
 import numpy as np
 from ..core.assembly import flat_from_pieces
 from ..core.errors import DeltaRayError
+from ..core.exit_guard import checkpoint
 
 FAST_BACKENDS = ("fastokens", "gigatoken")
 DEFAULT_BACKEND = "fastokens"  # no guarded code point on the six tokenizers, GIL-free, fastest on 1 thread
@@ -259,6 +260,7 @@ class FastEncoder:
         """Encode each text (no post-processing); reject what the reference rejects with ValueError."""
         if not texts:
             return []
+        checkpoint()  # a background thread of delta-ray never enters the engine once the process exits
         texts = list(texts)
         try:
             return self._impl.encode_pieces(texts)
@@ -271,6 +273,7 @@ class FastEncoder:
 
     def encode_flat(self, texts: Sequence[str]) -> tuple[np.ndarray, np.ndarray]:
         """All texts' IDs as one int32 buffer plus int64 offsets (len(texts) + 1)."""
+        checkpoint()
         texts = list(texts)
         try:
             if hasattr(self._impl, "encode_flat"):

@@ -11,6 +11,7 @@ from typing import Iterable
 
 import numpy as np
 
+from ..core.exit_guard import checkpoint
 from .guard_runtime import GuardSet
 from ..core.reference_api import added_token_contents, encode_batch_ids
 
@@ -144,6 +145,7 @@ def verify_fast_engine(ref_tokenizer, fast_encoder, texts: Iterable[str] = (), *
         got_batch = fast_encoder.encode_pieces(battery)
         got_single = [None] * len(battery)
         for i in range(len(battery) - 1, -1, -1):
+            checkpoint()  # one native call per text: a background admission stops here at exit
             got_single[i] = fast_encoder.encode_pieces([battery[i]])[0]
     except Exception as exc:  # noqa: BLE001
         return False, f"the fast engine failed: {type(exc).__name__}: {exc}"

@@ -52,6 +52,7 @@ Guarded code points are the ones in a probe whose IDs differ (both code points o
 """
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
@@ -64,6 +65,7 @@ from typing import Callable, Sequence
 import numpy as np
 
 from ..core.cache_store import load_record, save_record
+from ..core.exit_guard import checkpoint
 from .fast_engine import FastEncoder, FastEngineUnavailable, engine_key
 from .guard_runtime import GuardSet, guard_from_ranges, ranges_digest, valid_guard_payload
 from .probe_contexts import BASE_CONTEXTS, derived_contexts
@@ -171,6 +173,17 @@ def _encode_ref_parallel(ref_tokenizer, texts: list[str], pool) -> list[np.ndarr
     for fu in futs:
         out.extend(fu.result())
     return out
+
+
+@contextlib.contextmanager
+def _cancel_queued_on_error(pool):
+    """On any exception (an exit's :class:`~delta_ray.core.exit_guard.ExitCancelled` included), drop the
+    reference slices still queued: the pool's shutdown then waits only for those already running."""
+    try:
+        yield
+    except BaseException:
+        pool.shutdown(wait=False, cancel_futures=True)
+        raise
 
 
 def _digest_text(text: str) -> str:
@@ -310,9 +323,10 @@ def probe_disagreements(ref_tokenizer, fast: FastEncoder | Callable[[list[str]],
 
     # Pipelined: while the reference encodes batch k on the pool's threads (it drops the GIL), the
     # calling thread builds batch k+1 and runs the engine on it.
-    with ThreadPoolExecutor(max_workers=n_workers) as pool:
+    with ThreadPoolExecutor(max_workers=n_workers) as pool, _cancel_queued_on_error(pool):
         pending = None
         for texts, owners in _probe_texts(cps, contexts, pairs):
+            checkpoint()  # between native calls: a background probe stops here when the process exits
             batch = prepare(texts, owners, pool)
             del texts, owners
             if pending is not None:
@@ -322,6 +336,7 @@ def probe_disagreements(ref_tokenizer, fast: FastEncoder | Callable[[list[str]],
             finish(pending)
         del pending
         if alone:
+            checkpoint()
             t = time.perf_counter()
             texts = [txt for txt, _ in alone]
             for (txt, own), r, f in zip(alone, _encode_ref_parallel(ref_tokenizer, texts, pool), fast_encode(texts)):

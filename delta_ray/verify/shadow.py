@@ -9,6 +9,7 @@ the states the engine produced. Log lines carry the text's length and digest, no
 """
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import logging
 import os
@@ -19,7 +20,7 @@ from typing import Callable, Sequence
 
 import numpy as np
 
-log = logging.getLogger("delta_ray.shadow")
+log = logging.getLogger("delta_ray.verify.shadow")
 
 
 def describe_text(text: str) -> str:
@@ -48,6 +49,7 @@ class ShadowVerifier:
         self._queue: queue.Queue = queue.Queue(maxsize=max_queue)
         self._thread: threading.Thread | None = None
         self._thread_lock = threading.Lock()
+        self._stopping = False  # set at exit (exit_guard): the thread finishes its comparison and ends
 
     @property
     def name(self) -> str:
@@ -113,15 +115,26 @@ class ShadowVerifier:
             self._queue.join()
 
     def _ensure_thread(self) -> None:
+        from ..core.exit_guard import start_thread
         with self._thread_lock:
             if self._thread is None:
-                self._thread = threading.Thread(target=self._run, name="delta-ray-shadow", daemon=True)
-                self._thread.start()
+                # stopped and joined at exit before finalization: the reference's batch encode drops
+                # the GIL, and a daemon thread inside it when the runtime finalizes aborts the process
+                self._thread = start_thread(self._run, "delta-ray-shadow", stop=self._stop)
+
+    def _stop(self) -> None:
+        self._stopping = True
+        with contextlib.suppress(queue.Full):
+            self._queue.put_nowait(None)  # wakes a waiting get(); a full queue means no get() waits
 
     def _run(self) -> None:
         ref = self.switch.reference
-        while True:
-            texts, got, enc = self._queue.get()
+        while not self._stopping:
+            item = self._queue.get()
+            if item is None or self._stopping:
+                self._queue.task_done()
+                return
+            texts, got, enc = item
             try:
                 want = ref.encode_pieces(texts)
                 for text, g, w in zip(texts, got, want):
