@@ -13,7 +13,8 @@ import time
 
 import pytest
 
-from delta_ray.core import cache_store, engines
+from delta_ray.core import cache_store
+from delta_ray.verify import engines
 from delta_ray.verify.engines import EngineSwitch, select_engine
 from delta_ray.verify.fast_engine import FastEngineUnavailable
 from delta_ray.core.reference_api import tokenizer_from_str
