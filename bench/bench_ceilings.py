@@ -102,6 +102,7 @@ class InstantTransport:
 
 
 BASELINE: Any = None  # the scheduler package of another revision (--ab), or None
+RECORD: Any = NoMetrics()  # what the orchestrator records to (bench_scaleout passes the real metrics under Ray)
 
 
 def scheduler_at(rev: str):
@@ -135,7 +136,7 @@ def make_orchestrator(local: TokenizerCore, n_workers: int, loop, *, inflight_ta
     cfg = PoolConfig(tokenizer=tok, placement=False, max_inflight_tasks=inflight_tasks,
                      num_workers=n_workers).resolved(n_workers)
     ids = [f"w{i:03d}" for i in range(n_workers)]
-    orch = PoolOrchestrator(local, transport, ids, cfg, loop, SECRET, record=NoMetrics())
+    orch = PoolOrchestrator(local, transport, ids, cfg, loop, SECRET, record=RECORD)
     if baseline:  # the same orchestrator on the other revision's dispatcher and routing
         orch.dispatcher = BASELINE.Dispatcher(cfg.policy, workers=ids, max_inflight_tasks=cfg.max_inflight_tasks,
                                               workers_take_shared=cfg.workers_take_shared)

@@ -63,6 +63,9 @@ class Costs:
     encode_ms_per_mchar: float = 10.0  # a stateless chunk's encode, per million characters
     # network, per node and direction (not measurable on one machine: 10 Gbit/s assumed)
     net_mb_per_ms: float = 1.25
+    # what a calling process spends per second whatever it serves (Ray's threads in a driver: core
+    # worker, gRPC, the metrics flusher), modelled as 0.5 ms slices of its loop and a core
+    driver_background_ms_per_s: float = 0.0
 
     def orch_session(self, workers: int) -> float:
         return self.orch_session_ms + self.orch_session_ms_per_worker * workers
@@ -138,6 +141,11 @@ class Resource:
         self._account()
         return self._area / max(1e-9, (end - start) * self.servers)
 
+    def busy_ms(self) -> float:
+        """Server-milliseconds of work done since the accounting was last reset."""
+        self._account()
+        return self._area
+
     def reset_accounting(self) -> None:
         self._account()
         self._area = 0.0
@@ -209,6 +217,17 @@ class Simulation:
         self.latencies: dict[str, list[float]] = {}
         self._measure_from = 0.0
         self.sessions: list[_Session] = []
+        if costs.driver_background_ms_per_s > 0:
+            for d in range(c.drivers):
+                self._background(d, self.rng.random() * 500.0 / costs.driver_background_ms_per_s)
+
+    def _background(self, d: int, delay: float) -> None:
+        period = 1000.0 * 0.5 / self.costs.driver_background_ms_per_s
+
+        def tick() -> None:
+            self.driver_step(d, 0.5, lambda: None)
+            self.after(period, tick)
+        self.after(delay, tick)
 
     # -- the event loop ---------------------------------------------------------------------------
     @property

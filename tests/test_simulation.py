@@ -125,3 +125,14 @@ def test_open_loop_sweep_saturates_at_capacity():
     assert low.throughput() == pytest.approx(200, rel=0.15)
     assert high.throughput() == pytest.approx(1000, rel=0.02)  # one worker, 1 ms a turn
     assert high.bottleneck()[0] == "session worker (busiest)"
+
+
+def test_background_work_of_a_calling_process_takes_its_share_of_the_loop():
+    # 0.5 ms a call and half of every second spent on other work: 1,000 calls/s instead of 2,000.
+    costs = Costs(**{**FREE.__dict__, "orch_session_ms": 0.5, "turn_ms_100k": 0.0, "turn_ms_1m": 0.0,
+                     "driver_background_ms_per_s": 500.0})
+    sim = Simulation(Cluster(nodes=1, cores_per_node=4), costs)
+    sim.add_sessions(16, (100_000, 100_000))
+    sim.closed_turns(16)
+    res = sim.run(1_100.0, 100.0)
+    assert res.throughput("turn") == pytest.approx(1000, rel=0.03)
