@@ -6,7 +6,9 @@ import os
 import numpy as np
 import ray
 
-from delta_ray.core.config import TokenizerConfig
+from delta_ray.core.config import PoolConfig, TokenizerConfig
+
+from .calls import ENCODE_PIECES, ENCODE_WHOLE, Call
 
 from .local_ray import WORKER_ENV
 from .tokenizer_cache import get_tokenizer
@@ -59,3 +61,29 @@ def warm_chunk_process(config_bytes: bytes, digest: str, config: TokenizerConfig
     get_tokenizer(config_bytes, digest, config).run_pieces(["warm up"])
     time.sleep(hold_s)
     return os.getpid()
+
+
+class ChunkLauncher:
+    """Launches a pool's shared calls (pieces of a long text; an unadmitted text whole) as Ray
+    tasks: what :class:`~delta_ray.actors.transport.RayTransport` runs for ``wid=None``."""
+
+    def __init__(self, config_ref, digest: str, config: PoolConfig):
+        self._config_ref, self._digest, self._config = config_ref, digest, config
+        self._options = {"num_cpus": config.task_cpus, "scheduling_strategy": "SPREAD",
+                         "runtime_env": {"env_vars": CHUNK_ENV}}
+
+    def __call__(self, call: Call):
+        cfg = self._config
+        if call.kind is ENCODE_PIECES:
+            return encode_chunks.options(**self._options).remote(self._config_ref, self._digest, call.args[0],
+                                                                 cfg.tokenizer, cfg.task_nice)
+        if call.kind is ENCODE_WHOLE:
+            text, add = call.args
+            return encode_whole.options(**self._options).remote(self._config_ref, self._digest, text, add,
+                                                                cfg.tokenizer, cfg.task_nice)
+        raise ValueError(f"{call.kind.method} is not a shared call")
+
+    def warm(self, hold_s: float):
+        """A task that loads the tokenizer in a chunk-task process and holds it ``hold_s`` seconds."""
+        return warm_chunk_process.options(**self._options).remote(self._config_ref, self._digest, self._config.tokenizer,
+                                                                  self._config.task_nice, hold_s)

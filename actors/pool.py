@@ -36,8 +36,7 @@ from delta_ray.scheduler.policies import make_policy
 from delta_ray.tokenizer_core import TokenizerCore, check_text
 
 from . import worker_channel
-from .calls import ENCODE_PIECES, ENCODE_WHOLE, Call
-from .chunk_task import CHUNK_ENV, encode_chunks, encode_whole, warm_chunk_process
+from .chunk_task import ChunkLauncher
 from .local_ray import ensure_ray
 from .loop_thread import LoopThread
 from .orchestrator import PoolOrchestrator
@@ -123,8 +122,9 @@ class TokenizerPool:
         self.admission = local.admission
         self._loop_thread = LoopThread("delta-ray-pool")
         self._loop = self._loop_thread.loop
+        self._launcher = ChunkLauncher(self._config_ref, loaded.digest, cfg)
         self._warm_task_pool()
-        transport = RayTransport(self._workers, self._chunk_task, owner=self._owner)
+        transport = RayTransport(self._workers, self._launcher, owner=self._owner)
         if cfg.side_channel:
             transport = ChannelTransport(transport, self._open_channels())
         self._orch = PoolOrchestrator(local, transport, list(self._workers), cfg, self._loop, self.secret)
@@ -163,9 +163,7 @@ class TokenizerPool:
         n = self.config.max_inflight_tasks
         if n <= 0 or not self.admission:
             return
-        refs = [warm_chunk_process.options(**self._chunk_options())
-                .remote(self._config_ref, self._loaded.digest, self.config.tokenizer, self.config.task_nice, 0.5)
-                for _ in range(n)]
+        refs = [self._launcher.warm(hold_s=0.5) for _ in range(n)]
         try:
             ray.get(refs, timeout=self.config.startup_timeout_s)
         except Exception:  # noqa: BLE001 - warming is best effort; requests still work cold
@@ -187,22 +185,6 @@ class TokenizerPool:
             if info["address"] and info["node"] == here:
                 out[wid] = ChannelClient(info["address"], self.secret, expected_pid=info["pid"])
         return out
-
-    def _chunk_options(self) -> dict:
-        return {"num_cpus": self.config.task_cpus, "scheduling_strategy": "SPREAD",
-                "runtime_env": {"env_vars": CHUNK_ENV}}
-
-    def _chunk_task(self, call: Call):
-        """A shared call as a Ray task (the transport's ``wid=None``)."""
-        cfg, opts = self.config, self._chunk_options()
-        if call.kind is ENCODE_PIECES:
-            return encode_chunks.options(**opts).remote(self._config_ref, self._loaded.digest, call.args[0],
-                                                        cfg.tokenizer, cfg.task_nice)
-        if call.kind is ENCODE_WHOLE:
-            text, add = call.args
-            return encode_whole.options(**opts).remote(self._config_ref, self._loaded.digest, text, add,
-                                                       cfg.tokenizer, cfg.task_nice)
-        raise ValueError(f"{call.kind.method} is not a shared call")
 
     @classmethod
     def connect(cls, name: str, secret: bytes | str | None = None) -> "TokenizerPool":
