@@ -5,27 +5,64 @@ A :class:`CallKind` says whether the call may be re-run after a lost connection 
 or may not have been applied, so it must not), whether the same-node side channel may carry it
 (only values the channel's typed frames hold), and whether its answer is a session delta
 ``(version, k, tail)`` to splice onto the IDs the pool holds. Adding a worker method means adding
-one kind here and the method on the worker.
+one kind here, its argument record, and the method on the worker.
+
+Each kind's arguments are a typed record (a ``NamedTuple`` whose fields are the worker method's
+parameters, in order): built by name at the call site, sent positionally by the transports.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any, NamedTuple, Optional
+
+
+class SessionArgs(NamedTuple):
+    key: str
+    text: str
+    known_version: Optional[int]  # the state whose IDs the pool holds (None: it holds none)
+
+
+class ExtendArgs(NamedTuple):
+    key: str
+    delta: str
+    known_version: Optional[int]
+    expect_version: Optional[int]  # refuse unless the worker's state is this one (a stale extend)
+
+
+class InstallArgs(NamedTuple):
+    key: str
+    state: Any  # a SessionState the pool computed
+    seal: bytes  # its MAC under the pool secret
+
+
+class PiecesArgs(NamedTuple):
+    pieces: list
+
+
+class WholeArgs(NamedTuple):
+    text: str
+    add_special_tokens: bool
+
+
+class DropArgs(NamedTuple):
+    key: str
 
 
 @dataclass(frozen=True)
 class CallKind:
     method: str  # the TokenizerWorker method that serves it
+    args: type  # its argument record
     idempotent: bool  # safe to re-run after a connection was lost mid-call
     channel: bool  # the side channel may carry it (None/bool/int/str/int32-array values only)
     session_delta: bool  # answers (version, k, tail): spliced onto the pool's mirror of the session
 
 
-ENCODE_SESSION = CallKind("encode_session", idempotent=True, channel=True, session_delta=True)
-EXTEND = CallKind("extend", idempotent=False, channel=True, session_delta=True)
-INSTALL = CallKind("install", idempotent=True, channel=False, session_delta=False)
-ENCODE_PIECES = CallKind("encode_pieces", idempotent=True, channel=False, session_delta=False)
-ENCODE_WHOLE = CallKind("encode_whole", idempotent=True, channel=True, session_delta=False)
-DROP_SESSION = CallKind("drop_session", idempotent=True, channel=False, session_delta=False)
+ENCODE_SESSION = CallKind("encode_session", SessionArgs, idempotent=True, channel=True, session_delta=True)
+EXTEND = CallKind("extend", ExtendArgs, idempotent=False, channel=True, session_delta=True)
+INSTALL = CallKind("install", InstallArgs, idempotent=True, channel=False, session_delta=False)
+ENCODE_PIECES = CallKind("encode_pieces", PiecesArgs, idempotent=True, channel=False, session_delta=False)
+ENCODE_WHOLE = CallKind("encode_whole", WholeArgs, idempotent=True, channel=True, session_delta=False)
+DROP_SESSION = CallKind("drop_session", DropArgs, idempotent=True, channel=False, session_delta=False)
 
 KINDS = {k.method: k for k in (ENCODE_SESSION, EXTEND, INSTALL, ENCODE_PIECES, ENCODE_WHOLE, DROP_SESSION)}
 CHANNEL_METHODS = frozenset(k.method for k in KINDS.values() if k.channel)
@@ -39,8 +76,12 @@ class Call:
     """
 
     kind: CallKind
-    args: tuple
+    args: tuple  # the kind's argument record
     key: str | None = None
+
+    def __post_init__(self):
+        if type(self.args) is not self.kind.args:
+            raise TypeError(f"{self.kind.method} takes {self.kind.args.__name__}, not {type(self.args).__name__}")
 
     @property
     def shared(self) -> bool:

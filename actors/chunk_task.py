@@ -75,10 +75,10 @@ class ChunkLauncher:
     def __call__(self, call: Call):
         cfg = self._config
         if call.kind is ENCODE_PIECES:
-            return encode_chunks.options(**self._options).remote(self._config_ref, self._digest, call.args[0],
+            return encode_chunks.options(**self._options).remote(self._config_ref, self._digest, call.args.pieces,
                                                                  cfg.tokenizer, cfg.task_nice)
         if call.kind is ENCODE_WHOLE:
-            text, add = call.args
+            text, add = call.args.text, call.args.add_special_tokens
             return encode_whole.options(**self._options).remote(self._config_ref, self._digest, text, add,
                                                                 cfg.tokenizer, cfg.task_nice)
         raise ValueError(f"{call.kind.method} is not a shared call")

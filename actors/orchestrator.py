@@ -34,7 +34,8 @@ from delta_ray.tokenizer_core import TokenizerCore
 from delta_ray.scheduler import Dispatcher, PlacementModel, content_key, nonascii_share
 
 from . import metrics
-from .calls import DROP_SESSION, ENCODE_PIECES, ENCODE_SESSION, ENCODE_WHOLE, EXTEND, INSTALL, Call
+from .calls import (DROP_SESSION, ENCODE_PIECES, ENCODE_SESSION, ENCODE_WHOLE, EXTEND, INSTALL, Call, DropArgs,
+                    ExtendArgs, InstallArgs, PiecesArgs, SessionArgs, WholeArgs)
 from .session_table import SessionTable, key_id
 from .tenant_keys import content_session_key
 from .transport import ConnectionLost, NoAnswer, WorkerDead, WorkerTransport
@@ -162,7 +163,7 @@ class PoolOrchestrator:
             known = self._mirror.get(key)
             sent = self._texts.get(key)
             version = self._versions.get(key)
-            call = Call(EXTEND, (key, delta, known[0] if known else None, version), key)
+            call = Call(EXTEND, ExtendArgs(key, delta, known_version=known[0] if known else None, expect_version=version), key)
             ids = await self._run("session", len(delta), call, fallback=no_fallback, share_of=delta)
             if sent is not None and sent[0] == version:
                 self._texts.put(key, self._versions.get(key), merge_text_parts(sent[1] + (delta,)))
@@ -218,7 +219,7 @@ class PoolOrchestrator:
 
     async def _whole(self, text: str, add: bool) -> np.ndarray:
         """An unadmitted configuration's plan: the reference encodes the text whole, template included."""
-        call = Call(ENCODE_WHOLE, (text, add))
+        call = Call(ENCODE_WHOLE, WholeArgs(text, add_special_tokens=add))
         out = await self._run("chunk", len(text), call, share_of=text,
                               fallback=lambda: self.local.encode_by_reference(text, add))
         self.count("reference")
@@ -254,7 +255,7 @@ class PoolOrchestrator:
                     and rope_is_prefix(sent[1], sent_chars, text):
                 # The text extends what this session last sent: ship only the suffix, as extend does.
                 delta = text[sent_chars:]
-                call = Call(EXTEND, (key, delta, known[0] if known else None, version), key)
+                call = Call(EXTEND, ExtendArgs(key, delta, known_version=known[0] if known else None, expect_version=version), key)
                 try:
                     ids = await self._run("session", len(delta), call, share_of=delta,
                                           fallback=lambda: self._encode_fallback(key, text))
@@ -266,7 +267,7 @@ class PoolOrchestrator:
                     self.count("session_delta")
                     return self.local.session_arrow(ids, add)
                 known = self._mirror.get(key)
-            call = Call(ENCODE_SESSION, (key, text, known[0] if known else None), key)
+            call = Call(ENCODE_SESSION, SessionArgs(key, text, known_version=known[0] if known else None), key)
             ids = await self._run("session", len(text), call, share_of=text,
                                   fallback=lambda: self._encode_fallback(key, text))
             self._texts.put(key, self._versions.get(key), (text,))
@@ -284,7 +285,7 @@ class PoolOrchestrator:
         self._mirror.pop(key, None)
         try:
             seal = seal_state(self.secret, key, res.state)
-            await self._run("session", 0, Call(INSTALL, (key, res.state, seal), key), fallback=lambda: True)
+            await self._run("session", 0, Call(INSTALL, InstallArgs(key, res.state, seal), key), fallback=lambda: True)
             self._remember(key, self.dispatcher.home_of(key), res.state.version)
             self._mirror.put(key, res.state.version, res.state.id_parts)
             self._texts.put(key, res.state.version, (text,))
@@ -297,7 +298,7 @@ class PoolOrchestrator:
         total = sum(map(len, pieces))
 
         async def one(piece: str) -> np.ndarray:
-            out = await self._run("chunk", len(piece), Call(ENCODE_PIECES, ([piece],)), request_chars=max(1, total),
+            out = await self._run("chunk", len(piece), Call(ENCODE_PIECES, PiecesArgs([piece])), request_chars=max(1, total),
                                   fallback=lambda: self.local.run_pieces([piece]), share_of=piece)
             return out[0]
         return list(await asyncio.gather(*(one(p) for p in pieces)))
@@ -416,7 +417,7 @@ class PoolOrchestrator:
         gets SessionNotFound (send the whole text), never a guess."""
         self._forget(call.key)
         try:
-            await self.transport.call(wid, Call(DROP_SESSION, (call.key,), call.key))
+            await self.transport.call(wid, Call(DROP_SESSION, DropArgs(call.key), call.key))
         except Exception:  # noqa: BLE001 - died since: its sessions are gone anyway
             pass
         return SessionNotFound(f"session {call.key!r}: the connection to its worker was lost mid-extend; "
