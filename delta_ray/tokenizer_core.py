@@ -163,9 +163,10 @@ class TokenizerCore:
         :meth:`encode` with a session). Raises :class:`SessionNotFound` when the session is unknown
         or was evicted: the caller must then send the whole text with ``encode(text, session=...)``.
         """
-        check_text(session, "session")
-        check_text(delta, "delta")
-        with self._lock_for(session):
+        if type(session) is not str or type(delta) is not str:  # one test on the common path
+            check_text(session, "session")
+            check_text(delta, "delta")
+        with self._session_locks[hash(session) % len(self._session_locks)]:  # _lock_for, inlined
             state = self._states().get(session)
             if state is None:
                 raise SessionNotFound(f"session {session!r} is not held (unknown or evicted): "

@@ -8,6 +8,7 @@ still applied), the Arrow chunk reuse, the cost-based whole re-encode, and the r
 from __future__ import annotations
 
 import importlib.util
+import sys
 
 import numpy as np
 import pytest
@@ -16,7 +17,7 @@ from delta_ray import DeltaTokenizer
 from delta_ray.core.encoder import ReferenceEncoder
 from delta_ray.core.plan import SESSION, SESSION_WHOLE, SPLICE_CHARS_FAST, SPLICE_CHARS_REFERENCE, Router
 from delta_ray.core.repair import encode_turn
-from delta_ray.core.session_store import YOUNG_PARTS
+from delta_ray.core.session_store import YOUNG_PARTS, owners_bytes
 
 HAS_FAST = importlib.util.find_spec("fastokens") is not None
 
@@ -178,5 +179,8 @@ def test_small_appends_wait_and_are_joined_eight_at_a_time(tokenizer_paths, refe
         st = dt.core.store.get("s")
         depths.append(len(st.text_parts))
         assert st.text_parts[0] is first_part  # the context is never copied again
+        # the byte count a turn derives from its base's equals a full recount of the new state
+        full = sum(map(sys.getsizeof, st.text_parts)) + owners_bytes(st.id_parts) + 24 * st.n_checkpoints
+        assert st.nbytes == full and dt.core.store.resident_bytes == full + sys.getsizeof("s")
     assert max(depths) <= YOUNG_PARTS + 1 and min(depths) < max(depths)
     assert "".join(st.text_parts) == text

@@ -9,6 +9,7 @@ that drops old reasoning blocks) still reuses everything before the divergence.
 """
 from __future__ import annotations
 
+import sys
 from dataclasses import dataclass
 
 import numpy as np
@@ -17,7 +18,8 @@ from delta_ray.core import constants as C
 from .cut_predicate import NFC_WINDOW, CutPredicate
 from .encoder import Encoder, encode_flat
 from .planner import Cut, PlannerConfig, plan_cuts, tail_cut
-from .session_store import CheckpointLog, SessionState, merge_id_parts, merge_text_parts, suffix_parts
+from .session_store import (CheckpointLog, SessionState, buffer_owner, merge_id_parts, merge_text_parts, owners_bytes,
+                            suffix_parts)
 
 WINDOW_BACK = 2 * NFC_WINDOW + 64  # characters before a reused checkpoint the predicate may read
 
@@ -101,8 +103,10 @@ def plan_turn(text_parts: tuple[str, ...], n: int, base: SessionState | None, lc
     w0 = max(0, b - (WINDOW_BACK + predicate.specials.max_len))
     window = "".join(suffix_parts(text_parts, w0, n))
     wb, wb_ext = b - w0, max(0, b_ext - w0)
-    cuts: list[Cut] = plan_cuts(window, predicate, cfg, workers, start=wb, start_ext=wb_ext)
     span = n - b
+    # plan_cuts makes no chunk cut below the threshold (one chunk): a turn's short span skips it
+    cuts: list[Cut] = (plan_cuts(window, predicate, cfg, workers, start=wb, start_ext=wb_ext)
+                       if span >= cfg.cut_threshold and span >= cfg.min_cut_text else [])
     if not cuts and span >= 2 * C.CHECKPOINT_EVERY:
         # Checkpoints every CHECKPOINT_EVERY characters let a later text that diverges inside this
         # span (a chat template dropping an old block) reuse everything before the divergence.
@@ -155,11 +159,32 @@ def _finish(plan: RepairPlan, new_ids: list[np.ndarray], counts: list[int]) -> R
     if b - a > C.MAX_CHECKPOINTS:  # keep the newest: the next turn wants those near the end
         a = b - C.MAX_CHECKPOINTS
     base = plan.base
+    text_parts = merge_text_parts(plan.text_parts)
     state = SessionState(None, None, None, None, None, checkpoints=(log, a, b),
-                         text_parts=merge_text_parts(plan.text_parts), id_parts=id_parts,
-                         n_chars=plan.n, n_ids=k + sum(counts),
-                         arrow_from=base.arrow_source() if base is not None else None)
+                         text_parts=text_parts, id_parts=id_parts, n_chars=plan.n, n_ids=k + sum(counts),
+                         arrow_from=base.arrow_source() if base is not None else None,
+                         part_bytes=_part_bytes(base, plan, text_parts, id_parts, new_ids))
     return RepairResult(state, k, plan.n - plan.start, len(plan.pieces))
+
+
+def _part_bytes(base: SessionState | None, plan: RepairPlan, text_parts: tuple, id_parts: tuple,
+                new_ids: list[np.ndarray]) -> tuple[int | None, int | None]:
+    """The new state's (text, IDs) bytes from its base's, when the turn only appended parts (most
+    turns): counting them walked every part of the rope. None where a count is needed (a join
+    happened, or the kept IDs dropped some of the base's buffers)."""
+    known = base.known_bytes if base is not None else (None, None)
+    if known[0] is None or known[1] is None:
+        return None, None
+    bt, bi = base.text_parts, base.id_parts
+    tb = ib = None
+    if len(text_parts) == len(bt) + 1 and text_parts[:-1] == bt:  # tuple ==: identity per part first
+        tb = known[0] + sys.getsizeof(text_parts[-1])
+    kept = plan.kept_parts
+    if (len(kept) == len(bi) and len(id_parts) == len(kept) + len(new_ids)
+            and all(buffer_owner(a) is buffer_owner(b) for a, b in zip(kept[-1:], bi[-1:]))):
+        # the kept prefix shows every buffer of the base (the last one sliced), nothing was joined
+        ib = known[1] + owners_bytes(new_ids)
+    return tb, ib
 
 
 def encode_turn(text_parts: tuple[str, ...], n: int, base: SessionState | None, lcp: int,

@@ -177,10 +177,10 @@ def merge_id_parts(parts) -> tuple[np.ndarray, ...]:
     return _merge_parts(list(parts), len, lambda ps: np.concatenate(ps).astype(np.int32, copy=False), 4096)
 
 
-_CACHES = frozenset({"_text", "_ids", "_cp", "_arrow", "_arrow_from", "_nbytes"})
+_CACHES = frozenset({"_text", "_ids", "_cp", "_arrow", "_arrow_from", "_nbytes", "_bytes"})
 
 
-def _owner(a: np.ndarray):
+def buffer_owner(a: np.ndarray):
     """The object whose memory a view ``a`` shows (numpy points every view at the owner)."""
     return a.base if a.base is not None else a
 
@@ -205,13 +205,14 @@ class SessionState:
     """
 
     __slots__ = ("text_parts", "id_parts", "version", "n_chars", "n_ids", "last_checkpoint", "n_checkpoints",
-                 "_text", "_ids", "_cp_log", "_cp_start", "_cp", "_arrow", "_arrow_from", "_nbytes")
+                 "_text", "_ids", "_cp_log", "_cp_start", "_cp", "_arrow", "_arrow_from", "_nbytes", "_bytes")
 
     def __init__(self, text: str | None, ids: np.ndarray | None, cp_pos: np.ndarray | None,
                  cp_tok: np.ndarray | None, cp_ext: np.ndarray | None, version: int | None = None, *,
                  text_parts: tuple[str, ...] | None = None, id_parts: tuple[np.ndarray, ...] | None = None,
                  checkpoints: tuple[CheckpointLog, int, int] | None = None, n_chars: int | None = None,
-                 n_ids: int | None = None, arrow_from: tuple | None = None):
+                 n_ids: int | None = None, arrow_from: tuple | None = None,
+                 part_bytes: tuple[int | None, int | None] = (None, None)):
         set_ = object.__setattr__  # a turn builds one state: skip the immutability guard here
         text_parts = tuple(text_parts) if text_parts is not None else ((text,) if text else ())
         if id_parts is not None:
@@ -243,6 +244,7 @@ class SessionState:
         set_(self, "_ids", None)
         set_(self, "_arrow", None)
         set_(self, "_arrow_from", arrow_from)
+        set_(self, "_bytes", part_bytes)  # (text, IDs): given when a turn knows them, else counted once
         set_(self, "_nbytes", None)
 
     def __setattr__(self, name, value):
@@ -287,7 +289,7 @@ class SessionState:
             for i, p in enumerate(self.id_parts):
                 if i < m and old_parts[i] is p:
                     out.append(old_chunks[i])
-                elif i < m and p.base is not None and p.base is _owner(old_parts[i]) and len(p) < len(old_parts[i]):
+                elif i < m and p.base is not None and p.base is buffer_owner(old_parts[i]) and len(p) < len(old_parts[i]):
                     # the kept prefix cut inside the old part: a turn's only view of an old part is
                     # ``old[:k]`` (prefix_parts), so its Arrow array is the old one's zero-copy slice
                     out.append(old_chunks[i].slice(0, len(p)))
@@ -337,21 +339,51 @@ class SessionState:
 
     @property
     def nbytes(self) -> int:
+        """Memory this state keeps alive: its text parts, every buffer its ID parts show (a slice
+        keeps its whole buffer alive: each counted once), and its checkpoints."""
         if self._nbytes is None:
-            self._nbytes = self._count_bytes()
+            self._nbytes = self.text_bytes + self.id_bytes + 3 * 8 * self.n_checkpoints
         return self._nbytes
 
-    def _count_bytes(self) -> int:
-        seen, total = set(), 0
-        for p in self.id_parts:  # a slice keeps its whole base buffer alive: count each base once
-            base = p.base if isinstance(p.base, np.ndarray) else p
-            if id(base) not in seen:
-                seen.add(id(base))
-                total += base.nbytes
-        return sum(map(sys.getsizeof, self.text_parts)) + total + 3 * 8 * self.n_checkpoints
+    @property
+    def known_bytes(self) -> tuple[int | None, int | None]:
+        """(text, IDs) bytes if counted already (a turn derives its own from them), else None each."""
+        return self._bytes
+
+    @property
+    def text_bytes(self) -> int:
+        tb = self._bytes[0]
+        if tb is None:
+            tb = sum(map(sys.getsizeof, self.text_parts))
+            self._bytes = (tb, self._bytes[1])
+        return tb
+
+    @property
+    def id_bytes(self) -> int:
+        ib = self._bytes[1]
+        if ib is None:
+            ib = owners_bytes(self.id_parts)
+            self._bytes = (self._bytes[0], ib)
+        return ib
 
     def __repr__(self) -> str:
         return f"SessionState({self.n_chars} chars, {self.n_ids} ids, {self.n_checkpoints} checkpoints, v{self.version})"
+
+
+def _buffer_bytes(owner) -> int:
+    return owner.nbytes if isinstance(owner, (np.ndarray, memoryview)) else sys.getsizeof(owner)
+
+
+def owners_bytes(parts) -> int:
+    """Bytes of the distinct buffers the arrays ``parts`` show (an engine's bytes object, an
+    array): a view keeps its whole buffer alive, so that is what it costs."""
+    seen, total = set(), 0
+    for p in parts:
+        owner = buffer_owner(p)
+        if id(owner) not in seen:
+            seen.add(id(owner))
+            total += _buffer_bytes(owner)
+    return total
 
 
 def entry_bytes(key: str, state: SessionState) -> int:
