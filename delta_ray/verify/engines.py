@@ -99,6 +99,7 @@ def _fuzz_at_admission(config_bytes: bytes, reference: ReferenceEncoder, fast, g
         return set(), []
     cfg = json.loads(config_bytes)
     added = [t["content"] for t in cfg.get("added_tokens") or []]
+
     def checked(encode):  # a checkpoint before each native call (see exit_guard)
         def run(texts):
             checkpoint()
@@ -294,8 +295,9 @@ def select_engine(engine: str, config_bytes: bytes, switch: EngineSwitch, *, dig
 def _start_background(config_bytes: bytes, switch: EngineSwitch, digest: str, on_ready) -> None:
     """Admit the fast tier in a background thread (see :mod:`delta_ray.core.exit_guard` for how it ends
     when the process exits: at its next checkpoint, before finalization, recording nothing)."""
-    def waiting(msg: str) -> None:
-        switch.reason = f"reference (fast tier admission {msg})"
+    def waiting(msg: str) -> None:  # shown by DeltaTokenizer.admission.engine while the lock is busy
+        if switch.disabled_reason is None:
+            switch.reason = f"reference (fast tier admission {msg})"
 
     def run():
         from ..core.cache_lock import bounded_lock
