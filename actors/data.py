@@ -26,7 +26,7 @@ from typing import Any, Iterator
 import pyarrow as pa
 
 from delta_ray.core import constants as C
-from delta_ray.apps.batch_files import byte_slices
+from delta_ray.apps.batch_inputs import byte_slices
 from delta_ray.core.config import TokenizerConfig
 from delta_ray.core.loading import LoadedTokenizer, load_tokenizer
 from delta_ray.core.text_columns import BatchSpec, checked_text_column, encode_table

@@ -91,7 +91,7 @@ def spec_of(args: argparse.Namespace):
 
 
 def _kind(path: str) -> str:
-    from delta_ray.apps.batch_files import COMPRESSED, input_kind
+    from delta_ray.apps.batch_inputs import COMPRESSED, input_kind
     kind = input_kind(path)
     if kind is None:
         raise UsageError(f"{path}: unknown input type (expected .txt, .jsonl, .json or .parquet; "

@@ -9,7 +9,8 @@ import pyarrow.parquet as pq
 import pytest
 
 from delta_ray.tokenizer_core import TokenizerCore
-from delta_ray.apps.batch_files import Options, byte_slices, output_name, tokenize_files, verify_outputs
+from delta_ray.apps.batch_files import Options, output_name, tokenize_files, verify_outputs
+from delta_ray.apps.batch_inputs import byte_slices
 
 
 @pytest.fixture(scope="module")
@@ -203,15 +204,15 @@ def test_a_rerun_redoes_an_output_whose_rows_differ_from_its_manifest(inputs, tm
 _STREAM_PROBE = r"""
 import resource, sys
 import pyarrow.compute
-from delta_ray.apps.batch_files import _units, input_kind
+from delta_ray.apps.batch_inputs import input_kind, units
 from delta_ray.core.text_columns import BatchSpec
 path = sys.argv[1]
 before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-units = _units(path, input_kind(path), BatchSpec(batch_bytes=1 << 20))
-first = next(units)()
+loaders = units(path, input_kind(path), BatchSpec(batch_bytes=1 << 20))
+first = next(loaders)()
 rows = first.num_rows
 for _ in range(3):
-    rows += next(units)().num_rows
+    rows += next(loaders)().num_rows
 after = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
 print(rows, (after - before) // 1024)
 """

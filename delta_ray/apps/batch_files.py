@@ -34,34 +34,19 @@ from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Iterator
+from typing import Callable
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from delta_ray.core import constants as C
 from ..core.text_columns import BatchSpec, encode_table
 from ..tokenizer_core import TokenizerCore
+from .batch_inputs import conform, input_kind, json_table, line_chunks, read_json, read_lines, units
 
-KINDS = {".txt": "text", ".jsonl": "json", ".json": "json", ".parquet": "parquet"}
-COMPRESSED = (".gz", ".bz2", ".zst")
 MANIFEST_FORMAT = 1
 TMP_MARK = ".delta-ray-tmp"
 MANIFESTS = "_delta_ray_done"  # readers of the output directory skip names starting with "_" or "."
-
-
-def input_kind(path: str) -> str | None:
-    """``text``, ``json`` or ``parquet`` from the file name, or None."""
-    name, compressed = path.lower(), False
-    for comp in COMPRESSED:
-        if name.endswith(comp):
-            name, compressed = name[: -len(comp)], True
-            break
-    kind = KINDS.get(os.path.splitext(name)[1])
-    if kind is None or (compressed and kind == "parquet"):
-        return None
-    return kind
 
 
 def output_name(path: str) -> str:
@@ -88,144 +73,6 @@ class Summary:
     @property
     def tokens_per_s(self) -> float:
         return self.tokens / self.seconds if self.seconds > 0 else 0.0
-
-
-# -- reading --------------------------------------------------------------------------------------
-def _line_chunks(path: str, max_bytes: int) -> Iterator[bytes]:
-    """The decompressed input in pieces of about ``max_bytes``, each ending at a newline (or at the
-    end): a compressed input is streamed, never held whole (a small ``.gz`` can hold gigabytes).
-    A cut after ``\n`` is a line boundary for ``str.splitlines`` and a UTF-8 character boundary."""
-    with pa.input_stream(path, compression="detect") as fh:
-        rest = b""
-        while True:
-            block = fh.read(max_bytes)
-            if not block:
-                break
-            data = rest + block
-            cut = data.rfind(b"\n") + 1
-            if cut == 0:  # one line longer than max_bytes: keep reading until it ends
-                rest = data
-                continue
-            rest = data[cut:]
-            yield data[:cut]
-        if rest:
-            yield rest
-
-
-def _lines_table(chunk: bytes, column: str) -> pa.Table:
-    """One document per non-empty line, as Ray Data's ``read_text`` does."""
-    lines = [ln for ln in chunk.decode("utf-8").splitlines() if ln]
-    return pa.table({column: pa.array(lines, pa.string())})
-
-
-def _json_table(chunk: bytes) -> pa.Table:
-    """The JSON lines of a piece; its block size holds the piece whole (pyarrow's default, 1 MiB,
-    refuses a record longer than that: "straddles two block boundaries")."""
-    import pyarrow.json as pj
-    return pj.read_json(pa.BufferReader(chunk), read_options=pj.ReadOptions(block_size=len(chunk) + 1))
-
-
-def _stream_tables(path: str, kind: str, spec: BatchSpec) -> Iterator[pa.Table]:
-    """A text or JSONL input as tables of about ``spec.batch_bytes`` of input each, read as drawn."""
-    for chunk in _line_chunks(path, spec.batch_bytes):
-        table = _lines_table(chunk, spec.text_column) if kind == "text" else _json_table(chunk)
-        if table.num_rows:
-            yield table
-
-
-def _read_lines(path: str, column: str) -> pa.Table:
-    """A whole text input (one document per non-empty line), streamed in pieces."""
-    parts = [_lines_table(c, column) for c in _line_chunks(path, C.BATCH_BYTES)]
-    return pa.concat_tables(parts) if parts else pa.table({column: pa.array([], pa.string())})
-
-
-def _read_json(path: str) -> pa.Table:
-    """A whole JSONL input, streamed in pieces (their schemas unified)."""
-    parts = [_json_table(c) for c in _line_chunks(path, C.BATCH_BYTES)]
-    parts = [p for p in parts if p.num_rows]
-    if not parts:
-        return pa.table({})
-    return pa.concat_tables(parts, promote_options="permissive")
-
-
-def _conform(table: pa.Table, schema: pa.Schema, where: str) -> pa.Table:
-    """A later piece of a JSONL input in its file's schema (that of the first piece): missing
-    columns become nulls, types are cast; a column the first piece lacks, or a cast that fails, is
-    a ValueError (one Parquet file has one schema)."""
-    if table.schema.equals(schema):
-        return table
-    extra = [n for n in table.column_names if n not in schema.names]
-    if extra:
-        raise ValueError(f"{where}: columns {extra} appear after the first {C.BATCH_BYTES >> 20} MiB; "
-                         "one output file has one schema (convert the input to Parquet first)")
-    cols = []
-    for f in schema:
-        if f.name in table.column_names:
-            try:
-                cols.append(table.column(f.name).cast(f.type))
-            except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as exc:
-                raise ValueError(f"{where}: column {f.name!r} changes type to "
-                                 f"{table.schema.field(f.name).type} (first {f.type}): {exc}") from exc
-        else:
-            cols.append(pa.nulls(table.num_rows, f.type))
-    return pa.Table.from_arrays(cols, schema=schema)
-
-
-def _units(path: str, kind: str, opts: Options) -> Iterator[Callable[[], pa.Table]]:
-    """Loaders for the input's units, in row order (each loads when called, in a worker thread)."""
-    if kind == "parquet":
-        pf = pq.ParquetFile(path)
-        meta = pf.metadata
-        groups: list[int] = []
-        size = 0
-
-        def read_groups(g: tuple) -> Callable[[], pa.Table]:
-            return lambda: pq.ParquetFile(path).read_row_groups(list(g))
-        for i in range(meta.num_row_groups):
-            rg = meta.row_group(i)
-            if rg.total_byte_size > 2 * opts.batch_bytes and rg.num_rows > 1:
-                # A large row group (pyarrow writes a 100 MB file as one by default) would be one
-                # unit: one thread, and the whole group as Python strings at once. Stream it in
-                # batches of about batch_bytes instead, read here (the caller draws units only as
-                # fast as the threads take them), so its batches encode in parallel.
-                if groups:
-                    yield read_groups(tuple(groups))
-                    groups, size = [], 0
-                rows = max(1, rg.num_rows * opts.batch_bytes // rg.total_byte_size)
-                for batch in pf.iter_batches(batch_size=rows, row_groups=[i]):
-                    yield (lambda t=pa.Table.from_batches([batch]): t)
-                continue
-            groups.append(i)
-            size += rg.total_byte_size
-            if size >= opts.batch_bytes:
-                yield read_groups(tuple(groups))
-                groups, size = [], 0
-        if groups:
-            yield read_groups(tuple(groups))
-        elif meta.num_row_groups == 0:
-            yield (lambda: pq.ParquetFile(path).schema_arrow.empty_table())
-        return
-    # Text and JSONL (compressed or not) are streamed: each piece is read when the caller draws
-    # it, and the caller draws only as fast as the threads take units, so memory stays bounded.
-    empty = True
-    for table in _stream_tables(path, kind, opts):
-        empty = False
-        yield (lambda t=table: t)
-    if empty:
-        yield (lambda: pa.table({opts.text_column: pa.array([], pa.string())}))
-
-
-def byte_slices(texts: pa.Array | pa.ChunkedArray, max_bytes: int) -> Iterator[tuple[int, int]]:
-    """Consecutive row ranges ``[start, end)`` covering ``texts``, each holding at most
-    ``max_bytes`` of UTF-8 (or one row, when that row alone is larger)."""
-    cum = np.cumsum(np.asarray(pa.compute.binary_length(texts).fill_null(0), dtype=np.int64))
-    start, n = 0, len(cum)
-    while start < n:
-        base = cum[start - 1] if start else 0
-        end = int(np.searchsorted(cum, base + max_bytes, side="right"))
-        end = min(max(end, start + 1), n)
-        yield start, end
-        start = end
 
 
 # -- the run --------------------------------------------------------------------------------------
@@ -256,12 +103,12 @@ def check_text_column(path: str, opts: BatchSpec) -> None:
     if kind == "parquet":
         schema = pq.ParquetFile(path).schema_arrow
     elif kind == "json":
-        chunks = _line_chunks(path, 1 << 20)
+        chunks = line_chunks(path, 1 << 20)
         try:
             head = next(chunks, b"")  # the first MiB of whole lines (at least one line)
         finally:
             chunks.close()
-        schema = _json_table(head).schema if head.strip() else None
+        schema = json_table(head).schema if head.strip() else None
     else:
         return
     if schema is not None:
@@ -354,7 +201,7 @@ class _OutputFile:
                                                 write_statistics=plain or False)
                 self._schema = table.schema
             elif not table.schema.equals(self._schema):  # a later piece of a JSONL input
-                table = _conform(table, self._schema, self.path)
+                table = conform(table, self._schema, self.path)
             self._writer.write_table(table)
             self._rows += table.num_rows
             self._tokens += tokens
@@ -420,7 +267,7 @@ def _tokenize_files(inputs: list[str], out: Path, dt: TokenizerCore, opts: Optio
 
         def submissions():
             for path, kind, name, expect in todo:
-                for load in _units(path, kind, opts):
+                for load in units(path, kind, opts):
                     yield path, name, expect, load
 
         pending: list = []
@@ -490,9 +337,9 @@ def verify_outputs(inputs: list[str], out_dir: str, reference, opts: BatchSpec, 
         if kind == "parquet":
             texts = pq.read_table(src, columns=[opts.text_column]).column(opts.text_column)
         elif kind == "text":
-            texts = _read_lines(src, opts.text_column).column(opts.text_column)
+            texts = read_lines(src, opts.text_column).column(opts.text_column)
         else:
-            texts = _read_json(src).column(opts.text_column)
+            texts = read_json(src).column(opts.text_column)
         for r in rows:
             text = texts[r].as_py()
             want = reference.encode(text, add_special_tokens=opts.add_special_tokens).ids
