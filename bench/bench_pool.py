@@ -35,6 +35,7 @@ from delta_ray.actors.local_ray import local_init_kwargs  # noqa: E402
 from delta_ray import DeltaTokenizer, TokenizerPool  # noqa: E402
 from delta_ray.apps.bundled import bundled_tokenizer_path  # noqa: E402
 from delta_ray.apps.sample_text import corpus  # noqa: E402
+from bench_turns import idle_round  # noqa: E402 - the same idle protocol as the in-process turns
 
 OUT = Path(__file__).resolve().parent / "out"
 ENGINE = "reference"  # set by --engine
@@ -132,12 +133,7 @@ def idle_calls(pool, dt, path, ref, turns: int = 25, sleep_s: float = 0.030) -> 
         if order.index("pool no-op") > order.index("pool extend"):  # the no-op must see the extended state
             order.remove("pool no-op")
             order.insert(order.index("pool extend") + 1, "pool no-op")
-        got = {}
-        for name in order:
-            time.sleep(sleep_s)
-            t0 = time.perf_counter()
-            got[name] = calls[name]()
-            times[name].append((time.perf_counter() - t0) * 1e3)
+        got = idle_round(calls, order, sleep_s, times)
         version = got["worker extend"][0]
     want = np.asarray(ref.encode(text).ids, dtype=np.int32)
     assert np.array_equal(got["pool extend"].to_numpy(), want)

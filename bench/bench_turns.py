@@ -38,6 +38,18 @@ from delta_ray.apps.bundled import bundled_tokenizer_path  # noqa: E402
 from delta_ray.apps.sample_text import corpus  # noqa: E402
 
 
+
+def idle_round(calls: dict, order: list, sleep_s: float, times: dict) -> dict:
+    """Each call in ``order`` after its own ``sleep_s`` idle (a server between requests); appends
+    its milliseconds to ``times[name]`` and returns the answers by name."""
+    got = {}
+    for name in order:
+        time.sleep(sleep_s)
+        t0 = time.perf_counter()
+        got[name] = calls[name]()
+        times[name].append((time.perf_counter() - t0) * 1e3)
+    return got
+
 def run(path, engine, n, sessions, turns, append, ref, check_every):
     src = corpus("english", n + sessions * (turns + 1) * append + 10_000)
     dt = DeltaTokenizer(path, engine=engine, shadow_rate=0.0)
@@ -136,12 +148,7 @@ def idle_run(path, engine, n, turns, ref, sleep_s=0.030):
                  "ft_nocache": lambda: peers["ft_nocache"](text)}
         order = list(calls)
         order = order[t % 4:] + order[:t % 4]
-        got = {}
-        for name in order:
-            time.sleep(sleep_s)
-            t0 = time.perf_counter()
-            got[name] = calls[name]()
-            times[name].append((time.perf_counter() - t0) * 1e3)
+        got = idle_round(calls, order, sleep_s, times)
         if (t % 5 == 0 and n < 500_000) or t == turns - 1:  # a 1M reference encode takes seconds
             checks.append((text, got))
     for text, got in checks:  # after the timed loop: checks thrash caches

@@ -39,26 +39,26 @@ class LockWait:
     waited_s: float = 0.0
 
 
-def _start_ticks(pid: int) -> str | None:
-    """Field 22 of /proc/<pid>/stat (start time in clock ticks): a pid's identity across reuse."""
+def _stat_fields(pid: int) -> list[str] | None:
+    """The fields of /proc/<pid>/stat after the command name (field 3 on), or None when gone."""
     try:
         with open(f"/proc/{pid}/stat", "rb") as fh:
             raw = fh.read().decode("ascii", "replace")
     except OSError:
         return None
-    fields = raw[raw.rfind(")") + 2:].split()
-    return fields[19] if len(fields) > 19 else None
+    return raw[raw.rfind(")") + 2:].split()
+
+
+def _start_ticks(pid: int) -> str | None:
+    """Field 22 of /proc/<pid>/stat (start time in clock ticks): a pid's identity across reuse."""
+    fields = _stat_fields(pid)
+    return fields[19] if fields is not None and len(fields) > 19 else None
 
 
 def _state(pid: int) -> str | None:
     """The one-letter process state from /proc (R, S, D, T, t, Z, ...), or None when unknown/gone."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as fh:
-            raw = fh.read().decode("ascii", "replace")
-    except OSError:
-        return None
-    rest = raw[raw.rfind(")") + 2:].split()
-    return rest[0] if rest else None
+    fields = _stat_fields(pid)
+    return fields[0] if fields else None
 
 
 def _alive(pid: int) -> bool:

@@ -16,6 +16,7 @@ from typing import Sequence
 import numpy as np
 
 from .assembly import concat_ids, flat_from_pieces
+from .encoder import encode_flat
 
 WINDOW = 2048  # characters kept on each side of a guarded code point
 MIN_PIECE = 4 * WINDOW  # shorter pieces go to the reference whole
@@ -71,23 +72,26 @@ class ConfiningEncoder:
         # delegates, the guard sends all to the engine), so call the engine once and sample here.
         # Same engine read once, same guard check, same sampling: the same answer and checks,
         # without three Python layers between the call and the native encode.
-        enc = self.switch.current
-        guard = getattr(enc, "guard", None)
-        if guard is not None and self._shadow is not None:
-            allows = guard.allows
-            for t in texts:
-                if not allows(t):
-                    break
-            else:
-                out = enc.fast.encode_pieces(texts)
-                enc.fast_texts += len(texts)
-                self._shadow.check_later(texts, out, enc)
-                return out
+        enc = self._direct_engine(texts)
+        if enc is not None:
+            out = enc.fast.encode_pieces(texts)
+            enc.fast_texts += len(texts)
+            self._shadow.check_later(texts, out, enc)
+            return out
         texts = list(texts)
         splits = [self.split(t) for t in texts]
         if all(len(s) == 1 for s in splits):
             return self.inner.encode_pieces(texts)
         return self._encode_splits(splits)
+
+    def _direct_engine(self, texts: Sequence[str]):
+        """The guarded fast engine in use now when its guard allows every text (None otherwise, or
+        when there is no shadow verifier to sample the direct path)."""
+        enc = self.switch.current
+        guard = getattr(enc, "guard", None)
+        if guard is None or self._shadow is None:
+            return None
+        return enc if all(map(guard.allows, texts)) else None
 
     def _encode_splits(self, splits: list[list[str]]) -> list[np.ndarray]:
         flat = [sub for s in splits for sub in s]
@@ -99,19 +103,12 @@ class ConfiningEncoder:
         return out
 
     def encode_flat(self, texts: Sequence[str]) -> tuple[np.ndarray, np.ndarray]:
-        enc = self.switch.current  # the direct path, as in encode_pieces
-        guard = getattr(enc, "guard", None)
-        if guard is not None and self._shadow is not None:
-            allows = guard.allows
-            for t in texts:
-                if not allows(t):
-                    break
-            else:
-                values, offsets = enc.fast.encode_flat(texts)
-                enc.fast_texts += len(texts)
-                self._shadow.check_flat_later(texts, values, offsets, enc)
-                return values, offsets
-        from .encoder import encode_flat
+        enc = self._direct_engine(texts)  # the direct path, as in encode_pieces
+        if enc is not None:
+            values, offsets = enc.fast.encode_flat(texts)
+            enc.fast_texts += len(texts)
+            self._shadow.check_flat_later(texts, values, offsets, enc)
+            return values, offsets
         texts = list(texts)
         splits = [self.split(t) for t in texts]
         if all(len(s) == 1 for s in splits):
