@@ -312,7 +312,14 @@ def main(argv: list[str] | None = None) -> int:
         first = pq.read_table(corpora["big"][1][0]) if "big" in corpora else None
         print(f"# bench_data: {args.tokenizer}, {args.mb} MB of text per corpus, {cores} cores, "
               f"load average at start {os.getloadavg()[0]:.2f}; medians of {args.repeats} alternating runs")
-        ray.init(num_cpus=cores, include_dashboard=False, log_to_driver=False, configure_logging=False)
+        for attempt in range(3):  # a loaded machine can time out Ray's start-up: try again
+            try:
+                ray.init(num_cpus=cores, include_dashboard=False, log_to_driver=False, configure_logging=False)
+                break
+            except Exception:
+                if attempt == 2:
+                    raise
+                time.sleep(10)
         ray.data.DataContext.get_current().enable_progress_bars = False
         failed = False
         results: dict[str, dict[str, list[float]]] = {}
