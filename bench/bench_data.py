@@ -51,7 +51,7 @@ import pyarrow as pa  # noqa: E402
 import pyarrow.parquet as pq  # noqa: E402
 
 from delta_ray.apps.bundled import TEST_TOKENIZERS, bundled_tokenizer_path  # noqa: E402
-from delta_ray.apps.sample_text import corpus  # noqa: E402
+from bench_files import corpus_rows  # noqa: E402
 
 PIPELINES = ("plain", "cli", "ray-fastokens", "tokenize_dataset", "ray-reference")
 MARKERS = {"ray-fastokens": "FastokensTokenize", "tokenize_dataset": "TokenizeBatch",
@@ -61,20 +61,7 @@ MARKERS = {"ray-fastokens": "FastokensTokenize", "tokenize_dataset": "TokenizeBa
 # -- corpora --------------------------------------------------------------------------------------
 def make_corpora(root: str, mb: int, files: int, which: list[str]) -> dict[str, tuple[str, list[str]]]:
     """name -> (what Ray Data reads: a file or a directory, the files) for each wanted corpus."""
-    src = corpus("english", 4_000_000) + corpus("code", 4_000_000) + corpus("multilingual", 4_000_000)
-    rng = random.Random(0)
-
-    def docs(total: int) -> list[str]:
-        out, n = [], 0
-        while n < total:
-            k = rng.randint(200, 8000)
-            s = rng.randrange(0, len(src) - k)
-            out.append(src[s:s + k])
-            n += k
-        return out
-    rows = docs(mb * 1_000_000)
-    rows.insert(len(rows) // 3, (src * 2)[:2_000_000])
-    rows.insert(2 * len(rows) // 3, (src * 2)[1_000_000:5_000_000])
+    rows = corpus_rows(mb)  # the same documents as bench_files
     table = pa.table({"id": np.arange(len(rows), dtype=np.int64), "text": rows})
     out: dict[str, tuple[str, list[str]]] = {}
     if "big" in which:

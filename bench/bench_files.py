@@ -39,11 +39,13 @@ from delta_ray.apps.bundled import bundled_tokenizer_path  # noqa: E402
 from delta_ray.apps.sample_text import corpus  # noqa: E402
 
 
-def make_inputs(root: str, mb: int, files: int) -> tuple[str, list[str]]:
+def doc_source():
+    """``docs(total)``: about ``total`` characters of documents of 200-8,000 characters drawn from
+    the three corpora, one seeded random stream across calls; ``docs.src`` is the joined corpora."""
     src = corpus("english", 4_000_000) + corpus("code", 4_000_000) + corpus("multilingual", 4_000_000)
     rng = random.Random(0)
 
-    def docs(total):
+    def docs(total: int) -> list[str]:
         out, n = [], 0
         while n < total:
             k = rng.randint(200, 8000)
@@ -51,9 +53,23 @@ def make_inputs(root: str, mb: int, files: int) -> tuple[str, list[str]]:
             out.append(src[s:s + k])
             n += k
         return out
+    docs.src = src
+    return docs
+
+
+def corpus_rows(mb: int, docs=None) -> list[str]:
+    """About ``mb`` MB of documents plus two huge ones of 2M and 4M characters a third and two
+    thirds of the way in (the batch benches' corpus)."""
+    docs = docs or doc_source()
     rows = docs(mb * 1_000_000)
-    rows.insert(len(rows) // 3, (src * 2)[:2_000_000])
-    rows.insert(2 * len(rows) // 3, (src * 2)[1_000_000:5_000_000])
+    rows.insert(len(rows) // 3, (docs.src * 2)[:2_000_000])
+    rows.insert(2 * len(rows) // 3, (docs.src * 2)[1_000_000:5_000_000])
+    return rows
+
+
+def make_inputs(root: str, mb: int, files: int) -> tuple[str, list[str]]:
+    docs = doc_source()
+    rows = corpus_rows(mb, docs)
     big = os.path.join(root, "big.parquet")
     # pyarrow's defaults, as a user writes a file: one row group for the whole file
     pq.write_table(pa.table({"id": np.arange(len(rows)), "text": rows}), big)
