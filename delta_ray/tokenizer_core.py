@@ -44,6 +44,12 @@ _INT32 = pa.int32()
 __all__ = ["REUSE_MODES", "TokenizerConfig", "TokenizerCore", "build_predicate", "check_text"]
 
 
+def _content_key(entry: str) -> tuple:
+    """The store key of a content entry: a tuple, so it can never equal a user's session key (a str)
+    and no session named like an entry can read, replace or extend a content state."""
+    return ("content", entry)
+
+
 def check_text(text: object, what: str = "text") -> str:
     """``text`` if it is a str; TypeError naming ``what`` otherwise (every public entry point checks)."""
     if not isinstance(text, str):
@@ -476,7 +482,7 @@ class TokenizerCore:
             return self._run_plan(self.plan(text))
         generation = self.engine_switch.generation
         entry = self._content.lookup(data)
-        base = self._states().get("content:" + entry) if entry is not None else None
+        base = self._states().get(_content_key(entry)) if entry is not None else None
         lcp = common_prefix_len(base.text, text) if base is not None else 0
         if base is not None and lcp == len(text) == len(base.text):
             self.stats["content_hit"] += 1
@@ -487,7 +493,7 @@ class TokenizerCore:
         # A request that extends a stored text replaces it (the conversation grew); others add one.
         if base is None or lcp < len(base.text):
             entry = f"{next(self._entry_ids)}"
-        self._install("content:" + entry, res.state, generation)
+        self._install(_content_key(entry), res.state, generation)
         for dropped in self._content.add(entry, data):
-            self._store.pop("content:" + dropped)
+            self._store.pop(_content_key(dropped))
         return res.state.ids

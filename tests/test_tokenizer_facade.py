@@ -40,3 +40,16 @@ def test_facade_answers_equal_the_reference(tokenizer_paths):
         dt.extend("s", "more")
     assert dt.digest == dt.core.digest and dt.admission.admitted and dt.config.chunk_size == 4096
     assert dt.stats is dt.core.stats and dt.stats["chunked"] >= 1
+
+
+def test_a_session_named_like_a_content_entry_keeps_its_own_text(tokenizer_paths):
+    """With content reuse on, content entries live in the same store as sessions: a user's session
+    named like one ("content:0") must neither be replaced by a keyless text nor extend it."""
+    path = tokenizer_paths["qwen-3"]
+    ref = tokenizers.Tokenizer.from_file(path)
+    dt = DeltaTokenizer(path, reuse="content", engine="reference")
+    mine = "My own conversation. " * 300
+    assert dt.encode(mine, session="content:0").to_pylist() == ref.encode(mine).ids
+    other = "Somebody else's keyless prompt, long enough to be indexed by content. " * 200
+    assert dt.encode(other).to_pylist() == ref.encode(other).ids  # content entry 0
+    assert dt.extend("content:0", " More.").to_pylist() == ref.encode(mine + " More.").ids
