@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from ..sample_text import chat_transcript, corpus
 from ..tokenizer import DeltaTokenizer
 from .baselines import Engines
-from .report import Steps, Table, median, ms, ratio, verdict
+from .report import Steps, Table, best, median, ms, ratio, verdict
 
 
 def _timed(fn, *args):
@@ -84,7 +84,7 @@ def chat(eng: Engines, dt: DeltaTokenizer, sizes: list[int], turns: int, warm: i
     re-encoding the whole transcript, with and without its segment cache, and the reference."""
     t = Table(f"Chat session, turn by turn, in process (+1 message of ~1.3K chars a turn; median of {turns} turns, warm)",
               ["context", "reference", "fastokens", "fastokens+seg.cache", "delta-ray turn", "delta-ray extend",
-               "vs fastokens", "exact"])
+               "vs best fastokens", "exact"])
     ok = True
     figs: list[ChatFigures] = []
     for n in sizes:
@@ -126,7 +126,7 @@ def chat(eng: Engines, dt: DeltaTokenizer, sizes: list[int], turns: int, warm: i
         figs.append(f)
         n_good = sum(sum(v) for v in good.values())
         t.add(_label(n), ms(f.ref), ms(f.fast) if fast else "n/a", ms(f.fast_cached) if cached else "n/a",
-              ms(f.turn), ms(f.extend), ratio(f.fast, f.turn) if fast else "-",
+              ms(f.turn), ms(f.extend), ratio(best(f.fast, f.fast_cached), f.turn) if fast else "-",
               f"{n_good}/{sum(len(v) for v in good.values())}")
         for s in (a, b):
             dt.drop_session(s)
@@ -135,8 +135,9 @@ def chat(eng: Engines, dt: DeltaTokenizer, sizes: list[int], turns: int, warm: i
     if eng.fastokens is not None:
         seg = f", {ms(big.fast_cached)} with its segment cache" if big.fast_cached else ""
         verdict(f"a {_label(big.context)}-character session turn: delta-ray {ms(big.turn)} (whole transcript sent), "
-                f"{ms(big.extend)} (append only) vs fastokens' whole re-encode {ms(big.fast)}{seg}: "
-                f"{ratio(big.fast, big.turn)} faster; {'all exact' if ok else 'MISMATCH against the reference'}")
+                f"{ms(big.extend)} (append only); fastokens re-encoding the whole transcript {ms(big.fast)}{seg}: "
+                f"{ratio(best(big.fast, big.fast_cached), big.turn)} faster than the best of them; "
+                f"{'all exact' if ok else 'MISMATCH against the reference'}")
     else:
         verdict(f"a {_label(big.context)}-character session turn: delta-ray {ms(big.turn)} vs the reference's "
                 f"re-encode {ms(big.ref)} ({ratio(big.ref, big.turn)}); {'all exact' if ok else 'MISMATCH'}")

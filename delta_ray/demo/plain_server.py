@@ -9,9 +9,7 @@ returned with orjson from the engine's buffer. Without fastokens it uses the ref
 Run as a script, not ``-m``: importing ``delta_ray`` would pin fastokens to one thread per process
 (delta-ray's setting), and the baseline runs with fastokens' own defaults.
 """
-from __future__ import annotations
-
-import sys
+import sys  # no `from __future__ import annotations`: FastAPI reads the handler's annotations at run time
 
 
 def make_app(path: str):

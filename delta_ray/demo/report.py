@@ -42,6 +42,12 @@ def ratio(base: float | None, ours: float | None) -> str:
     return f"{r:,.0f}x" if r >= 10 else f"{r:.1f}x"
 
 
+def best(*xs: float | None) -> float | None:
+    """The fastest of the figures that were measured (None when none was)."""
+    got = [x for x in xs if x]
+    return min(got) if got else None
+
+
 def median(xs: Sequence[float]) -> float | None:
     return statistics.median(xs) if xs else None
 
@@ -158,13 +164,17 @@ _FILE_HANDLER: list[logging.Handler | None] = [None]
 def quiet_ray_loggers() -> None:
     """Point Ray's own Python loggers (``ray``, ``ray.serve``, ``ray.data``...) at the log file."""
     handler = _FILE_HANDLER[0]
-    for name in ("ray", "ray.serve", "ray.data", "ray.train", "ray.tune", "ray._private"):
+    names = [n for n in list(logging.Logger.manager.loggerDict) if n == "ray" or n.startswith("ray.")]
+    for name in ["ray", *names]:
         lg = logging.getLogger(name)
         for h in list(lg.handlers):
-            lg.removeHandler(h)
-        if handler is not None:
+            # Ray's console handlers go; its own file handlers (Serve's, in the session's logs) stay.
+            if isinstance(h, logging.StreamHandler) and not isinstance(h, logging.FileHandler):
+                lg.removeHandler(h)
+        if handler is not None and (not lg.propagate or name == "ray") and handler not in lg.handlers:
             lg.addHandler(handler)
-        lg.propagate = False
+        if name == "ray":
+            lg.propagate = False
 
 
 def demo_log_path() -> str:
