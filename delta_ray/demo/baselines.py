@@ -103,6 +103,15 @@ class Engines:
         except Exception:  # noqa: BLE001 - an older fastokens: no segment cache
             return None
 
+    def check_all(self, results: list, prefix: str = "") -> dict[str, list[bool]]:
+        """Compare ``(engine, text, ids)`` results with the reference; {engine: [equal?, ...]}."""
+        from .report import progress
+        good: dict[str, list[bool]] = {}
+        with progress("checking every result against the reference", transient=True):
+            for name, text, got in results:
+                good.setdefault(name, []).append(self.checks.same(prefix + name, got, self.want(text)))
+        return good
+
     def want(self, text: str) -> np.ndarray:
         """The reference IDs of ``text`` (encoded once, timed: ``ref_seconds[text]``)."""
         got = self._want.get(text)

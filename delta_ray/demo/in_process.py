@@ -52,9 +52,10 @@ def stateless(eng: Engines, dt: DeltaTokenizer, sizes: list[int], calls: int) ->
                     got, s = _timed(fast.ids, text)
                     f_s.append(s)
                     results.append(("fastokens", text, got))
-        good = [eng.checks.same(name, got, eng.want(text)) for name, text, got in results]
+        by_engine = eng.check_all(results)
+        good = [g for v in by_engine.values() for g in v]
         r_s = [eng.ref_seconds[x] for x in texts[1:]]
-        exact_dr = all(g for (name, _, _), g in zip(results, good) if name == "delta-ray")
+        exact_dr = all(by_engine["delta-ray"])
         ok &= exact_dr
         t.add(f"{_label(n)} chars", ms(median(r_s)), ms(median(f_s)) if fast else "n/a", ms(median(d_s)),
               ratio(median(f_s), median(d_s)) if fast else "-", ratio(median(r_s), median(d_s)),
@@ -115,9 +116,7 @@ def chat(eng: Engines, dt: DeltaTokenizer, sizes: list[int], turns: int, warm: i
                     times[name].append(s)
                 results.append((name, text, got))
             bar.step()
-        good = {}
-        for name, txt, got in results:
-            good.setdefault(name, []).append(eng.checks.same(name, got, eng.want(txt)))
+        good = eng.check_all(results)
         r_s = [eng.ref_seconds[txt] for _, txt, _ in results[::len(calls)][warm:]]
         exact_dr = all(good["turn"]) and all(good["extend"])
         ok &= exact_dr

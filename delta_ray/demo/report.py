@@ -81,9 +81,10 @@ def verdict(text: str) -> None:
 
 
 @contextmanager
-def progress(label: str, estimate_s: float | None = None) -> Iterator[None]:
+def progress(label: str, estimate_s: float | None = None, *, transient: bool = False) -> Iterator[None]:
     """Show that something slow is running: a bar against ``estimate_s`` (or a clock) on a
-    terminal, refreshed from a thread; one line before and one after otherwise (logs, tests)."""
+    terminal, refreshed from a thread; one line before and one after otherwise (logs, tests).
+    ``transient``: erased when done on a terminal, nothing printed otherwise (the table follows)."""
     t0 = time.perf_counter()
     tty = sys.stdout.isatty()
     stop = threading.Event()
@@ -97,7 +98,10 @@ def progress(label: str, estimate_s: float | None = None) -> Iterator[None]:
             line = f"  {label} [{bar}] {tail}"
         else:
             line = f"  {label} ... {el:.1f} s"
-        sys.stdout.write("\r" + line.ljust(78) + ("\n" if final else ""))
+        if final and transient:
+            sys.stdout.write("\r" + " " * 78 + "\r")
+        else:
+            sys.stdout.write("\r" + line.ljust(78) + ("\n" if final else ""))
         sys.stdout.flush()
 
     ticker = None
@@ -107,7 +111,7 @@ def progress(label: str, estimate_s: float | None = None) -> Iterator[None]:
                 draw()
         ticker = threading.Thread(target=tick, name="delta-ray-demo-progress", daemon=True)
         ticker.start()
-    else:
+    elif not transient:
         out(f"  {label} ..." + (f" (about {estimate_s:.0f} s)" if estimate_s else ""))
     try:
         yield
@@ -116,12 +120,13 @@ def progress(label: str, estimate_s: float | None = None) -> Iterator[None]:
         if ticker is not None:
             ticker.join()
             draw(final=True)
-        else:
+        elif not transient:
             out(f"  {label}: done in {time.perf_counter() - t0:.1f} s")
 
 
 class Steps:
-    """A counter bar for loops of checked calls ("chat turns 3/12"), on a terminal only."""
+    """A counter bar for loops of timed calls ("chat 1M: turns 3/12"), on a terminal only; erased
+    when done (the table replaces it)."""
 
     def __init__(self, label: str, total: int):
         self.label, self.total, self.n = label, total, 0
@@ -130,14 +135,9 @@ class Steps:
     def step(self) -> None:
         self.n += 1
         if self.tty:
-            end = "\n" if self.n >= self.total else ""
-            sys.stdout.write(f"\r  {self.label} {self.n}/{self.total}".ljust(78) + end)
-            sys.stdout.flush()
-
-    def clear(self) -> None:
-        """Erase the bar (the table replaces it)."""
-        if self.tty and self.n < self.total:
-            sys.stdout.write("\r" + " " * 78 + "\r")
+            sys.stdout.write(f"\r  {self.label} {self.n}/{self.total}".ljust(78))
+            if self.n >= self.total:
+                sys.stdout.write("\r" + " " * 78 + "\r")
             sys.stdout.flush()
 
 
@@ -154,7 +154,7 @@ def log_to_file(path: str) -> None:
         root.removeHandler(h)
     root.addHandler(handler)
     root.setLevel(logging.INFO)
-    logging.lastResort = None  # a record with no handler must not reach stderr either
+    logging.lastResort = handler  # a record no handler takes goes to the file too, not to stderr
     _FILE_HANDLER[0] = handler
 
 
