@@ -35,7 +35,11 @@ def _timed(fn):
     return r, time.perf_counter() - t0
 
 
-def start_ray() -> tuple[bool, str]:
+class RayDidNotStart(RuntimeError):
+    """A local Ray missed its start-up deadline on every try (an overloaded machine)."""
+
+
+def start_ray(tries: int = 3) -> tuple[bool, str]:
     """Join ``RAY_ADDRESS`` or start a local Ray with its logs in files; (started here, logs dir)."""
     import ray
     from ray import serve  # noqa: F401 - its import installs console handlers too: quiet them now
@@ -47,14 +51,18 @@ def start_ray() -> tuple[bool, str]:
         else:
             from ..actors.local_ray import local_init_kwargs
             with progress("starting a local Ray"):
-                try:
-                    ray.init(**local_init_kwargs())
-                except Exception as exc:  # noqa: BLE001 - Ray waits 30 s for its raylet: a busy machine misses it
-                    if "timed out during startup" not in str(exc):
-                        raise
-                    out("  Ray's node missed its 30 s start-up deadline (a busy machine?): starting it again")
-                    ray.shutdown()
-                    ray.init(**local_init_kwargs())
+                for attempt in range(1, tries + 1):
+                    try:
+                        ray.init(**local_init_kwargs())
+                        break
+                    except Exception as exc:  # noqa: BLE001 - Ray gives its raylet 30 s to register
+                        if "timed out during startup" not in str(exc):
+                            raise
+                        ray.shutdown()
+                        if attempt == tries:
+                            raise RayDidNotStart(f"Ray's node missed its 30 s start-up deadline {tries} times "
+                                                 "(is the machine overloaded? see `uptime`)") from None
+                        out("  Ray's node missed its 30 s start-up deadline (a busy machine?): starting it again")
             started = True
     quiet_ray_loggers()
     try:
@@ -68,7 +76,7 @@ def ray_sections(eng: Engines, loaded: LoadedTokenizer, sizes, log_path: str) ->
     """Start Ray (or join one), run the pool and Serve sections, shut down what was started."""
     os.environ.setdefault("RAY_ENABLE_AUTO_CONNECT", "0")
     import ray
-    started, logs = start_ray()
+    started, logs = start_ray()  # RayDidNotStart: the caller reports the sections as not run
     out(f"  Ray: {int(ray.cluster_resources().get('CPU', 0))} CPUs; its logs: {logs}")
     ok = True
     try:
