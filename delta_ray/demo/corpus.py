@@ -63,7 +63,7 @@ def _flat(path: str, column: str) -> tuple[np.ndarray, np.ndarray]:
 def corpus_section(eng: Engines, dt: DeltaTokenizer, mb: int) -> bool:
     root = tempfile.mkdtemp(prefix="delta-ray-demo-corpus-")
     try:
-        with progress(f"writing a corpus of {mb} MB of text ({FILES} Parquet files)"):
+        with progress(f"writing a corpus ({FILES} Parquet files)"):
             inputs, docs, nbytes = write_corpus(root, mb)
         out_plain, out_dr = os.path.join(root, "plain"), os.path.join(root, "delta-ray")
         os.makedirs(out_plain)
