@@ -82,6 +82,7 @@ def main(args) -> int:
     if not args.in_process:
         from .corpus import corpus_section
         ok &= corpus_section(eng, dt, sizes.corpus_mb)
+    dt.shadow.drain()  # the shadow checks' thread idle before exit (native code at exit can abort)
     out()
     out(f"{'every result of delta-ray equals the reference' if ok else 'MISMATCH against the reference'}"
         f" ({eng.checks.n:,} results checked"

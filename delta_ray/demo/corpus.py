@@ -77,6 +77,7 @@ def corpus_section(eng: Engines, dt: DeltaTokenizer, mb: int) -> bool:
         tok = DeltaTokenizer(dt.loaded, engine=engine, reuse="none")  # as `delta-ray tokenize` builds it
         with progress("delta-ray tokenize (local path: this machine, every core, no Ray)"):
             summary = tokenize_files(inputs, out_dr, tok, Options())
+        tok.shadow.drain()
         # The reference, all cores (encode_batch), every document; both outputs compared row by row.
         ok_dr = ok_plain = True
         ref_s, ref_tokens = 0.0, 0
