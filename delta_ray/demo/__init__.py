@@ -77,7 +77,7 @@ def main(args) -> int:
         try:
             ok &= ray_sections(eng, loaded, sizes, log_path)
         except RayDidNotStart as exc:
-            missing = "the pool and Serve sections did not run"
+            missing = "the sections on Ray did not run"
             out(f"  {exc}: {missing}")
     if not args.in_process:
         from .corpus import corpus_section

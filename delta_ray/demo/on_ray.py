@@ -36,7 +36,8 @@ def _timed(fn):
 
 
 class RayDidNotStart(RuntimeError):
-    """A local Ray missed its start-up deadline on every try (an overloaded machine)."""
+    """Ray or the pool's workers did not start in time (an overloaded machine): the sections on
+    Ray did not run, which the demo reports as incomplete, not as a failed check."""
 
 
 def start_ray(tries: int = 3) -> tuple[bool, str]:
@@ -80,7 +81,11 @@ def ray_sections(eng: Engines, loaded: LoadedTokenizer, sizes, log_path: str) ->
     out(f"  Ray: {int(ray.cluster_resources().get('CPU', 0))} CPUs; its logs: {logs}")
     ok = True
     try:
-        ok &= pool_section(eng, loaded, sizes.pool_turns)
+        from ..errors import PoolStartupError
+        try:
+            ok &= pool_section(eng, loaded, sizes.pool_turns)
+        except PoolStartupError as exc:
+            raise RayDidNotStart(f"the pool's workers did not start: {exc}") from None
         ok &= serve_section(eng, loaded, sizes.serve_turns, log_path, own_ray=started)
     finally:
         if started:
