@@ -135,7 +135,8 @@ def chat(eng: Engines, dt: DeltaTokenizer, sizes: list[int], turns: int, warm: i
         seg = f", {ms(big.fast_cached)} with its segment cache" if big.fast_cached else ""
         verdict(f"a {_label(big.context)}-character session turn: delta-ray {ms(big.turn)} (whole transcript sent), "
                 f"{ms(big.extend)} (append only); fastokens re-encoding the whole transcript {ms(big.fast)}{seg}: "
-                f"{ratio(best(big.fast, big.fast_cached), big.turn)} faster than the best of them; "
+                f"{ratio(best(big.fast, big.fast_cached), big.turn)} the best of them"
+                f"{' (slower on this run)' if (big.turn or 0) > (best(big.fast, big.fast_cached) or 0) else ''}; "
                 f"{'all exact' if ok else 'MISMATCH against the reference'}")
     else:
         verdict(f"a {_label(big.context)}-character session turn: delta-ray {ms(big.turn)} vs the reference's "
