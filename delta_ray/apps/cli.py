@@ -16,9 +16,10 @@ _RAY_COMMANDS = {
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="delta-ray", description="Exact tokenization on Ray")
     sub = parser.add_subparsers(dest="cmd", required=True)
-    demo = sub.add_parser("demo", help="run the main job on a bundled tokenizer and check every result")
+    demo = sub.add_parser("demo", help="delta-ray beside fastokens and the reference, every result checked")
     demo.add_argument("--tokenizer", help="path to tokenizer.json (default: the bundled qwen-3)")
-    demo.add_argument("--in-process", action="store_true", help="skip the Ray part")
+    demo.add_argument("--in-process", action="store_true", help="only the in-process sections (no Ray, no corpus)")
+    demo.add_argument("--quick", action="store_true", help="smaller sizes and fewer turns (30-45 s on an idle 2-core machine once the fast tier is admitted)")
     modules = {}
     for name, (module, help_text) in _RAY_COMMANDS.items():
         p = sub.add_parser(name, help=help_text)

@@ -59,3 +59,33 @@ def corpus(kind: str, n_chars: int) -> str:
     while len(text) < n_chars:
         text += "\n" + text
     return text[:n_chars]
+
+
+def chat_transcript(context_chars: int, turns: int, message_chars: int = 1300,
+                    seed: int = 0) -> tuple[str, list[str]]:
+    """A ChatML conversation of about ``context_chars`` characters and the ``turns`` messages that
+    follow it, one message (about ``message_chars``) per turn, alternating user and assistant.
+
+    Messages are prose and code from :func:`corpus`; the role markers are the Qwen/ChatML added
+    tokens (plain text for a tokenizer without them). Every turn's text extends the previous one,
+    as a transcript re-sent by an agent does.
+    """
+    import random
+    rng = random.Random(seed)
+    prose, code = corpus("english", 3_000_000), corpus("code", 3_000_000)
+
+    def message(i: int) -> str:
+        role = "user" if i % 2 == 0 else "assistant"
+        src = prose if i % 3 else code
+        k = max(200, int(message_chars * rng.uniform(0.6, 1.4)))
+        at = rng.randrange(0, len(src) - k)
+        return f"<|im_start|>{role}\n{src[at:at + k]}<|im_end|>\n"
+
+    parts = ["<|im_start|>system\nYou are a helpful assistant.<|im_end|>\n"]
+    n, i = len(parts[0]), 0
+    while n < context_chars:
+        parts.append(message(i))
+        n += len(parts[-1])
+        i += 1
+    deltas = [message(i + j) for j in range(turns)]
+    return "".join(parts), deltas

@@ -1,0 +1,127 @@
+"""What a user runs instead of delta-ray, loaded once and warm, and the checks against the reference.
+
+* the reference ``tokenizers`` (``Tokenizer.from_file(...).encode(text).ids``): the IDs every
+  result is compared with;
+* fastokens re-encoding the whole text (``encode_batch_flat``: IDs as a buffer, no Python list);
+* fastokens with its segment cache (``enable_segment_cache``): for chat, it reuses the text between
+  added tokens seen in earlier requests.
+
+When fastokens is not installed the demo says so and shows the reference alone.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+from tokenizers import Tokenizer
+
+SEGMENT_CACHE_BYTES = 512 << 20
+
+
+def fastokens_version() -> str | None:
+    from ...verify.fast_engine import package_version
+    return package_version("fastokens")
+
+
+def _load_fastokens(path: str, segment_cache: bool):
+    import fastokens
+    tok = fastokens.Tokenizer.from_file(path)
+    if hasattr(tok, "enable_segment_cache"):
+        tok.enable_segment_cache(SEGMENT_CACHE_BYTES if segment_cache else 0)
+    elif segment_cache:
+        return None
+    return tok
+
+
+class Fastokens:
+    """One fastokens tokenizer as a user would hold it in a server: loaded once, reused."""
+
+    def __init__(self, path: str, segment_cache: bool = False):
+        self.tok = _load_fastokens(path, segment_cache)
+        if self.tok is None:
+            raise ImportError("this fastokens has no segment cache")
+
+    def ids(self, text: str) -> np.ndarray:
+        buf, _ = self.tok.encode_batch_flat([text], add_special_tokens=True)
+        return np.frombuffer(buf, dtype="<u4").view("<i4")
+
+
+@dataclass
+class Checks:
+    """Every result compared with the reference: how many, and which engines differed."""
+
+    n: int = 0
+    wrong: dict[str, int] = field(default_factory=dict)
+
+    def same(self, engine: str, got, want: np.ndarray) -> bool:
+        """Record and return whether ``got`` (Arrow array, ChunkedArray or numpy) equals ``want``."""
+        self.n += 1
+        ok = np.array_equal(as_numpy(got), want)
+        if not ok:
+            self.wrong[engine] = self.wrong.get(engine, 0) + 1
+        return ok
+
+    def count(self, engine: str) -> int:
+        return self.wrong.get(engine, 0)
+
+
+def as_numpy(ids) -> np.ndarray:
+    """IDs from any of the forms the engines return, as an int32 numpy array."""
+    if isinstance(ids, np.ndarray):
+        return ids
+    if hasattr(ids, "combine_chunks"):  # pyarrow.ChunkedArray
+        ids = ids.combine_chunks()
+    if hasattr(ids, "to_numpy"):
+        return ids.to_numpy(zero_copy_only=False)
+    return np.asarray(ids, dtype=np.int32)
+
+
+class Engines:
+    """The reference and the fastokens baselines for one tokenizer, with the reference IDs of every
+    text kept (the same texts are checked by several sections; the reference runs once per text)."""
+
+    def __init__(self, path: str):
+        self.path = path
+        self.reference = Tokenizer.from_file(path)
+        self.fastokens: Fastokens | None = None
+        self.fastokens_note = ""
+        try:
+            self.fastokens = Fastokens(path)
+            self.fastokens_note = f"fastokens {fastokens_version()}"
+        except Exception as exc:  # noqa: BLE001 - not installed, or refuses this tokenizer
+            self.fastokens_note = f"fastokens unavailable ({type(exc).__name__}: {exc}); reference only"
+        self.checks = Checks()
+        self._want: dict[str, np.ndarray] = {}
+        self.ref_seconds: dict[str, float] = {}
+
+    def segment_cached(self) -> Fastokens | None:
+        """A fresh fastokens with its segment cache (each section warms its own)."""
+        if self.fastokens is None:
+            return None
+        try:
+            return Fastokens(self.path, segment_cache=True)
+        except Exception:  # noqa: BLE001 - an older fastokens: no segment cache
+            return None
+
+    def check_all(self, results: list, prefix: str = "") -> dict[str, list[bool]]:
+        """Compare ``(engine, text, ids)`` results with the reference; {engine: [equal?, ...]}."""
+        from .report import progress
+        good: dict[str, list[bool]] = {}
+        with progress("checking every result against the reference", transient=True):
+            for name, text, got in results:
+                good.setdefault(name, []).append(self.checks.same(prefix + name, got, self.want(text)))
+        return good
+
+    def want(self, text: str) -> np.ndarray:
+        """The reference IDs of ``text`` (encoded once, timed: ``ref_seconds[text]``)."""
+        got = self._want.get(text)
+        if got is None:
+            import time
+            t0 = time.perf_counter()
+            enc = self.reference.encode(text)
+            got = np.asarray(enc.ids, dtype=np.int32)
+            self.ref_seconds[text] = time.perf_counter() - t0
+            del enc  # drop the Encoding at once (NOTES: live Encodings slow later encodes)
+            self._want[text] = got
+        return got
+
