@@ -253,7 +253,7 @@ def test_a_jsonl_record_longer_than_a_mebibyte(tmp_path, real_texts, tokenizer_p
     path = tmp_path / "long.jsonl"
     path.write_text(json.dumps({"text": long_doc}) + "\n" + json.dumps({"text": "short"}) + "\n", encoding="utf-8")
     check_text_column(str(path), Options())
-    dt = DeltaTokenizer(tokenizer_paths["llama3.2"], reuse="none")
+    dt = TokenizerCore(tokenizer_paths["llama3.2"], reuse="none")
     s = tokenize_files([str(path)], str(tmp_path / "out"), dt, Options(batch_bytes=1 << 20), threads=2)
     got = pq.read_table(tmp_path / "out" / output_name(str(path))).column("input_ids").to_pylist()
     assert s.documents == 2 and got == [references["llama3.2"].encode(t).ids for t in (long_doc, "short")]
