@@ -8,12 +8,9 @@ cut threshold, so long texts take the cut path). Needs transformers 5.23 (the ``
 from __future__ import annotations
 
 import copy
-import importlib.util
 import itertools
 import json
-import pathlib
 import pickle
-import shutil
 
 import numpy as np
 import pytest
@@ -22,8 +19,8 @@ transformers = pytest.importorskip("transformers", reason="the drop-in tests nee
                                                           "pip install 'transformers==5.23.*' (the test extra)")
 
 import exactness  # noqa: E402
-from delta_ray.bundled import BUNDLED, bundled_tokenizer_path  # noqa: E402
 from delta_ray.dropin import hf as dropin_hf  # noqa: E402
+from delta_ray.dropin.folders import bundled_hf_folder  # noqa: E402
 from delta_ray.dropin import (is_wrapped, patch_transformers, refresh, unpatch_transformers,  # noqa: E402
                               wrap_tokenizer)
 
@@ -33,23 +30,10 @@ pytestmark = pytest.mark.skipif(not transformers.__version__.startswith("5."),
                                 reason=f"the drop-in hooks transformers 5 (found {transformers.__version__})")
 
 
-def _folder(root: pathlib.Path, name: str) -> str:
-    """tokenizer.json (SHA-256 checked) + the tokenizer_config.json and chat template shipped beside it."""
-    d = root / name
-    d.mkdir(parents=True, exist_ok=True)
-    shutil.copy(bundled_tokenizer_path(name), d / "tokenizer.json")
-    package, rel, _ = BUNDLED[name]
-    src = pathlib.Path(list(importlib.util.find_spec(package).submodule_search_locations)[0]) / rel
-    for f in ("tokenizer_config.json", "chat_template.jinja"):
-        if (src.parent / f).exists():
-            shutil.copy(src.parent / f, d / f)
-    return str(d)
-
-
 @pytest.fixture(scope="module")
 def folders(tmp_path_factory) -> dict[str, str]:
     root = tmp_path_factory.mktemp("hf")
-    return {n: _folder(root, n) for n in NAMES}
+    return {n: bundled_hf_folder(n, root) for n in NAMES}
 
 
 @pytest.fixture(scope="module")
@@ -245,6 +229,9 @@ def test_deepcopy_and_pickle_round_trip(pair, real_texts):
     for tok in (twin, back, copy.copy(patched)):
         _same(tok(t), stock(t))
         assert tok.decode(tok.encode(t)) == stock.decode(stock.encode(t))
+    out = pickle.loads(pickle.dumps(patched(t)))  # its encodings travel as the reference's
+    _same(out, stock(t))
+    assert out.tokens() == stock(t).tokens()
 
 
 def test_backend_mutations_rebuild_the_snapshot(folders):

@@ -149,6 +149,11 @@ class LazyEncoding:
             self._real = self._snapshot.reference_encoding(self._text, self._add_special_tokens, self._truncation)
         return self._real
 
+    def __reduce_ex__(self, protocol):
+        # Pickled or copied (a BatchEncoding sent to another process): as the reference's Encoding,
+        # which carries no snapshot and is what stock would have sent.
+        return self.materialize().__reduce_ex__(protocol)
+
     def __getattr__(self, name: str):
         if name.startswith("__"):
             raise AttributeError(name)
