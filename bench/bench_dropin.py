@@ -122,6 +122,7 @@ def main(argv=None) -> int:
     ap.add_argument("--cache-mib", type=int, default=256, help="fastokens' segment cache size")
     ap.add_argument("--content-reuse", action="store_true", help="also time delta-ray with content reuse on")
     args = ap.parse_args(argv)
+    sys.stdout.reconfigure(line_buffering=True)  # progress shows when the output is a file
 
     with os.popen("uptime") as fh:
         print("load:", fh.read().strip())

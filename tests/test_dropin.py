@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import copy
 import itertools
-import json
 import pickle
 
 import numpy as np
@@ -87,11 +86,10 @@ def _same(a, b) -> None:
         assert a == b
 
 
-def _texts(stock, real_texts) -> list[str]:
-    from tokenizers import Tokenizer
-    ref = Tokenizer.from_str(stock._tokenizer.to_str())
-    exactness.CONFIGS[id(ref)] = json.loads(stock._tokenizer.to_str())
-    frags = exactness.ADVERSARIAL + exactness.special_fragments(ref)
+def _texts(patched, real_texts) -> list[str]:
+    loaded = patched.__dict__[dropin_hf.STATE_ATTR].current(patched).tokenizer.loaded  # the live config
+    exactness.CONFIGS[id(loaded.tokenizer)] = loaded.config
+    frags = exactness.ADVERSARIAL + exactness.special_fragments(loaded.tokenizer)
     out = list(frags)
     out += [a + b for a, b in itertools.islice(itertools.product(frags[:40], frags[:40]), 0, None, 7)]
     out += [real_texts["english"][:9000], real_texts["code"][:12000], real_texts["multilingual"][:9000]]
@@ -126,7 +124,7 @@ def test_bad_options_fail_at_patch_time():
 # -- outputs equal stock -------------------------------------------------------------------------------
 def test_encode_call_and_battery_equal_stock(pair, real_texts):
     stock, patched = pair
-    texts = _texts(stock, real_texts)
+    texts = _texts(patched, real_texts)
     before = _delta_calls(patched)
     for t in texts:
         for ast in (True, False):
@@ -234,11 +232,10 @@ def test_deepcopy_and_pickle_round_trip(pair, real_texts):
     assert out.tokens() == stock(t).tokens()
 
 
-def test_backend_mutations_rebuild_the_snapshot(folders):
+def test_backend_mutations_rebuild_the_snapshot(pairs):
     """add_tokens and add_bos_token change the backend; the next call must see the change (this
     test fails without the invalidating hooks: the snapshot would keep the old vocabulary)."""
-    from transformers import AutoTokenizer
-    stock = AutoTokenizer.from_pretrained(folders["minimax-m3"])
+    stock = copy.deepcopy(pairs("minimax-m3")[0])  # mutated below: a private copy
     patched = wrap_tokenizer(copy.deepcopy(stock), engine="reference")
     t = "say zqxjk_tok and zqxjk_tok twice"
     old = stock.encode(t)
@@ -259,10 +256,10 @@ def test_backend_mutations_rebuild_the_snapshot(folders):
     assert patched.encode(t) == stock.encode(t) and stock.encode(t)[-1] == stock.eos_token_id
 
 
-def test_content_reuse_opt_in(folders, real_texts):
-    from transformers import AutoTokenizer
-    stock = AutoTokenizer.from_pretrained(folders["qwen-3"])
-    patched = wrap_tokenizer(copy.deepcopy(stock), content_reuse=True, **SMALL_CUTS)
+def test_content_reuse_opt_in(pairs, real_texts):
+    stock, default = pairs("qwen-3")
+    assert default.__dict__[dropin_hf.STATE_ATTR].current(default).tokenizer.reuse == "none"  # off by default
+    patched = wrap_tokenizer(copy.copy(stock), content_reuse=True, **SMALL_CUTS)  # shares the backend, own state
     dt = patched.__dict__[dropin_hf.STATE_ATTR].current(patched).tokenizer
     assert dt.reuse == "content"
     chat = []
@@ -271,20 +268,17 @@ def test_content_reuse_opt_in(folders, real_texts):
         assert patched.apply_chat_template(chat, tokenize=True) == stock.apply_chat_template(chat, tokenize=True)
         chat.append({"role": "assistant", "content": real_texts["code"][turn * 3000:(turn + 1) * 3000]})
     assert dt.stats["content_hit"] >= 3  # later turns extended earlier ones
-    default = wrap_tokenizer(copy.deepcopy(stock), engine="reference")
-    assert default.__dict__[dropin_hf.STATE_ATTR].current(default).tokenizer.reuse == "none"
 
 
 # -- MiniMax-M3 " I'ſ": where fastokens' patch differs ------------------------------------------------------
 LONG_S = [" I'\u017f", " I'\u017f x", "a I'\u017fLL", " I'\u017f\u017f", " You'\u017f", " I'\u212a", " I'S"]
 
 
-def test_minimax_long_s_with_the_fast_tier(folders):
+def test_minimax_long_s_with_the_fast_tier(folders, pairs):
     """The drop-in with a guarded fastokens engine equals stock on the " I'ſ" family; the same
     drop-in with the unguarded engine does not (what the guard prevents); fastokens' own patch
     does not either."""
     fastokens = pytest.importorskip("fastokens", reason="the fast tier's engine (fastokens) is not installed")
-    from tokenizers import Tokenizer
     from transformers import AutoTokenizer
 
     from delta_ray.encoder import ReferenceEncoder
@@ -292,13 +286,13 @@ def test_minimax_long_s_with_the_fast_tier(folders):
     from delta_ray.guard_probe import guard_set_for
     from delta_ray.guard_runtime import GuardedEncoder
 
-    stock = AutoTokenizer.from_pretrained(folders["minimax-m3"])
-    live = stock._tokenizer.to_str().encode("utf-8")
-    ref = Tokenizer.from_str(live.decode("utf-8"))
+    stock, patched = pairs("minimax-m3")
+    loaded = patched.__dict__[dropin_hf.STATE_ATTR].current(patched).tokenizer.loaded
+    live, ref = loaded.config_bytes, loaded.tokenizer  # the live backend's configuration
     fast = FastEncoder(live, "fastokens")
     guard = guard_set_for(live, fast, ref_tokenizer=ref, code_points=[0x17F, 0x212A, ord("I"), ord("S")])
-    guarded = wrap_tokenizer(copy.deepcopy(stock), encoder=GuardedEncoder(fast, guard, ReferenceEncoder(ref)))
-    unguarded = wrap_tokenizer(copy.deepcopy(stock), encoder=fast)
+    guarded = wrap_tokenizer(copy.copy(stock), encoder=GuardedEncoder(fast, guard, ReferenceEncoder(ref)))
+    unguarded = wrap_tokenizer(copy.copy(stock), encoder=fast)
     want = [stock.encode(t) for t in LONG_S]
     assert want[0] == [2586, 158967]
     assert [guarded.encode(t) for t in LONG_S] == want

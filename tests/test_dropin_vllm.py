@@ -67,12 +67,15 @@ def test_pickle_and_thread_pool_keep_the_mode(both, real_texts):
 
 
 def test_chat_renderer_equals_default_mode(both, real_texts):
+    """vLLM's HfRenderer renders and tokenizes every chat turn with safe_apply_chat_template (the
+    template given, as a served model's is once resolved, so no model config is needed here)."""
     from vllm.renderers.hf import safe_apply_chat_template
     hf, ours = both
-    chat = []
+    chat, template = [], hf.chat_template
     for turn in range(5):
         chat.append({"role": "user", "content": real_texts["english"][turn * 4000:(turn + 1) * 4000]})
-        want = safe_apply_chat_template(None, hf, chat, tokenize=True, add_generation_prompt=True)
-        got = safe_apply_chat_template(None, ours, chat, tokenize=True, add_generation_prompt=True)
+        kw = dict(chat_template=template, tokenize=True, add_generation_prompt=True)
+        want = safe_apply_chat_template(None, hf, chat, **kw)
+        got = safe_apply_chat_template(None, ours, chat, **kw)
         assert isinstance(got, list) and got == want
         chat.append({"role": "assistant", "content": real_texts["code"][turn * 4000:(turn + 1) * 4000]})
