@@ -33,7 +33,7 @@ from delta_ray.dropin.folders import bundled_hf_folder  # noqa: E402
 from delta_ray.sample_text import corpus  # noqa: E402
 
 
-def load_all(folder: str, engine: str, cache_mib: int, content_reuse: bool) -> dict:
+def load_all(folder: str, engine: str, cache_mib: int, content_reuse: bool, shadow_rate: float | None) -> dict:
     from transformers import AutoTokenizer
 
     import delta_ray
@@ -51,10 +51,11 @@ def load_all(folder: str, engine: str, cache_mib: int, content_reuse: bool) -> d
                 fastokens.unpatch_transformers()
         out["fastokens+cache"]._tokenizer.enable_segment_cache(cache_mib << 20)
     t0 = time.perf_counter()
-    delta_ray.patch_transformers(engine=engine)
+    extra = {} if shadow_rate is None else {"shadow_rate": shadow_rate}
+    delta_ray.patch_transformers(engine=engine, **extra)
     out["delta-ray"] = AutoTokenizer.from_pretrained(folder)
     if content_reuse:
-        delta_ray.patch_transformers(engine=engine, content_reuse=True)
+        delta_ray.patch_transformers(engine=engine, content_reuse=True, **extra)
         out["delta-ray+reuse"] = AutoTokenizer.from_pretrained(folder)
     delta_ray.unpatch_transformers()
     from delta_ray.dropin.hf import STATE_ATTR, install_hooks
@@ -121,13 +122,15 @@ def main(argv=None) -> int:
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--cache-mib", type=int, default=256, help="fastokens' segment cache size")
     ap.add_argument("--content-reuse", action="store_true", help="also time delta-ray with content reuse on")
+    ap.add_argument("--shadow-rate", type=float, default=None,
+                    help="delta-ray's shadow re-check rate (default: the library's, 1%%, off the request path)")
     args = ap.parse_args(argv)
     sys.stdout.reconfigure(line_buffering=True)  # progress shows when the output is a file
 
     with os.popen("uptime") as fh:
         print("load:", fh.read().strip())
     folder = bundled_hf_folder(args.tokenizer, tempfile.mkdtemp(prefix="bench-dropin-"))
-    toks = load_all(folder, args.engine, args.cache_mib, args.content_reuse)
+    toks = load_all(folder, args.engine, args.cache_mib, args.content_reuse, args.shadow_rate)
     if toks["stock"].chat_template is None:
         print(f"{args.tokenizer} ships no chat template: raw prompts only")
     prose, code = corpus("english", 2_000_000), corpus("code", 2_000_000)

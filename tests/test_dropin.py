@@ -222,9 +222,12 @@ def test_deepcopy_and_pickle_round_trip(pair, real_texts):
     assert is_wrapped(twin) and twin._tokenizer is not patched._tokenizer
     state, twin_state = (x.__dict__[dropin_hf.STATE_ATTR] for x in (patched, twin))
     assert twin_state.snapshot is state.snapshot and twin_state.backend is twin._tokenizer  # shared, no rebuild
-    back = pickle.loads(pickle.dumps(patched))
-    assert is_wrapped(back)
-    for tok in (twin, back, copy.copy(patched)):
+    copies = [twin, copy.copy(patched)]
+    if stock.name_or_path.endswith("glm-4"):  # a pickled tokenizer rebuilds its snapshot: seconds, so once
+        back = pickle.loads(pickle.dumps(patched))
+        assert is_wrapped(back)
+        copies.append(back)
+    for tok in copies:
         _same(tok(t), stock(t))
         assert tok.decode(tok.encode(t)) == stock.decode(stock.encode(t))
     out = pickle.loads(pickle.dumps(patched(t)))  # its encodings travel as the reference's
