@@ -28,7 +28,7 @@ PURE_PYTHON = [
     "pybase64", "cachetools", "blake3", "py-cpuinfo", "sentencepiece", "tiktoken", "msgspec", "cloudpickle",
     "pydantic>=2.12", "fastapi", "prometheus_client", "partial-json-parser", "einops", "pillow", "pyyaml",
     "requests", "tqdm", "watchfiles", "python-json-logger", "setproctitle", "ijson", "mistral_common",
-    "jsonschema", "lark==1.2.2", "openai-harmony", "anthropic", "aiohttp", "filelock", "protobuf",
+    "jsonschema", "lark==1.2.2", "anthropic", "aiohttp", "filelock", "protobuf",
 ]
 
 
