@@ -19,7 +19,7 @@ import threading
 from dataclasses import dataclass
 from typing import Any
 
-from tokenizers import Tokenizer
+from tokenizers import Encoding, Tokenizer
 
 from ..loading import LoadedTokenizer
 from ..tokenizer import DeltaTokenizer
@@ -119,6 +119,12 @@ class Snapshot:
             return ref.encode(text, add_special_tokens=add_special_tokens)
 
 
+def _encoding_from_state(state) -> Encoding:
+    enc = Encoding()
+    enc.__setstate__(state)
+    return enc
+
+
 class LazyEncoding:
     """A ``tokenizers.Encoding`` whose IDs came from delta-ray; other fields come from the reference
     on first use (transformers keeps encodings in ``BatchEncoding`` for ``tokens()``,
@@ -152,7 +158,7 @@ class LazyEncoding:
     def __reduce_ex__(self, protocol):
         # Pickled or copied (a BatchEncoding sent to another process): as the reference's Encoding,
         # which carries no snapshot and is what stock would have sent.
-        return self.materialize().__reduce_ex__(protocol)
+        return _encoding_from_state, (self.materialize().__getstate__(),)
 
     def __getattr__(self, name: str):
         if name.startswith("__"):
