@@ -23,12 +23,14 @@ from delta_ray.core.config import TokenizerConfig as TokenizerConfig  # noqa: E4
 __all__ = ["Admission", "DeltaRayError", "DeltaTokenizer", "FastEngineUnavailable", "PoolAuthError",
            "PoolClosed", "PoolConfig", "PoolStartupError", "SessionNotFound", "TokenizerConfig", "TokenizerPool",
            "UnsupportedReference",
-           "load_tokenizer", "serve_app", "tokenize_dataset"]
+           "load_tokenizer", "patch_transformers", "serve_app", "tokenize_dataset", "unpatch_transformers"]
 
 _LAZY = {
     "TokenizerPool": ("delta_ray.actors.pool", "TokenizerPool"),
     "serve_app": ("delta_ray.actors.serve", "serve_app"),
     "tokenize_dataset": ("delta_ray.actors.data", "tokenize_dataset"),
+    "patch_transformers": ("delta_ray.apps.dropin", "patch_transformers"),  # transformers only when used
+    "unpatch_transformers": ("delta_ray.apps.dropin", "unpatch_transformers"),
 }
 
 

@@ -1,0 +1,12 @@
+"""Drop-in for transformers (and so vLLM, SGLang, Ray Serve LLM): stock outputs, delta-ray's encode.
+
+``delta_ray.patch_transformers()`` makes every tokenizer loaded afterwards encode through
+delta-ray's exact path; ``wrap_tokenizer(tok)`` does it for one object. Nothing here imports Ray;
+transformers is imported on first use. The vLLM tokenizer mode lives in
+:mod:`delta_ray.apps.dropin.vllm_plugin` (loaded by vLLM through its ``vllm.general_plugins`` entry point).
+"""
+from .patch import (is_wrapped, loading_wrapped, patch_transformers, refresh, unpatch_transformers,
+                    unwrap_tokenizer, wrap_tokenizer)
+
+__all__ = ["is_wrapped", "loading_wrapped", "patch_transformers", "refresh", "unpatch_transformers",
+           "unwrap_tokenizer", "wrap_tokenizer"]

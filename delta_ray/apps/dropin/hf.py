@@ -1,0 +1,288 @@
+"""transformers 5 drop-in: a wrapped tokenizer encodes through delta-ray, exactly as stock would.
+
+In transformers 5, ``__call__``, ``encode``, ``tokenize`` and ``apply_chat_template(tokenize=True)``
+all arrive in ``TokenizersBackend._encode_plus``, which sets truncation/padding on the backend and
+calls ``self._tokenizer.encode_batch``. The drop-in hooks that one method on the class, and only a
+tokenizer that carries a :class:`DropinState` takes the delta-ray path; every other tokenizer, and
+every call the path does not cover, runs the original method unchanged. The backend object itself
+is never replaced, so decoding, ``DecodeStream``, ``get_vocab``, deepcopy and pickle are stock.
+
+Covered (IDs from ``DeltaTokenizer.encode``/``encode_batch`` with the call's
+``add_special_tokens``): one text or a list of texts; no pair, no pre-tokenized input, no padding,
+no ``split_special_tokens``, no offsets, special-tokens mask or overflow; truncation with
+``longest_first``/``only_first`` where the post-processor's template is known (the IDs are cut as
+the reference cuts them: before the template, ``max_length`` minus the special tokens it adds);
+type ids where the template writes only 0. Everything else falls back to the original method.
+Other fields of the returned encodings (tokens, offsets, word ids) come from the reference on first
+use (:class:`~delta_ray.apps.dropin.snapshot.LazyEncoding`).
+
+The snapshot the IDs come from is the live backend when the tokenizer was wrapped. transformers'
+own mutators (``add_tokens``, ``add_special_tokens``, ``update_post_processor`` behind
+``add_bos_token``/``add_eos_token``) and a replaced ``_tokenizer`` make the next call rebuild it;
+code that mutates the backend object in place must call :func:`refresh`.
+"""
+from __future__ import annotations
+
+import copy
+import inspect
+import logging
+import threading
+from typing import Any
+
+from .snapshot import LazyEncoding, Snapshot
+
+log = logging.getLogger("delta_ray.apps.dropin")
+
+STATE_ATTR = "_delta_ray_dropin"
+_EXPECTED_PARAMS = (
+    "self", "text", "text_pair", "add_special_tokens", "padding_strategy", "truncation_strategy",
+    "max_length", "stride", "is_split_into_words", "pad_to_multiple_of", "padding_side", "return_tensors",
+    "return_token_type_ids", "return_attention_mask", "return_overflowing_tokens",
+    "return_special_tokens_mask", "return_offsets_mapping", "return_length", "verbose",
+    "split_special_tokens", "kwargs",
+)
+_hook_lock = threading.Lock()
+_originals: dict[str, Any] = {}  # method name -> the function TokenizersBackend had before the hooks
+
+
+class DropinState:
+    """What one wrapped tokenizer carries: its options and the snapshot of its live backend.
+
+    Copies of the tokenizer (``copy.copy``, ``copy.deepcopy``, as vLLM's thread pool makes) share
+    the snapshot, which is thread-safe and, with content reuse off, stateless; a pickled tokenizer
+    carries only the options and rebuilds the snapshot from its own backend on first use.
+    """
+
+    def __init__(self, options: dict[str, Any]):
+        self.options = dict(options)
+        self.snapshot: Snapshot | None = None
+        self.backend = None  # the backend object the snapshot was taken from
+        self.failed: str | None = None
+        self._lock = threading.Lock()
+
+    def current(self, tok) -> Snapshot | None:
+        """The snapshot for ``tok``'s backend as it is now (rebuilt if the backend was replaced or
+        marked changed); None if it cannot be built (the tokenizer then stays stock)."""
+        backend = tok._tokenizer
+        snap = self.snapshot
+        if snap is not None and self.backend is backend:
+            return snap
+        if self.failed is not None:
+            return None
+        with self._lock:
+            if self.snapshot is None or self.backend is not backend:
+                try:
+                    self.snapshot = Snapshot(backend, self.options)
+                    self.backend = backend
+                except Exception as exc:  # noqa: BLE001 - stock transformers serves instead, exactly
+                    self.failed = f"{type(exc).__name__}: {exc}"
+                    log.warning("delta-ray drop-in disabled for %s: %s", type(tok).__name__, self.failed)
+                    return None
+            return self.snapshot
+
+    def invalidate(self) -> None:
+        """The backend changed in place: rebuild the snapshot before the next encode."""
+        with self._lock:
+            self.snapshot = None
+            self.backend = None
+            self.failed = None
+
+    def __deepcopy__(self, memo):
+        new = DropinState(self.options)
+        new.failed = self.failed
+        if self.snapshot is not None and self.backend is not None:
+            new.snapshot = self.snapshot  # shared: the copy's backend is an equal deep copy
+            new.backend = copy.deepcopy(self.backend, memo)  # the very object the copy's _tokenizer is
+        return new
+
+    def __getstate__(self):
+        return {"options": self.options}
+
+    def __setstate__(self, state):
+        self.__init__(state["options"])
+        install_hooks()  # an unpickled wrapped tokenizer keeps encoding through delta-ray
+
+
+def state_of(tok) -> DropinState | None:
+    return tok.__dict__.get(STATE_ATTR)
+
+
+# -- the fast path -----------------------------------------------------------------------------
+def _truncated(ids: list[int], template, add_special_tokens: bool, trunc: dict | None) -> list[int] | None:
+    """``ids`` (template included) as the reference truncates them, or None where not modelled."""
+    if trunc is None:
+        return ids
+    if template is None:
+        return None
+    added = template.prefix + template.suffix if add_special_tokens else 0
+    max_length = trunc["max_length"]
+    if max_length < added:  # the reference's own arithmetic would underflow here: let it decide
+        return None
+    if len(ids) <= max_length:
+        return ids
+    target = max_length - added
+    if target <= 0 or trunc["stride"] >= target or trunc["strategy"] not in ("longest_first", "only_first"):
+        return None
+    p = template.prefix if add_special_tokens else 0
+    s = template.suffix if add_special_tokens else 0
+    body = ids[p:len(ids) - s]
+    body = body[:target] if trunc["direction"] == "right" else body[len(body) - target:]
+    return ids[:p] + body + ids[len(ids) - s:]
+
+
+def _delta_encode_plus(self, state: DropinState, texts: list[str], is_batched: bool, add_special_tokens: bool,
+                       trunc: dict | None, max_length, return_tensors, return_token_type_ids,
+                       return_attention_mask, return_length: bool, verbose: bool):
+    """The BatchEncoding stock ``_encode_plus`` builds, with IDs from delta-ray; None to fall back."""
+    from transformers.tokenization_utils_base import BatchEncoding
+
+    snap = state.current(self)
+    if snap is None:
+        return None
+    if return_token_type_ids is None:
+        return_token_type_ids = "token_type_ids" in self.model_input_names
+    if return_attention_mask is None:
+        return_attention_mask = "attention_mask" in self.model_input_names
+    template = snap.template
+    if return_token_type_ids and (template is None or not template.zero_type_ids):
+        return None
+    dt = snap.tokenizer
+    try:
+        if len(texts) == 1:
+            arrays = [dt.encode(texts[0], add_special_tokens=add_special_tokens)]
+        else:
+            arrays = dt.encode_batch(texts, add_special_tokens=add_special_tokens)
+    except (TypeError, ValueError):
+        return None  # e.g. text the reference refuses: the original call raises its own error
+    all_ids = []
+    for a in arrays:
+        ids = _truncated(a.to_numpy(zero_copy_only=False).tolist(), template, add_special_tokens, trunc)
+        if ids is None:
+            return None
+        all_ids.append(ids)
+    data: dict[str, list] = {"input_ids": all_ids}
+    if return_token_type_ids:
+        data["token_type_ids"] = [[0] * len(ids) for ids in all_ids]
+    if return_attention_mask:
+        data["attention_mask"] = [[1] * len(ids) for ids in all_ids]
+    if return_length:
+        data["length"] = [len(ids) for ids in all_ids]
+    encodings = [LazyEncoding(ids, t, add_special_tokens, trunc, snap) for ids, t in zip(all_ids, texts)]
+    for ids in all_ids:
+        self._eventual_warn_about_too_long_sequence(ids, max_length, verbose)
+    out = BatchEncoding(data, encodings, tensor_type=return_tensors)
+    if not is_batched and return_tensors is None:
+        out = BatchEncoding({k: (v[0] if v and isinstance(v[0], list) else v) for k, v in out.items()},
+                            out.encodings)
+    return out
+
+
+def _make_encode_plus(original):
+    from transformers.tokenization_utils_base import TruncationStrategy
+    from transformers.utils import PaddingStrategy
+
+    do_not_pad, do_not_truncate = PaddingStrategy.DO_NOT_PAD, TruncationStrategy.DO_NOT_TRUNCATE
+    covered_truncation = (do_not_truncate, TruncationStrategy.LONGEST_FIRST, TruncationStrategy.ONLY_FIRST)
+
+    def _encode_plus(self, text, text_pair=None, add_special_tokens=True, padding_strategy=do_not_pad,
+                     truncation_strategy=do_not_truncate, max_length=None, stride=0, is_split_into_words=False,
+                     pad_to_multiple_of=None, padding_side=None, return_tensors=None, return_token_type_ids=None,
+                     return_attention_mask=None, return_overflowing_tokens=False, return_special_tokens_mask=False,
+                     return_offsets_mapping=False, return_length=False, verbose=True, split_special_tokens=None,
+                     **kwargs):
+        state = self.__dict__.get(STATE_ATTR)
+        if state is not None and text_pair is None and not is_split_into_words \
+                and padding_strategy == do_not_pad and truncation_strategy in covered_truncation \
+                and not (return_overflowing_tokens or return_special_tokens_mask or return_offsets_mapping) \
+                and not kwargs.get("sanitize_control_tokens") \
+                and not (self.split_special_tokens if split_special_tokens is None else split_special_tokens):
+            if isinstance(text, str):
+                texts, is_batched = [text], False
+            elif isinstance(text, (list, tuple)) and text and all(isinstance(t, str) for t in text):
+                texts, is_batched = list(text), True
+            else:
+                texts = None
+            if texts is not None:
+                # The same side effects on the backend as stock (later direct backend calls see them).
+                self.set_truncation_and_padding(padding_strategy=padding_strategy,
+                                                truncation_strategy=truncation_strategy, max_length=max_length,
+                                                stride=stride, pad_to_multiple_of=pad_to_multiple_of,
+                                                padding_side=padding_side)
+                if self._tokenizer.encode_special_tokens:
+                    self._tokenizer.encode_special_tokens = False
+                trunc = None if truncation_strategy == do_not_truncate else {
+                    "max_length": max_length, "stride": stride, "strategy": truncation_strategy.value,
+                    "direction": self.truncation_side}
+                if trunc is None or max_length is not None:
+                    out = _delta_encode_plus(self, state, texts, is_batched, add_special_tokens, trunc, max_length,
+                                             return_tensors, return_token_type_ids, return_attention_mask,
+                                             return_length, verbose)
+                    if out is not None:
+                        return out
+        return original(self, text, text_pair, add_special_tokens, padding_strategy, truncation_strategy,
+                        max_length, stride, is_split_into_words, pad_to_multiple_of, padding_side, return_tensors,
+                        return_token_type_ids, return_attention_mask, return_overflowing_tokens,
+                        return_special_tokens_mask, return_offsets_mapping, return_length, verbose,
+                        split_special_tokens, **kwargs)
+
+    _encode_plus.__wrapped__ = original
+    _encode_plus.__doc__ = original.__doc__
+    return _encode_plus
+
+
+def _make_invalidating(original):
+    """Wrap a backend mutator: the snapshot of a wrapped tokenizer is rebuilt after it runs."""
+    def mutator(self, *args, **kwargs):
+        try:
+            return original(self, *args, **kwargs)
+        finally:
+            state = self.__dict__.get(STATE_ATTR)
+            if state is not None:
+                state.invalidate()
+
+    mutator.__wrapped__ = original
+    mutator.__name__ = original.__name__
+    mutator.__doc__ = original.__doc__
+    return mutator
+
+
+# -- installing the hooks ----------------------------------------------------------------------
+def _backend_class():
+    from transformers.tokenization_utils_tokenizers import TokenizersBackend
+    return TokenizersBackend
+
+
+def install_hooks() -> bool:
+    """Hook ``TokenizersBackend`` (idempotent). Inert for tokenizers without a :class:`DropinState`.
+    Returns False, and hooks nothing, under a transformers whose ``_encode_plus`` differs from the
+    one this module was written against (wrapped tokenizers then simply stay stock)."""
+    with _hook_lock:
+        if _originals:
+            return True
+        cls = _backend_class()
+        params = tuple(inspect.signature(cls._encode_plus).parameters)
+        if params != _EXPECTED_PARAMS:
+            log.warning("delta-ray drop-in: this transformers' TokenizersBackend._encode_plus takes %s; "
+                        "not hooked, tokenizers stay stock", params)
+            return False
+        for name in ("_encode_plus", "_add_tokens", "update_post_processor"):
+            _originals[name] = cls.__dict__[name]
+        cls._encode_plus = _make_encode_plus(_originals["_encode_plus"])
+        cls._add_tokens = _make_invalidating(_originals["_add_tokens"])
+        cls.update_post_processor = _make_invalidating(_originals["update_post_processor"])
+        return True
+
+
+def remove_hooks() -> None:
+    """Restore ``TokenizersBackend``'s own methods (wrapped tokenizers then encode as stock)."""
+    with _hook_lock:
+        if not _originals:
+            return
+        cls = _backend_class()
+        for name, fn in _originals.items():
+            setattr(cls, name, fn)
+        _originals.clear()
+
+
+def hooks_installed() -> bool:
+    return bool(_originals)

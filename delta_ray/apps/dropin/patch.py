@@ -1,0 +1,152 @@
+"""``patch_transformers`` / ``unpatch_transformers`` (fastokens' convention) and ``wrap_tokenizer``.
+
+``patch_transformers()`` wraps ``TokenizersBackend.from_pretrained`` as fastokens does under
+transformers 5, so every tokenizer ``AutoTokenizer`` (or any model class) loads afterwards carries
+a :class:`~delta_ray.apps.dropin.hf.DropinState`, and installs the class hooks of
+:mod:`delta_ray.apps.dropin.hf`. ``wrap_tokenizer(tok)`` does the same for one object already loaded.
+
+Options are ``DeltaTokenizer``'s (``engine``, ``threads``, ``cut_threshold``...), plus
+``content_reuse``: keyless content reuse (a request that extends an earlier text re-encodes only
+its tail) is OFF by default, since one serving process holds many tenants and a shared index is a
+timing side channel between them; pass ``content_reuse=True`` where one tenant owns the process.
+"""
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+from ...core.config import tokenizer_config
+from .hf import STATE_ATTR, DropinState, hooks_installed, install_hooks, remove_hooks, state_of
+
+__all__ = ["patch_transformers", "unpatch_transformers", "wrap_tokenizer", "unwrap_tokenizer", "refresh",
+           "is_wrapped", "loading_wrapped"]
+
+_lock = threading.Lock()
+_patch: dict[str, Any] = {}  # while patched: {"options": ..., "had_own": bool, "own": original attr}
+_scoped = threading.local()  # loading_wrapped(): wrap loads on this thread only
+
+
+def _options(content_reuse: bool, options: dict[str, Any]) -> dict[str, Any]:
+    if "reuse" in options:
+        raise TypeError("the drop-in has no sessions: pass content_reuse=True or False, not reuse=")
+    if not isinstance(content_reuse, bool):
+        raise TypeError(f"content_reuse must be a bool, not {type(content_reuse).__name__}")
+    out = {**options, "reuse": "content" if content_reuse else "none"}
+    # validate now (ValueError/TypeError), not at the first encode; `encoder` replaces the engine (tests)
+    tokenizer_config(None, {k: v for k, v in out.items() if k != "encoder"})
+    return out
+
+
+def _attach(tok, options: dict[str, Any], eager: bool = True):
+    from transformers.tokenization_utils_tokenizers import TokenizersBackend
+    if not isinstance(tok, TokenizersBackend):
+        return tok  # a Python ("slow") or mistral-common tokenizer: not covered, left stock
+    if not install_hooks():
+        return tok
+    state = DropinState(options)
+    tok.__dict__[STATE_ATTR] = state
+    if eager:
+        state.current(tok)  # serialize the live backend and admit now, not in the first request
+    return tok
+
+
+def wrap_tokenizer(tok, *, content_reuse: bool = False, **options):
+    """Make one transformers tokenizer encode through delta-ray (exactly as stock); returns it.
+
+    Anything but a ``TokenizersBackend`` (transformers' Rust-backed tokenizer) is returned as it is.
+    """
+    return _attach(tok, _options(content_reuse, options))
+
+
+def unwrap_tokenizer(tok):
+    """Undo :func:`wrap_tokenizer` on one object; returns it."""
+    tok.__dict__.pop(STATE_ATTR, None)
+    return tok
+
+
+def is_wrapped(tok) -> bool:
+    """Whether ``tok`` encodes through delta-ray (wrapped and the hooks installed)."""
+    state = state_of(tok)
+    return state is not None and hooks_installed() and state.failed is None
+
+
+def refresh(tok) -> None:
+    """Re-snapshot ``tok``'s backend after code changed it in place (``tok.backend_tokenizer.x = ...``);
+    transformers' own mutators (``add_tokens``, ``add_bos_token``...) need no call."""
+    state = state_of(tok)
+    if state is not None:
+        state.invalidate()
+        state.current(tok)
+
+
+def _wrapping_from_pretrained(original):
+    @classmethod
+    def from_pretrained(cls, *args, **kwargs):
+        tok = original.__func__(cls, *args, **kwargs)
+        options = _patch.get("options")
+        scoped = getattr(_scoped, "options", None)
+        if scoped is not None:
+            options = scoped
+        if options is not None:
+            _attach(tok, options)
+        return tok
+    return from_pretrained
+
+
+def _install_from_pretrained() -> None:
+    from transformers.tokenization_utils_tokenizers import TokenizersBackend
+    if "installed" in _patch:
+        return
+    _patch["had_own"] = "from_pretrained" in TokenizersBackend.__dict__
+    _patch["own"] = TokenizersBackend.__dict__.get("from_pretrained")
+    TokenizersBackend.from_pretrained = _wrapping_from_pretrained(TokenizersBackend.from_pretrained)
+    _patch["installed"] = True
+
+
+def patch_transformers(*, content_reuse: bool = False, **options) -> None:
+    """Every transformers tokenizer loaded from now on encodes through delta-ray, with exactly stock
+    transformers' outputs. Call before ``AutoTokenizer.from_pretrained``; idempotent (a second call
+    replaces the options for later loads)."""
+    opts = _options(content_reuse, options)
+    with _lock:
+        if not install_hooks():
+            return
+        _install_from_pretrained()
+        _patch["options"] = opts
+
+
+def unpatch_transformers() -> None:
+    """Restore transformers: loads are stock again, and so are tokenizers wrapped earlier (the class
+    hooks go; the objects keep their state, unused until the next patch or wrap)."""
+    from transformers.tokenization_utils_tokenizers import TokenizersBackend
+    with _lock:
+        if "installed" in _patch:
+            # The inherited classmethod comes back by deleting ours (assigning the bound method
+            # captured at patch time back would pin `cls` for subclasses; fastokens notes the same).
+            if _patch["had_own"]:
+                TokenizersBackend.from_pretrained = _patch["own"]
+            else:
+                del TokenizersBackend.from_pretrained
+        _patch.clear()
+        remove_hooks()
+
+
+class loading_wrapped:
+    """``with loading_wrapped(**options): AutoTokenizer.from_pretrained(...)``: wrap the tokenizers
+    this thread loads inside the block, without patching loads elsewhere (vLLM's tokenizer mode uses
+    it, so the object its cached-tokenizer ``__reduce__`` pickles already carries the state)."""
+
+    def __init__(self, *, content_reuse: bool = False, **options):
+        self.options = _options(content_reuse, options)
+
+    def __enter__(self):
+        with _lock:
+            if install_hooks():
+                _install_from_pretrained()
+        self._saved = getattr(_scoped, "options", None)
+        _scoped.options = self.options
+        return self
+
+    def __exit__(self, *exc):
+        _scoped.options = self._saved
+        return False

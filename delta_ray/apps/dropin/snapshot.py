@@ -1,0 +1,169 @@
+"""One transformers backend as delta-ray sees it: a ``DeltaTokenizer`` built from the LIVE backend.
+
+transformers rebuilds its backend (``tok._tokenizer``) from its own config, so the backend's
+``to_str()`` can differ from the tokenizer.json on disk; the live backend is the reference the
+drop-in must agree with. A :class:`Snapshot` serializes it once (truncation and padding stripped:
+transformers sets those per call, and the drop-in applies them itself or falls back), loads that
+into a ``DeltaTokenizer`` (which decides admission and routing), and reads from the same JSON the
+two facts about the post-processor the drop-in needs: how many special tokens it adds before and
+after a single sequence, and the type id of every position. Everything it cannot read exactly is
+``None``, and the caller then falls back to the backend.
+
+:class:`LazyEncoding` stands in for a ``tokenizers.Encoding``: IDs and attention mask are known;
+any other attribute (tokens, offsets, word ids, ``char_to_token``...) encodes the text once with a
+private copy of the snapshot under the same settings, so those are the reference's own values.
+"""
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass
+from typing import Any
+
+from tokenizers import Encoding, Tokenizer
+
+from ...core.loading import LoadedTokenizer
+from ...tokenizer import DeltaTokenizer
+
+__all__ = ["LazyEncoding", "Snapshot", "Template", "template_of"]
+
+
+@dataclass(frozen=True)
+class Template:
+    """What the post-processor does to ONE sequence: ``prefix`` and ``suffix`` special-token counts
+    (with ``add_special_tokens``) and whether every type id it writes is 0."""
+
+    prefix: int
+    suffix: int
+    zero_type_ids: bool
+
+
+def _template_processing(pp: dict) -> Template | None:
+    specials = pp.get("special_tokens") or {}
+    prefix = suffix = 0
+    seen_sequence = False
+    zero = True
+    for piece in pp.get("single") or []:
+        if "Sequence" in piece:
+            if seen_sequence or piece["Sequence"].get("id") != "A":
+                return None
+            seen_sequence = True
+            zero = zero and piece["Sequence"].get("type_id", 0) == 0
+        elif "SpecialToken" in piece:
+            st = piece["SpecialToken"]
+            ids = (specials.get(st.get("id")) or {}).get("ids")
+            if ids is None:
+                return None
+            zero = zero and st.get("type_id", 0) == 0
+            if seen_sequence:
+                suffix += len(ids)
+            else:
+                prefix += len(ids)
+        else:
+            return None
+    return Template(prefix, suffix, zero) if seen_sequence else None
+
+
+def template_of(post_processor: dict | None) -> Template | None:
+    """The single-sequence template of a serialized post-processor; None where unknown."""
+    if post_processor is None:
+        return Template(0, 0, True)
+    kind = post_processor.get("type")
+    if kind == "ByteLevel":  # rewrites offsets only
+        return Template(0, 0, True)
+    if kind == "TemplateProcessing":
+        return _template_processing(post_processor)
+    if kind == "Sequence":
+        found = Template(0, 0, True)
+        for step in post_processor.get("processors") or []:
+            t = template_of(step)
+            if t is None:
+                return None
+            if t.prefix or t.suffix or not t.zero_type_ids:
+                if found.prefix or found.suffix or not found.zero_type_ids:
+                    return None  # two templates in a row: not worth modelling
+                found = t
+        return found
+    return None
+
+
+class Snapshot:
+    """A ``DeltaTokenizer`` for the live backend as it was when the snapshot was taken."""
+
+    def __init__(self, backend: Tokenizer, options: dict[str, Any]):
+        if backend.truncation is not None or backend.padding is not None:
+            # Per-call settings: transformers sets them on the backend for each call, and the drop-in
+            # reads the call's own arguments instead; left in, admission would refuse the
+            # configuration. Cleared on a copy (the live backend is the caller's).
+            backend = Tokenizer.from_str(backend.to_str())
+            backend.no_truncation()
+            backend.no_padding()
+        self.config_json = backend.to_str()  # no JSON round trip here: a vocabulary parses in seconds
+        loaded = LoadedTokenizer.from_bytes(self.config_json.encode("utf-8"), source="<transformers backend>")
+        self.tokenizer = DeltaTokenizer(loaded, **options)
+        self.template = template_of(loaded.config.get("post_processor"))
+        self._private: Tokenizer | None = None
+        self._private_lock = threading.Lock()
+
+    def reference_encoding(self, text: str, add_special_tokens: bool, truncation: dict | None):
+        """The reference's own ``Encoding`` of ``text`` under these settings (a private copy, so no
+        other caller's per-call settings can leak in)."""
+        with self._private_lock:
+            if self._private is None:
+                self._private = Tokenizer.from_str(self.config_json)
+            ref = self._private
+            if truncation is None:
+                ref.no_truncation()
+            else:
+                ref.enable_truncation(**truncation)
+            ref.encode_special_tokens = False
+            return ref.encode(text, add_special_tokens=add_special_tokens)
+
+
+def _encoding_from_state(state) -> Encoding:
+    enc = Encoding()
+    enc.__setstate__(state)
+    return enc
+
+
+class LazyEncoding:
+    """A ``tokenizers.Encoding`` whose IDs came from delta-ray; other fields come from the reference
+    on first use (transformers keeps encodings in ``BatchEncoding`` for ``tokens()``,
+    ``char_to_token()``, ``word_ids()``...)."""
+
+    __slots__ = ("ids", "_text", "_add_special_tokens", "_truncation", "_snapshot", "_real")
+    n_sequences = 1  # one sequence (pairs never take this path); read by BatchEncoding on every call
+
+    def __init__(self, ids: list[int], text: str, add_special_tokens: bool, truncation: dict | None,
+                 snapshot: Snapshot):
+        self.ids = ids
+        self._text = text
+        self._add_special_tokens = add_special_tokens
+        self._truncation = truncation
+        self._snapshot = snapshot
+        self._real = None
+
+    @property
+    def attention_mask(self) -> list[int]:
+        return [1] * len(self.ids)  # no padding on this path
+
+    def __len__(self) -> int:
+        return len(self.ids)
+
+    def materialize(self):
+        """The reference ``Encoding`` this stands for (computed once)."""
+        if self._real is None:
+            self._real = self._snapshot.reference_encoding(self._text, self._add_special_tokens, self._truncation)
+        return self._real
+
+    def __reduce_ex__(self, protocol):
+        # Pickled or copied (a BatchEncoding sent to another process): as the reference's Encoding,
+        # which carries no snapshot and is what stock would have sent.
+        return _encoding_from_state, (self.materialize().__getstate__(),)
+
+    def __getattr__(self, name: str):
+        if name.startswith("__"):
+            raise AttributeError(name)
+        return getattr(self.materialize(), name)
+
+    def __repr__(self) -> str:
+        return f"LazyEncoding(num_tokens={len(self.ids)})"
