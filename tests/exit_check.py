@@ -84,7 +84,7 @@ def main() -> None:
     path, delay = args[0], float(args[1])
     tok = DeltaTokenizer(path)
     text = "Hello, world! Exiting while the fast tier is admitted in the background: 12345 \u00e9\u4e2d"
-    got = tok.encode_ids(text).tolist()
+    got = tok.encode(text).to_pylist()
     want = Tokenizer.from_file(path).encode(text).ids
     if got != want:
         print(f"not the reference's IDs: {got} != {want}", file=sys.stderr)

@@ -18,13 +18,13 @@ def main() -> None:
     path = sys.argv[1]
     tok = DeltaTokenizer(path, encoder=cached_fast_encoder(path, "fastokens"), shadow_rate=1.0)
     text = "Exiting while the shadow verifier works: the quick brown fox 12345 \u00e9t\u00e9 \u4e2d\u6587. " * 700
-    if tok.encode_ids(text).tolist() != Tokenizer.from_file(path).encode(text).ids:
+    if tok.encode(text).to_pylist() != Tokenizer.from_file(path).encode(text).ids:
         print("not the reference's IDs", file=sys.stderr)
         sys.exit(3)
     for i in range(60):  # sampled calls of ~50K characters queue up for the verifier
-        tok.encode_ids(f"{i} {text}")
+        tok.encode(f"{i} {text}")
     globals()["_finalizer"] = SlowFinalizer()
-    print(f"exiting with {tok.shadow._queue.qsize()} comparisons queued, {tok.shadow.comparisons} done", flush=True)
+    print(f"exiting with {tok.core.shadow._queue.qsize()} comparisons queued, {tok.core.shadow.comparisons} done", flush=True)
 
 
 if __name__ == "__main__":
