@@ -87,7 +87,7 @@ def _same(a, b) -> None:
 
 
 def _texts(patched, real_texts) -> list[str]:
-    loaded = patched.__dict__[dropin_hf.STATE_ATTR].current(patched).tokenizer.loaded  # the live config
+    loaded = patched.__dict__[dropin_hf.STATE_ATTR].current(patched).tokenizer.core.loaded  # the live config
     exactness.CONFIGS[id(loaded.tokenizer)] = loaded.config
     frags = exactness.ADVERSARIAL + exactness.special_fragments(loaded.tokenizer)
     out = list(frags)
@@ -289,7 +289,7 @@ def test_minimax_long_s_with_the_fast_tier(folders, pairs):
     from delta_ray.verify.guard_runtime import GuardedEncoder
 
     stock, patched = pairs("minimax-m3")
-    loaded = patched.__dict__[dropin_hf.STATE_ATTR].current(patched).tokenizer.loaded
+    loaded = patched.__dict__[dropin_hf.STATE_ATTR].current(patched).tokenizer.core.loaded
     live, ref = loaded.config_bytes, loaded.tokenizer  # the live backend's configuration
     fast = FastEncoder(live, "fastokens")
     guard = guard_set_for(live, fast, ref_tokenizer=ref, code_points=[0x17F, 0x212A, ord("I"), ord("S")])
