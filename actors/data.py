@@ -92,10 +92,12 @@ def _resolve_engine(tokenizer: Any, loaded: LoadedTokenizer, spec: BatchSpec) ->
     other nodes admit it themselves ("fast": one process per node probes, under its lock)."""
     if spec.engine != "auto":
         return spec
-    if isinstance(tokenizer, DeltaTokenizer) and tokenizer.uses_fast_engine:
+    if isinstance(tokenizer, DeltaTokenizer):
+        tokenizer = tokenizer.core
+    if isinstance(tokenizer, TokenizerCore) and tokenizer.uses_fast_engine:
         return dataclasses.replace(spec, engine="fast")
     try:
-        DeltaTokenizer(loaded, TokenizerConfig(engine="fast", reuse="none"))
+        TokenizerCore(loaded, TokenizerConfig(engine="fast", reuse="none"))
     except FastEngineUnavailable:
         return dataclasses.replace(spec, engine="reference")
     return dataclasses.replace(spec, engine="fast")

@@ -462,7 +462,8 @@ def test_frames_altered_in_flight_end_the_connection(tmp_path, monkeypatch, dire
     """Defence in depth: even a relay that got through the handshake (here the pid binding is
     switched off) cannot change a request or an answer: every frame is authenticated with keys
     bound to this handshake and a sequence number."""
-    monkeypatch.setattr(worker_channel, "_transcript", lambda hello, nonce_c, s, c: hello + nonce_c)
+    from delta_ray.actors import channel_codec
+    monkeypatch.setattr(channel_codec, "transcript", lambda hello, nonce_c, s, c: hello + nonce_c)
     handler, calls = _recording_handler()
 
     def echo(method, args):
