@@ -48,8 +48,9 @@ class CutPredicate:
         # a numpy array makes a numpy scalar (the turn's tail scan does this per character).
         self._cls = family.class_table().tobytes()
         self._acc = tuple(bytes(row) for row in np.asarray(family.accept_matrix, dtype=np.uint8))
-        if anchors is not None:
-            self.anchors = np.asarray(anchors, dtype=np.uint8).tobytes()
+        if anchors is not None:  # a uint8 table, or the bytes another predicate holds
+            self.anchors = bytes(anchors) if isinstance(anchors, (bytes, bytearray)) else \
+                np.asarray(anchors, dtype=np.uint8).tobytes()
 
     def transition_ok(self, x: str, y: str) -> bool:
         """Whether the family accepts a cut between characters x and y."""
