@@ -176,7 +176,7 @@ class PoolOrchestrator:
         """Extend, answering only what changed: (start, count, IDs from start on)."""
         ids = await self.extend(key, delta, add)
         k = self._starts.pop(key, 0)
-        start = k + len(self.local.admission.prefix_ids) if add and k else k
+        start = self.local.template.when(add).start(k)
         return start, len(ids), ids.slice(start).to_numpy()  # copies the tail only
 
     async def encode_batch(self, texts: list[str], add: bool) -> list[pa.Int32Array]:

@@ -103,9 +103,6 @@ class RequestHandler:
         self.inflight = 0
         self.vocab_size = vocab_size(loaded.tokenizer, loaded.config)
         self.id_to_token = id_to_token_fn(loaded.tokenizer, loaded.config)
-        adm = delta.admission
-        self.prefix = np.asarray(adm.prefix_ids, dtype=np.int32)
-        self.suffix = np.asarray(adm.suffix_ids, dtype=np.int32)
         self._locks = _KeyLocks()
         # Keys the session_version digests: a version is valid only on the replica that issued it
         # (another replica, or this one restarted, holds other states) and reveals nothing about
@@ -296,14 +293,9 @@ class RequestHandler:
             version, k, tail = self.delta.encode_session_delta(key, None, known_version=state.version, delta=delta,
                                                                expect_version=state.version)
         tail = np.asarray(tail, dtype=np.int32)
-        new = self._version(key, version, add)
-        core = k + len(tail)
-        if not add or (not len(self.prefix) and not len(self.suffix)):
-            return k, core, tail, new
-        full = core + len(self.prefix) + len(self.suffix)
-        if k:
-            return k + len(self.prefix), full, np.concatenate([tail, self.suffix]), new
-        return 0, full, np.concatenate([self.prefix, tail, self.suffix]), new
+        template = self.delta.template.when(add)
+        return template.start(k), template.count(k + len(tail)), template.tail(k, tail), \
+            self._version(key, version, add)
 
     def _check_version(self, key: str, state_version: int, add: "bool | None", claimed: str) -> bool:
         """The flag the append runs with, if ``claimed`` names the held state; else 409 (another

@@ -259,8 +259,6 @@ def serve_handler(local: TokenizerCore, seconds: float) -> list[tuple[str, float
     from delta_ray.actors.http_api import dumps_json, loads_json, parse_tokenize, session_key
 
     served = {"delta-ray"}
-    prefix = np.asarray(local.admission.prefix_ids, dtype=np.int32)
-    suffix = np.asarray(local.admission.suffix_ids, dtype=np.int32)
     base = corpus("english", 100_000)
     key = session_key("chat", "tenant-a")
     local.encode(base, session=key)
@@ -271,11 +269,9 @@ def serve_handler(local: TokenizerCore, seconds: float) -> list[tuple[str, float
         state = local.store.get(k_)
         _, k, tail = local.encode_session_delta(k_, None, known_version=state.version, delta=req.append)
         tail = np.asarray(tail, dtype=np.int32)
-        count = k + len(tail)
-        if req.add_special_tokens and (len(prefix) or len(suffix)):
-            tail = np.concatenate([tail, suffix])
-            k, count = (k + len(prefix), count + len(prefix) + len(suffix))
-        return dumps_json({"count": count, "max_model_len": None, "start": k, "tokens": tail})
+        template = local.template.when(req.add_special_tokens)
+        return dumps_json({"count": template.count(k + len(tail)), "max_model_len": None,
+                           "start": template.start(k), "tokens": template.tail(k, tail)})
 
     def tiny(body: bytes) -> bytes:
         req = parse_tokenize(loads_json(body), served)

@@ -7,7 +7,6 @@ methods directly.
 """
 from __future__ import annotations
 
-import functools
 import itertools
 import os
 import threading
@@ -20,7 +19,7 @@ import pyarrow as pa
 
 from delta_ray.core import constants as C
 from .core.admission import Admission, admit
-from .core.assembly import concat_ids, flat_from_pieces, insert_template, to_arrow, to_chunked_arrow, with_template
+from .core.assembly import concat_ids, flat_from_pieces, to_arrow
 from .core.config import REUSE_MODES, TokenizerConfig, tokenizer_config
 from .core.confine import ConfiningEncoder
 from .core.content_index import ContentIndex
@@ -38,6 +37,7 @@ from .core.planner import chunk_count, plan_cuts
 from .core.repair import RepairPlan, common_prefix_len, encode_turn, encode_with_base, plan_repair
 from .core.session_store import SessionNotFound, SessionState, SessionStore
 from .core.special_tokens import SpecialTokenIndex
+from .core.template import Template
 
 _INT32 = pa.int32()
 
@@ -98,6 +98,8 @@ class TokenizerCore:
         self.reuse = cfg.reuse
         engine, shadow_rate = cfg.engine, cfg.shadow_rate
         self._admission = admit(self._loaded)
+        # The post-processor's fixed IDs (admitted configurations; the reference adds its own)
+        self.template = Template.of(self._admission)
         self._reference = ReferenceEncoder(self._tok)
         self._reference_is_native = api_generation() >= 1  # tokenizers 1.x: as fast as the fast tier
         # The encoder seam: a switchable engine (reference, or the guarded fast tier once admitted),
@@ -227,9 +229,7 @@ class TokenizerCore:
 
     def finish(self, ids: np.ndarray, add_special_tokens: bool) -> np.ndarray:
         """A plan's concatenated piece IDs, post-processed (template) when asked."""
-        if not add_special_tokens:
-            return ids
-        return with_template(ids, self._admission.prefix_ids, self._admission.suffix_ids)
+        return self.template.when(add_special_tokens).apply(ids)
 
     def encode_by_reference(self, text: str, add_special_tokens: bool) -> np.ndarray:
         """A ``by_reference`` plan: the reference's own IDs of the whole text, its post-processing included."""
@@ -358,9 +358,7 @@ class TokenizerCore:
             np.cumsum(counts, out=idx[1:])
             offsets = piece_offsets[idx]
         self.stats["batch_texts"] += len(texts)
-        if add_special_tokens and (self._admission.prefix_ids or self._admission.suffix_ids):
-            values, offsets = insert_template(values, offsets, self._admission.prefix_ids, self._admission.suffix_ids)
-        return values, offsets
+        return self.template.when(add_special_tokens).apply_flat(values, offsets)
 
     # -- internals --------------------------------------------------------------------------
     def _lock_for(self, session: str) -> threading.Lock:
@@ -420,28 +418,11 @@ class TokenizerCore:
     def _chunked(self, state: SessionState, add_special_tokens: bool) -> pa.ChunkedArray:
         """A state's IDs as a ChunkedArray of its cached per-part arrays (a turn wraps only its new
         parts), the template's arrays (built once) around them."""
-        chunks = state.arrow_chunks()
-        if add_special_tokens:
-            pre, suf = self._template_chunks
-            if pre is not None or suf is not None:
-                chunks = ((pre,) if pre is not None else ()) + chunks + ((suf,) if suf is not None else ())
-        return pa.chunked_array(chunks, type=_INT32)
+        return pa.chunked_array(self.template.when(add_special_tokens).chunks(state.arrow_chunks()), type=_INT32)
 
     def session_arrow(self, id_parts, add_special_tokens: bool) -> pa.ChunkedArray:
         """A session's ID parts as a zero-copy ChunkedArray, post-processed (template) once."""
-        if add_special_tokens:
-            return to_chunked_arrow(id_parts, *self._template_arrays)
-        return to_chunked_arrow(id_parts)
-
-    @functools.cached_property
-    def _template_chunks(self) -> tuple[pa.Int32Array | None, pa.Int32Array | None]:
-        pre, suf = self._template_arrays
-        return (to_arrow(pre) if len(pre) else None), (to_arrow(suf) if len(suf) else None)
-
-    @functools.cached_property
-    def _template_arrays(self) -> tuple[np.ndarray, np.ndarray]:
-        adm = self._admission
-        return np.asarray(adm.prefix_ids, dtype=np.int32), np.asarray(adm.suffix_ids, dtype=np.int32)
+        return self.template.when(add_special_tokens).chunked(id_parts)
 
     def _session_encode(self, key: str, text: str | None, state: SessionState | None, *,
                         delta: str | None = None) -> tuple[SessionState, int]:

@@ -1,4 +1,4 @@
-"""Assembling IDs: pieces in input order into one Arrow int32 array, post-processing once."""
+"""Assembling IDs: pieces in input order into numpy and Arrow int32 buffers (the template: template.py)."""
 from __future__ import annotations
 
 from typing import Sequence
@@ -18,35 +18,6 @@ def concat_ids(parts: Sequence[np.ndarray]) -> np.ndarray:
     return np.concatenate(parts).astype(np.int32, copy=False)
 
 
-def with_template(ids: np.ndarray, prefix: Sequence[int], suffix: Sequence[int]) -> np.ndarray:
-    """Apply the post-processor's fixed prefix/suffix once to the assembled sequence."""
-    if not prefix and not suffix:
-        return ids
-    return np.concatenate([np.asarray(prefix, dtype=np.int32), ids, np.asarray(suffix, dtype=np.int32)])
-
-
-def insert_template(values: np.ndarray, offsets: np.ndarray, prefix: Sequence[int],
-                    suffix: Sequence[int]) -> tuple[np.ndarray, np.ndarray]:
-    """Every row of a flat (values, offsets) batch wrapped in the template, in one vectorized pass."""
-    n, p, s = len(offsets) - 1, len(prefix), len(suffix)
-    new_offsets = offsets + np.arange(n + 1, dtype=np.int64) * (p + s)
-    out = np.empty(len(values) + n * (p + s), dtype=np.int32)
-    # One byte per slot marks the template's slots; the rows' values fill the rest in order (a
-    # boolean-mask assignment: one pass, no int64 index array as long as the batch).
-    is_value = np.ones(len(out), dtype=bool)
-    for i in range(p):
-        is_value[new_offsets[:-1] + i] = False
-    for i in range(s):
-        is_value[new_offsets[1:] - s + i] = False
-    out[is_value] = values
-    del is_value
-    for i, t in enumerate(prefix):
-        out[new_offsets[:-1] + i] = t
-    for i, t in enumerate(suffix):
-        out[new_offsets[1:] - s + i] = t
-    return out, new_offsets
-
-
 def flat_list_array(values: np.ndarray, offsets: np.ndarray) -> pa.ListArray:
     """A ``list<int32>`` array straight from a flat batch's buffers (zero-copy values)."""
     if len(offsets) and offsets[-1] > np.iinfo(np.int32).max:
@@ -62,16 +33,6 @@ def to_arrow(ids: np.ndarray) -> pa.Int32Array:
     """
     buf = np.ascontiguousarray(ids, dtype=np.int32)
     return pa.Array.from_buffers(pa.int32(), len(buf), [None, pa.py_buffer(buf)])
-
-
-def to_chunked_arrow(parts: Sequence[np.ndarray], prefix: Sequence[int] = (),
-                     suffix: Sequence[int] = ()) -> pa.ChunkedArray:
-    """A session's IDs as a ChunkedArray of its immutable parts (zero-copy), template included."""
-    chunks = [to_arrow(np.asarray(prefix, dtype=np.int32))] if len(prefix) else []
-    chunks += [to_arrow(p) for p in parts if len(p)]
-    if len(suffix):
-        chunks.append(to_arrow(np.asarray(suffix, dtype=np.int32)))
-    return pa.chunked_array(chunks, type=pa.int32())
 
 
 def list_array(rows: Sequence[np.ndarray]) -> pa.ListArray:
