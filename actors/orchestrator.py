@@ -1,23 +1,22 @@
-"""The pool's orchestrator: routing, plans, the session mirrors and locks, and the failure policy.
+"""The pool's orchestrator: what a request means -- its route, its session record, which calls
+it needs and how their answers become its IDs.
 
-It runs on one asyncio loop and reaches workers only through a
-:class:`~delta_ray.actors.transport.WorkerTransport`, so it holds no Ray handle and its fault
-handling (dead worker, hung worker, lost connection, timeout) is tested in milliseconds on an
-in-process fake transport. Requests follow the core's one path: :class:`delta_ray.core.plan.Router`
-decides, ``TokenizerCore.plan`` / ``plan_session_init`` cut, the dispatcher runs the pieces, and
-``TokenizerCore.finish`` / ``session_arrow`` assemble, exactly as in process.
-
-Every failure costs time, never exactness: a dead worker's calls are retried on the session's new
-home; a call with no answer within ``request_timeout_s`` is encoded in this process; an extend
-that may or may not have been applied is refused with ``SessionNotFound`` (send the whole text).
+How a call is executed (queue, dispatch, timers, retries, retired workers, orphans) is
+:class:`~delta_ray.actors.call_runner.CallRunner`'s; the orchestrator hands it each
+:class:`~delta_ray.actors.calls.Call` with the in-process fallback that answers it if no worker
+does, and merges worker answers into the session records. Neither holds a Ray handle: workers are
+reached through a :class:`~delta_ray.actors.transport.WorkerTransport`, so the fault handling is
+tested in milliseconds on an in-process fake transport. Requests follow the core's one path:
+:class:`delta_ray.core.plan.Router` decides, ``TokenizerCore.plan`` / ``plan_session_init`` cut, the
+workers run the pieces, and ``TokenizerCore.finish`` / ``session_arrow`` assemble, exactly as in
+process.
 """
 from __future__ import annotations
 
 import asyncio
 import logging
-import threading
 import time
-from typing import Any, Callable, Sequence
+from typing import Any, Sequence
 
 import numpy as np
 import pyarrow as pa
@@ -31,29 +30,17 @@ from delta_ray.core.session_store import (SessionNotFound, merge_id_parts, merge
                                      rope_is_prefix)
 from delta_ray.core.state_seal import seal_state
 from delta_ray.tokenizer_core import TokenizerCore
-from delta_ray.scheduler import Dispatcher, PlacementModel, content_key, nonascii_share
+from delta_ray.scheduler import Dispatcher, PlacementModel, content_key
 
 from . import metrics
-from .calls import (DROP_SESSION, ENCODE_PIECES, ENCODE_SESSION, ENCODE_WHOLE, EXTEND, INSTALL, Call, DropArgs,
-                    ExtendArgs, InstallArgs, PiecesArgs, SessionArgs, WholeArgs)
+from .call_runner import CallRunner
+from .calls import (ENCODE_PIECES, ENCODE_SESSION, ENCODE_WHOLE, EXTEND, INSTALL, Call, ExtendArgs, InstallArgs,
+                    PiecesArgs, SessionArgs, WholeArgs)
 from .session_table import SessionTable, key_id
 from .tenant_keys import content_session_key
-from .transport import ConnectionLost, NoAnswer, WorkerDead, WorkerTransport
+from .transport import WorkerTransport
 
 log = logging.getLogger("delta_ray.pool")
-
-
-class _NoWorkers(Exception):
-    """Set on a queued session request's future when the pool has no live worker left."""
-
-
-class _Request:
-    """A future, whether its task was handed to a transport (for the timeout), and the running call."""
-
-    def __init__(self, loop: asyncio.AbstractEventLoop):
-        self.future: asyncio.Future = loop.create_future()
-        self.dispatched = asyncio.Event()
-        self.running: asyncio.Task | None = None  # cancelled when the call hangs
 
 
 class _KeyLock:
@@ -86,21 +73,18 @@ class PoolOrchestrator:
                  config: PoolConfig, loop: asyncio.AbstractEventLoop, secret: bytes, *,
                  record: Any = metrics, clock=None):
         self.local = local
-        self.transport = transport
-        self.config = config
         self.secret = secret
-        self._loop = loop
         self._record = record
         self.admitted = bool(local.admission)
         # Keyless texts under the cut threshold are sticky by content on a worker (inside their
         # tenant), so a repeated prompt finds its state; longer ones are chunked over the cluster.
         self.router = Router(self.admitted, local.config.cut_threshold, content_reuse=True,
                              content_below=local.config.cut_threshold)
-        self.dispatcher = Dispatcher(config.policy, workers=list(worker_ids),
-                                     max_inflight_tasks=config.max_inflight_tasks,
-                                     workers_take_shared=config.workers_take_shared, clock=clock)
-        self._lock = threading.Lock()  # guards the dispatcher against the loop and callers
-        self._requests: dict[int, _Request] = {}
+        dispatcher = Dispatcher(config.policy, workers=list(worker_ids),
+                                max_inflight_tasks=config.max_inflight_tasks,
+                                workers_take_shared=config.workers_take_shared, clock=clock)
+        self.calls = CallRunner(transport, dispatcher, config, loop, merge=self._merge, forget=self._forget,
+                                count=self.count, record=record)
         self._session_locks: dict[bytes, list] = {}
         # One record per session (actors/session_table.py), evicted whole, bounded by count and bytes;
         # each view below reads and writes one of its fields.
@@ -116,6 +100,19 @@ class PoolOrchestrator:
         self.stats: dict[str, int] = {}
 
     # -- what callers use --------------------------------------------------------------------------
+    @property
+    def config(self) -> PoolConfig:
+        return self.calls.config
+
+    @property
+    def dispatcher(self) -> Dispatcher:
+        """The queues and the session-to-worker routing (the call runner's)."""
+        return self.calls.dispatcher
+
+    @property
+    def transport(self) -> WorkerTransport:
+        return self.calls.transport
+
     @property
     def num_workers(self) -> int:
         return len(self.dispatcher.workers)
@@ -160,11 +157,10 @@ class PoolOrchestrator:
         async with _KeyLock(self._session_locks, key):
             if not self.admitted:
                 return to_arrow(await self._extend_unadmitted(key, delta, add))
-            known = self._mirror.get(key)
             sent = self._texts.get(key)
             version = self._versions.get(key)
-            call = Call(EXTEND, ExtendArgs(key, delta, known_version=known[0] if known else None, expect_version=version), key)
-            ids = await self._run("session", len(delta), call, fallback=no_fallback, share_of=delta)
+            call = self._extend_call(key, delta, version)
+            ids = await self.calls.run("session", len(delta), call, fallback=no_fallback, share_of=delta)
             if sent is not None and sent[0] == version:
                 self._texts.put(key, self._versions.get(key), merge_text_parts(sent[1] + (delta,)))
             else:
@@ -220,8 +216,8 @@ class PoolOrchestrator:
     async def _whole(self, text: str, add: bool) -> np.ndarray:
         """An unadmitted configuration's plan: the reference encodes the text whole, template included."""
         call = Call(ENCODE_WHOLE, WholeArgs(text, add_special_tokens=add))
-        out = await self._run("chunk", len(text), call, share_of=text,
-                              fallback=lambda: self.local.encode_by_reference(text, add))
+        out = await self.calls.run("chunk", len(text), call, share_of=text,
+                                   fallback=lambda: self.local.encode_by_reference(text, add))
         self.count("reference")
         return out
 
@@ -247,7 +243,6 @@ class PoolOrchestrator:
                 parts = await self._chunked_init(key, text)
                 self.count("chunked_init")
                 return self.local.session_arrow(parts, add)
-            known = self._mirror.get(key)
             sent = self._texts.get(key)
             version = self._versions.get(key)
             sent_chars = sum(map(len, sent[1])) if sent is not None else 0
@@ -255,10 +250,10 @@ class PoolOrchestrator:
                     and rope_is_prefix(sent[1], sent_chars, text):
                 # The text extends what this session last sent: ship only the suffix, as extend does.
                 delta = text[sent_chars:]
-                call = Call(EXTEND, ExtendArgs(key, delta, known_version=known[0] if known else None, expect_version=version), key)
+                call = self._extend_call(key, delta, version)
                 try:
-                    ids = await self._run("session", len(delta), call, share_of=delta,
-                                          fallback=lambda: self._encode_fallback(key, text))
+                    ids = await self.calls.run("session", len(delta), call, share_of=delta,
+                                               fallback=lambda: self._encode_fallback(key, text))
                 except SessionNotFound:  # evicted, moved or changed on the worker: send it whole
                     self._texts.pop(key)
                 else:
@@ -266,13 +261,20 @@ class PoolOrchestrator:
                     self._texts.put(key, self._versions.get(key), (text,))
                     self.count("session_delta")
                     return self.local.session_arrow(ids, add)
-                known = self._mirror.get(key)
+            known = self._mirror.get(key)
             call = Call(ENCODE_SESSION, SessionArgs(key, text, known_version=known[0] if known else None), key)
-            ids = await self._run("session", len(text), call, share_of=text,
-                                  fallback=lambda: self._encode_fallback(key, text))
+            ids = await self.calls.run("session", len(text), call, share_of=text,
+                                       fallback=lambda: self._encode_fallback(key, text))
             self._texts.put(key, self._versions.get(key), (text,))
             self.count("session")
             return self.local.session_arrow(ids, add)
+
+    def _extend_call(self, key: str, delta: str, version: int | None) -> Call:
+        """Extend ``key``'s state ``version`` (refused if the worker holds another) by ``delta``,
+        naming the IDs this pool holds so that the worker answers only what changed."""
+        known = self._mirror.get(key)
+        return Call(EXTEND, ExtendArgs(key, delta, known_version=known[0] if known else None,
+                                       expect_version=version), key)
 
     def _encode_fallback(self, key: str, text: str) -> tuple:
         return (self.local.encode_ids(text, session=key, add_special_tokens=False),)
@@ -285,7 +287,8 @@ class PoolOrchestrator:
         self._mirror.pop(key, None)
         try:
             seal = seal_state(self.secret, key, res.state)
-            await self._run("session", 0, Call(INSTALL, InstallArgs(key, res.state, seal), key), fallback=lambda: True)
+            await self.calls.run("session", 0, Call(INSTALL, InstallArgs(key, res.state, seal), key),
+                                 fallback=lambda: True)
             self._remember(key, self.dispatcher.home_of(key), res.state.version)
             self._mirror.put(key, res.state.version, res.state.id_parts)
             self._texts.put(key, res.state.version, (text,))
@@ -298,8 +301,9 @@ class PoolOrchestrator:
         total = sum(map(len, pieces))
 
         async def one(piece: str) -> np.ndarray:
-            out = await self._run("chunk", len(piece), Call(ENCODE_PIECES, PiecesArgs([piece])), request_chars=max(1, total),
-                                  fallback=lambda: self.local.run_pieces([piece]), share_of=piece)
+            out = await self.calls.run("chunk", len(piece), Call(ENCODE_PIECES, PiecesArgs([piece])),
+                                       request_chars=max(1, total), share_of=piece,
+                                       fallback=lambda: self.local.run_pieces([piece]))
             return out[0]
         return list(await asyncio.gather(*(one(p) for p in pieces)))
 
@@ -320,6 +324,10 @@ class PoolOrchestrator:
         self._starts.put(key, k)  # IDs before k are the ones this pool returned last time
         return parts
 
+    def _merge(self, call: Call, answer):
+        """A worker's answer as its caller gets it: a session delta spliced onto the mirror."""
+        return self._splice(call.key, answer) if call.kind.session_delta else answer
+
     def _remember(self, key: str, wid: str, version: int) -> None:
         self._known.put(key, wid)
         self._versions.put(key, version)
@@ -327,170 +335,3 @@ class PoolOrchestrator:
     def _forget(self, key: str) -> None:
         """Drop what this pool believes about a session's worker state (it is unknown now)."""
         self.sessions.forget(key)
-
-    # -- dispatch and the failure policy ------------------------------------------------------------
-    async def _run(self, kind: str, n_chars: int, call: Call, *, fallback: Callable[[], Any],
-                   share_of: str = "", request_chars: int | None = None):
-        """Queue one call, wait for it; past the timeout after dispatch, run ``fallback`` in-process."""
-        if not self.dispatcher.workers and (kind == "session" or self.config.max_inflight_tasks == 0):
-            self.count("no_workers_fallback")
-            return await asyncio.to_thread(fallback)
-        req = _Request(self._loop)
-        with self._lock:
-            task = self.dispatcher.submit(kind, max(1, n_chars), session_key=call.key,
-                                          nonascii_share=nonascii_share(share_of) if share_of else 0.0,
-                                          payload=call, request_chars=request_chars)
-            self._requests[task.id] = req
-        self._pump()
-        await req.dispatched.wait()
-        # A timer rather than wait_for(shield(...)): two fewer tasks and loop turns per request,
-        # which is a measurable share of a 1 ms extend.
-        timer = self._loop.call_later(self.config.request_timeout_s, self._expire, req)
-        try:
-            return await req.future
-        except (_NoWorkers, NoAnswer) as exc:
-            if isinstance(exc, _NoWorkers):
-                self.count("no_workers_fallback")
-            else:
-                self.count("timeout_fallback")
-                log.warning("task %s had no answer after %.0f s; encoding in-process", task.id,
-                            self.config.request_timeout_s)
-                self._requests.pop(task.id, None)
-                self._free_hung(task, req)
-            if call.key is not None:
-                self._forget(call.key)
-            return await asyncio.to_thread(fallback)
-        finally:
-            timer.cancel()
-
-    @staticmethod
-    def _expire(req: _Request) -> None:
-        if not req.future.done():
-            req.future.set_exception(NoAnswer())
-
-    def _pump(self) -> None:
-        while True:
-            with self._lock:
-                assignments = self.dispatcher.dispatch()
-                # A task whose request is gone (it timed out while re-queued, or had no worker
-                # left) must not run late: release its slot instead, and fill the slot again.
-                abandoned = [t for _, t in assignments if t.id not in self._requests]
-                for t in abandoned:
-                    self.dispatcher.fail(t.id)
-            for wid, task in assignments:
-                req = self._requests.get(task.id)
-                if req is None:
-                    continue
-                req.running = self._loop.create_task(self._execute(wid, task))
-                req.dispatched.set()
-            if not abandoned:
-                return
-
-    async def _execute(self, wid: str | None, task) -> None:
-        call: Call = task.payload
-        t0 = time.perf_counter()
-        try:
-            outcome = await self.transport.call(wid, call)
-        except asyncio.CancelledError:
-            return  # abandoned as hung: _free_hung took the task off its slot
-        except WorkerDead:
-            self._worker_died(wid, task)
-            return
-        except ConnectionLost:
-            outcome = await self._lost_mid_call(wid, call)
-        except Exception as exc:  # noqa: BLE001 - the worker's own error, for the caller
-            outcome = exc
-        self._on_done(task, wid, t0, outcome)
-
-    def _worker_died(self, wid: str | None, task) -> None:
-        """A dead worker is retired and what it ran is retried on the sessions' new homes."""
-        if wid is not None and self._retire(wid):
-            log.warning("worker %s died; retired it and retrying its tasks", wid)
-        else:
-            with self._lock:
-                if self.dispatcher.fail(task.id, requeue=True) is None and task.id in self._requests:
-                    self.dispatcher.requeue(task)  # launched on a worker retired meanwhile
-        self._pump()
-
-    async def _lost_mid_call(self, wid: str, call: Call) -> BaseException:
-        """An extend may or may not have been applied: the worker drops the session and the caller
-        gets SessionNotFound (send the whole text), never a guess."""
-        self._forget(call.key)
-        try:
-            await self.transport.call(wid, Call(DROP_SESSION, DropArgs(call.key), call.key))
-        except Exception:  # noqa: BLE001 - died since: its sessions are gone anyway
-            pass
-        return SessionNotFound(f"session {call.key!r}: the connection to its worker was lost mid-extend; "
-                               "send the whole text with encode(text, session=...)")
-
-    def _free_hung(self, task, req: _Request) -> None:
-        """Take a task with no answer off its slot, so nothing queues behind it forever.
-
-        A worker that holds a task this long is hung (or far slower than any encode should be):
-        it is retired like a dead one (killed if this pool started it) and its sessions move to
-        their new homes. A hung chunk task is abandoned (cancelled) and its slot freed.
-        """
-        with self._lock:
-            running, wid = self.dispatcher.running_where(task.id)
-            if not running:
-                return
-            self.dispatcher.fail(task.id)
-        if req.running is not None:
-            req.running.cancel()
-        if wid is not None and self._retire(wid, kill=True):
-            log.warning("retired worker %s: no answer within %.0f s", wid, self.config.request_timeout_s)
-        self._pump()
-
-    def _retire(self, wid: str, *, kill: bool = False) -> bool:
-        """Retire a dead or hung worker: its queue moves to the sessions' new homes and what it was
-        running is retried there. Returns False when it was retired already."""
-        with self._lock:
-            if wid not in self.dispatcher.workers:
-                return False
-            for t in self.dispatcher.retire_worker(wid):
-                self.dispatcher.requeue(t)
-        self.transport.retire(wid, kill=kill)
-        self.count("worker_retired")
-        self._orphans()
-        return True
-
-    def _orphans(self) -> None:
-        """With no live worker left, queued session requests are served in-process, not kept
-        waiting for a worker that will not come."""
-        if self.dispatcher.workers:
-            return
-        log.error("the pool has no live worker left; session requests are encoded in-process")
-        with self._lock:
-            tasks = self.dispatcher.take_homeless()
-        for t in tasks:
-            req = self._requests.pop(t.id, None)
-            if req is not None:
-                req.dispatched.set()
-                if not req.future.done():
-                    req.future.set_exception(_NoWorkers())
-
-    def _on_done(self, task, wid: str | None, t0: float, outcome) -> None:
-        ms = (time.perf_counter() - t0) * 1e3
-        self._record.record_times(task.kind, self.dispatcher.clock.now_ms() - ms - task.arrival_ms, ms)
-        call: Call = task.payload
-        req = self._requests.pop(task.id, None)
-        # Only an answer its caller still waits for is spliced into the pool's tables: a late one
-        # (the caller timed out and was answered in-process, and its session forgotten) would
-        # record a state version and IDs the caller never received.
-        waiting = req is not None and not req.future.done()
-        if waiting and not isinstance(outcome, BaseException) and call.kind.session_delta:
-            try:
-                outcome = self._splice(call.key, outcome)
-            except Exception as exc:  # noqa: BLE001 - surfaced to the caller
-                outcome = exc
-        with self._lock:
-            if isinstance(outcome, BaseException):
-                self.dispatcher.fail(task.id)
-            else:
-                self.dispatcher.complete(task.id, ms)
-        if waiting:  # later answers for a failed request are dropped
-            if isinstance(outcome, BaseException):
-                req.future.set_exception(outcome)
-            else:
-                req.future.set_result(outcome)
-        self._pump()

@@ -138,8 +138,8 @@ def make_orchestrator(local: TokenizerCore, n_workers: int, loop, *, inflight_ta
     ids = [f"w{i:03d}" for i in range(n_workers)]
     orch = PoolOrchestrator(local, transport, ids, cfg, loop, SECRET, record=RECORD)
     if baseline:  # the same orchestrator on the other revision's dispatcher and routing
-        orch.dispatcher = BASELINE.Dispatcher(cfg.policy, workers=ids, max_inflight_tasks=cfg.max_inflight_tasks,
-                                              workers_take_shared=cfg.workers_take_shared)
+        orch.calls.dispatcher = BASELINE.Dispatcher(cfg.policy, workers=ids, max_inflight_tasks=cfg.max_inflight_tasks,
+                                                    workers_take_shared=cfg.workers_take_shared)
     return orch, transport
 
 

@@ -316,11 +316,11 @@ def test_a_timed_out_request_never_runs_late_nor_is_spliced(loaded, references, 
         gate_h, gate_o = asyncio.Event(), asyncio.Event()
         transport.gates.update({h: gate_h, o: gate_o})
         transport.dead.add(h)
-        orch.config = dataclasses.replace(orch.config, request_timeout_s=0.3)  # q's timer
+        orch.calls.config = dataclasses.replace(orch.config, request_timeout_s=0.3)  # q's timer
         q = asyncio.ensure_future(orch.encode(text, "q", True))
         while (h, "encode_session") not in transport.calls:
             await asyncio.sleep(0.001)
-        orch.config = dataclasses.replace(orch.config, request_timeout_s=60.0)  # b's: it only waits
+        orch.calls.config = dataclasses.replace(orch.config, request_timeout_s=60.0)  # b's: it only waits
         b = asyncio.ensure_future(orch.encode(b_text, b_key, True))
         while (o, "encode_session") not in transport.calls:
             await asyncio.sleep(0.001)
@@ -338,7 +338,7 @@ def test_a_timed_out_request_never_runs_late_nor_is_spliced(loaded, references, 
     assert transport.calls.count((o, "encode_session")) == 1  # b's only: q's stale task never ran
     assert not transport.services[o].has_session("q")
     assert orch._versions.get("q") is None and orch._mirror.get("q") is None  # nothing spliced
-    assert orch.dispatcher.queued_count() == 0 and not orch._requests
+    assert orch.dispatcher.queued_count() == 0 and orch.calls.waiting() == 0
     grown = text + " later"
     assert _ids(loop.run_until_complete(orch.encode(grown, "q", True))) == ref.encode(grown).ids
     loop.close()
@@ -357,7 +357,7 @@ def test_a_late_answer_is_not_spliced(loaded, references, text):
         await asyncio.sleep(0.4)  # past the timeout; cancelling this awaits the shielded call
         return await asyncio.shield(out)
     transport.call = slow_but_uncancellable
-    orch._free_hung = lambda task, req: None  # e.g. a worker this process may not kill
+    orch.calls._free_hung = lambda task, req: None  # e.g. a worker this process may not kill
     assert _ids(loop.run_until_complete(orch.encode(text, "late", True))) == ref.encode(text).ids
     loop.run_until_complete(asyncio.sleep(0.5))
     assert orch.stats["timeout_fallback"] == 1 and transport.services[home].has_session("late")
