@@ -11,6 +11,7 @@ When fastokens is not installed the demo says so and shows the reference alone.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any, Callable
 
 import numpy as np
 from tokenizers import Tokenizer
@@ -74,6 +75,20 @@ def as_numpy(ids) -> np.ndarray:
     if hasattr(ids, "to_numpy"):
         return ids.to_numpy(zero_copy_only=False)
     return np.asarray(ids, dtype=np.int32)
+
+
+def chat_calls(tok: Any, text: str, delta: str, turn_key: str, extend_key: str, fast: "Fastokens | None",
+               cached: "Fastokens | None") -> list[tuple[str, Callable[[], Any]]]:
+    """One chat turn's calls, by engine: delta-ray's ``turn`` (the whole transcript, session
+    ``turn_key``) and ``extend`` (the delta only, session ``extend_key``) on ``tok`` (a
+    DeltaTokenizer or a pool: the same two methods), then fastokens re-encoding the whole
+    transcript, without and with its segment cache, where they are available."""
+    calls = [("turn", lambda: tok.encode(text, session=turn_key)), ("extend", lambda: tok.extend(extend_key, delta))]
+    if fast is not None:
+        calls.append(("fast", lambda: fast.ids(text)))
+    if cached is not None:
+        calls.append(("cached", lambda: cached.ids(text)))
+    return calls
 
 
 class Engines:

@@ -7,23 +7,12 @@ the caches any server keeps warm for its hot paths).
 """
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass
 
 from ..sample_text import chat_transcript, corpus
 from ...tokenizer import DeltaTokenizer
-from .baselines import Engines
-from .report import Steps, Table, best, median, ms, ratio, verdict
-
-
-def _timed(fn, *args):
-    t0 = time.perf_counter()
-    r = fn(*args)
-    return r, time.perf_counter() - t0
-
-
-def _label(n: int) -> str:
-    return f"{n // 1_000_000}M" if n >= 1_000_000 and n % 1_000_000 == 0 else f"{n // 1000}K"
+from .baselines import Engines, chat_calls
+from .report import Steps, Table, best, median, ms, ratio, size_label, timed, verdict
 
 
 def stateless(eng: Engines, dt: DeltaTokenizer, sizes: list[int], calls: int) -> bool:
@@ -45,11 +34,11 @@ def stateless(eng: Engines, dt: DeltaTokenizer, sizes: list[int], calls: int) ->
             order = [0, 1] if i % 2 == 0 else [1, 0]
             for which in order:
                 if which == 0:
-                    got, s = _timed(dt.encode, text)
+                    got, s = timed(dt.encode, text)
                     d_s.append(s)
                     results.append(("delta-ray", text, got))
                 elif fast is not None:
-                    got, s = _timed(fast.ids, text)
+                    got, s = timed(fast.ids, text)
                     f_s.append(s)
                     results.append(("fastokens", text, got))
         by_engine = eng.check_all(results)
@@ -57,14 +46,14 @@ def stateless(eng: Engines, dt: DeltaTokenizer, sizes: list[int], calls: int) ->
         r_s = [eng.ref_seconds[x] for x in texts[1:]]
         exact_dr = all(by_engine["delta-ray"])
         ok &= exact_dr
-        t.add(f"{_label(n)} chars", ms(median(r_s)), ms(median(f_s)) if fast else "n/a", ms(median(d_s)),
+        t.add(f"{size_label(n)} chars", ms(median(r_s)), ms(median(f_s)) if fast else "n/a", ms(median(d_s)),
               ratio(median(f_s), median(d_s)) if fast else "-", ratio(median(r_s), median(d_s)),
               f"{sum(good)}/{len(good)}")
         last = (n, median(r_s), median(f_s), median(d_s))
     t.print()
     n, r, f, d = last
     alt = f"fastokens {ms(f)} ({ratio(f, d)}), " if f else ""
-    verdict(f"{_label(n)} characters: delta-ray {ms(d)} against {alt}the reference {ms(r)} ({ratio(r, d)}); "
+    verdict(f"{size_label(n)} characters: delta-ray {ms(d)} against {alt}the reference {ms(r)} ({ratio(r, d)}); "
             f"{'every result equals the reference' if ok else 'MISMATCH against the reference'}")
     return ok
 
@@ -101,17 +90,13 @@ def chat(eng: Engines, dt: DeltaTokenizer, sizes: list[int], turns: int, warm: i
         times: dict[str, list[float]] = {"turn": [], "extend": [], "fast": [], "cached": []}
         results = []
         text = initial
-        bar = Steps(f"chat {_label(n)}: turns", warm + turns)
+        bar = Steps(f"chat {size_label(n)}: turns", warm + turns)
         for i, delta in enumerate(deltas):
             text = text + delta
-            calls = [("turn", lambda: dt.encode(text, session=a)), ("extend", lambda: dt.extend(b, delta))]
-            if fast is not None:
-                calls.append(("fast", lambda: fast.ids(text)))
-            if cached is not None:
-                calls.append(("cached", lambda: cached.ids(text)))
+            calls = chat_calls(dt, text, delta, a, b, fast, cached)
             k = i % len(calls)
             for name, fn in calls[k:] + calls[:k]:  # rotate: no engine always runs first
-                got, s = _timed(fn)
+                got, s = timed(fn)
                 if i >= warm:
                     times[name].append(s)
                 results.append((name, text, got))
@@ -124,7 +109,7 @@ def chat(eng: Engines, dt: DeltaTokenizer, sizes: list[int], turns: int, warm: i
                         median(times["turn"]), median(times["extend"]))
         figs.append(f)
         n_good = sum(sum(v) for v in good.values())
-        t.add(_label(n), ms(f.ref), ms(f.fast) if fast else "n/a", ms(f.fast_cached) if cached else "n/a",
+        t.add(size_label(n), ms(f.ref), ms(f.fast) if fast else "n/a", ms(f.fast_cached) if cached else "n/a",
               ms(f.turn), ms(f.extend), ratio(best(f.fast, f.fast_cached), f.turn) if fast else "-",
               f"{n_good}/{sum(len(v) for v in good.values())}")
         for s in (a, b):
@@ -133,12 +118,12 @@ def chat(eng: Engines, dt: DeltaTokenizer, sizes: list[int], turns: int, warm: i
     big = figs[-1]
     if eng.fastokens is not None:
         seg = f", {ms(big.fast_cached)} with its segment cache" if big.fast_cached else ""
-        verdict(f"a {_label(big.context)}-character session turn: delta-ray {ms(big.turn)} (whole transcript sent), "
+        verdict(f"a {size_label(big.context)}-character session turn: delta-ray {ms(big.turn)} (whole transcript sent), "
                 f"{ms(big.extend)} (append only); fastokens re-encoding the whole transcript {ms(big.fast)}{seg}: "
                 f"{ratio(best(big.fast, big.fast_cached), big.turn)} the best of them"
                 f"{' (slower on this run)' if (big.turn or 0) > (best(big.fast, big.fast_cached) or 0) else ''}; "
                 f"{'all exact' if ok else 'MISMATCH against the reference'}")
     else:
-        verdict(f"a {_label(big.context)}-character session turn: delta-ray {ms(big.turn)} vs the reference's "
+        verdict(f"a {size_label(big.context)}-character session turn: delta-ray {ms(big.turn)} vs the reference's "
                 f"re-encode {ms(big.ref)} ({ratio(big.ref, big.turn)}); {'all exact' if ok else 'MISMATCH'}")
     return ok

@@ -19,20 +19,11 @@ import numpy as np
 
 from ...core.loading import LoadedTokenizer
 from ..sample_text import chat_transcript, corpus
-from .baselines import Engines
-from .report import Steps, Table, best, median, ms, out, progress, quiet_ray_loggers, ratio, verdict
+from .baselines import Engines, chat_calls
+from .report import (Steps, Table, best, median, ms, out, progress, quiet_ray_loggers, ratio, size_label, timed,
+                     verdict)
 
 CHAT_SIZES = (100_000, 1_000_000)
-
-
-def _label(n: int) -> str:
-    return f"{n // 1_000_000}M" if n >= 1_000_000 else f"{n // 1000}K"
-
-
-def _timed(fn):
-    t0 = time.perf_counter()
-    r = fn()
-    return r, time.perf_counter() - t0
 
 
 class RayDidNotStart(RuntimeError):
@@ -121,16 +112,12 @@ def pool_section(eng: Engines, loaded: LoadedTokenizer, turns: int) -> bool:
             times = {"turn": [], "extend": [], "fast": [], "cached": []}
             results = []
             text = initial
-            bar = Steps(f"pool {_label(n)}: turns", len(deltas))
+            bar = Steps(f"pool {size_label(n)}: turns", len(deltas))
             for i, delta in enumerate(deltas):
                 text = text + delta
-                calls = [("turn", lambda: pool.encode(text, session=a)), ("extend", lambda: pool.extend(b, delta))]
-                if fast is not None:
-                    calls.append(("fast", lambda: fast.ids(text)))
-                if cached is not None:
-                    calls.append(("cached", lambda: cached.ids(text)))
+                calls = chat_calls(pool, text, delta, a, b, fast, cached)
                 for name, fn in calls:
-                    got, s = _timed(fn)
+                    got, s = timed(fn)
                     if i >= 1:  # the first turn warms the paths
                         times[name].append(s)
                     results.append((name, text, got))
@@ -144,7 +131,7 @@ def pool_section(eng: Engines, loaded: LoadedTokenizer, turns: int) -> bool:
             for op in ("turn", "extend"):
                 d = median(times[op])
                 what = "whole transcript sent" if op == "turn" else "extend: the new message only"
-                t.add(f"chat {_label(n)}, {what}", ms(ref_s), ms(f) if fast else "n/a",
+                t.add(f"chat {size_label(n)}, {what}", ms(ref_s), ms(f) if fast else "n/a",
                       ms(c) if cached else "n/a", ms(d), ratio(best(f, c), d) if fast else "-",
                       f"{n_good}/{n_all}" if op == "turn" else "")
             last = (n, best(f, c), median(times["turn"]), median(times["extend"]))
@@ -154,11 +141,11 @@ def pool_section(eng: Engines, loaded: LoadedTokenizer, turns: int) -> bool:
         pool.encode(texts[0])
         d_s, f_s, res = [], [], []
         for text in texts[1:]:
-            got, s = _timed(lambda: pool.encode(text))
+            got, s = timed(lambda: pool.encode(text))
             d_s.append(s)
             res.append(("pool stateless", text, got))
             if eng.fastokens is not None:
-                got, s = _timed(lambda: eng.fastokens.ids(text))
+                got, s = timed(lambda: eng.fastokens.ids(text))
                 f_s.append(s)
                 res.append(("fastokens", text, got))
         by_engine = eng.check_all(res)
@@ -172,7 +159,7 @@ def pool_section(eng: Engines, loaded: LoadedTokenizer, turns: int) -> bool:
     t.print()
     n, f, turn, ext = last
     if f:
-        verdict(f"a {_label(n)}-character session on the pool: {ms(turn)} a turn, {ms(ext)} an extend (a hop to the "
+        verdict(f"a {size_label(n)}-character session on the pool: {ms(turn)} a turn, {ms(ext)} an extend (a hop to the "
                 f"session's worker and back) vs fastokens in the caller {ms(f)} (best of whole and segment cache; "
                 f"{ratio(f, turn)}); "
                 f"{'all exact' if ok else 'MISMATCH against the reference'}")
@@ -259,7 +246,7 @@ def serve_section(eng: Engines, loaded: LoadedTokenizer, turns: int, log_path: s
             times = {"plain": [], "whole": [], "append": []}
             results = []
             text = initial
-            bar = Steps(f"serve {_label(n)}: turns", len(deltas))
+            bar = Steps(f"serve {size_label(n)}: turns", len(deltas))
             for i, delta in enumerate(deltas):
                 text = text + delta
 
@@ -270,7 +257,7 @@ def serve_section(eng: Engines, loaded: LoadedTokenizer, turns: int, log_path: s
                          ("whole", lambda: dc.post({"prompt": text, "session_id": a}, ha)["tokens"]),
                          ("append", append)]
                 for name, fn in calls:
-                    got, s = _timed(fn)
+                    got, s = timed(fn)
                     if name == "append":
                         held = got
                     if i >= 1:
@@ -280,14 +267,14 @@ def serve_section(eng: Engines, loaded: LoadedTokenizer, turns: int, log_path: s
             good = eng.check_all(results, "serve ")
             ok &= all(good["whole"]) and all(good["append"])
             p, w, ap = median(times["plain"]), median(times["whole"]), median(times["append"])
-            t.add(_label(n), ms(p), ms(w), ms(ap), ratio(p, ap),
+            t.add(size_label(n), ms(p), ms(w), ms(ap), ratio(p, ap),
                   f"{sum(sum(v) for v in good.values())}/{sum(len(v) for v in good.values())}")
             last = (n, p, w, ap)
         pc.close()
         dc.close()
         t.print()
         n, p, w, ap = last
-        verdict(f"a {_label(n)}-character chat over HTTP: delta-ray's append API {ms(ap)} a turn, the whole "
+        verdict(f"a {size_label(n)}-character chat over HTTP: delta-ray's append API {ms(ap)} a turn, the whole "
                 f"transcript {ms(w)}, vs a plain server re-encoding with fastokens {ms(p)} ({ratio(p, ap)}); "
                 f"{'all exact' if ok else 'MISMATCH against the reference'}")
     finally:

@@ -13,13 +13,25 @@ import sys
 import threading
 import time
 from contextlib import contextmanager
-from typing import Iterator, Sequence
+from typing import Callable, Iterator, Sequence
 
 
 def out(line: str = "") -> None:
     """One line on stdout, flushed (progress lines and tables share the terminal)."""
     sys.stdout.write(line + "\n")
     sys.stdout.flush()
+
+
+def timed(fn: Callable[..., object], *args: object) -> tuple[object, float]:
+    """``fn(*args)``'s result and its wall time in seconds."""
+    t0 = time.perf_counter()
+    r = fn(*args)
+    return r, time.perf_counter() - t0
+
+
+def size_label(n: int) -> str:
+    """A text size as a table shows it: ``1M``, ``100K`` (``1500K`` for sizes between millions)."""
+    return f"{n // 1_000_000}M" if n >= 1_000_000 and n % 1_000_000 == 0 else f"{n // 1000}K"
 
 
 def ms(seconds: float | None) -> str:
