@@ -22,7 +22,7 @@ import numpy as np
 import pyarrow as pa
 
 from delta_ray.core import constants as C
-from delta_ray.core.assembly import concat_ids, to_arrow
+from delta_ray.core.assembly import concat_ids, one_chunk, to_arrow
 from delta_ray.core.config import PoolConfig
 from delta_ray.core.plan import CHUNKED, REFERENCE, SESSION, Router
 from delta_ray.core.repair import finish_repair
@@ -137,8 +137,10 @@ class PoolOrchestrator:
         self.count("placed_here")
         return out
 
-    async def encode(self, text: str, session: str | None, add: bool, *, tenant: str | None = None):
-        """A text's IDs: its session, or keyless (chunked, whole, or sticky by content inside ``tenant``)."""
+    async def encode(self, text: str, session: str | None, add: bool, *,
+                     tenant: str | None = None) -> pa.Int32Array | pa.ChunkedArray:
+        """A text's IDs: its session (a ChunkedArray), or keyless (an Int32Array: chunked, whole, or
+        sticky by content inside ``tenant``)."""
         path = self.router.route(text, session)
         if path is SESSION:
             return await self._session(session, text, add)
@@ -148,15 +150,18 @@ class PoolOrchestrator:
             return to_arrow(await self._whole(text, add))
         # The content key carries the tenant (the one injective namespace Serve's replicas use too):
         # a keyless prompt never finds another tenant's state on a worker, so timing reveals nothing.
-        return await self._session(content_session_key(content_key(text), tenant), text, add)
+        # A keyless answer is one array like every stateless one (a copy of a text under the cut
+        # threshold's IDs: microseconds against the call's hop).
+        ids = await self._session(content_session_key(content_key(text), tenant), text, add)
+        return ids.combine_chunks()
 
-    async def extend(self, key: str, delta: str, add: bool):
+    async def extend(self, key: str, delta: str, add: bool) -> pa.ChunkedArray:
         def no_fallback():
             raise SessionNotFound(f"session {key!r} timed out on its worker: send the whole text "
                                   "with encode(text, session=...)")
         async with _KeyLock(self._session_locks, key):
             if not self.admitted:
-                return to_arrow(await self._extend_unadmitted(key, delta, add))
+                return one_chunk(await self._extend_unadmitted(key, delta, add))
             sent = self._texts.get(key)
             version = self._versions.get(key)
             call = self._extend_call(key, delta, version)
@@ -237,7 +242,7 @@ class PoolOrchestrator:
             if not self.admitted:  # no repairs: one whole encode; the text is kept for extend
                 ids = await self._whole(text, add)
                 self._texts.put(key, 0, (text,))
-                return to_arrow(ids)
+                return one_chunk(ids)
             home = self.dispatcher.home_of(key) if self.dispatcher.workers else None
             if home is not None and len(text) >= self.local.config.cut_threshold and self._known.get(key) != home:
                 parts = await self._chunked_init(key, text)

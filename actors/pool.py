@@ -22,7 +22,7 @@ import logging
 import os
 import secrets
 from dataclasses import replace
-from typing import Any, Sequence
+from typing import Any, Sequence, overload
 
 import numpy as np
 import pyarrow as pa
@@ -244,25 +244,42 @@ class TokenizerPool:
 
     # Each operation has one body (its ``_..._request``: checks, then where it runs); the sync and
     # async methods differ only in how they wait for it (``_run`` / ``_run_async``).
+    @overload
+    def encode(self, text: str, *, session: None = None, add_special_tokens: bool = True,
+               tenant: str | None = None) -> pa.Int32Array: ...
+
+    @overload
+    def encode(self, text: str, *, session: str, add_special_tokens: bool = True,
+               tenant: str | None = None) -> pa.ChunkedArray: ...
+
     def encode(self, text: str, *, session: str | None = None, add_special_tokens: bool = True,
                tenant: str | None = None) -> pa.Int32Array | pa.ChunkedArray:
         """Reference IDs of ``text`` (a session reuses what its worker already encoded).
 
-        ``tenant`` namespaces what a keyless text reuses by content on the workers (a service
-        serving several tenants passes it, so no tenant's timing reveals another's text)."""
+        With ``session`` a ``pyarrow.ChunkedArray`` (zero-copy views of the session's ID parts, as
+        in process), without it a ``pyarrow.Int32Array``. ``tenant`` namespaces what a keyless
+        text reuses by content on the workers (a service serving several tenants passes it, so no
+        tenant's timing reveals another's text)."""
         return self._run(self._encode_request(text, session, add_special_tokens, tenant))
+
+    @overload
+    async def encode_async(self, text: str, *, session: None = None, add_special_tokens: bool = True,
+                           tenant: str | None = None) -> pa.Int32Array: ...
+
+    @overload
+    async def encode_async(self, text: str, *, session: str, add_special_tokens: bool = True,
+                           tenant: str | None = None) -> pa.ChunkedArray: ...
 
     async def encode_async(self, text: str, *, session: str | None = None, add_special_tokens: bool = True,
                            tenant: str | None = None) -> pa.Int32Array | pa.ChunkedArray:
         """:meth:`encode` for a caller on an event loop."""
         return await self._run_async(self._encode_request(text, session, add_special_tokens, tenant))
 
-    def extend(self, session: str, delta: str, *, add_special_tokens: bool = True) -> pa.Int32Array | pa.ChunkedArray:
+    def extend(self, session: str, delta: str, *, add_special_tokens: bool = True) -> pa.ChunkedArray:
         """IDs of the session's stored text plus ``delta``; SessionNotFound if its worker lacks it."""
         return self._run(self._extend_request(session, delta, add_special_tokens, tail=False))
 
-    async def extend_async(self, session: str, delta: str, *,
-                           add_special_tokens: bool = True) -> pa.Int32Array | pa.ChunkedArray:
+    async def extend_async(self, session: str, delta: str, *, add_special_tokens: bool = True) -> pa.ChunkedArray:
         """:meth:`extend` for a caller on an event loop."""
         return await self._run_async(self._extend_request(session, delta, add_special_tokens, tail=False))
 

@@ -7,7 +7,7 @@ handed to those parts explicitly; this class only forwards the user's calls to i
 from __future__ import annotations
 
 from collections import Counter
-from typing import Sequence
+from typing import Sequence, overload
 
 import pyarrow as pa
 
@@ -47,19 +47,26 @@ class DeltaTokenizer:
         self._encode = self._core.encode
         self._extend = self._core.extend
 
+    @overload
+    def encode(self, text: str, *, session: None = None, add_special_tokens: bool = True) -> pa.Int32Array: ...
+
+    @overload
+    def encode(self, text: str, *, session: str, add_special_tokens: bool = True) -> pa.ChunkedArray: ...
+
     def encode(self, text: str, *, session: str | None = None,
                add_special_tokens: bool = True) -> pa.Int32Array | pa.ChunkedArray:
         """The reference IDs of ``text``; with ``session``, reuse what that session already encoded.
 
         A session call returns a ``pyarrow.ChunkedArray`` of zero-copy views of the session's
         immutable ID parts (the turn costs O(append); ``combine_chunks()`` makes one contiguous
-        copy); a stateless call returns a ``pyarrow.Int32Array``.
+        copy); a stateless call returns a ``pyarrow.Int32Array``. Both on every configuration
+        (an unadmitted one's session answer is one chunk).
         """
         return self._encode(text, session=session, add_special_tokens=add_special_tokens)
 
-    def extend(self, session: str, delta: str, *,
-               add_special_tokens: bool = True) -> pa.Int32Array | pa.ChunkedArray:
-        """IDs of the session's stored text plus ``delta``, without resending the transcript.
+    def extend(self, session: str, delta: str, *, add_special_tokens: bool = True) -> pa.ChunkedArray:
+        """IDs of the session's stored text plus ``delta``, without resending the transcript (a
+        ``pyarrow.ChunkedArray``, as :meth:`encode` with a session).
 
         Raises :class:`~delta_ray.SessionNotFound` when the session is unknown or was evicted:
         send the whole text with ``encode(text, session=...)`` then.

@@ -19,7 +19,7 @@ import pyarrow as pa
 
 from delta_ray.core import constants as C
 from .core.admission import Admission, admit
-from .core.assembly import concat_ids, flat_from_pieces, to_arrow
+from .core.assembly import concat_ids, flat_from_pieces, one_chunk, to_arrow
 from .core.config import REUSE_MODES, TokenizerConfig, tokenizer_config
 from .core.confine import ConfiningEncoder
 from .core.content_index import ContentIndex
@@ -157,14 +157,14 @@ class TokenizerCore:
         check_text(text)
         if session is not None:
             check_text(session, "session")
-            if self._predicate is not None:
-                with self._lock_for(session):
-                    state, _ = self._session_encode(session, text, self._states().get(session))
-                return self._chunked(state, add_special_tokens)
-        return to_arrow(self.encode_ids(text, session=session, add_special_tokens=add_special_tokens))
+            if self._predicate is None:  # one chunk: the reference's whole answer
+                return one_chunk(self.encode_ids(text, session=session, add_special_tokens=add_special_tokens))
+            with self._lock_for(session):
+                state, _ = self._session_encode(session, text, self._states().get(session))
+            return self._chunked(state, add_special_tokens)
+        return to_arrow(self.encode_ids(text, add_special_tokens=add_special_tokens))
 
-    def extend(self, session: str, delta: str, *,
-               add_special_tokens: bool = True) -> pa.Int32Array | pa.ChunkedArray:
+    def extend(self, session: str, delta: str, *, add_special_tokens: bool = True) -> pa.ChunkedArray:
         """IDs of the session's stored text plus ``delta``, without resending the transcript.
 
         O(len(delta)): neither the transcript nor its IDs are copied (a ``ChunkedArray`` as for
@@ -180,7 +180,7 @@ class TokenizerCore:
                 raise SessionNotFound(f"session {session!r} is not held (unknown or evicted): "
                                       "send the whole text with encode(text, session=...)")
             if self._predicate is None:
-                return to_arrow(self._reference_session(session, state.text + delta, add_special_tokens))
+                return one_chunk(self._reference_session(session, state.text + delta, add_special_tokens))
             new, _ = self._session_encode(session, None, state, delta=delta)
         return self._chunked(new, add_special_tokens)
 

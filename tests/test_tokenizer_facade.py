@@ -53,3 +53,27 @@ def test_a_session_named_like_a_content_entry_keeps_its_own_text(tokenizer_paths
     other = "Somebody else's keyless prompt, long enough to be indexed by content. " * 200
     assert dt.encode(other).to_pylist() == ref.encode(other).ids  # content entry 0
     assert dt.extend("content:0", " More.").to_pylist() == ref.encode(mine + " More.").ids
+
+
+@pytest.mark.parametrize("admitted", [True, False])
+def test_one_return_type_per_call(tokenizer_paths, admitted):
+    """A stateless answer is an Int32Array and a session answer a ChunkedArray, on an admitted
+    configuration and on one the reference serves alone (its session answers are one chunk)."""
+    import json
+
+    import pyarrow as pa
+
+    from delta_ray.core.reference_api import tokenizer_from_str
+    cfg = json.loads(open(tokenizer_paths["llama3.2"], encoding="utf-8").read())
+    if not admitted:
+        cfg["normalizer"] = {"type": "Lowercase"}  # not covered by the exactness argument
+    ref = tokenizer_from_str(json.dumps(cfg))
+    dt = DeltaTokenizer(ref, cut_threshold=8192)
+    assert bool(dt.admission) is admitted
+    text = "Hello There, a turn of a chat.\n" * 20
+    got = dt.encode(text)
+    assert type(got) is pa.Int32Array and got.to_pylist() == ref.encode(text).ids
+    got = dt.encode(text, session="s")
+    assert type(got) is pa.ChunkedArray and got.to_pylist() == ref.encode(text).ids
+    got = dt.extend("s", " More.", add_special_tokens=False)
+    assert type(got) is pa.ChunkedArray and got.to_pylist() == ref.encode(text + " More.", add_special_tokens=False).ids

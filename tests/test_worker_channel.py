@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
+import time
 
 import pytest
 
@@ -28,6 +29,22 @@ def _handler(method: str, args: tuple):
     if method == "custom":
         raise _Custom("boom")
     raise ValueError(method)
+
+
+def _until(cond, what: str, timeout_s: float = 30.0) -> None:
+    """Poll ``cond`` until it holds (a loaded machine is slow, never wrong); fail after ``timeout_s``."""
+    deadline = time.monotonic() + timeout_s
+    while not cond():
+        assert time.monotonic() < deadline, f"{what}: not within {timeout_s:.0f} s"
+        time.sleep(0.02)
+
+
+async def _until_async(cond, what: str, timeout_s: float = 30.0) -> None:
+    """:func:`_until` on an event loop that keeps running (it sees the sockets' events meanwhile)."""
+    deadline = time.monotonic() + timeout_s
+    while not cond():
+        assert time.monotonic() < deadline, f"{what}: not within {timeout_s:.0f} s"
+        await asyncio.sleep(0.02)
 
 
 def ChannelServer_(handler=_handler, **kw):  # noqa: N802 - the server under test, with the test secret
@@ -203,14 +220,15 @@ def test_an_impostor_on_a_dead_workers_name_gets_nothing():
     real.close()
     import socket
     impostor_calls = []
-    import time
     imp = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    for _ in range(100):  # the freed name
+
+    def bound() -> bool:  # the freed name
         try:
             imp.bind(address)
-            break
+            return True
         except OSError:
-            time.sleep(0.02)
+            return False
+    _until(bound, "binding the freed name")
     imp.listen(4)
 
     def serve():
@@ -331,7 +349,6 @@ def test_oversized_frames_end_the_connection_without_reading_them():
 
 def test_an_idle_connection_flood_is_bounded():
     import socket
-    import time
     server = ChannelServer_(max_connections=8, handshake_timeout_s=0.5)
     socks = []
     try:
@@ -343,10 +360,7 @@ def test_an_idle_connection_flood_is_bounded():
         while time.monotonic() < end:  # the cap holds throughout
             assert server.connections <= 8
             time.sleep(0.02)
-        deadline = time.monotonic() + 30  # the handshake timeout frees the slots (polled: a loaded
-        while server.connections and time.monotonic() < deadline:  # machine is slow, never wrong)
-            time.sleep(0.05)
-        assert server.connections == 0
+        _until(lambda: server.connections == 0, "the handshake timeout freeing the slots")
 
         async def main():  # and a real client is served afterwards
             assert await Client(server.address).call("echo", (1,)) == (1,)
@@ -511,7 +525,6 @@ def test_a_dripping_peer_is_cut_off_at_the_handshake_deadline():
     of 0.5 s; the handshake's deadline cuts it off after about five bytes."""
     import select
     import socket
-    import time
     server = ChannelServer_(handshake_timeout_s=0.5)
     s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     try:
@@ -542,16 +555,17 @@ def test_a_dripping_peer_is_cut_off_at_the_handshake_deadline():
 def test_a_connection_the_server_closed_for_idleness_is_made_again(loop_saw_the_close):
     """The server closes a connection idle for ``idle_timeout_s``; the next call must not fail
     (it reconnects before sending), whether or not the client's loop has seen the close yet."""
-    import time
     server = ChannelServer_(idle_timeout_s=1.0)
     try:
         async def main():
             client = Client(server.address)
             assert await client.call("echo", (1,)) == (1,)
+            closed = lambda: server.connections == 0  # noqa: E731
             if loop_saw_the_close:
-                await asyncio.sleep(2.2)
+                await _until_async(closed, "the server's idle close")
+                await asyncio.sleep(0.1)  # a few loop turns: the client's reader sees the EOF
             else:
-                time.sleep(2.2)  # the loop is blocked: it has not read the server's close
+                _until(closed, "the server's idle close")  # the loop is blocked: it has not read the close
             assert await client.call("echo", (2,)) == (2,)
             assert client.connects == 2
             assert await client.call("echo", (3,)) == (3,)  # and the new connection is reused
@@ -617,12 +631,11 @@ def channel_pool(tokenizer_paths):
 def test_an_extend_after_an_idle_close_keeps_its_session(channel_pool, references, real_texts):
     """The audit's case: 10 idle minutes (here 0.3 s), the server closes the connection, and the
     next extend became SessionNotFound although it was never sent."""
-    import time
     orch, loop, server, client, ray_side = channel_pool
     ref = references["llama3.2"]
     text = real_texts["english"][:6_000]
     assert orch.encode and loop.run_until_complete(orch.encode(text, "a", True)).to_pylist() == ref.encode(text).ids
-    time.sleep(0.8)
+    _until(lambda: server.connections == 0, "the server's idle close")
     text += " and after a pause"
     assert loop.run_until_complete(orch.extend("a", " and after a pause", True)).to_pylist() == ref.encode(text).ids
     assert ray_side.calls == [] and client.connects == 2  # over the channel, reconnected

@@ -35,6 +35,12 @@ def to_arrow(ids: np.ndarray) -> pa.Int32Array:
     return pa.Array.from_buffers(pa.int32(), len(buf), [None, pa.py_buffer(buf)])
 
 
+def one_chunk(ids: np.ndarray) -> pa.ChunkedArray:
+    """One int32 buffer as a one-chunk ChunkedArray (zero-copy): a session answer's type for IDs
+    made in one piece (an unadmitted configuration's reference encode)."""
+    return pa.chunked_array([to_arrow(ids)], type=pa.int32())
+
+
 def list_array(rows: Sequence[np.ndarray]) -> pa.ListArray:
     """Build a list<int32> array from per-row ID buffers via one values buffer plus offsets."""
     lengths = np.fromiter((len(r) for r in rows), dtype=np.int64, count=len(rows))
