@@ -25,6 +25,7 @@ from typing import Any, AsyncIterable, Callable
 import numpy as np
 
 from delta_ray.apps.chat_template import ChatTemplateError
+from delta_ray.core.assembly import ids_to_numpy
 from delta_ray.core.loading import LoadedTokenizer
 from delta_ray.core.reference_api import id_to_token_fn, vocab_size  # the 0.x API or tokenizer.json (1.x)
 from delta_ray.scheduler import content_key
@@ -199,7 +200,7 @@ class RequestHandler:
             # Long keyless texts in chunks on the pool's workers; overflow while this replica is busy.
             # The tenant goes along: what the pool reuses by content stays inside it.
             arr = await self.pool.encode_async(text, add_special_tokens=add, tenant=req.tenant)
-            tokens = arr.to_numpy(zero_copy_only=False)
+            tokens = ids_to_numpy(arr)
             self._record.record_path("serve_pool")
         else:
             content = False
@@ -240,7 +241,7 @@ class RequestHandler:
         return [self.id_to_token(t) for t in tokens.tolist()]
 
     def _stateless(self, text: str, add: bool) -> np.ndarray:
-        return self.delta.encode(text, add_special_tokens=add).to_numpy(zero_copy_only=False)
+        return ids_to_numpy(self.delta.encode(text, add_special_tokens=add))
 
     def _session(self, key: str, text: str, add: bool) -> "tuple[np.ndarray, str, str | None]":
         """A whole-text turn of a session: its IDs, "held"/"new", and the version it leaves."""

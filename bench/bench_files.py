@@ -102,7 +102,7 @@ def plain(path_json: str, inputs: list[str], out: str) -> tuple[float, int]:
     for p in inputs:
         writer = None
         for batch in pq.ParquetFile(p).iter_batches(batch_size=8192):
-            buf, offs = tok.core.encode_batch_flat(batch.column("text").to_pylist(), add_special_tokens=True)
+            buf, offs = tok.encode_batch_flat(batch.column("text").to_pylist(), add_special_tokens=True)
             vals = np.frombuffer(buf, dtype="<u4").view("<i4")
             o = np.frombuffer(offs, dtype="<u8").astype(np.int32)
             t = pa.Table.from_batches([batch]).append_column(
@@ -137,7 +137,7 @@ def raw_encode(path_json: str, inputs: list[str]) -> tuple[float, float]:
     t0, c0 = time.perf_counter(), time.process_time()
     for tx in texts:
         for i in range(0, len(tx), 8192):
-            tok.core.encode_batch_flat(tx[i:i + 8192], add_special_tokens=True)
+            tok.encode_batch_flat(tx[i:i + 8192], add_special_tokens=True)
     return time.perf_counter() - t0, time.process_time() - c0
 
 

@@ -19,7 +19,7 @@ import pyarrow as pa
 
 from delta_ray.core import constants as C
 from .core.admission import Admission, admit
-from .core.assembly import concat_ids, flat_from_pieces, one_chunk, to_arrow
+from .core.assembly import concat_ids, flat_from_pieces, ids_to_numpy, one_chunk, to_arrow
 from .core.config import REUSE_MODES, TokenizerConfig, tokenizer_config
 from .core.confine import ConfiningEncoder
 from .core.content_index import ContentIndex
@@ -239,7 +239,7 @@ class TokenizerCore:
     def decode(self, ids, *, skip_special_tokens: bool = True) -> str:
         """The reference decode of IDs (list, numpy or Arrow)."""
         if isinstance(ids, (pa.Array, pa.ChunkedArray)):
-            ids = ids.to_numpy(zero_copy_only=False)
+            ids = ids_to_numpy(ids)
         return self._tok.decode([int(i) for i in np.asarray(ids).ravel()], skip_special_tokens=skip_special_tokens)
 
     def drop_session(self, session: str) -> bool:

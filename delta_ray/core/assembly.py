@@ -18,6 +18,20 @@ def concat_ids(parts: Sequence[np.ndarray]) -> np.ndarray:
     return np.concatenate(parts).astype(np.int32, copy=False)
 
 
+def ids_to_numpy(ids: pa.Array | pa.ChunkedArray) -> np.ndarray:
+    """An int32 Arrow answer as one numpy array: a zero-copy view of a null-free ``Int32Array``,
+    one concatenation of its chunks' views for a ``ChunkedArray``.
+
+    Not ``to_numpy(zero_copy_only=False)``: pyarrow imports pandas on its first such call (seconds,
+    on the first request of a server or the first encode of a drop-in tokenizer)."""
+    if isinstance(ids, pa.ChunkedArray):
+        chunks = [ids_to_numpy(c) for c in ids.chunks]
+        return concat_ids(chunks)
+    if ids.null_count or ids.type != pa.int32():
+        raise TypeError(f"expected null-free int32 IDs, got {ids.type} with {ids.null_count} nulls")
+    return np.frombuffer(ids.buffers()[1], dtype=np.int32, count=len(ids), offset=ids.offset * 4)
+
+
 def flat_list_array(values: np.ndarray, offsets: np.ndarray) -> pa.ListArray:
     """A ``list<int32>`` array straight from a flat batch's buffers (zero-copy values)."""
     if len(offsets) and offsets[-1] > np.iinfo(np.int32).max:

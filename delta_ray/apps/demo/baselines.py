@@ -16,6 +16,8 @@ from typing import Any, Callable
 import numpy as np
 from tokenizers import Tokenizer
 
+from delta_ray.core.assembly import ids_to_numpy
+
 SEGMENT_CACHE_BYTES = 512 << 20
 
 
@@ -73,7 +75,7 @@ def as_numpy(ids) -> np.ndarray:
     if hasattr(ids, "combine_chunks"):  # pyarrow.ChunkedArray
         ids = ids.combine_chunks()
     if hasattr(ids, "to_numpy"):
-        return ids.to_numpy(zero_copy_only=False)
+        return ids_to_numpy(ids)
     return np.asarray(ids, dtype=np.int32)
 
 

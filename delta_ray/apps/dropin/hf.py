@@ -29,6 +29,8 @@ import logging
 import threading
 from typing import Any
 
+from delta_ray.core.assembly import ids_to_numpy
+
 from .snapshot import LazyEncoding, Snapshot
 
 log = logging.getLogger("delta_ray.apps.dropin")
@@ -156,7 +158,7 @@ def _delta_encode_plus(self, state: DropinState, texts: list[str], is_batched: b
         return None  # e.g. text the reference refuses: the original call raises its own error
     all_ids = []
     for a in arrays:
-        ids = _truncated(a.to_numpy(zero_copy_only=False).tolist(), template, add_special_tokens, trunc)
+        ids = _truncated(ids_to_numpy(a).tolist(), template, add_special_tokens, trunc)
         if ids is None:
             return None
         all_ids.append(ids)
