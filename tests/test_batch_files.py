@@ -8,6 +8,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
+from delta_ray import DeltaTokenizer
 from delta_ray.tokenizer_core import TokenizerCore
 from delta_ray.apps.batch_files import Options, output_name, tokenize_files, verify_outputs
 from delta_ray.apps.batch_inputs import byte_slices
@@ -38,7 +39,9 @@ def _rows(path):
 @pytest.mark.parametrize("name", ["llama3.2", "minimax-m3"])
 def test_every_row_is_exact_and_order_is_kept(name, inputs, tmp_path, tokenizer_paths, references):
     ref = references[name]
-    dt = TokenizerCore(tokenizer_paths[name], chunk_size=8192, cut_threshold=20_000, reuse="none")
+    # the user's facade (DeltaTokenizer) and the core it wraps are both accepted
+    make = TokenizerCore if name == "llama3.2" else DeltaTokenizer
+    dt = make(tokenizer_paths[name], chunk_size=8192, cut_threshold=20_000, reuse="none")
     opts = Options(batch_bytes=64 * 1024)
     summary = tokenize_files(inputs, str(tmp_path), dt, opts, threads=2)
     assert summary.skipped == 0 and summary.documents == sum(len(_rows(p)) for p in inputs)

@@ -41,6 +41,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from ..core.text_columns import BatchSpec, encode_table
+from ..tokenizer import DeltaTokenizer
 from ..tokenizer_core import TokenizerCore
 from .batch_inputs import conform, input_kind, json_table, line_chunks, read_json, read_lines, units
 
@@ -224,14 +225,18 @@ class _OutputFile:
         os.replace(tmp_doc, mp)
 
 
-def tokenize_files(inputs: list[str], out_dir: str, dt: TokenizerCore, opts: Options, *,
+def tokenize_files(inputs: list[str], out_dir: str, dt: TokenizerCore | DeltaTokenizer, opts: Options, *,
                    threads: int | None = None, progress: Callable[[int, int, int], None] | None = None) -> Summary:
     """Tokenize ``inputs`` into ``out_dir`` (one Parquet file per input); returns the summary.
+
+    ``dt`` is the user's :class:`~delta_ray.DeltaTokenizer` or the core it wraps.
 
     ``progress(text_bytes_done, text_bytes_total, tokens_done)`` is called as units complete.
     ``threads`` defaults to ``opts.threads``, else the CPUs this process may use. The output
     directory is locked for the run (:class:`OutputLocked` if another run holds it).
     """
+    if isinstance(dt, DeltaTokenizer):
+        dt = dt.core
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     with output_lock(out):
