@@ -172,7 +172,8 @@ def _finish(plan: RepairPlan, new_ids: list[np.ndarray], counts: list[int]) -> R
     state = SessionState(None, None, None, None, None, checkpoints=(log, a, b),
                          text_parts=text_parts, id_parts=id_parts, n_chars=plan.n, n_ids=k + sum(counts),
                          arrow_from=base.arrow_source() if base is not None else None,
-                         part_bytes=_part_bytes(base, plan, text_parts, id_parts, new_ids))
+                         part_bytes=_part_bytes(base, plan, text_parts, id_parts, new_ids),
+                         last=(new_cp[-3], new_cp[-2], new_cp[-1]) if new_cp else None)
     return RepairResult(state, k, plan.n - plan.start, len(plan.pieces))
 
 
