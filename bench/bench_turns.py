@@ -114,7 +114,7 @@ def _peer(path: str, cache_mib: int):
     tok.enable_segment_cache(cache_mib << 20)
 
     def encode(text: str):
-        buf, _ = tok.core.encode_batch_flat([text], add_special_tokens=True)
+        buf, _ = tok.encode_batch_flat([text], add_special_tokens=True)
         return np.frombuffer(buf, dtype="<u4")
     return encode
 
