@@ -260,3 +260,16 @@ def test_shadow_sampling_by_gaps_keeps_the_rate():
     assert all(v._sampled() for _ in range(100))
     v.rate = 0.0
     assert v._gap > n  # never sampled (check_later also tests the rate first)
+
+
+def test_to_arrow_wraps_contiguous_int32_as_is_and_converts_the_rest():
+    """to_arrow's no-conversion path is taken only by 1-D contiguous native int32 arrays (zero-copy);
+    strided views, other dtypes, other byte orders and lists are converted, with the same values."""
+    from delta_ray.core.assembly import to_arrow
+    a = np.arange(10, dtype=np.int32)
+    tail = a[3:]
+    got = to_arrow(tail)
+    assert got.to_pylist() == tail.tolist() and got.buffers()[1].address == tail.ctypes.data  # zero-copy
+    for x in (a[::2], a[::-1], np.arange(4, dtype=np.int64), np.arange(3, dtype=">i4"), a[::2][:1], a[:0]):
+        assert to_arrow(x).to_pylist() == np.asarray(x).tolist()
+    assert to_arrow([1, 2]).to_pylist() == [1, 2]
