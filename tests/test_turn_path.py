@@ -184,3 +184,92 @@ def test_small_appends_wait_and_are_joined_eight_at_a_time(tokenizer_paths, refe
         assert st.nbytes == full and dt.core.store.resident_bytes == full + sys.getsizeof("s")
     assert max(depths) <= YOUNG_PARTS + 1 and min(depths) < max(depths)
     assert "".join(st.text_parts) == text
+
+
+def test_a_continuation_keeps_whole_parts_and_reuses_their_arrow_arrays(tokenizer_paths, references, real_texts):
+    """A turn's new IDs are stored as two parts split at its last cut, so the next continuation's
+    kept prefix is the previous parts minus that tail, as they are (no numpy or Arrow slice), and
+    their Arrow arrays are the previous answer's; the rope stays shallow and every answer exact."""
+    ref = references["qwen-3"]
+    dt = DeltaTokenizer(tokenizer_paths["qwen-3"], engine="reference", shadow_rate=0.0)
+    msgs = _chat(real_texts, 60)
+    text = "".join(msgs[:20])
+    dt.encode(text, session="s")
+    whole_parts = 0
+    for m in msgs[20:]:
+        prev = dt.core.store.get("s")
+        prev_chunks = prev.arrow_chunks()
+        text += m
+        assert dt.extend("s", m).to_pylist() == ref.encode(text).ids
+        new = dt.core.store.get("s")
+        kept = len(prev.id_parts) - 1
+        if len(new.id_parts) == len(prev.id_parts) + 1:  # no join this turn: head and tail appended
+            assert all(new.id_parts[i] is prev.id_parts[i] for i in range(kept))
+            assert all(new.arrow_chunks()[i] is prev_chunks[i] for i in range(kept))
+            assert new.id_parts[-1].base is not None and new.id_parts[-1].base is new.id_parts[-2].base
+            whole_parts += 1
+        assert len(new.id_parts) <= 2 * YOUNG_PARTS  # bounded: the tail is never joined, the rest as before
+        assert new.id_bytes == owners_bytes(new.id_parts)  # the incremental byte count stays exact
+    assert whole_parts >= 20
+
+
+@pytest.mark.parametrize("name", ["qwen-3", "llama3.2", "glm-4"])
+def test_added_token_prefilter_agrees_with_every_occurrence(tokenizer_paths, references, name):
+    """SpecialTokenIndex skips its regex when no added token's first character occurs before the
+    position: compared with every occurrence found by brute force, at every position of texts dense
+    in tokens, their fragments and their first characters."""
+    import random
+    dt = DeltaTokenizer(tokenizer_paths[name], engine="reference", shadow_rate=0.0)
+    sp = dt.core._predicate.specials
+    assert sp._firsts is not None  # the prefilter is in use for this family
+    rng = random.Random(7)
+    toks = sp.tokens
+    for _ in range(30):
+        bits = []
+        for _ in range(40):
+            t = rng.choice(toks)
+            bits.append(rng.choice([t, t[:rng.randrange(1, len(t) + 1)], t[rng.randrange(len(t)):],
+                                    "ab c", "<", "[", "x" * rng.randrange(1, 40)]))
+        text = "".join(bits)
+        occ = [(s, s + len(t)) for t in toks for s in range(len(text)) if text.startswith(t, s)]
+        for b in range(len(text) + 1):
+            assert sp.crosses(text, b) == any(s < b < e for s, e in occ), (text, b)
+        for lo in range(0, len(text), 7):
+            hi = lo + rng.randrange(1, 30)
+            assert sp.overlaps(text, lo, hi) == any(s < hi and e > lo for s, e in occ), (text, lo, hi)
+
+
+def test_shadow_sampling_by_gaps_keeps_the_rate():
+    """The shadow verifier draws the gap to its next sample instead of a number per call: each call
+    is still sampled with probability ``rate`` (binomial bounds, fixed seed), 0 samples nothing, 1
+    samples every call, and setting ``rate`` takes effect at once."""
+    from delta_ray.verify.shadow import ShadowVerifier
+
+    class _Switch:
+        reference = None
+        name = "x"
+
+    n = 40_000
+    for rate in (0.0, 0.01, 0.2, 0.5, 1.0):
+        v = ShadowVerifier(_Switch(), rate, seed=3)
+        hits = sum(v._sampled() for _ in range(n)) if rate else 0
+        sd = (n * rate * (1 - rate)) ** 0.5
+        assert abs(hits - n * rate) <= 6 * sd + 1, (rate, hits)
+    v = ShadowVerifier(_Switch(), 0.0, seed=3)
+    v.rate = 1.0
+    assert all(v._sampled() for _ in range(100))
+    v.rate = 0.0
+    assert v._gap > n  # never sampled (check_later also tests the rate first)
+
+
+def test_to_arrow_wraps_contiguous_int32_as_is_and_converts_the_rest():
+    """to_arrow's no-conversion path is taken only by 1-D contiguous native int32 arrays (zero-copy);
+    strided views, other dtypes, other byte orders and lists are converted, with the same values."""
+    from delta_ray.core.assembly import to_arrow
+    a = np.arange(10, dtype=np.int32)
+    tail = a[3:]
+    got = to_arrow(tail)
+    assert got.to_pylist() == tail.tolist() and got.buffers()[1].address == tail.ctypes.data  # zero-copy
+    for x in (a[::2], a[::-1], np.arange(4, dtype=np.int64), np.arange(3, dtype=">i4"), a[::2][:1], a[:0]):
+        assert to_arrow(x).to_pylist() == np.asarray(x).tolist()
+    assert to_arrow([1, 2]).to_pylist() == [1, 2]

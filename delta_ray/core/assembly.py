@@ -7,6 +7,9 @@ import numpy as np
 import pyarrow as pa
 
 EMPTY = np.zeros(0, dtype=np.int32)
+_I32 = np.dtype(np.int32)
+_PA_INT32 = pa.int32()
+_STRIDES = (4,)  # a 1-D contiguous int32 array
 
 
 def concat_ids(parts: Sequence[np.ndarray]) -> np.ndarray:
@@ -45,8 +48,13 @@ def to_arrow(ids: np.ndarray) -> pa.Int32Array:
     ``pa.Array.from_buffers`` rather than ``pa.array``: the latter imports pandas on its first call
     (600 ms measured, on the first request of every process).
     """
+    if type(ids) is np.ndarray and ids.strides == _STRIDES and ids.dtype == _I32:
+        # Every ID part of a session (the engine's buffer, its slices, a join) is already a 1-D
+        # contiguous native int32 array: wrap it as it is (numpy's conversion is one more native
+        # region a turn touches after an idle). Anything else is converted below.
+        return pa.Array.from_buffers(_PA_INT32, len(ids), [None, pa.py_buffer(ids)])
     buf = np.ascontiguousarray(ids, dtype=np.int32)
-    return pa.Array.from_buffers(pa.int32(), len(buf), [None, pa.py_buffer(buf)])
+    return pa.Array.from_buffers(_PA_INT32, len(buf), [None, pa.py_buffer(buf)])
 
 
 def one_chunk(ids: np.ndarray) -> pa.ChunkedArray:

@@ -149,12 +149,21 @@ def finish_flat(plan: RepairPlan, values: np.ndarray, offsets: np.ndarray) -> Re
 
 def _finish(plan: RepairPlan, new_ids: list[np.ndarray], counts: list[int]) -> RepairResult:
     k = plan.kept_tokens
-    id_parts = merge_id_parts(list(plan.kept_parts) + new_ids)
     new_cp: list[int] = []
     tok = k
     for c, count in zip(plan.cuts, counts):  # each cut's token index: the kept prefix plus the pieces before it
         tok += count
         new_cp += (c.pos, tok, c.ext)
+    t = tok - k  # the last cut's index in the new IDs: the next continuation keeps exactly ids[:tok]
+    if len(new_ids) == 1 and 0 < t < len(new_ids[0]):
+        # Stored as two parts split there (the head joins the rope, the tail stays its own last
+        # part), so the next turn's kept prefix ends on a part boundary: no numpy slice of the last
+        # part, and its Arrow array is reused as it is instead of sliced (each a native call that
+        # is cold after an idle). The tail (a few IDs after the last cut) is never joined.
+        new_ids = [new_ids[0][:t], new_ids[0][t:]]
+        id_parts = merge_id_parts(list(plan.kept_parts) + new_ids[:1]) + (new_ids[1],)
+    else:
+        id_parts = merge_id_parts(list(plan.kept_parts) + new_ids)
     log, a, b = CheckpointLog.extend(plan.base, plan.n_keep, new_cp)
     if b - a > C.MAX_CHECKPOINTS:  # keep the newest: the next turn wants those near the end
         a = b - C.MAX_CHECKPOINTS
@@ -163,7 +172,8 @@ def _finish(plan: RepairPlan, new_ids: list[np.ndarray], counts: list[int]) -> R
     state = SessionState(None, None, None, None, None, checkpoints=(log, a, b),
                          text_parts=text_parts, id_parts=id_parts, n_chars=plan.n, n_ids=k + sum(counts),
                          arrow_from=base.arrow_source() if base is not None else None,
-                         part_bytes=_part_bytes(base, plan, text_parts, id_parts, new_ids))
+                         part_bytes=_part_bytes(base, plan, text_parts, id_parts, new_ids),
+                         last=(new_cp[-3], new_cp[-2], new_cp[-1]) if new_cp else None)
     return RepairResult(state, k, plan.n - plan.start, len(plan.pieces))
 
 
@@ -180,9 +190,11 @@ def _part_bytes(base: SessionState | None, plan: RepairPlan, text_parts: tuple, 
     if len(text_parts) == len(bt) + 1 and text_parts[:-1] == bt:  # tuple ==: identity per part first
         tb = known[0] + sys.getsizeof(text_parts[-1])
     kept = plan.kept_parts
-    if (len(kept) == len(bi) and len(id_parts) == len(kept) + len(new_ids)
-            and all(buffer_owner(a) is buffer_owner(b) for a, b in zip(kept[-1:], bi[-1:]))):
-        # the kept prefix shows every buffer of the base (the last one sliced), nothing was joined
+    if len(id_parts) == len(kept) + len(new_ids) and (
+            (len(kept) == len(bi) and all(buffer_owner(a) is buffer_owner(b) for a, b in zip(kept[-1:], bi[-1:])))
+            or (len(kept) == len(bi) - 1 and kept and buffer_owner(kept[-1]) is buffer_owner(bi[-1]))):
+        # the kept prefix shows every buffer of the base (the last one sliced, or the base's tail
+        # part dropped while its head, the same buffer, is kept), nothing was joined
         ib = known[1] + owners_bytes(new_ids)
     return tb, ib
 

@@ -186,7 +186,11 @@ def buffer_owner(a: np.ndarray):
 
 
 def _to_arrow(p: np.ndarray):
-    from .assembly import to_arrow  # assembly imports this module's neighbours; keep the import local
+    # assembly imports this module's neighbours: imported on first use, then bound here (an import
+    # statement per call walked importlib's machinery on every turn)
+    global _to_arrow
+    from .assembly import to_arrow
+    _to_arrow = to_arrow
     return to_arrow(p)
 
 
@@ -212,7 +216,7 @@ class SessionState:
                  text_parts: tuple[str, ...] | None = None, id_parts: tuple[np.ndarray, ...] | None = None,
                  checkpoints: tuple[CheckpointLog, int, int] | None = None, n_chars: int | None = None,
                  n_ids: int | None = None, arrow_from: tuple | None = None,
-                 part_bytes: tuple[int | None, int | None] = (None, None)):
+                 part_bytes: tuple[int | None, int | None] = (None, None), last: tuple | None = None):
         set_ = object.__setattr__  # a turn builds one state: skip the immutability guard here
         text_parts = tuple(text_parts) if text_parts is not None else ((text,) if text else ())
         if id_parts is not None:
@@ -227,7 +231,10 @@ class SessionState:
             set_(self, "_cp_start", a)
             set_(self, "_cp", None)  # numpy columns, built on first use (not on a turn's path)
             set_(self, "n_checkpoints", b - a)
-            set_(self, "last_checkpoint", tuple(log.data[3 * b - 3:3 * b]) if b > a else None)
+            # ``last``: the caller's own last (pos, tok, ext) triple (a turn has it as ints), sparing
+            # an array slice of the log
+            set_(self, "last_checkpoint", (last if last is not None else tuple(log.data[3 * b - 3:3 * b]))
+                 if b > a else None)
         else:
             cp = tuple(np.asarray(c if c is not None else _I64_EMPTY, dtype=np.int64) for c in (cp_pos, cp_tok, cp_ext))
             set_(self, "_cp_log", None)

@@ -21,6 +21,12 @@ class SpecialTokenIndex:
         # A lookahead alternation finds, at every start position, the longest token starting there
         # (alternatives are ordered longest first), overlapping occurrences included.
         self._rx = re.compile("(?=(" + "|".join(map(re.escape, tokens)) + "))") if tokens else None
+        # Every occurrence starts with one of these characters (one or two for the admitted families:
+        # "<", "["): a window holding none of them before ``hi`` holds no occurrence that starts
+        # before ``hi``, so the regex need not run (a str.find each; the regex engine is one more
+        # native region a turn touches after an idle). Many distinct first characters: regex only.
+        firsts = sorted({t[0] for t in tokens})
+        self._firsts = tuple(firsts) if len(firsts) <= 4 else None
 
     def crosses(self, text: str, b: int) -> bool:
         """Whether some occurrence [s, e) of an added-token string has s < b < e."""
@@ -35,6 +41,12 @@ class SpecialTokenIndex:
         if self._rx is None:
             return False
         start = max(0, lo - self.max_len + 1)
+        if self._firsts is not None:
+            for c in self._firsts:  # an occurrence [s, e) with s < hi starts at s in [start, hi)
+                if text.find(c, start, hi) >= 0:
+                    break
+            else:
+                return False
         end = min(len(text), hi + self.max_len - 1)
         for m in self._rx.finditer(text, start, end):
             s = m.start()

@@ -59,13 +59,18 @@ import hashlib
 import importlib
 import importlib.metadata
 import os
+import sys
 from pathlib import Path
 from typing import Sequence, Union
 
 import numpy as np
 from ..core.assembly import flat_from_pieces
 from ..core.errors import DeltaRayError
+from ..core import exit_guard
 from ..core.exit_guard import checkpoint
+
+_LITTLE = sys.byteorder == "little"
+_I32, _I64 = np.dtype(np.int32), np.dtype(np.int64)
 
 FAST_BACKENDS = ("fastokens", "gigatoken")
 DEFAULT_BACKEND = "fastokens"  # no guarded code point on the six tokenizers, GIL-free, fastest on 1 thread
@@ -181,11 +186,11 @@ class _FastokensBackend:
         """All texts' IDs in one int32 buffer plus int64 offsets (n + 1), straight from the engine's
         own output: the values are a zero-copy view (IDs are below 2**31)."""
         buf, offs = self._tok.encode_batch_flat(texts, add_special_tokens=False)
+        if _LITTLE:  # the engine's little-endian u32/u64 read as int32/int64 directly (IDs < 2**31)
+            return np.frombuffer(buf, dtype=_I32), np.frombuffer(offs, dtype=_I64)
         values = np.frombuffer(buf, dtype="<u4").view("<i4")
         offsets = np.frombuffer(offs, dtype="<u8").view("<i8")
-        if offsets.dtype != np.int64 or values.dtype != np.int32:  # big-endian hosts
-            values, offsets = values.astype(np.int32), offsets.astype(np.int64)
-        return values, offsets
+        return values.astype(np.int32), offsets.astype(np.int64)  # big-endian hosts
 
 
 class _GigatokenBackend:
@@ -247,6 +252,7 @@ class FastEncoder:
                 continue
             self.backend = cand
             self.backend_version = package_version(cand)
+            self._flat = getattr(self._impl, "encode_flat", None)  # looked up once, not per call
             break
         else:
             raise FastEngineUnavailable("; ".join(reasons))
@@ -273,11 +279,13 @@ class FastEncoder:
 
     def encode_flat(self, texts: Sequence[str]) -> tuple[np.ndarray, np.ndarray]:
         """All texts' IDs as one int32 buffer plus int64 offsets (len(texts) + 1)."""
-        checkpoint()
-        texts = list(texts)
+        if exit_guard._exiting:  # checkpoint(), inlined on the turn's path: one global read while running
+            checkpoint()
+        if type(texts) is not list:
+            texts = list(texts)
         try:
-            if hasattr(self._impl, "encode_flat"):
-                return self._impl.encode_flat(texts)
+            if self._flat is not None:
+                return self._flat(texts)
             return flat_from_pieces(self._impl.encode_pieces(texts) if texts else [])
         except (TypeError, UnicodeEncodeError) as exc:
             raise ValueError(f"the fast engine ({self.backend}) rejected the text: {exc}") from exc

@@ -12,9 +12,11 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import logging
+import math
 import os
 import queue
 import random
+import sys
 import threading
 from typing import Callable, Sequence
 
@@ -39,13 +41,13 @@ class ShadowVerifier:
         if not 0.0 <= rate <= 1.0:
             raise ValueError(f"shadow_rate must be within [0, 1], got {rate!r}")
         self.switch = switch
-        self.rate = rate
+        self._rng = random.Random(seed)
+        self.rate = rate  # (a property: also draws the first gap)
         self.max_chars = max_chars  # a sampled call re-checks at most this many characters
         self.comparisons = 0
         self.mismatches = 0
         self.last_mismatch: str | None = None
         self._listeners: list[Callable[[bool], None]] = [on_result] if on_result is not None else []
-        self._rng = random.Random(seed)
         self._queue: queue.Queue = queue.Queue(maxsize=max_queue)
         self._thread: threading.Thread | None = None
         self._thread_lock = threading.Lock()
@@ -54,6 +56,38 @@ class ShadowVerifier:
     @property
     def name(self) -> str:
         return self.switch.name
+
+    @property
+    def rate(self) -> float:
+        """The share of fast-tier calls re-checked."""
+        return self._rate
+
+    @rate.setter
+    def rate(self, rate: float) -> None:
+        self._rate = rate
+        self._gap = self._draw_gap()
+
+    def _draw_gap(self) -> int:
+        """How many eligible calls to pass before the next sampled one: geometric with success
+        probability ``rate``, so each call is still sampled with probability ``rate``, independently
+        (a Bernoulli process is a sequence of i.i.d. geometric gaps), while an unsampled call costs
+        one integer decrement instead of a draw from the generator."""
+        r = self._rate
+        if r >= 1.0:
+            return 0
+        denom = math.log1p(-r) if r > 0.0 else 0.0
+        if denom == 0.0:
+            return sys.maxsize
+        return int(math.log1p(-self._rng.random()) / denom)
+
+    def _sampled(self) -> bool:
+        """Whether this eligible call is sampled (counts the gap down; a lost decrement between two
+        threads only shifts which call is sampled)."""
+        if self._gap:
+            self._gap -= 1
+            return False
+        self._gap = self._draw_gap()
+        return True
 
     def add_listener(self, fn: Callable[[bool], None]) -> None:
         """Call ``fn(same)`` after every comparison (metrics)."""
@@ -89,7 +123,7 @@ class ShadowVerifier:
     def check_later(self, texts: Sequence[str], out: list[np.ndarray], enc) -> None:
         """Sample one call's answers (``enc``'s IDs of ``texts``) for comparison off the request
         path; a caller that ran the engine itself (the turn's direct path) samples through this."""
-        if self.rate and enc is not self.switch.reference and self._rng.random() < self.rate:
+        if self._rate and enc is not self.switch.reference and self._sampled():
             idx = self._sample(len(texts), texts)
             self._enqueue([texts[i] for i in idx], [out[i] for i in idx], enc)
 
@@ -104,7 +138,11 @@ class ShadowVerifier:
 
     def check_flat_later(self, texts: Sequence[str], values: np.ndarray, offsets: np.ndarray, enc) -> None:
         """:meth:`check_later` for a flat answer (split into per-text arrays only when sampled)."""
-        if self.rate and enc is not self.switch.reference and self._rng.random() < self.rate:
+        if self._rate and enc is not self.switch.reference:
+            if self._gap:  # _sampled(), inlined: the turn's direct path calls this on every turn
+                self._gap -= 1
+                return
+            self._gap = self._draw_gap()
             texts = list(texts)
             idx = self._sample(len(texts), texts)
             self._enqueue([texts[i] for i in idx], [values[offsets[i]:offsets[i + 1]] for i in idx], enc)
