@@ -242,7 +242,10 @@ def serve_section(eng: Engines, loaded: LoadedTokenizer, turns: int, log_path: s
             ha, hb = routing_headers(a), routing_headers(b)
             pc.post({"prompt": initial})
             dc.post({"prompt": initial, "session_id": a}, ha)
-            held = dc.post({"prompt": initial, "session_id": b}, hb)["tokens"]
+            first = dc.post({"prompt": initial, "session_id": b}, hb)
+            # An append names the state it extends (the last answer's session_version): a stale or
+            # retried append is refused (409) instead of extending the wrong text.
+            held, version = first["tokens"], first["session_version"]
             times = {"plain": [], "whole": [], "append": []}
             results = []
             text = initial
@@ -251,7 +254,9 @@ def serve_section(eng: Engines, loaded: LoadedTokenizer, turns: int, log_path: s
                 text = text + delta
 
                 def append():
-                    doc = dc.post({"append": delta, "session_id": b}, hb)
+                    nonlocal version
+                    doc = dc.post({"append": delta, "session_id": b, "session_version": version}, hb)
+                    version = doc["session_version"]
                     return np.concatenate([held[:doc["start"]], doc["tokens"]])
                 calls = [("plain", lambda: pc.post({"prompt": text})["tokens"]),
                          ("whole", lambda: dc.post({"prompt": text, "session_id": a}, ha)["tokens"]),
