@@ -115,7 +115,7 @@ def idle_calls(pool, dt, path, ref, turns: int = 25, sleep_s: float = 0.030) -> 
     print("\n## After a 30 ms idle (median ms, each call after its own sleep; 100K-character sessions, +1.3K a turn)")
     src = corpus("code", 400_000)
     n = 100_000
-    svc = WorkerService(DeltaTokenizer(path, engine=ENGINE), b"bench")
+    svc = WorkerService(DeltaTokenizer(path, engine=ENGINE).core, b"bench")  # a worker holds the core
     pool.encode(src[:n], session="idle-p")
     dt.encode(src[:n], session="idle-d")
     version, _, _ = svc.encode_session("idle-w", src[:n], None)
