@@ -25,7 +25,7 @@ from delta_ray.core.session_store import SessionNotFound
 from delta_ray.scheduler import Dispatcher, nonascii_share
 
 from .calls import DROP_SESSION, Call, DropArgs
-from .transport import ConnectionLost, NoAnswer, WorkerDead, WorkerTransport
+from .transport import HUNG, ConnectionLost, NoAnswer, WorkerDead, WorkerTransport
 
 log = logging.getLogger("delta_ray.pool")
 
@@ -174,7 +174,7 @@ class CallRunner:
                 return
             self.dispatcher.fail(task.id)
         if req.running is not None:
-            req.running.cancel()
+            req.running.cancel(HUNG)
         if wid is not None and self._retire(wid, kill=True):
             log.warning("retired worker %s: no answer within %.0f s", wid, self.config.request_timeout_s)
         self._pump()

@@ -26,6 +26,13 @@ from .calls import Call
 
 log = logging.getLogger("delta_ray.pool")
 
+#: The cancel message of a call abandoned as hung (``task.cancel(HUNG)``). Only such a chunk task
+#: is force-cancelled: any other cancellation (the pool closing, a caller gone) leaves the task to
+#: finish and drops its answer, because ``ray.cancel`` racing a task's own completion aborts the
+#: calling process inside Ray (task_manager.cc "Tried to complete task that was not pending",
+#: ray-project/ray#54798). A hung task is not completing, so its cancel has no such race to lose.
+HUNG = "abandoned as hung"
+
 
 class TransportFailure(DeltaRayError, RuntimeError):
     """Base of the transport's own failures (never a worker's answer)."""
@@ -91,8 +98,8 @@ class RayTransport:
             raise WorkerDead(wid, str(exc)) from exc  # a handle to an actor already known dead
         try:
             return await asyncio.wrap_future(ref.future())
-        except asyncio.CancelledError:
-            if wid is None:  # an abandoned (hung) chunk task: free its process
+        except asyncio.CancelledError as exc:
+            if wid is None and exc.args == (HUNG,):  # a hung chunk task: free its process
                 try:
                     ray.cancel(ref, force=True)
                 except Exception:  # noqa: BLE001 - best effort
