@@ -47,19 +47,23 @@ from delta_ray.apps.bundled import bundled_tokenizer_path  # noqa: E402
 from delta_ray.core.config import TokenizerConfig  # noqa: E402
 from delta_ray.core.loading import load_tokenizer  # noqa: E402
 from delta_ray.apps.sample_text import corpus  # noqa: E402
-from delta_ray.scheduler.simulation import Cluster, Costs, Simulation, sweep  # noqa: E402
+from delta_ray.scheduler.simulation import Cluster, Costs, Simulation, spread_of, sweep  # noqa: E402
 from delta_ray.tokenizer_core import TokenizerCore  # noqa: E402
 
 TURN = 1300
 
 
-def _median(fn, repeats: int) -> float:
+def _samples(fn, repeats: int) -> list[float]:
     ts = []
     for _ in range(repeats):
         t0 = time.perf_counter()
         fn()
         ts.append((time.perf_counter() - t0) * 1e3)
-    return statistics.median(ts)
+    return ts
+
+
+def _median(fn, repeats: int) -> float:
+    return statistics.median(_samples(fn, repeats))
 
 
 def _cpu_per_call(fn, n: int) -> tuple[float, float]:
@@ -186,7 +190,8 @@ def measure_costs(loaded, engine: str, ray=None, quick: bool = False) -> tuple[C
             worker.extend(f"t{n}", src[n + i[0] * TURN:n + (i[0] + 1) * TURN])
             i[0] += 1
         turn()
-        raw[f"turn_{n}"] = _median(turn, 40 if quick else 100)
+        turn_samples = _samples(turn, 40 if quick else 100)
+        raw[f"turn_{n}"] = statistics.median(turn_samples)
     text1m = corpus("english", 1_000_000)
     raw["encode_ms_per_mchar"] = _median(lambda: worker.run_pieces([text1m]), 3 if quick else 5)
     text3m = corpus("english", 3_000_000)
@@ -212,7 +217,10 @@ def measure_costs(loaded, engine: str, ray=None, quick: bool = False) -> tuple[C
         ray_rtt_ms=max(0.0, raw["task_wall_ms"] - raw["task_launch_cpu_ms"]),
         worker_call_ms=raw["channel_server_ms"],
         turn_ms_100k=raw["turn_100000"], turn_ms_1m=raw["turn_1000000"],
-        encode_ms_per_mchar=raw["encode_ms_per_mchar"])
+        encode_ms_per_mchar=raw["encode_ms_per_mchar"],
+        # the worker turn's measured variation (1M context, the last measured), for every CPU step
+        spread=spread_of(turn_samples))
+    raw["turn_p99_over_median"] = float(np.percentile(turn_samples, 99)) / raw["turn_1000000"]
     return with_orchestrator(costs, raw), raw
 
 
@@ -398,7 +406,9 @@ def main() -> int:
         for k, v in raw.items():
             print(f"  {k:<24}{v:>10.4f}")
         print("  -> simulation costs: " + ", ".join(f"{f.name}={getattr(costs, f.name):.4g}"
-                                                    for f in dataclasses.fields(costs)))
+                                                    for f in dataclasses.fields(costs) if f.name != "spread"))
+        print(f"  -> each CPU step's time varies as the worker turn's samples over their median "
+              f"({len(costs.spread)} quantiles; P99 {raw['turn_p99_over_median']:.2f}x the median)")
         if ray is not None and not args.no_validate:
             print("\n## Validation: the real TokenizerPool on local Ray vs the simulation (closed loops)")
             print(f"{'workers':>8}  {'load':<28}{'measured/s':>11}{'sim/s':>9}{'err':>6}"

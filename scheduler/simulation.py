@@ -66,6 +66,10 @@ class Costs:
     # what a calling process spends per second whatever it serves (Ray's threads in a driver: core
     # worker, gRPC, the metrics flusher), modelled as 0.5 ms slices of its loop and a core
     driver_background_ms_per_s: float = 0.0
+    # How much a step's time varies: each CPU step takes its cost times one of these factors, drawn
+    # uniformly (a measured call's samples over their median, so the simulated P99 has the measured
+    # tail). Empty: every step takes exactly its cost (the mean-value model).
+    spread: tuple[float, ...] = ()
 
     def orch_session(self, workers: int) -> float:
         return self.orch_session_ms + self.orch_session_ms_per_worker * workers
@@ -225,7 +229,8 @@ class Simulation:
         period = 1000.0 * 0.5 / self.costs.driver_background_ms_per_s
 
         def tick() -> None:
-            self.driver_step(d, 0.5, lambda: None)
+            # a fixed share of the loop per second: it does not vary like a call's service time
+            self.hold([self.gil[d], self.cpu[self.driver_node[d]]], 0.5, lambda: None, varies=False)
             self.after(period, tick)
         self.after(delay, tick)
 
@@ -281,8 +286,12 @@ class Simulation:
         self.latencies.setdefault(kind, []).append(self.now - t0)
 
     # -- holding resources --------------------------------------------------------------------------
-    def hold(self, resources: list[Resource], ms: float, then: Callable[[], None]) -> None:
-        """Acquire ``resources`` in order, hold them all for ``ms``, release, then call ``then``."""
+    def hold(self, resources: list[Resource], ms: float, then: Callable[[], None], *, varies: bool = True) -> None:
+        """Acquire ``resources`` in order, hold them all for ``ms`` (times a factor drawn from
+        ``costs.spread`` when ``varies``), release, then call ``then``."""
+        if varies and self.costs.spread:
+            ms *= self.rng.choice(self.costs.spread)
+
         def step(i: int) -> None:
             if i < len(resources):
                 resources[i].acquire(lambda: step(i + 1))
@@ -303,7 +312,8 @@ class Simulation:
         if src == dst or n_bytes <= 0:
             then()
             return
-        self.hold([self.nic_out[src], self.nic_in[dst]], n_bytes / 1e6 / self.costs.net_mb_per_ms, then)
+        self.hold([self.nic_out[src], self.nic_in[dst]], n_bytes / 1e6 / self.costs.net_mb_per_ms, then,
+                  varies=False)  # a link's rate is a rate: only CPU steps vary
 
     # -- dispatch -----------------------------------------------------------------------------------
     def _pump(self, d: int) -> None:
@@ -463,6 +473,16 @@ class Simulation:
         dt = self.rng.expovariate(rate_per_s / 1e3)
         if self.now + dt <= until_ms:
             self.after(dt, fn)
+
+
+def spread_of(samples: list[float], points: int = 200) -> tuple[float, ...]:
+    """``Costs.spread`` from a call's measured times: ``points`` quantiles of the samples over their
+    median (so a draw keeps the measured shape: most steps near their cost, a tail of slow ones)."""
+    xs = sorted(x for x in samples if x > 0)
+    if not xs:
+        return ()
+    med = xs[len(xs) // 2]
+    return tuple(xs[min(len(xs) - 1, int((i + 0.5) * len(xs) / points))] / med for i in range(points))
 
 
 def sweep(cluster: Cluster, costs: Costs, load: Callable[[Simulation, float, float], None],

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from delta_ray.scheduler import home_worker
-from delta_ray.scheduler.simulation import Cluster, Costs, Resource, Simulation, sweep
+from delta_ray.scheduler.simulation import Cluster, Costs, Resource, Simulation, spread_of, sweep
 
 # Everything free except what a test sets: results then follow from arithmetic.
 FREE = Costs(handoff_ms=0.0, orch_session_ms=0.0, orch_chunk_ms=0.0, channel_client_ms=0.0, ray_call_ms=0.0,
@@ -136,3 +136,23 @@ def test_background_work_of_a_calling_process_takes_its_share_of_the_loop():
     sim.closed_turns(16)
     res = sim.run(1_100.0, 100.0)
     assert res.throughput("turn") == pytest.approx(1000, rel=0.03)
+
+
+def test_a_measured_spread_gives_the_simulated_p99_its_tail():
+    # One worker, one caller, 1 ms a turn: without spread every turn takes 1 ms; with a spread of
+    # 99 factors of 1 and one of 5 (a slow call in a hundred) the P99 reaches the slow calls.
+    flat = Simulation(Cluster(nodes=1, cores_per_node=2, workers=1, task_slots=1), FREE)
+    spread = spread_of([1.0] * 99 + [5.0], points=100)
+    assert spread.count(5.0) == 1 and spread.count(1.0) == 99
+    tail = Simulation(Cluster(nodes=1, cores_per_node=2, workers=1, task_slots=1),
+                      Costs(**{**FREE.__dict__, "spread": spread}))
+    results = []
+    for sim in (flat, tail):
+        sim.add_sessions(1, (100_000, 100_000))
+        sim.closed_turns(1)
+        results.append(sim.run(20_100.0, 100.0))
+    assert results[0].percentile("turn", 99) == pytest.approx(1.0)
+    assert results[1].percentile("turn", 50) == pytest.approx(1.0)
+    assert results[1].percentile("turn", 99.5) == pytest.approx(5.0)
+    # the mean service time is 1.04 ms: the throughput falls by as much, no more
+    assert results[1].throughput("turn") == pytest.approx(1000 / 1.04, rel=0.03)
