@@ -342,7 +342,8 @@ def test_a_timed_out_request_never_runs_late_nor_is_spliced(loaded, references, 
     assert orch.stats["timeout_fallback"] == 1 and o in orch.dispatcher.workers
     assert transport.calls.count((o, "encode_session")) == 1  # b's only: q's stale task never ran
     assert not transport.services[o].has_session("q")
-    assert orch._versions.get("q") is None and orch._mirror.get("q") is None  # nothing spliced
+    rec = orch.sessions.get("q")
+    assert rec is None or (rec.version is None and rec.ids is None)  # nothing spliced
     assert orch.dispatcher.queued_count() == 0 and orch.calls.waiting() == 0
     grown = text + " later"
     assert _ids(loop.run_until_complete(orch.encode(grown, "q", True))) == ref.encode(grown).ids
@@ -366,5 +367,6 @@ def test_a_late_answer_is_not_spliced(loaded, references, text):
     assert _ids(loop.run_until_complete(orch.encode(text, "late", True))) == ref.encode(text).ids
     loop.run_until_complete(asyncio.sleep(0.5))
     assert orch.stats["timeout_fallback"] == 1 and transport.services[home].has_session("late")
-    assert orch._versions.get("late") is None and orch._mirror.get("late") is None
+    rec = orch.sessions.get("late")
+    assert rec is None or (rec.version is None and rec.ids is None)
     loop.close()
