@@ -46,14 +46,14 @@ class _Request:
 class CallRunner:
     """Runs calls on the dispatcher's workers over a transport, on one event loop.
 
-    ``merge(call, answer)`` is applied to a worker's successful answer while its caller still
+    ``merge(call, answer, wid)`` is applied to worker ``wid``'s successful answer while its caller still
     waits (a late answer is never merged: it would record a state its caller never received);
     ``forget(key)`` is called when a session's worker state became unknown; ``count(path)``
     records a path; ``record`` takes the timings (actors/metrics.py).
     """
 
     def __init__(self, transport: WorkerTransport, dispatcher: Dispatcher, config: PoolConfig,
-                 loop: asyncio.AbstractEventLoop, *, merge: Callable[[Call, Any], Any],
+                 loop: asyncio.AbstractEventLoop, *, merge: Callable[[Call, Any, str | None], Any],
                  forget: Callable[[str], None], count: Callable[[str], None], record: Any):
         self.transport = transport
         self.dispatcher = dispatcher
@@ -218,7 +218,7 @@ class CallRunner:
         waiting = req is not None and not req.future.done()
         if waiting and not isinstance(outcome, BaseException):
             try:
-                outcome = self._merge(call, outcome)
+                outcome = self._merge(call, outcome, wid)
             except Exception as exc:  # noqa: BLE001 - surfaced to the caller
                 outcome = exc
         with self._lock:

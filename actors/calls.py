@@ -68,20 +68,23 @@ KINDS = {k.method: k for k in (ENCODE_SESSION, EXTEND, INSTALL, ENCODE_PIECES, E
 CHANNEL_METHODS = frozenset(k.method for k in KINDS.values() if k.channel)
 
 
-@dataclass(frozen=True)
 class Call:
     """One call: its kind, its arguments, and the session it belongs to (None for shared work).
 
-    ``shared`` calls (pieces of a stateless plan) may run on any worker or as a chunk task.
+    ``shared`` calls (pieces of a stateless plan) may run on any worker or as a chunk task. A
+    slotted class rather than a frozen dataclass: one is built per pool call, and the frozen
+    dataclass's ``__init__`` (``object.__setattr__`` per field) and ``__post_init__`` were a
+    measurable share of a no-op call's driver time.
     """
 
-    kind: CallKind
-    args: tuple  # the kind's argument record
-    key: str | None = None
+    __slots__ = ("kind", "args", "key")
 
-    def __post_init__(self):
-        if type(self.args) is not self.kind.args:
-            raise TypeError(f"{self.kind.method} takes {self.kind.args.__name__}, not {type(self.args).__name__}")
+    def __init__(self, kind: CallKind, args: tuple, key: str | None = None):
+        if type(args) is not kind.args:
+            raise TypeError(f"{kind.method} takes {kind.args.__name__}, not {type(args).__name__}")
+        self.kind = kind
+        self.args = args  # the kind's argument record
+        self.key = key
 
     @property
     def shared(self) -> bool:

@@ -19,6 +19,11 @@ import numpy as np
 from delta_ray.core.errors import DeltaRayError
 from delta_ray.core.session_store import SessionNotFound
 
+try:  # OpenSSL's HMAC object itself, which hmac.new wraps: copy/update/digest are then C calls
+    from _hashlib import hmac_new as _openssl_hmac
+except ImportError:  # an interpreter without OpenSSL's hashlib
+    _openssl_hmac = None
+
 MAGIC = b"DRC2"
 HEADER = struct.Struct("!4sBI")  # magic, kind, body length
 _SEQ = struct.Struct("!Q")
@@ -178,31 +183,41 @@ class FrameKeys:
         c2s = hmac.new(prk, b"client to server\x01", hashlib.sha256).digest()
         s2c = hmac.new(prk, b"server to client\x01", hashlib.sha256).digest()
         send, recv = (s2c, c2s) if server else (c2s, s2c)
-        self._send = hmac.new(send, digestmod=hashlib.sha256)  # keyed state, copied per frame
-        self._recv = hmac.new(recv, digestmod=hashlib.sha256)
+        self._send = keyed_sha256(send)  # keyed state, copied per frame
+        self._recv = keyed_sha256(recv)
         self._sent = 0
         self._received = 0
 
-    @staticmethod
-    def _tag(base, seq: int, data, more=b"") -> bytes:
-        m = base.copy()
-        m.update(_SEQ.pack(seq))
-        m.update(data)
-        if more:
-            m.update(more)
-        return m.digest()
-
     def seal(self, data: bytes) -> bytes:
         """The tag of the next frame this side sends (``data`` is its header and body)."""
-        tag = self._tag(self._send, self._sent, data)
+        m = self._send.copy()
+        m.update(_SEQ.pack(self._sent))
+        m.update(data)
         self._sent += 1
-        return tag
+        return m.digest()
 
     def check(self, header: bytes, body: bytes, tag: bytes) -> None:
         """Verify the next received frame's tag; FrameError ends the connection."""
-        if not hmac.compare_digest(self._tag(self._recv, self._received, header, body), tag):
+        m = self._recv.copy()
+        m.update(_SEQ.pack(self._received))
+        m.update(header)
+        m.update(body)
+        if not hmac.compare_digest(m.digest(), tag):
             raise FrameError("a frame failed authentication (altered, replayed or not from the peer)")
         self._received += 1
+
+
+def keyed_sha256(key: bytes):
+    """An HMAC-SHA256 state keyed with ``key``, to ``copy()`` per message: the key's pads are
+    hashed once per connection, not per frame. OpenSSL's own HMAC object where available (the same
+    MAC as ``hmac.new``; its methods are C calls, not the Python wrapper's two layers), else
+    ``hmac.new``'s."""
+    if _openssl_hmac is not None:
+        try:
+            return _openssl_hmac(key, digestmod="sha256")
+        except (ValueError, TypeError):  # e.g. a FIPS build refusing the call: the portable path
+            pass
+    return hmac.new(key, digestmod=hashlib.sha256)
 
 
 def answer_frame(result: Any) -> bytes:

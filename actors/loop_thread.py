@@ -42,22 +42,27 @@ class _Call:
         self.notify(self)
 
     def start(self) -> None:
-        """On the loop: run the coroutine as a task whose end answers the caller."""
+        """On the loop: run the coroutine as a task that answers the caller when it ends."""
         try:
-            self.task = asyncio.get_running_loop().create_task(self.coro)
+            self.task = asyncio.get_running_loop().create_task(self._run())
         except BaseException as exc:  # noqa: BLE001 - handed to the caller
             self.coro.close()
             self.answer(exc=exc)
-            return
-        self.task.add_done_callback(self._task_done)
 
-    def _task_done(self, task: asyncio.Task) -> None:
-        if task.cancelled():  # only close() (or the caller giving up) cancels these tasks
+    async def _run(self) -> None:
+        # The answer is given inside the task, not from a done callback: a callback runs one loop
+        # iteration later, a share of every synchronous pool call. A task cancelled before its
+        # first step never gets here; only close() (which answers every call left) or a caller that
+        # gave up (nobody waits) cancels these tasks.
+        try:
+            value = await self.coro
+        except asyncio.CancelledError:
             self.answer(exc=PoolClosed("the pool closed before this call finished"))
-        elif task.exception() is not None:
-            self.answer(exc=task.exception())
+            raise
+        except BaseException as exc:  # noqa: BLE001 - handed to the caller
+            self.answer(exc=exc)
         else:
-            self.answer(value=task.result())
+            self.answer(value=value)
 
     def cancel(self) -> None:
         """On the loop: the caller gave up, so the work stops too."""

@@ -88,13 +88,11 @@ class PoolOrchestrator:
         self._session_locks: dict[bytes, list] = {}
         # One record per session (actors/session_table.py), evicted whole, bounded by count and bytes;
         # each view below reads and writes one of its fields.
+        # A request reads its record once and writes what it learned in one call: the worker
+        # believed to hold it, the version of that state (an extend must extend exactly that one),
+        # the (version, IDs) this pool last returned, the (version, text parts) last sent (to ship
+        # deltas) and the first ID that changed in its last answer.
         self.sessions = SessionTable(C.MIRROR_BYTES + C.TEXT_MIRROR_BYTES, C.KNOWN_SESSIONS)
-        self._known = self.sessions.field("worker")  # the worker believed to hold it
-        self._mirror = self.sessions.field("ids")  # (state version, IDs) this pool last returned
-        # the version of the state this pool last saw: an extend must extend exactly that one
-        self._versions = self.sessions.field("version")
-        self._texts = self.sessions.field("text")  # (version, text parts) last sent, to ship deltas
-        self._starts = self.sessions.field("start")  # the first ID that changed in its last answer
         self.placement = PlacementModel()
         self._fast_seen = False
         self.stats: dict[str, int] = {}
@@ -162,21 +160,21 @@ class PoolOrchestrator:
         async with _KeyLock(self._session_locks, key):
             if not self.admitted:
                 return one_chunk(await self._extend_unadmitted(key, delta, add))
-            sent = self._texts.get(key)
-            version = self._versions.get(key)
-            call = self._extend_call(key, delta, version)
+            rec = self.sessions.get(key)
+            sent, version = (rec.text, rec.version) if rec is not None else (None, None)
+            call = self._extend_call(key, delta, version, rec)
             ids = await self.calls.run("session", len(delta), call, fallback=no_fallback, share_of=delta)
             if sent is not None and sent[0] == version:
-                self._texts.put(key, self._versions.get(key), merge_text_parts(sent[1] + (delta,)))
+                self.sessions.sent_now(key, merge_text_parts(sent[1] + (delta,)))
             else:
-                self._texts.pop(key)
+                self.sessions.sent(key, None, None)
             self.count("extend")
             return self.local.session_arrow(ids, add)
 
     async def extend_tail(self, key: str, delta: str, add: bool) -> tuple[int, int, np.ndarray]:
         """Extend, answering only what changed: (start, count, IDs from start on)."""
         ids = await self.extend(key, delta, add)
-        k = self._starts.pop(key, 0)
+        k = self.sessions.set(key, "start", None) or 0  # read once: the next answer sets it again
         start = self.local.template.when(add).start(k)
         return start, len(ids), ids.slice(start).to_numpy()  # copies the tail only
 
@@ -227,13 +225,14 @@ class PoolOrchestrator:
         return out
 
     async def _extend_unadmitted(self, key: str, delta: str, add: bool) -> np.ndarray:
-        sent = self._texts.get(key)
+        rec = self.sessions.get(key)
+        sent = rec.text if rec is not None else None
         if sent is None:
             raise SessionNotFound(f"session {key!r} is not held (unknown or evicted): "
                                   "send the whole text with encode(text, session=...)")
         parts = merge_text_parts(sent[1] + (delta,))
         ids = await self._whole("".join(parts), add)
-        self._texts.put(key, 0, parts)
+        self.sessions.sent(key, 0, parts)
         self.count("extend")
         return ids
 
@@ -241,43 +240,47 @@ class PoolOrchestrator:
         async with _KeyLock(self._session_locks, key):
             if not self.admitted:  # no repairs: one whole encode; the text is kept for extend
                 ids = await self._whole(text, add)
-                self._texts.put(key, 0, (text,))
+                self.sessions.sent(key, 0, (text,))
                 return one_chunk(ids)
             home = self.dispatcher.home_of(key) if self.dispatcher.workers else None
-            if home is not None and len(text) >= self.local.config.cut_threshold and self._known.get(key) != home:
+            rec = self.sessions.get(key)
+            if home is not None and len(text) >= self.local.config.cut_threshold \
+                    and (rec.worker if rec is not None else None) != home:
                 parts = await self._chunked_init(key, text)
                 self.count("chunked_init")
                 return self.local.session_arrow(parts, add)
-            sent = self._texts.get(key)
-            version = self._versions.get(key)
+            sent, version = (rec.text, rec.version) if rec is not None else (None, None)
             sent_chars = sum(map(len, sent[1])) if sent is not None else 0
             if sent is not None and version is not None and sent[0] == version and len(text) > sent_chars \
                     and rope_is_prefix(sent[1], sent_chars, text):
                 # The text extends what this session last sent: ship only the suffix, as extend does.
                 delta = text[sent_chars:]
-                call = self._extend_call(key, delta, version)
+                call = self._extend_call(key, delta, version, rec)
                 try:
                     ids = await self.calls.run("session", len(delta), call, share_of=delta,
                                                fallback=lambda: self._encode_fallback(key, text))
                 except SessionNotFound:  # evicted, moved or changed on the worker: send it whole
-                    self._texts.pop(key)
+                    self.sessions.sent(key, None, None)
+                    rec = self.sessions.get(key)
                 else:
                     # text == recorded + delta (checked above): keep the caller's string, no join
-                    self._texts.put(key, self._versions.get(key), (text,))
+                    self.sessions.sent_now(key, (text,))
                     self.count("session_delta")
                     return self.local.session_arrow(ids, add)
-            known = self._mirror.get(key)
+            known = rec.ids if rec is not None else None
             call = Call(ENCODE_SESSION, SessionArgs(key, text, known_version=known[0] if known else None), key)
             ids = await self.calls.run("session", len(text), call, share_of=text,
                                        fallback=lambda: self._encode_fallback(key, text))
-            self._texts.put(key, self._versions.get(key), (text,))
+            self.sessions.sent_now(key, (text,))
             self.count("session")
             return self.local.session_arrow(ids, add)
 
-    def _extend_call(self, key: str, delta: str, version: int | None) -> Call:
+    @staticmethod
+    def _extend_call(key: str, delta: str, version: int | None, rec) -> Call:
         """Extend ``key``'s state ``version`` (refused if the worker holds another) by ``delta``,
-        naming the IDs this pool holds so that the worker answers only what changed."""
-        known = self._mirror.get(key)
+        naming the IDs this pool holds (``rec``, its record) so that the worker answers only what
+        changed."""
+        known = rec.ids if rec is not None else None
         return Call(EXTEND, ExtendArgs(key, delta, known_version=known[0] if known else None,
                                        expect_version=version), key)
 
@@ -289,14 +292,13 @@ class PoolOrchestrator:
         plan = self.local.plan_session_init(text, self._slots())
         arrays = await self._pieces(plan.pieces)
         res = finish_repair(plan, arrays)
-        self._mirror.pop(key, None)
+        self.sessions.set(key, "ids", None)
         try:
             seal = seal_state(self.secret, key, res.state)
             await self.calls.run("session", 0, Call(INSTALL, InstallArgs(key, res.state, seal), key),
                                  fallback=lambda: True)
-            self._remember(key, self.dispatcher.home_of(key), res.state.version)
-            self._mirror.put(key, res.state.version, res.state.id_parts)
-            self._texts.put(key, res.state.version, (text,))
+            self.sessions.answered(key, self.dispatcher.home_of(key), res.state.version, res.state.id_parts, 0)
+            self.sessions.sent(key, res.state.version, (text,))
         except Exception:  # the next request re-initializes on whichever worker is home then
             log.warning("installing session %r failed; it will re-initialize", key, exc_info=True)
             self._forget(key)
@@ -312,11 +314,12 @@ class PoolOrchestrator:
             return out[0]
         return list(await asyncio.gather(*(one(p) for p in pieces)))
 
-    def _splice(self, key: str, answer) -> tuple:
-        """Turn a worker's (version, k, tail) into the session's IDs (a rope: the kept prefix of the
-        mirror, not copied, plus the tail) and remember them."""
+    def _splice(self, key: str, answer, wid: str | None) -> tuple:
+        """Turn worker ``wid``'s (version, k, tail) into the session's IDs (a rope: the kept prefix
+        of the mirror, not copied, plus the tail) and remember them."""
         version, k, tail = answer
-        known = self._mirror.pop(key, None)
+        rec = self.sessions.get(key)
+        known = rec.ids if rec is not None else None
         tail = np.asarray(tail, dtype=np.int32)
         if k:
             if known is None:  # cannot happen: k > 0 only answers a version we sent
@@ -324,18 +327,13 @@ class PoolOrchestrator:
             parts = merge_id_parts(list(prefix_parts(known[1], k)) + [tail])
         else:
             parts = (tail,)
-        self._mirror.put(key, version, parts)
-        self._remember(key, self.dispatcher.home_of(key), version)
-        self._starts.put(key, k)  # IDs before k are the ones this pool returned last time
+        # IDs before k are the ones this pool returned last time (start)
+        self.sessions.answered(key, wid, version, parts, k)
         return parts
 
-    def _merge(self, call: Call, answer):
-        """A worker's answer as its caller gets it: a session delta spliced onto the mirror."""
-        return self._splice(call.key, answer) if call.kind.session_delta else answer
-
-    def _remember(self, key: str, wid: str, version: int) -> None:
-        self._known.put(key, wid)
-        self._versions.put(key, version)
+    def _merge(self, call: Call, answer, wid: str | None):
+        """Worker ``wid``'s answer as its caller gets it: a session delta spliced onto the mirror."""
+        return self._splice(call.key, answer, wid) if call.kind.session_delta else answer
 
     def _forget(self, key: str) -> None:
         """Drop what this pool believes about a session's worker state (it is unknown now)."""

@@ -14,7 +14,7 @@ from __future__ import annotations
 import hashlib
 import sys
 from collections import OrderedDict
-from typing import Any, Callable
+from typing import Any
 
 _RECORD_OVERHEAD = 200  # bytes per record besides its values (dict slot, record, digest, tuples)
 _KID_CACHE_CHARS = 1 << 20  # key characters the digest cache may hold (keys may be megabytes)
@@ -54,12 +54,19 @@ def text_bytes(parts) -> int:
     return sum(map(sys.getsizeof, parts))
 
 
-class _Record:
-    __slots__ = ("worker", "version", "ids", "text", "start", "nbytes")
+class SessionRecord:
+    """What the pool believes about one session; read directly, written through the table (which
+    keeps the byte count)."""
+
+    __slots__ = ("worker", "version", "ids", "text", "start", "ids_nbytes", "text_nbytes")
 
     def __init__(self):
         self.worker = self.version = self.ids = self.text = self.start = None
-        self.nbytes = _RECORD_OVERHEAD
+        self.ids_nbytes = self.text_nbytes = 0
+
+    @property
+    def nbytes(self) -> int:
+        return _RECORD_OVERHEAD + self.ids_nbytes + self.text_nbytes
 
     def empty(self) -> bool:
         return self.worker is None and self.version is None and self.ids is None and self.text is None \
@@ -67,17 +74,19 @@ class _Record:
 
 
 class SessionTable:
-    """session -> record (worker, version, ids, text, start), least recently used evicted first.
+    """session -> :class:`SessionRecord` (worker, version, ids, text, start), least recently used
+    evicted first.
 
     ``max_bytes`` bounds the IDs and texts held plus a per-record overhead; a single value over
     half of it is not kept (the field stays empty). ``max_items`` bounds the number of records.
+    A request reads its record once (:meth:`get`) and writes what it learned in one call
+    (:meth:`answered`, :meth:`sent`): one digest, one LRU touch and one size update each, not one
+    per field (a no-op call's share of the pool's overhead).
     """
-
-    SIZES: dict[str, Callable[[Any], int]] = {"ids": lambda v: ids_bytes(v[1]), "text": lambda v: text_bytes(v[1])}
 
     def __init__(self, max_bytes: int, max_items: int):
         self.max_bytes, self.max_items = max_bytes, max_items
-        self._data: OrderedDict[bytes, _Record] = OrderedDict()
+        self._data: OrderedDict[bytes, SessionRecord] = OrderedDict()
         self._bytes = 0
 
     def __len__(self) -> int:
@@ -91,12 +100,66 @@ class SessionTable:
         """A view of one field with the get/put/pop of a separate table."""
         return _Field(self, name)
 
-    def get(self, key: str, name: str):
-        rec = self._data.get(key_id(key))
+    def get(self, key: str) -> SessionRecord | None:
+        """The session's record (marked recently used), or None."""
+        kid = key_id(key)
+        rec = self._data.get(kid)
+        if rec is not None:
+            self._data.move_to_end(kid)
+        return rec
+
+    def _record(self, key: str) -> tuple[bytes, SessionRecord]:
+        kid = key_id(key)
+        rec = self._data.get(kid)
         if rec is None:
-            return None
-        self._data.move_to_end(key_id(key))
-        return getattr(rec, name)
+            rec = self._data[kid] = SessionRecord()
+            self._bytes += _RECORD_OVERHEAD
+        else:
+            self._data.move_to_end(kid)
+        return kid, rec
+
+    def _set_ids(self, rec: SessionRecord, value) -> None:
+        size = ids_bytes(value[1]) if value is not None else 0
+        if size > self.max_bytes // 2:
+            value, size = None, 0  # too large to mirror: served without (a whole answer next time)
+        self._bytes += size - rec.ids_nbytes
+        rec.ids, rec.ids_nbytes = value, size
+
+    def _set_text(self, rec: SessionRecord, value) -> None:
+        size = text_bytes(value[1]) if value is not None else 0
+        if size > self.max_bytes // 2:
+            value, size = None, 0
+        self._bytes += size - rec.text_nbytes
+        rec.text, rec.text_nbytes = value, size
+
+    def _settle(self, kid: bytes, rec: SessionRecord) -> None:
+        if rec.empty():
+            self._drop(kid)
+        else:
+            self._evict()
+
+    def answered(self, key: str, worker: str | None, version: int, id_parts: tuple, start: int) -> None:
+        """A worker's session answer: who holds it, its state version, the IDs the caller got
+        (``(version, id_parts)``) and the first ID that changed."""
+        kid, rec = self._record(key)
+        rec.worker, rec.version, rec.start = worker, version, start
+        self._set_ids(rec, (version, id_parts))
+        self._evict()
+
+    def sent(self, key: str, version: int | None, text_parts: tuple | None) -> None:
+        """The text the session's state ``version`` holds (``text_parts`` None forgets it)."""
+        if text_parts is None:
+            self.set(key, "text", None)
+            return
+        kid, rec = self._record(key)
+        self._set_text(rec, (version, text_parts))
+        self._evict()
+
+    def sent_now(self, key: str, text_parts: tuple) -> None:
+        """The text of the state the record names now (the one the answer just recorded)."""
+        kid, rec = self._record(key)
+        self._set_text(rec, (rec.version, text_parts))
+        self._evict()
 
     def set(self, key: str, name: str, value) -> Any:
         """Set a field (None clears it); returns the old value. Evicts old records past the bounds."""
@@ -105,35 +168,22 @@ class SessionTable:
         if rec is None:
             if value is None:
                 return None
-            rec = self._data[kid] = _Record()
-            self._bytes += rec.nbytes
+            kid, rec = self._record(key)
         else:
             self._data.move_to_end(kid)
         old = getattr(rec, name)
-        size_of = self.SIZES.get(name)
-        if size_of is not None:
-            if old is not None:
-                self._resize(rec, -size_of(old))
-            if value is not None:
-                size = size_of(value)
-                if size > self.max_bytes // 2:
-                    value = None  # too large to mirror: served without (a whole answer next time)
-                else:
-                    self._resize(rec, size)
-        setattr(rec, name, value)
-        if rec.empty():
-            self._drop(kid)
+        if name == "ids":
+            self._set_ids(rec, value)
+        elif name == "text":
+            self._set_text(rec, value)
         else:
-            self._evict()
+            setattr(rec, name, value)
+        self._settle(kid, rec)
         return old
 
     def forget(self, key: str) -> None:
         """Drop everything known about a session."""
         self._drop(key_id(key))
-
-    def _resize(self, rec: _Record, delta: int) -> None:
-        rec.nbytes += delta
-        self._bytes += delta
 
     def _drop(self, kid: bytes) -> None:
         rec = self._data.pop(kid, None)
@@ -147,7 +197,7 @@ class SessionTable:
 
 
 class _Field:
-    """One field of a :class:`SessionTable`'s records, used like the separate table it replaced:
+    """One field of a :class:`SessionTable`'s records, used like a separate table:
     ``get(key)``, ``put(key, value)`` or ``put(key, version, parts)``, ``pop(key)``."""
 
     __slots__ = ("_table", "_name")
@@ -156,7 +206,8 @@ class _Field:
         self._table, self._name = table, name
 
     def get(self, key: str, default=None):
-        value = self._table.get(key, self._name)
+        rec = self._table.get(key)
+        value = None if rec is None else getattr(rec, self._name)
         return default if value is None else value
 
     def put(self, key: str, *value) -> None:

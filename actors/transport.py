@@ -23,6 +23,7 @@ from typing import Any, Callable, Protocol
 from delta_ray.core.errors import DeltaRayError
 
 from .calls import Call
+from .worker_channel import ChannelClosed, ChannelNotSent
 
 log = logging.getLogger("delta_ray.pool")
 
@@ -153,7 +154,6 @@ class ChannelTransport:
         client = self._clients.get(wid) if wid is not None and call.kind.channel else None
         if client is None or not client.usable:
             return await self._ray.call(wid, call)
-        from .worker_channel import ChannelClosed, ChannelNotSent
         try:
             return await client.call(call.kind.method, call.args)
         except ChannelNotSent as exc:

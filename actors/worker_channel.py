@@ -227,13 +227,13 @@ class ChannelServer:
             kind, size = parse_header(header, self.max_frame)
             if kind != KIND_REQUEST:
                 return
-            body = reader.read(size)
-            tag = reader.read(_TAG)
-            if len(body) < size or len(tag) < _TAG:
+            rest = reader.read(size + _TAG)  # the body and its tag in one read
+            if len(rest) < size + _TAG:
                 return
-            keys.check(header, body, tag)  # before decoding a byte of it
+            body = memoryview(rest)[:size]
+            keys.check(header, body, rest[size:])  # before decoding a byte of it
             values = decode_values(body)
-            del body
+            del body, rest
             if not values or not isinstance(values[0], str):
                 return
             method, args = values[0], values[1:]
@@ -363,7 +363,9 @@ class ChannelClient:
         async with self._lock:
             if self.closed:
                 raise ChannelNotSent(f"channel {self.address[1:]!r} is closed")
-            await self._ensure_connected()
+            loop = asyncio.get_running_loop()
+            if self._writer is None or self._stale(loop.time()):  # else no coroutine to enter
+                await self._ensure_connected()
             try:
                 tag = self._keys.seal(request)
                 if len(request) < 65536:  # one send for a small request; no copy of a large one
@@ -387,7 +389,7 @@ class ChannelClient:
             except BaseException:  # e.g. cancelled mid-frame: the stream is out of step now
                 self._disconnect()
                 raise
-            self._last_used = asyncio.get_running_loop().time()
+            self._last_used = loop.time()
         if kind == KIND_ERROR:
             raise_error(values)
         if kind == KIND_TUPLE:

@@ -285,6 +285,34 @@ def test_session_table_bounds_bytes_and_drops_values_too_large_to_keep():
     assert table.field("start").pop("never", 0) == 0 and len(table) == len(table._data)
 
 
+def test_session_table_counts_every_byte_it_holds_across_updates():
+    """A request writes its record in one call (answered / sent / sent_now): whatever the order of
+    writes, clears and evictions, the byte count is the sum of the records' sizes and stays bounded."""
+    import random
+
+    import numpy as np
+
+    from delta_ray.actors.session_table import SessionTable
+    table = SessionTable(max_bytes=60_000, max_items=12)
+    rnd = random.Random(7)
+    for step in range(2_000):
+        key, op = f"k{rnd.randrange(30)}", rnd.randrange(6)
+        if op == 0:
+            table.answered(key, "w1", step, (np.zeros(rnd.randrange(0, 9_000), np.int32),), rnd.randrange(5))
+        elif op == 1:
+            table.sent(key, step, ("x" * rnd.randrange(0, 20_000),))
+        elif op == 2:
+            table.sent_now(key, ("y" * rnd.randrange(0, 3_000),))
+        elif op == 3:
+            table.sent(key, None, None)
+        elif op == 4:
+            table.set(key, "start", None)
+        else:
+            table.forget(key)
+        assert table.resident_bytes == sum(r.nbytes for r in table._data.values())
+        assert len(table) <= 12 and (table.resident_bytes <= 60_000 or len(table) == 1)
+
+
 def test_key_digests_do_not_keep_large_keys_alive():
     """The digest cache bounds the keys it holds by length: 64 keys of 256K characters, used once,
     must not stay resident (a count-bounded cache kept the last 256 keys whatever their size)."""
@@ -342,7 +370,8 @@ def test_a_timed_out_request_never_runs_late_nor_is_spliced(loaded, references, 
     assert orch.stats["timeout_fallback"] == 1 and o in orch.dispatcher.workers
     assert transport.calls.count((o, "encode_session")) == 1  # b's only: q's stale task never ran
     assert not transport.services[o].has_session("q")
-    assert orch._versions.get("q") is None and orch._mirror.get("q") is None  # nothing spliced
+    rec = orch.sessions.get("q")
+    assert rec is None or (rec.version is None and rec.ids is None)  # nothing spliced
     assert orch.dispatcher.queued_count() == 0 and orch.calls.waiting() == 0
     grown = text + " later"
     assert _ids(loop.run_until_complete(orch.encode(grown, "q", True))) == ref.encode(grown).ids
@@ -366,5 +395,6 @@ def test_a_late_answer_is_not_spliced(loaded, references, text):
     assert _ids(loop.run_until_complete(orch.encode(text, "late", True))) == ref.encode(text).ids
     loop.run_until_complete(asyncio.sleep(0.5))
     assert orch.stats["timeout_fallback"] == 1 and transport.services[home].has_session("late")
-    assert orch._versions.get("late") is None and orch._mirror.get("late") is None
+    rec = orch.sessions.get("late")
+    assert rec is None or (rec.version is None and rec.ids is None)
     loop.close()

@@ -687,3 +687,23 @@ def test_decoding_cannot_amplify_a_frame():
         encode_values((None,) * (MAX_VALUES + 1))
     with pytest.raises(FrameError):
         decode_values(b"\x04\0\0\0\x01\xff")  # not UTF-8: a FrameError, not a UnicodeDecodeError
+
+
+def test_frame_tags_are_standard_hmac_sha256_of_sequence_and_frame():
+    """The frame MAC runs on OpenSSL's HMAC object where available (C calls, not the hmac module's
+    wrapper): its tags must be exactly HMAC-SHA256(direction key, seq || header || body)."""
+    import hashlib
+    import hmac
+    import struct
+
+    from delta_ray.actors.channel_codec import FrameKeys as _FrameKeys, keyed_sha256
+    key = b"\x07" * 32
+    m = keyed_sha256(key).copy()
+    m.update(b"abc")
+    assert m.digest() == hmac.new(key, b"abc", hashlib.sha256).digest()
+    sender = _FrameKeys(SECRET, b"transcript", server=False)
+    prk = hmac.new(SECRET, b"delta-ray channel keys v2" + b"transcript", hashlib.sha256).digest()
+    c2s = hmac.new(prk, b"client to server\x01", hashlib.sha256).digest()
+    for seq, data in enumerate((b"header-1body-1", b"x" * 70_000)):
+        want = hmac.new(c2s, struct.pack("!Q", seq) + data, hashlib.sha256).digest()
+        assert sender.seal(data) == want
