@@ -106,7 +106,9 @@ def plain(path_json: str, inputs: list[str], out: str) -> tuple[float, int]:
     for p in inputs:
         writer = None
         batches = (pq.ParquetFile(p).iter_batches(batch_size=8192) if p.endswith(".parquet")
-                   else pj.read_json(p).to_batches(max_chunksize=8192))
+                   # a block that holds the whole file: pyarrow's default (1 MiB) refuses longer records
+                   else pj.read_json(p, read_options=pj.ReadOptions(block_size=os.path.getsize(p) + 1))
+                   .to_batches(max_chunksize=8192))
         for batch in batches:
             buf, offs = tok.encode_batch_flat(batch.column("text").to_pylist(), add_special_tokens=True)
             vals = np.frombuffer(buf, dtype="<u4").view("<i4")
