@@ -11,16 +11,21 @@ GIL-releasing batch encode spread over the node's cores, the output column built
 values buffer plus offsets, without a Python object per token.
 
 How it drives Ray Data (measured against the ``map_batches`` + fastokens pipeline users write; see
-bench/bench_data.py): Ray Data's own blocks are kept (no repartition: each block costs a task, an
-object-store put and a write), each actor call takes a whole block and encodes it on every core of
-its node in slices of ``batch_bytes`` (so one block of a 100 MB file still uses the whole machine,
-and huge documents never hold more than a slice as Python strings), and an actor reserves only a
-fraction of a CPU so that reads and writes always have cores.
+bench/bench_data.py): by default the work runs as Ray Data *tasks* reserving what a read task
+reserves, so Ray Data fuses ``read -> tokenize -> write`` into one task per block: no object-store
+round trip of the texts or the IDs between stages, no actor pool to start, and a tokenizer built
+only in the worker processes that actually get a block (once per process: ``_PROCESS_BATCHERS``),
+not in every actor of a pool while one of them does the work. Building a tokenizer costs seconds of
+CPU (the fast engine and the reference both parse the configuration), so on a small node this is
+the difference. Ray Data's own blocks are kept (no repartition: each block costs a task, an
+object-store put and a write); each call encodes its block on every core of its node in slices of
+``batch_bytes`` (so one block of a 100 MB file still uses the whole machine, and huge documents never
+hold more than a slice as Python strings). ``concurrency=`` asks for an actor pool instead (the
+earlier default), whose actors reserve a fraction of a CPU so that reads and writes always have cores.
 """
 from __future__ import annotations
 
 import dataclasses
-import os
 from typing import Any, Iterator
 
 import pyarrow as pa
@@ -34,7 +39,7 @@ from delta_ray.verify.fast_engine import FastEngineUnavailable
 from delta_ray.tokenizer import DeltaTokenizer
 from delta_ray.tokenizer_core import TokenizerCore
 
-__all__ = ["tokenize_dataset", "TokenizeBatch"]
+__all__ = ["tokenize_dataset", "TokenizeBatch", "tokenize_batch_task"]
 
 
 # what the actors add when a text is null: how to fix the dataset in Ray Data's own terms
@@ -76,6 +81,27 @@ class TokenizeBatch:
                             null_hint=_null_hint(self.spec.text_column))[0]
 
 
+# Per worker process: the TokenizeBatch of each configuration this process encoded with, so the
+# task form builds its tokenizer once per process, not once per task (Ray reuses a job's worker
+# processes for its tasks). Bounded: a process that meets more configurations keeps the latest ones.
+_PROCESS_BATCHERS: dict[tuple, TokenizeBatch] = {}
+_PROCESS_BATCHERS_MAX = 2
+
+
+def tokenize_batch_task(batch: pa.Table, config_bytes: bytes, digest: str, config: TokenizerConfig,
+                        spec: BatchSpec, fallback: bool = False) -> pa.Table | Iterator[pa.Table]:
+    """The task form of :class:`TokenizeBatch` (what ``tokenize_dataset`` runs by default): the same
+    call, with the TokenizeBatch built on this process's first block and kept for the next ones."""
+    key = (digest, config, spec, fallback)
+    fn = _PROCESS_BATCHERS.pop(key, None)
+    if fn is None:
+        fn = TokenizeBatch(config_bytes, digest, config, spec, fallback)
+        while len(_PROCESS_BATCHERS) >= _PROCESS_BATCHERS_MAX:
+            _PROCESS_BATCHERS.pop(next(iter(_PROCESS_BATCHERS)))  # the least recently used
+    _PROCESS_BATCHERS[key] = fn  # (re)inserted last: most recently used
+    return fn(batch)
+
+
 def _as_loaded(tokenizer: Any) -> LoadedTokenizer:
     if isinstance(tokenizer, DeltaTokenizer):
         tokenizer = tokenizer.core
@@ -101,16 +127,6 @@ def _resolve_engine(tokenizer: Any, loaded: LoadedTokenizer, spec: BatchSpec) ->
     except FastEngineUnavailable:
         return dataclasses.replace(spec, engine="reference")
     return dataclasses.replace(spec, engine="fast")
-
-
-def _default_concurrency() -> int:
-    import ray
-
-    if ray.is_initialized():
-        cpus = ray.cluster_resources().get("CPU", 0)
-    else:
-        cpus = os.cpu_count() or 1
-    return max(1, int(cpus))
 
 
 # Logical operators whose output schema Ray Data can fetch by reading a little: sources, unions,
@@ -150,7 +166,7 @@ _ACTOR_THREADS_CAP = 8  # an actor's encode threads when not given: its node's C
 
 
 def tokenize_dataset(dataset, tokenizer, spec: BatchSpec | None = None, *, batch_size: int | None = None,
-                     concurrency: int | tuple[int, int] | None = None, num_cpus: float = 0.5,
+                     concurrency: int | tuple[int, int] | None = None, num_cpus: float | None = None,
                      chunk_size: int = C.CHUNK_SIZE, cut_threshold: int = C.CUT_THRESHOLD,
                      **columns: Any):
     """Return ``dataset`` with the reference token IDs of its text column added (lazily, like Ray Data).
@@ -159,25 +175,31 @@ def tokenize_dataset(dataset, tokenizer, spec: BatchSpec | None = None, *, batch
         dataset: a ``ray.data.Dataset`` with a string column (``text_column``, default ``"text"``).
         tokenizer: a path to tokenizer.json, a directory holding one, a ``tokenizers.Tokenizer``, a
             :class:`~delta_ray.core.loading.LoadedTokenizer` or a :class:`~delta_ray.DeltaTokenizer`. Its
-            configuration bytes (not a path) travel to the actors, which check their SHA-256.
+            configuration bytes (not a path) travel to the workers, which check their SHA-256.
         spec: the batch specification (:class:`~delta_ray.core.text_columns.BatchSpec`), the same one
             ``delta-ray tokenize`` uses; its fields may also be given as keywords (they replace the
             spec's): ``text_column``, ``output_column`` (the ``list<int32>`` IDs, replaced if it
             exists), ``count_column`` (``int32`` IDs per row; None for none), ``add_special_tokens``
-            (as in the reference ``encode``), ``drop_text``, ``batch_bytes`` (the most text an
-            actor encodes at once: a larger block is encoded and yielded in slices, so huge
+            (as in the reference ``encode``), ``drop_text``, ``batch_bytes`` (the most text a
+            worker encodes at once: a larger block is encoded and yielded in slices, so huge
             documents stay bounded in memory), ``engine`` (``"auto"``, ``"fast"``,
-            ``"reference"``; ``"auto"`` is decided here, once: see :func:`_resolve_engine`) and ``threads`` (an actor's encode threads; default its node's CPUs, at
-            most 8).
-        batch_size: rows per actor call; default None: whole blocks as Ray Data makes them (each
+            ``"reference"``; ``"auto"`` is decided here, once: see :func:`_resolve_engine`) and
+            ``threads`` (a worker's encode threads; default its node's CPUs, at most 8).
+        batch_size: rows per call; default None: whole blocks as Ray Data makes them (each
             block costs Ray Data a task, an object-store put and a write, tens of milliseconds on a
             small machine: measured, smaller blocks were slower). Blocks are never repartitioned:
-            an actor spreads each slice over its node's cores, so one block of a big file still
+            a worker spreads each slice over its node's cores, so one block of a big file still
             uses the whole node.
-        concurrency: actors in the pool (an int, or ``(min, max)`` for an autoscaling pool);
-            default: the cluster's CPU count, at least 1.
-        num_cpus: CPUs reserved per actor. Keep it fractional: actors holding every CPU leave none
-            for the read and write tasks and the pipeline stalls.
+        concurrency: None (default): Ray Data tasks, fused with the read before and the write after
+            them (one task per block reads, tokenizes and writes it), the tokenizer built once per
+            worker process that gets a block and kept there for later blocks and datasets (at most
+            two configurations per process). An int, or ``(min, max)`` for an autoscaling pool:
+            an actor pool of that many actors instead (each builds its tokenizer when it starts and
+            frees it when the dataset is done; blocks then travel through the object store).
+        num_cpus: CPUs reserved per task or actor. Default: Ray Data's default for tasks (1, the
+            same as its reads and writes, which is what lets Ray Data fuse them), 0.5 for actors.
+            Keep an actor's fractional: actors holding every CPU leave none for the read and write
+            tasks and the pipeline stalls.
         chunk_size, cut_threshold: a text from ``cut_threshold`` characters is cut at safe cuts into
             chunks of about ``chunk_size`` characters, so one huge document spreads over threads.
 
@@ -190,7 +212,7 @@ def tokenize_dataset(dataset, tokenizer, spec: BatchSpec | None = None, *, batch
     Validation happens before anything runs when the schema is known from sources alone (reads,
     ``from_*``, unions, renames, streaming repartitions): a missing text column raises
     ``ValueError``, a non-string one ``TypeError``. After a UDF stage the schema is not fetched
-    (that would run the upstream stages); the actors then raise the same errors on the first
+    (that would run the upstream stages); the workers then raise the same errors on the first
     batch. Null texts are only seen while the dataset executes: the first batch holding one fails
     with a ``ValueError`` naming the column, which the consuming call (``materialize``,
     ``write_parquet``, ...) raises wrapped as Ray Data does for any UDF error
@@ -207,34 +229,42 @@ def tokenize_dataset(dataset, tokenizer, spec: BatchSpec | None = None, *, batch
     spec = dataclasses.replace(spec or BatchSpec(), **columns)
     if batch_size is not None and (not isinstance(batch_size, int) or isinstance(batch_size, bool) or batch_size < 1):
         raise ValueError(f"batch_size must be a positive int or None, got {batch_size!r}")
-    if not isinstance(num_cpus, (int, float)) or num_cpus <= 0:
-        raise ValueError(f"num_cpus must be > 0, got {num_cpus!r}")
-    if concurrency is None:
-        concurrency = _default_concurrency()
-    elif isinstance(concurrency, tuple):
+    if num_cpus is not None and (not isinstance(num_cpus, (int, float)) or isinstance(num_cpus, bool)
+                                 or num_cpus <= 0):
+        raise ValueError(f"num_cpus must be > 0 or None, got {num_cpus!r}")
+    if isinstance(concurrency, tuple):
         if len(concurrency) != 2 or not all(isinstance(c, int) and c >= 1 for c in concurrency) \
                 or concurrency[0] > concurrency[1]:
             raise ValueError(f"concurrency must be an int >= 1 or a (min, max) pair, got {concurrency!r}")
-    elif not isinstance(concurrency, int) or isinstance(concurrency, bool) or concurrency < 1:
+    elif concurrency is not None and (not isinstance(concurrency, int) or isinstance(concurrency, bool)
+                                      or concurrency < 1):
         raise ValueError(f"concurrency must be an int >= 1 or a (min, max) pair, got {concurrency!r}")
     loaded = _as_loaded(tokenizer)
     _check_schema(dataset, spec)
     fallback = spec.engine == "auto"
     spec = _resolve_engine(tokenizer, loaded, spec)
-    # Validated once here, then sent as it is to every actor.
+    # Validated once here, then sent as it is to every worker.
     config = TokenizerConfig(chunk_size=chunk_size, cut_threshold=cut_threshold, threads=spec.threads,
                              reuse="none", engine=spec.engine)
+    args = (loaded.config_bytes, loaded.digest, config, spec, fallback)
 
+    if concurrency is None:
+        # Tasks with the read's resources: Ray Data fuses read -> tokenize -> write into one task
+        # per block (num_cpus left unset unless given: an explicit value unlike the read's stops
+        # the fusion). The configuration bytes travel once, in the operator Ray Data puts.
+        extra = {} if num_cpus is None else {"num_cpus": num_cpus}
+        return dataset.map_batches(tokenize_batch_task, fn_args=args, batch_size=batch_size,
+                                   batch_format="pyarrow", zero_copy_batch=True, **extra)
     if isinstance(concurrency, tuple):
         compute = ray.data.ActorPoolStrategy(min_size=concurrency[0], max_size=concurrency[1])
     else:
         compute = ray.data.ActorPoolStrategy(size=concurrency)
     return dataset.map_batches(
         TokenizeBatch,
-        fn_constructor_args=(loaded.config_bytes, loaded.digest, config, spec, fallback),
+        fn_constructor_args=args,
         batch_size=batch_size,
         batch_format="pyarrow",
         zero_copy_batch=True,
         compute=compute,
-        num_cpus=num_cpus,
+        num_cpus=0.5 if num_cpus is None else num_cpus,
     )

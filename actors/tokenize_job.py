@@ -8,11 +8,12 @@ one Parquet file per input, read in parallel and encoded on every core from the 
 buffers, each written atomically; a rerun skips the inputs already done, so a killed run rerun
 gives exactly the output of an uninterrupted one. It shows a progress bar with tokens/s, ends with
 a summary, and ``--verify N`` checks N random rows against the reference. ``--ray-data`` runs the
-same encode on a Ray Data actor pool instead (for a cluster; one directory of part files). Both
+same encode on Ray Data instead (for a cluster; one directory of part files): tasks fused with the
+reads and writes by default, an actor pool with ``--concurrency``. Both
 paths take one :class:`~delta_ray.core.text_columns.BatchSpec` built from the options (:func:`spec_of`):
 the columns, ``--no-special-tokens``, ``--drop-text``, ``--batch-bytes``, ``--engine`` and
 ``--threads`` mean the same on both; ``--concurrency``, ``--num-cpus`` and ``--batch-size`` size the
-Ray Data pool and are refused without ``--ray-data``. One output directory takes one run at a time
+Ray Data stage and are refused without ``--ray-data``. One output directory takes one run at a time
 (a lock); a rerun skips an input only if its output file holds the rows its manifest records.
 
 Inputs by extension: ``.txt`` is one document per line (empty lines skipped; Ray Data's
@@ -51,11 +52,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--output-column", default="input_ids", help="IDs column (default: input_ids)")
     parser.add_argument("--count-column", default="num_tokens", help="token count column (default: num_tokens)")
     parser.add_argument("--concurrency", type=int, default=None,
-                        help="--ray-data: tokenizer actors (default: the cluster's CPU count)")
+                        help="--ray-data: an actor pool of this many tokenizer actors (default: no pool; "
+                             "Ray Data tasks fused with the reads and writes)")
     parser.add_argument("--num-cpus", type=float, default=None,
-                        help="--ray-data: CPUs reserved per actor (default: 0.5)")
+                        help="--ray-data: CPUs reserved per task or actor (default: 1 per task, as Ray Data's "
+                             "reads, so they fuse; 0.5 per actor)")
     parser.add_argument("--batch-size", type=int, default=None,
-                        help="--ray-data: rows per actor call (default: whole Ray Data blocks)")
+                        help="--ray-data: rows per call (default: whole Ray Data blocks)")
     parser.add_argument("--batch-bytes", type=int, default=None,
                         help=f"most text encoded at once, in bytes (default: {8 << 20})")
     parser.add_argument("--no-special-tokens", action="store_true",
@@ -68,7 +71,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--engine", default="auto", choices=("auto", "fast", "reference"),
                         help="encoder inside the cuts (default auto: the fast tier once admitted)")
     parser.add_argument("--ray-data", action="store_true",
-                        help="run on a Ray Data actor pool (a cluster) instead of this machine's threads")
+                        help="run on Ray Data (a cluster) instead of this machine's threads")
 
 
 # Options that size the Ray Data pool: refused on the local path rather than silently ignored.
@@ -263,7 +266,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _run_ray_data(args: argparse.Namespace, loaded, spec, groups: dict[str, list[str]]) -> int:
-    """The same specification on a Ray Data actor pool (a cluster)."""
+    """The same specification on Ray Data (a cluster)."""
     # A stalled pipeline must not start a new cluster after we shut ours down (read at Ray import).
     os.environ.setdefault("RAY_ENABLE_AUTO_CONNECT", "0")
     import ray

@@ -1,7 +1,7 @@
 """Batch tokenization on Ray Data against the pipelines users write, side by side in one run.
 
     .venv/bin/python bench/bench_data.py [--mb 100] [--files 24] [--tokenizer llama3.2] [--repeats 3]
-                                         [--corpora big,parquet24,jsonl24] [--pipelines ...] [--stats]
+                                         [--corpora big,parquet24,jsonl24] [--pipelines ...] [--stats] [--warm]
 
 Corpora (written once under a temporary directory, every row with an int64 ``id``):
 
@@ -19,12 +19,18 @@ Pipelines, each timed end to end (read -> tokenize -> ``write_parquet`` / Parque
   / ``read_json(dir)``, ``map_batches`` with an actor pool of ``os.cpu_count()`` actors,
   ``num_cpus=0.5``, ``batch_format="pyarrow"``, Ray Data's default blocks and batches, the IDs
   built as ``pa.array(list of id lists)`` (the peer);
-* ``tokenize_dataset``: :func:`delta_ray.tokenize_dataset` with its defaults;
+* ``tokenize_dataset``: :func:`delta_ray.tokenize_dataset` with its defaults (tasks that Ray Data
+  fuses with the read and the write);
+* ``td-actors`` (not run unless named): ``tokenize_dataset(..., concurrency=os.cpu_count())``, its
+  actor pool form;
 * ``ray-reference``: the same user pipeline with the reference tokenizer's ``encode_batch`` (naive).
 
-All Ray pipelines share one local Ray started as a user would (``ray.init(num_cpus=cores)``, no
-worker environment), and the runs alternate (pipeline order rotated each repeat), so load on this
-shared machine falls on all of them; the table gives medians. ``--stats`` prints Ray Data's
+Every Ray run starts on a fresh local Ray, started as a user would (``ray.init(num_cpus=cores)``, no
+worker environment; the start is not timed): no pipeline finds worker processes, actors or
+tokenizers an earlier run left, as a job on a new cluster would not. ``--warm`` shares one Ray
+between all runs instead (then tokenize_dataset's worker processes keep their tokenizer from one run
+to the next, which the actor pools do not). The runs alternate (pipeline order rotated each
+repeat), so load on this shared machine falls on all of them; the table gives medians. ``--stats`` prints Ray Data's
 per-operator stats of each Ray run (where the time goes: read, map, write; actor utilisation).
 Rows: every output's row count is checked, and ``--verify`` random rows of each output are compared
 by id with the reference ``Tokenizer.from_file(p).encode(text).ids`` (exit status 1 on a mismatch).
@@ -54,8 +60,9 @@ from delta_ray.apps.bundled import TEST_TOKENIZERS, bundled_tokenizer_path  # no
 from bench_files import corpus_rows  # noqa: E402
 
 PIPELINES = ("plain", "cli", "ray-fastokens", "tokenize_dataset", "ray-reference")
-MARKERS = {"ray-fastokens": "FastokensTokenize", "tokenize_dataset": "TokenizeBatch",
-           "ray-reference": "ReferenceTokenize"}
+# What the processes doing a pipeline's encode have in their title (Ray names them after the UDF).
+MARKERS = {"ray-fastokens": "FastokensTokenize", "tokenize_dataset": "tokenize_batch_task",
+           "td-actors": "TokenizeBatch", "ray-reference": "ReferenceTokenize"}
 
 
 # -- corpora --------------------------------------------------------------------------------------
@@ -99,7 +106,9 @@ def plain(path_json: str, inputs: list[str], out: str) -> tuple[float, int]:
     for p in inputs:
         writer = None
         batches = (pq.ParquetFile(p).iter_batches(batch_size=8192) if p.endswith(".parquet")
-                   else pj.read_json(p).to_batches(max_chunksize=8192))
+                   # a block that holds the whole file: pyarrow's default (1 MiB) refuses longer records
+                   else pj.read_json(p, read_options=pj.ReadOptions(block_size=os.path.getsize(p) + 1))
+                   .to_batches(max_chunksize=8192))
         for batch in batches:
             buf, offs = tok.encode_batch_flat(batch.column("text").to_pylist(), add_special_tokens=True)
             vals = np.frombuffer(buf, dtype="<u4").view("<i4")
@@ -173,9 +182,9 @@ def run_ray(ray, name: str, path: str, source: str, out: str):
     """One Ray Data pipeline end to end; returns (seconds, the Ray Data stats text)."""
     t0 = time.perf_counter()
     ds = read(ray, source)
-    if name == "tokenize_dataset":
+    if name in ("tokenize_dataset", "td-actors"):
         from delta_ray import tokenize_dataset
-        ds = tokenize_dataset(ds, path)
+        ds = tokenize_dataset(ds, path, concurrency=(os.cpu_count() or 1) if name == "td-actors" else None)
     else:
         udf = FastokensTokenize if name == "ray-fastokens" else ReferenceTokenize
         ds = ds.map_batches(udf, fn_constructor_args=(path,), batch_format="pyarrow",
@@ -285,6 +294,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--pipelines", default=",".join(PIPELINES))
     p.add_argument("--verify", type=int, default=200, help="random rows of each output checked against the reference")
     p.add_argument("--stats", action="store_true", help="print Ray Data's stats of each Ray run")
+    p.add_argument("--warm", action="store_true", help="one Ray for all runs instead of a fresh one per Ray run")
     args = p.parse_args(argv)
 
     path = bundled_tokenizer_path(args.tokenizer) if args.tokenizer in TEST_TOKENIZERS else args.tokenizer
@@ -298,16 +308,9 @@ def main(argv: list[str] | None = None) -> int:
         ref = Tokenizer.from_file(path)
         first = pq.read_table(corpora["big"][1][0]) if "big" in corpora else None
         print(f"# bench_data: {args.tokenizer}, {args.mb} MB of text per corpus, {cores} cores, "
-              f"load average at start {os.getloadavg()[0]:.2f}; medians of {args.repeats} alternating runs")
-        for attempt in range(3):  # a loaded machine can time out Ray's start-up: try again
-            try:
-                ray.init(num_cpus=cores, include_dashboard=False, log_to_driver=False, configure_logging=False)
-                break
-            except Exception:
-                if attempt == 2:
-                    raise
-                time.sleep(10)
-        ray.data.DataContext.get_current().enable_progress_bars = False
+              f"load average at start {os.getloadavg()[0]:.2f}; medians of {args.repeats} alternating runs, "
+              f"{'one Ray for all runs' if args.warm else 'a fresh Ray per Ray run'}")
+        start_ray(ray, cores)
         failed = False
         results: dict[str, dict[str, list[float]]] = {}
         tokens_of: dict[str, int] = {}
@@ -327,6 +330,9 @@ def main(argv: list[str] | None = None) -> int:
                         elapsed, tokens = in_own_process(name, path, files, out)
                         stats = ""
                     else:
+                        if not args.warm:  # a fresh Ray: nothing left by an earlier run (not timed)
+                            ray.shutdown()
+                            start_ray(ray, cores)
                         with ActorPeakRSS(MARKERS[name]) as rss:
                             elapsed, stats = run_ray(ray, name, path, source, out)
                         peaks[(cname, name)] = max(peaks.get((cname, name), 0.0), rss.peak_mb())
@@ -355,7 +361,7 @@ def main(argv: list[str] | None = None) -> int:
             for c, times in results.items():
                 med = statistics.median(times[name])
                 cell = f"{tokens_of[c] / med / 1e6:.2f}"
-                if name == "tokenize_dataset":
+                if name in ("tokenize_dataset", "td-actors"):
                     peer = [x for x in ("ray-fastokens", "ray-reference") if x in times]
                     cell += "".join(f" ({statistics.median(times[x]) / med:.2f}x {x})" for x in peer)
                 if name == "cli" and "plain" in times:
@@ -379,9 +385,21 @@ def main(argv: list[str] | None = None) -> int:
         shutil.rmtree(root, ignore_errors=True)
 
 
+def start_ray(ray, cores: int) -> None:
+    for attempt in range(3):  # a loaded machine can time out Ray's start-up: try again
+        try:
+            ray.init(num_cpus=cores, include_dashboard=False, log_to_driver=False, configure_logging=False)
+            break
+        except Exception:
+            if attempt == 2:
+                raise
+            time.sleep(10)
+    ray.data.DataContext.get_current().enable_progress_bars = False
+
+
 def _texts_of(files: list[str]) -> pa.Table:
-    import pyarrow.json as pj
-    tables = [pq.read_table(f) if f.endswith(".parquet") else pj.read_json(f) for f in files]
+    from delta_ray.apps.batch_inputs import read_json  # streamed; holds records over 1 MiB
+    tables = [pq.read_table(f) if f.endswith(".parquet") else read_json(f) for f in files]
     return pa.concat_tables([t.select(["id", "text"]) for t in tables])
 
 

@@ -98,6 +98,70 @@ def test_every_row_matches_reference(ray_session, name, tokenizer_paths, mixed_t
     _check_rows(table, mixed_texts, ref, "ids_plain", None, False)
 
 
+def test_default_tasks_fuse_with_read_and_write(ray_session, tokenizer_paths, mixed_texts, tmp_path):
+    """The default form: Ray Data tasks that it fuses with the read and the write (one task per block
+    reads, tokenizes and writes: no actor pool, no object-store trip between the stages), every row
+    exact, two stages (the second in slices of 20,000 bytes, many cuts per long text) in one task."""
+    import pyarrow.parquet as pq
+
+    ray = ray_session
+    from delta_ray.actors.data import tokenize_dataset
+
+    path = tokenizer_paths["llama3.2"]
+    ref = Tokenizer.from_file(path)
+    src = tmp_path / "in"
+    src.mkdir()
+    table = pa.table({"id": list(range(len(mixed_texts))), "text": mixed_texts})
+    third = -(-len(mixed_texts) // 3)
+    for i in range(3):
+        pq.write_table(table.slice(i * third, third), src / f"part{i}.parquet")
+    ds = tokenize_dataset(ray.data.read_parquet(str(src)), path)
+    ds = tokenize_dataset(ds, ref, add_special_tokens=False, output_column="ids_plain", count_column=None,
+                          batch_bytes=20_000, **SMALL)
+    ds.write_parquet(str(tmp_path / "out"))
+    fused = [ln for ln in ds.stats().splitlines() if "MapBatches(tokenize_batch_task)" in ln]
+    assert fused and all("ReadFiles" in ln and "->Write" in ln for ln in fused), fused
+    out = _read_output(tmp_path / "out")
+    assert out.column_names == ["id", "text", "input_ids", "num_tokens", "ids_plain"]
+    _check_rows(out, mixed_texts, ref, "input_ids", "num_tokens", True)
+    _check_rows(out, mixed_texts, ref, "ids_plain", None, False)
+
+
+def test_task_form_keeps_one_tokenizer_per_process(tokenizer_paths, real_texts):
+    """In-process: the task form builds its TokenizeBatch once per configuration and process and
+    keeps at most two configurations (the least recently used one goes); outputs stay exact."""
+    import delta_ray.actors.data as data_mod
+    from delta_ray.core.config import TokenizerConfig
+    from delta_ray.core.text_columns import BatchSpec
+
+    loaded = load_tokenizer(tokenizer_paths["qwen-3"])
+    ref = Tokenizer.from_file(tokenizer_paths["qwen-3"])
+    config = TokenizerConfig(reuse="none")
+    texts = ["", "Hello World", real_texts["english"][:5000]]
+    batch = pa.table({"text": texts})
+    data_mod._PROCESS_BATCHERS.clear()
+    specs = [BatchSpec(), BatchSpec(add_special_tokens=False), BatchSpec(output_column="ids")]
+
+    def call(spec):
+        return data_mod.tokenize_batch_task(batch, loaded.config_bytes, loaded.digest, config, spec)
+
+    try:
+        out = call(specs[0])
+        first = next(iter(data_mod._PROCESS_BATCHERS.values()))
+        assert out.column("input_ids").to_pylist() == [ref.encode(t).ids for t in texts]
+        call(specs[0])
+        assert list(data_mod._PROCESS_BATCHERS.values()) == [first]  # built once, reused
+        out = call(specs[1])
+        assert out.column("input_ids").to_pylist() == [ref.encode(t, add_special_tokens=False).ids for t in texts]
+        call(specs[0])  # specs[0] is now the most recently used: specs[1] goes next
+        call(specs[2])
+        assert len(data_mod._PROCESS_BATCHERS) == 2
+        assert [k[2] for k in data_mod._PROCESS_BATCHERS] == [specs[0], specs[2]]
+        assert data_mod._PROCESS_BATCHERS[next(iter(data_mod._PROCESS_BATCHERS))] is first
+    finally:
+        data_mod._PROCESS_BATCHERS.clear()
+
+
 def test_bad_input_raises_before_running(ray_session, tokenizer_paths):
     ray = ray_session
     from delta_ray.actors.data import tokenize_dataset
@@ -114,18 +178,21 @@ def test_bad_input_raises_before_running(ray_session, tokenizer_paths):
         tokenize_dataset(ds, path, text_column="body", output_column="body")
     with pytest.raises(ValueError, match="concurrency"):
         tokenize_dataset(ds, path, text_column="body", concurrency=0)
+    with pytest.raises(ValueError, match="num_cpus"):
+        tokenize_dataset(ds, path, text_column="body", num_cpus=0)
     with pytest.raises(FileNotFoundError):
         tokenize_dataset(ds, path + ".missing", text_column="body")
 
 
-def test_null_text_fails_clearly(ray_session, tokenizer_paths):
+@pytest.mark.parametrize("concurrency", [None, 1])  # tasks (the default), an actor pool
+def test_null_text_fails_clearly(ray_session, tokenizer_paths, concurrency):
     ray = ray_session
     from delta_ray.actors.data import tokenize_dataset
 
     tok = DeltaTokenizer(tokenizer_paths["qwen-3"], reuse="none")  # a DeltaTokenizer is accepted too
     ds = ray.data.from_items([{"text": "fine"}, {"text": None}])
     with pytest.raises(Exception, match="null text") as info:
-        tokenize_dataset(ds, tok, concurrency=1).materialize()
+        tokenize_dataset(ds, tok, concurrency=concurrency).materialize()
     assert "'text'" in str(info.value)
 
 
