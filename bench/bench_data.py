@@ -98,29 +98,10 @@ def make_corpora(root: str, mb: int, files: int, which: list[str]) -> dict[str, 
 
 # -- the pipelines without Ray ------------------------------------------------------------------------
 def plain(path_json: str, inputs: list[str], out: str) -> tuple[float, int]:
-    """The plain script: pyarrow batches of 8,192 rows + fastokens ``encode_batch_flat``, one process."""
-    import fastokens
-    import pyarrow.json as pj
-    tok = fastokens.Tokenizer.from_json_str(open(path_json, encoding="utf-8").read())
-    t0, total = time.perf_counter(), 0
-    for p in inputs:
-        writer = None
-        batches = (pq.ParquetFile(p).iter_batches(batch_size=8192) if p.endswith(".parquet")
-                   # a block that holds the whole file: pyarrow's default (1 MiB) refuses longer records
-                   else pj.read_json(p, read_options=pj.ReadOptions(block_size=os.path.getsize(p) + 1))
-                   .to_batches(max_chunksize=8192))
-        for batch in batches:
-            buf, offs = tok.encode_batch_flat(batch.column("text").to_pylist(), add_special_tokens=True)
-            vals = np.frombuffer(buf, dtype="<u4").view("<i4")
-            o = np.frombuffer(offs, dtype="<u8").astype(np.int32)
-            t = pa.Table.from_batches([batch]).append_column(
-                "input_ids", pa.ListArray.from_arrays(pa.array(o), pa.array(vals)))
-            if writer is None:
-                writer = pq.ParquetWriter(os.path.join(out, os.path.basename(p) + ".parquet"), t.schema)
-            writer.write_table(t)
-            total += len(vals)
-        writer.close()
-    return time.perf_counter() - t0, total
+    """The plain pyarrow + fastokens script (the demo's, in its own process with the user's defaults)."""
+    from delta_ray.apps.demo import plain_script
+    res = plain_script.run(path_json, out, inputs)
+    return res["seconds"], res["tokens"]
 
 
 def cli(path_json: str, inputs: list[str], out: str) -> tuple[float, int]:
@@ -327,7 +308,8 @@ def main(argv: list[str] | None = None) -> int:
                     loads.append(os.getloadavg()[0])
                     if name in ("plain", "cli"):
                         os.makedirs(out)
-                        elapsed, tokens = in_own_process(name, path, files, out)
+                        run = plain if name == "plain" else lambda *a: in_own_process("cli", *a)
+                        elapsed, tokens = run(path, files, out)
                         stats = ""
                     else:
                         if not args.warm:  # a fresh Ray: nothing left by an earlier run (not timed)

@@ -96,23 +96,10 @@ def _in_own_process(fn_name: str, *args) -> tuple:
 
 
 def plain(path_json: str, inputs: list[str], out: str) -> tuple[float, int]:
-    import fastokens
-    tok = fastokens.Tokenizer.from_json_str(open(path_json, encoding="utf-8").read())
-    t0, total = time.perf_counter(), 0
-    for p in inputs:
-        writer = None
-        for batch in pq.ParquetFile(p).iter_batches(batch_size=8192):
-            buf, offs = tok.encode_batch_flat(batch.column("text").to_pylist(), add_special_tokens=True)
-            vals = np.frombuffer(buf, dtype="<u4").view("<i4")
-            o = np.frombuffer(offs, dtype="<u8").astype(np.int32)
-            t = pa.Table.from_batches([batch]).append_column(
-                "input_ids", pa.ListArray.from_arrays(pa.array(o), pa.array(vals)))
-            if writer is None:
-                writer = pq.ParquetWriter(os.path.join(out, os.path.basename(p)), t.schema)
-            writer.write_table(t)
-            total += len(vals)
-        writer.close()
-    return time.perf_counter() - t0, total
+    """The plain pyarrow + fastokens script (the demo's, in its own process with the user's defaults)."""
+    from delta_ray.apps.demo import plain_script
+    res = plain_script.run(path_json, out, inputs)
+    return res["seconds"], res["tokens"]
 
 
 def read_write_only(inputs: list[str], out: str) -> tuple[float, float]:
@@ -229,7 +216,7 @@ def main() -> None:
             outs = {k: os.path.join(root, f"{k}-{label[:3]}") for k in ("plain", "dr", "rw")}
             for d in outs.values():
                 os.makedirs(d)
-            t_plain, n_plain = _in_own_process("plain", path, inputs, outs["plain"])
+            t_plain, n_plain = plain(path, inputs, outs["plain"])
             rss0 = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
             s = tokenize_files(inputs, outs["dr"], dt, Options(), threads=args.threads)
             rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss

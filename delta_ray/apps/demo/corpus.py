@@ -8,15 +8,11 @@ both outputs is compared with it.
 """
 from __future__ import annotations
 
-import json
 import os
 import random
 import shutil
-import subprocess
-import sys
 import tempfile
 import time
-from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
@@ -26,6 +22,7 @@ from ..batch_files import Options, output_name, tokenize_files
 from ..sample_text import corpus
 from ...tokenizer import DeltaTokenizer
 from ...tokenizer_core import TokenizerCore
+from . import plain_script
 from .baselines import Engines
 from .report import Table, out, progress, verdict
 
@@ -68,12 +65,8 @@ def corpus_section(eng: Engines, dt: DeltaTokenizer, mb: int) -> bool:
             inputs, docs, nbytes = write_corpus(root, mb)
         out_plain, out_dr = os.path.join(root, "plain"), os.path.join(root, "delta-ray")
         os.makedirs(out_plain)
-        script = Path(__file__).with_name("plain_script.py")
-        env = {k: v for k, v in os.environ.items() if k != "FASTOKENS_BPE_THREADS"}  # the user's defaults
         with progress("plain pyarrow + fastokens script (its own process)"):
-            res = subprocess.run([sys.executable, str(script), eng.path, out_plain, *inputs], env=env,
-                                 capture_output=True, text=True, check=True)
-        plain = json.loads(res.stdout.strip().splitlines()[-1])
+            plain = plain_script.run(eng.path, out_plain, inputs)
         engine = "fast" if dt.core.uses_fast_engine else "reference"
         tok = TokenizerCore(dt.core.loaded, engine=engine, reuse="none")  # as `delta-ray tokenize` builds it
         with progress("delta-ray tokenize (local path: this machine, every core, no Ray)"):

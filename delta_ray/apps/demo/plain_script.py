@@ -1,11 +1,11 @@
 """The batch script a user writes instead of delta-ray (the demo's corpus baseline).
 
-pyarrow reads each Parquet file in batches of 8,192 rows, fastokens ``encode_batch_flat`` encodes a
+pyarrow reads each Parquet file in batches of 8,192 rows (a JSONL file whole), fastokens ``encode_batch_flat`` encodes a
 batch (its own threads, its defaults), the IDs become a ``list<int32>`` column built from the
 engine's buffer, and a ParquetWriter writes it. Without fastokens: the reference's
 ``encode_batch``. Prints one JSON line: seconds (after loading the tokenizer), tokens, engine.
 
-    python delta_ray/demo/plain_script.py TOKENIZER_JSON OUT_DIR INPUT.parquet...
+    python delta_ray/apps/demo/plain_script.py TOKENIZER_JSON OUT_DIR INPUT.parquet|INPUT.jsonl...
 
 Run as a script, not ``-m``: importing ``delta_ray`` would pin fastokens to one thread.
 """
@@ -19,6 +19,22 @@ import time
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
+
+
+def batches(path: str):
+    """A Parquet file's batches of 8,192 rows; a JSONL file read with a block that holds it
+    (pyarrow's default block, 1 MiB, refuses longer records)."""
+    if path.endswith(".parquet"):
+        return pq.ParquetFile(path).iter_batches(batch_size=8192)
+    import pyarrow.json as pj
+    opts = pj.ReadOptions(block_size=os.path.getsize(path) + 1)
+    return pj.read_json(path, read_options=opts).to_batches(max_chunksize=8192)
+
+
+def output_path(out_dir: str, path: str) -> str:
+    """One Parquet file per input, named after it."""
+    name = os.path.basename(path)
+    return os.path.join(out_dir, name if name.endswith(".parquet") else name + ".parquet")
 
 
 def main(argv: list[str]) -> None:
@@ -44,17 +60,30 @@ def main(argv: list[str]) -> None:
     t0, total = time.perf_counter(), 0
     for p in inputs:
         writer = None
-        for batch in pq.ParquetFile(p).iter_batches(batch_size=8192):
+        for batch in batches(p):
             vals, offs = encode(batch.column("text").to_pylist())
             table = pa.Table.from_batches([batch]).append_column(
                 "input_ids", pa.ListArray.from_arrays(pa.array(offs), pa.array(vals)))
             if writer is None:
-                writer = pq.ParquetWriter(os.path.join(out_dir, os.path.basename(p)), table.schema)
+                writer = pq.ParquetWriter(output_path(out_dir, p), table.schema)
             writer.write_table(table)
             total += len(vals)
         if writer is not None:
             writer.close()
     print(json.dumps({"seconds": time.perf_counter() - t0, "tokens": total, "engine": engine}))
+
+
+def run(tokenizer_path: str, out_dir: str, inputs: list[str]) -> dict:
+    """Run this script in its own process with the user's defaults (importing delta_ray pins
+    fastokens to one thread per process; a plain script does not) and return its JSON line:
+    the one plain baseline that the demo and the benchmarks share."""
+    import subprocess
+    env = {k: v for k, v in os.environ.items() if k != "FASTOKENS_BPE_THREADS"}
+    res = subprocess.run([sys.executable, os.path.abspath(__file__), tokenizer_path, out_dir, *inputs],
+                         env=env, capture_output=True, text=True)
+    if res.returncode:
+        raise RuntimeError(f"the plain script failed ({res.returncode}): {res.stderr[-2000:]}")
+    return json.loads(res.stdout.strip().splitlines()[-1])
 
 
 if __name__ == "__main__":
