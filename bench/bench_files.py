@@ -36,25 +36,7 @@ from tokenizers import Tokenizer  # noqa: E402
 from delta_ray import DeltaTokenizer  # noqa: E402
 from delta_ray.apps.batch_files import Options, tokenize_files, verify_outputs  # noqa: E402
 from delta_ray.apps.bundled import bundled_tokenizer_path  # noqa: E402
-from delta_ray.apps.sample_text import corpus  # noqa: E402
-
-
-def doc_source():
-    """``docs(total)``: about ``total`` characters of documents of 200-8,000 characters drawn from
-    the three corpora, one seeded random stream across calls; ``docs.src`` is the joined corpora."""
-    src = corpus("english", 4_000_000) + corpus("code", 4_000_000) + corpus("multilingual", 4_000_000)
-    rng = random.Random(0)
-
-    def docs(total: int) -> list[str]:
-        out, n = [], 0
-        while n < total:
-            k = rng.randint(200, 8000)
-            s = rng.randrange(0, len(src) - k)
-            out.append(src[s:s + k])
-            n += k
-        return out
-    docs.src = src
-    return docs
+from delta_ray.apps.sample_text import corpus, doc_source  # noqa: E402
 
 
 def corpus_rows(mb: int, docs=None) -> list[str]:

@@ -8,6 +8,7 @@ from __future__ import annotations
 import gzip
 import inspect
 import os
+import random
 import sysconfig
 from functools import lru_cache
 from pathlib import Path
@@ -89,3 +90,22 @@ def chat_transcript(context_chars: int, turns: int, message_chars: int = 1300,
         i += 1
     deltas = [message(i + j) for j in range(turns)]
     return "".join(parts), deltas
+
+
+def doc_source(multilingual_chars: int = 4_000_000):
+    """``docs(total)``: about ``total`` characters of documents of 200-8,000 characters drawn from
+    prose, code and multilingual text, one seeded random stream across calls; ``docs.src`` is the
+    joined corpora (the demo's and the batch benchmarks' corpus)."""
+    src = corpus("english", 4_000_000) + corpus("code", 4_000_000) + corpus("multilingual", multilingual_chars)
+    rng = random.Random(0)
+
+    def docs(total: int) -> list[str]:
+        out, n = [], 0
+        while n < total:
+            k = rng.randint(200, 8000)
+            s = rng.randrange(0, len(src) - k)
+            out.append(src[s:s + k])
+            n += k
+        return out
+    docs.src = src
+    return docs

@@ -9,7 +9,6 @@ both outputs is compared with it.
 from __future__ import annotations
 
 import os
-import random
 import shutil
 import tempfile
 import time
@@ -19,7 +18,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from ..batch_files import Options, output_name, tokenize_files
-from ..sample_text import corpus
+from ..sample_text import doc_source
 from ...tokenizer import DeltaTokenizer
 from ...tokenizer_core import TokenizerCore
 from . import plain_script
@@ -32,17 +31,11 @@ FILES = 4
 def write_corpus(root: str, mb: int) -> tuple[list[str], int, int]:
     """``FILES`` Parquet files of documents of 200-8,000 characters (prose, code, multilingual);
     returns (paths, documents, text bytes)."""
-    src = corpus("english", 4_000_000) + corpus("code", 4_000_000) + corpus("multilingual", 2_000_000)
-    rng = random.Random(0)
+    draw = doc_source(multilingual_chars=2_000_000)
     paths, docs, nbytes = [], 0, 0
     per = mb * 1_000_000 // FILES
     for i in range(FILES):
-        rows, n = [], 0
-        while n < per:
-            k = rng.randint(200, 8000)
-            s = rng.randrange(0, len(src) - k)
-            rows.append(src[s:s + k])
-            n += k
+        rows = draw(per)
         p = os.path.join(root, f"part{i}.parquet")
         pq.write_table(pa.table({"text": rows}), p)
         paths.append(p)
