@@ -33,6 +33,15 @@ def run_own_process():
     return run
 
 
+@pytest.fixture
+def private_cache(tmp_path, monkeypatch):
+    """A fresh admission cache for one test (verdicts, probes, locks), its warnings not yet given."""
+    from delta_ray.core import cache_store
+    monkeypatch.setenv("DELTA_RAY_CACHE", str(tmp_path / "cache"))
+    cache_store._WARNED.clear()
+    return tmp_path / "cache"
+
+
 def pytest_collection_modifyitems(config, items):
     """The slow tier runs with -m slow or DELTA_RAY_SLOW=1; CI runs the default tier."""
     if os.environ.get("DELTA_RAY_SLOW") == "1" or "slow" in (config.getoption("-m") or ""):

@@ -13,7 +13,6 @@ import time
 
 import pytest
 
-from delta_ray.core import cache_store
 from delta_ray.verify import engines
 from delta_ray.verify.engines import EngineSwitch, select_engine
 from delta_ray.verify.fast_engine import FastEngineUnavailable
@@ -37,10 +36,7 @@ with bounded_lock(sys.argv[1]) as lock:
 """
 
 
-@pytest.fixture(autouse=True)
-def _private_cache(tmp_path, monkeypatch):
-    monkeypatch.setenv("DELTA_RAY_CACHE", str(tmp_path / "cache"))
-    cache_store._WARNED.clear()
+pytestmark = pytest.mark.usefixtures("private_cache")  # a fresh admission cache per test
 
 
 @pytest.fixture

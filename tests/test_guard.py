@@ -32,9 +32,7 @@ def bundled():
     return out
 
 
-@pytest.fixture(autouse=True)
-def _private_cache(tmp_path, monkeypatch):
-    monkeypatch.setenv("DELTA_RAY_CACHE", str(tmp_path / "cache"))
+pytestmark = pytest.mark.usefixtures("private_cache")  # a fresh admission cache per test
 
 
 # ---------------------------------------------------------------------------------------------

@@ -14,10 +14,7 @@ from delta_ray.verify.engines import load_verdict, reject_verdict, save_verdict,
 HAS_FAST = importlib.util.find_spec("fastokens") is not None
 
 
-@pytest.fixture(autouse=True)
-def _private_cache(tmp_path, monkeypatch):
-    monkeypatch.setenv("DELTA_RAY_CACHE", str(tmp_path / "cache"))
-    cache_store._WARNED.clear()
+pytestmark = pytest.mark.usefixtures("private_cache")  # a fresh admission cache per test
 
 
 @pytest.fixture
