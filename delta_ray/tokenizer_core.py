@@ -31,7 +31,7 @@ from .core.families import FAMILIES
 from .core.loading import LoadedTokenizer, TokenizerLike, load_tokenizer
 from .core.nfc_anchors import anchor_table
 from .core.parallel_encode import PieceThreads
-from .core.plan import CONTENT, REFERENCE, SESSION, SESSION_WHOLE, Plan, Router
+from .core.plan import CHUNKED, CONTENT, REFERENCE, SESSION, SESSION_WHOLE, WHOLE, Plan, Router
 from .core.reference_api import api_generation
 from .core.planner import chunk_count, plan_cuts
 from .core.repair import RepairPlan, common_prefix_len, encode_turn, encode_with_base, plan_repair
@@ -307,6 +307,37 @@ class TokenizerCore:
         else:
             ids = self._run_plan(self.plan(text))
         return self.finish(ids, add_special_tokens)
+
+    def encode_list(self, text: str, *, add_special_tokens: bool = True) -> list[int]:
+        """A keyless text's IDs as a Python list (what transformers returns: the drop-in's container).
+
+        The same route, plan, engine and guard as :meth:`encode_ids`, and so the same IDs; only the
+        container differs. A short text's IDs go from the engine's flat output straight to a list
+        (no per-text array copy, no Arrow wrapper); a long text's groups of pieces are each
+        converted on the thread that encoded them, so one group's conversion (under the GIL)
+        overlaps another's native encode, and the lists are joined in order. Every other path
+        (content reuse, an unadmitted configuration) is :meth:`encode_ids` converted.
+        """
+        check_text(text)
+        path = self.router.route(text, None)
+        if path is WHOLE:
+            self.stats["whole"] += 1
+            ids = self.encoder.encode_flat([text])[0].tolist()
+        elif path is CHUNKED:
+            plan = self.plan(text)
+            if plan.cuts:
+                self.stats["chunked"] += 1
+                ids = self._threads.encode_list(self.encoder, plan.pieces, self.threads, self.uses_fast_engine)
+            else:
+                self.stats["whole"] += 1
+                ids = self.encoder.encode_flat([text])[0].tolist()
+        else:
+            return self.encode_ids(text, add_special_tokens=add_special_tokens).tolist()
+        template = self.template.when(add_special_tokens)
+        if template.added:
+            ids[:0] = template.prefix.tolist()
+            ids += template.suffix.tolist()
+        return ids
 
     def encode_batch_ids(self, texts: list[str], *, add_special_tokens: bool = True) -> list[np.ndarray]:
         """Stateless IDs for many texts through one batch encode of all their pieces."""

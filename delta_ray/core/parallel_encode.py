@@ -11,6 +11,14 @@ from .encoder import Encoder, encode_flat
 MIN_PARALLEL_CHARS = 65536  # below this a second thread costs more than it saves
 
 
+def _groups(pieces: list[str], total: int, threads: int) -> list[list[str]]:
+    """Consecutive pieces in at most ``threads`` contiguous groups of about equal length."""
+    cum = np.cumsum([len(p) for p in pieces])
+    cuts = np.searchsorted(cum, [total * i / threads for i in range(1, threads)])
+    bounds = [0] + sorted(set(int(c) + 1 for c in cuts if 0 <= c < len(pieces) - 1)) + [len(pieces)]
+    return [pieces[a:b] for a, b in zip(bounds, bounds[1:])]
+
+
 class PieceThreads:
     """A lazily grown thread pool that encodes pieces in contiguous groups of about equal length.
 
@@ -30,10 +38,7 @@ class PieceThreads:
         total = sum(map(len, pieces))
         if not parallel or threads <= 1 or len(pieces) < 2 or total < MIN_PARALLEL_CHARS:
             return encode_flat(encoder, pieces)
-        cum = np.cumsum([len(p) for p in pieces])
-        cuts = np.searchsorted(cum, [total * i / threads for i in range(1, threads)])
-        bounds = [0] + sorted(set(int(c) + 1 for c in cuts if 0 <= c < len(pieces) - 1)) + [len(pieces)]
-        groups = [pieces[a:b] for a, b in zip(bounds, bounds[1:])]
+        groups = _groups(pieces, total, threads)
         parts = list(self._executor(threads).map(lambda g: encode_flat(encoder, g), groups))
         values = np.concatenate([v for v, _ in parts]).astype(np.int32, copy=False)
         offsets = np.zeros(len(pieces) + 1, dtype=np.int64)
@@ -43,6 +48,29 @@ class PieceThreads:
             pos += len(o) - 1
             base += len(v)
         return values, offsets
+
+    def encode_list(self, encoder: Encoder, pieces: list[str], threads: int, parallel: bool = True) -> list[int]:
+        """The pieces' IDs, concatenated in order, as one Python list (what transformers returns).
+
+        The same engine calls on the same contiguous groups as :meth:`encode_flat`; only the
+        container differs. Each group is converted on the thread that encoded it: the conversion
+        (Python ints, under the GIL) of one group then overlaps the native encode of another
+        (GIL released), and the calling thread encodes the first group itself instead of waiting.
+        """
+        total = sum(map(len, pieces))
+        if not parallel or threads <= 1 or len(pieces) < 2 or total < MIN_PARALLEL_CHARS:
+            return encode_flat(encoder, pieces)[0].tolist()
+        groups = _groups(pieces, total, threads)
+
+        def run(group: list[str]) -> list[int]:
+            return encode_flat(encoder, group)[0].tolist()
+
+        pool = self._executor(threads - 1)
+        rest = [pool.submit(run, g) for g in groups[1:]]
+        out = run(groups[0])
+        for fut in rest:
+            out += fut.result()  # in order: the groups are consecutive pieces of the text
+        return out
 
     def _executor(self, threads: int) -> ThreadPoolExecutor:
         with self._lock:

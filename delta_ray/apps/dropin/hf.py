@@ -29,8 +29,6 @@ import logging
 import threading
 from typing import Any
 
-from delta_ray.core.assembly import ids_to_numpy
-
 from .snapshot import LazyEncoding, Snapshot
 
 log = logging.getLogger("delta_ray.apps.dropin")
@@ -148,17 +146,17 @@ def _delta_encode_plus(self, state: DropinState, texts: list[str], is_batched: b
     template = snap.template
     if return_token_type_ids and (template is None or not template.zero_type_ids):
         return None
-    dt = snap.tokenizer
+    core = snap.tokenizer.core
     try:
-        if len(texts) == 1:
-            arrays = [dt.encode(texts[0], add_special_tokens=add_special_tokens)]
+        if len(texts) == 1:  # a chat turn: the IDs straight into the list transformers returns
+            lists = [core.encode_list(texts[0], add_special_tokens=add_special_tokens)]
         else:
-            arrays = dt.encode_batch(texts, add_special_tokens=add_special_tokens)
+            lists = [a.tolist() for a in core.encode_batch_ids(texts, add_special_tokens=add_special_tokens)]
     except (TypeError, ValueError):
         return None  # e.g. text the reference refuses: the original call raises its own error
     all_ids = []
-    for a in arrays:
-        ids = _truncated(ids_to_numpy(a).tolist(), template, add_special_tokens, trunc)
+    for ids in lists:
+        ids = _truncated(ids, template, add_special_tokens, trunc)
         if ids is None:
             return None
         all_ids.append(ids)
