@@ -40,6 +40,7 @@ from .core.special_tokens import SpecialTokenIndex
 from .core.template import Template
 
 _INT32 = pa.int32()
+LIST_PIECES_PER_THREAD = 2  # encode_list: pieces per thread (each converted where it was encoded)
 
 __all__ = ["REUSE_MODES", "TokenizerConfig", "TokenizerCore", "build_predicate", "check_text"]
 
@@ -311,12 +312,14 @@ class TokenizerCore:
     def encode_list(self, text: str, *, add_special_tokens: bool = True) -> list[int]:
         """A keyless text's IDs as a Python list (what transformers returns: the drop-in's container).
 
-        The same route, plan, engine and guard as :meth:`encode_ids`, and so the same IDs; only the
-        container differs. A short text's IDs go from the engine's flat output straight to a list
-        (no per-text array copy, no Arrow wrapper); a long text's groups of pieces are each
-        converted on the thread that encoded them, so one group's conversion (under the GIL)
-        overlaps another's native encode, and the lists are joined in order. Every other path
-        (content reuse, an unadmitted configuration) is :meth:`encode_ids` converted.
+        The same route, engine and guard as :meth:`encode_ids`; only the container, and for a long
+        text the number of pieces, differ. A short text's IDs go from the engine's flat output
+        straight to a list (no per-text array copy, no Arrow wrapper). A long text is cut by the
+        same planner at safe cuts (two pieces a thread rather than one: any chain of safe cuts
+        gives pieces whose IDs concatenate to the text's), and each piece is converted to a list
+        on the thread that encoded it, so one piece's conversion (under the GIL) overlaps
+        another's native encode; the lists are joined in order. Every other path (content reuse,
+        an unadmitted configuration) is :meth:`encode_ids` converted.
         """
         check_text(text)
         path = self.router.route(text, None)
@@ -324,7 +327,8 @@ class TokenizerCore:
             self.stats["whole"] += 1
             ids = self.encoder.encode_flat([text])[0].tolist()
         elif path is CHUNKED:
-            plan = self.plan(text)
+            # Two pieces a thread: a piece's conversion overlaps the next one's encode.
+            plan = self.plan(text, LIST_PIECES_PER_THREAD * self.threads)
             if plan.cuts:
                 self.stats["chunked"] += 1
                 ids = self._threads.encode_list(self.encoder, plan.pieces, self.threads, self.uses_fast_engine)

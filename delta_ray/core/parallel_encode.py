@@ -1,6 +1,7 @@
 """Consecutive pieces encoded as one flat buffer on several threads (the fast engine drops the GIL)."""
 from __future__ import annotations
 
+import itertools
 import threading
 from concurrent.futures import ThreadPoolExecutor
 
@@ -52,24 +53,32 @@ class PieceThreads:
     def encode_list(self, encoder: Encoder, pieces: list[str], threads: int, parallel: bool = True) -> list[int]:
         """The pieces' IDs, concatenated in order, as one Python list (what transformers returns).
 
-        The same engine calls on the same contiguous groups as :meth:`encode_flat`; only the
-        container differs. Each group is converted on the thread that encoded it: the conversion
-        (Python ints, under the GIL) of one group then overlaps the native encode of another
-        (GIL released), and the calling thread encodes the first group itself instead of waiting.
+        The same engine on the same pieces as :meth:`encode_flat`; only the container differs. The
+        pieces are shared out as they are taken: the calling thread and ``threads - 1`` helpers
+        each take the next piece not yet taken, encode it (native, GIL released) and convert it
+        to a list on the spot (under the GIL), so one piece's conversion overlaps another's encode;
+        a helper that is not scheduled in time (a loaded machine) costs nothing, the calling thread
+        takes its pieces. The lists are joined in piece order.
         """
         total = sum(map(len, pieces))
         if not parallel or threads <= 1 or len(pieces) < 2 or total < MIN_PARALLEL_CHARS:
             return encode_flat(encoder, pieces)[0].tolist()
-        groups = _groups(pieces, total, threads)
+        results: list[list[int] | None] = [None] * len(pieces)
+        taken = itertools.count()  # next() on a count is atomic under the GIL: each index goes once
+        n = len(pieces)
 
-        def run(group: list[str]) -> list[int]:
-            return encode_flat(encoder, group)[0].tolist()
+        def work() -> None:
+            while (i := next(taken)) < n:
+                results[i] = encode_flat(encoder, [pieces[i]])[0].tolist()
 
         pool = self._executor(threads - 1)
-        rest = [pool.submit(run, g) for g in groups[1:]]
-        out = run(groups[0])
-        for fut in rest:
-            out += fut.result()  # in order: the groups are consecutive pieces of the text
+        helpers = [pool.submit(work) for _ in range(min(threads, n) - 1)]
+        work()
+        for h in helpers:
+            h.result()  # the pieces a helper took are done when it returns; re-raises its error
+        out = results[0]
+        for part in results[1:]:
+            out += part
         return out
 
     def _executor(self, threads: int) -> ThreadPoolExecutor:
