@@ -340,3 +340,36 @@ def test_list_path_on_threads_equals_stock(pairs, real_texts):
             _same(tok(t), stock(t))
         assert core.stats["chunked"] >= 2 * len(texts)  # the threaded list path ran
         assert guard.positions(texts[1]).size  # and one text held guarded code points
+
+
+def test_list_path_takes_over_a_late_helper_and_raises_errors():
+    """``PieceThreads.encode_list``: a helper stuck in its piece does not hold the call (the caller
+    encodes that piece itself; the same IDs, in order); a piece the engine rejects raises."""
+    import threading
+
+    from delta_ray.core.parallel_encode import PieceThreads
+
+    caller, release = threading.get_ident(), threading.Event()
+
+    class StuckHelper:  # a helper thread's first piece blocks until the test releases it
+        name = "fake"
+
+        def encode_pieces(self, texts):
+            if any("!" in t for t in texts):
+                raise ValueError("rejected")
+            ids = [np.frombuffer(t.encode("utf-32-le"), dtype=np.int32).copy() for t in texts]
+            if threading.get_ident() != caller and not release.wait(5):
+                return [-a for a in ids]  # marks an answer the caller waited for (it should not have)
+            return ids
+
+    pieces = [chr(65 + i) * 20000 for i in range(6)]
+    threads = PieceThreads()
+    try:
+        got = threads.encode_list(StuckHelper(), pieces, 2)
+        assert not release.is_set()  # returned while the helper was still stuck in its piece
+        assert got == [ord(c) for p in pieces for c in p]
+        release.set()
+        with pytest.raises(ValueError):
+            threads.encode_list(StuckHelper(), pieces[:3] + ["!" * 20000] + pieces[3:], 2)
+    finally:
+        release.set()

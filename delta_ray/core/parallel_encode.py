@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import itertools
 import threading
+import time
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
@@ -10,6 +11,7 @@ import numpy as np
 from .encoder import Encoder, encode_flat
 
 MIN_PARALLEL_CHARS = 65536  # below this a second thread costs more than it saves
+STRAGGLER_SLACK_S = 0.0002  # encode_list: added to a late helper's expected time before the caller takes over
 
 
 def _groups(pieces: list[str], total: int, threads: int) -> list[list[str]]:
@@ -56,26 +58,46 @@ class PieceThreads:
         The same engine on the same pieces as :meth:`encode_flat`; only the container differs. The
         pieces are shared out as they are taken: the calling thread and ``threads - 1`` helpers
         each take the next piece not yet taken, encode it (native, GIL released) and convert it
-        to a list on the spot (under the GIL), so one piece's conversion overlaps another's encode;
-        a helper that is not scheduled in time (a loaded machine) costs nothing, the calling thread
-        takes its pieces. The lists are joined in piece order.
+        to a list on the spot (under the GIL), so one piece's conversion overlaps another's encode.
+        On a loaded machine a helper may be descheduled while it holds a piece: once the calling
+        thread has no piece left, it waits for a helper's piece twice as long as that piece would
+        take it (its own time per character), then encodes the piece itself (the same engine on the same piece gives
+        the same IDs; whichever copy lands is used), so a late helper costs about one piece, not
+        a time slice. The lists are joined in piece order.
         """
         total = sum(map(len, pieces))
         if not parallel or threads <= 1 or len(pieces) < 2 or total < MIN_PARALLEL_CHARS:
             return encode_flat(encoder, pieces)[0].tolist()
-        results: list[list[int] | None] = [None] * len(pieces)
-        taken = itertools.count()  # next() on a count is atomic under the GIL: each index goes once
         n = len(pieces)
+        results: list[list[int] | None] = [None] * n
+        done = [threading.Event() for _ in range(n)]
+        taken = itertools.count()  # next() on a count is atomic under the GIL: each index goes once
 
-        def work() -> None:
+        def encode(i: int) -> list[int]:
+            return encode_flat(encoder, [pieces[i]])[0].tolist()
+
+        def work() -> int:
+            chars = 0
             while (i := next(taken)) < n:
-                results[i] = encode_flat(encoder, [pieces[i]])[0].tolist()
+                try:
+                    results[i] = encode(i)
+                finally:
+                    done[i].set()  # even on an error: the caller then encodes the piece, and raises, itself
+                chars += len(pieces[i])
+            return chars
 
         pool = self._executor(threads - 1)
-        helpers = [pool.submit(work) for _ in range(min(threads, n) - 1)]
-        work()
-        for h in helpers:
-            h.result()  # the pieces a helper took are done when it returns; re-raises its error
+        for _ in range(min(threads, n) - 1):
+            pool.submit(work)
+        t0 = time.perf_counter()
+        mine = work()
+        per_char = (time.perf_counter() - t0) / mine if mine else None
+        for i in range(n):
+            if results[i] is None:
+                # a helper's piece: wait about as long as it would take here, then encode it here
+                wait = None if per_char is None else 2 * per_char * len(pieces[i]) + STRAGGLER_SLACK_S
+                if not done[i].wait(wait) or results[i] is None:
+                    results[i] = encode(i)
         out = results[0]
         for part in results[1:]:
             out += part

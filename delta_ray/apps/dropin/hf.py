@@ -7,7 +7,8 @@ tokenizer that carries a :class:`DropinState` takes the delta-ray path; every ot
 every call the path does not cover, runs the original method unchanged. The backend object itself
 is never replaced, so decoding, ``DecodeStream``, ``get_vocab``, deepcopy and pickle are stock.
 
-Covered (IDs from ``DeltaTokenizer.encode``/``encode_batch`` with the call's
+Covered (IDs from ``TokenizerCore.encode_list`` for one text, straight into the Python list
+transformers returns, and ``encode_batch_ids`` for a list of texts, with the call's
 ``add_special_tokens``): one text or a list of texts; no pair, no pre-tokenized input, no padding,
 no ``split_special_tokens``, no offsets, special-tokens mask or overflow; truncation with
 ``longest_first``/``only_first`` where the post-processor's template is known (the IDs are cut as
