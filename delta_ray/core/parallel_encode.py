@@ -61,9 +61,9 @@ class PieceThreads:
         to a list on the spot (under the GIL), so one piece's conversion overlaps another's encode.
         On a loaded machine a helper may be descheduled while it holds a piece: once the calling
         thread has no piece left, it waits for a helper's piece twice as long as that piece would
-        take it (its own time per character), then encodes the piece itself (the same engine on the same piece gives
-        the same IDs; whichever copy lands is used), so a late helper costs about one piece, not
-        a time slice. The lists are joined in piece order.
+        take it (its own time per character), then encodes the piece itself (the same engine on
+        the same piece gives the same IDs; whichever copy lands is used), so a late helper costs
+        about one piece, not a time slice. The lists are joined in piece order.
         """
         total = sum(map(len, pieces))
         if not parallel or threads <= 1 or len(pieces) < 2 or total < MIN_PARALLEL_CHARS:
@@ -94,7 +94,7 @@ class PieceThreads:
         per_char = (time.perf_counter() - t0) / mine if mine else None
         for i in range(n):
             if results[i] is None:
-                # a helper's piece: wait about as long as it would take here, then encode it here
+                # a helper's piece: wait twice as long as it would take here, then encode it here
                 wait = None if per_char is None else 2 * per_char * len(pieces[i]) + STRAGGLER_SLACK_S
                 if not done[i].wait(wait) or results[i] is None:
                     results[i] = encode(i)
