@@ -31,7 +31,7 @@ from .core.families import FAMILIES
 from .core.loading import LoadedTokenizer, TokenizerLike, load_tokenizer
 from .core.nfc_anchors import anchor_table
 from .core.parallel_encode import PieceThreads
-from .core.plan import CONTENT, REFERENCE, SESSION, SESSION_WHOLE, Plan, Router
+from .core.plan import CHUNKED, CONTENT, REFERENCE, SESSION, SESSION_WHOLE, WHOLE, Plan, Router
 from .core.reference_api import api_generation
 from .core.planner import chunk_count, plan_cuts
 from .core.repair import RepairPlan, common_prefix_len, encode_turn, encode_with_base, plan_repair
@@ -40,6 +40,7 @@ from .core.special_tokens import SpecialTokenIndex
 from .core.template import Template
 
 _INT32 = pa.int32()
+LIST_PIECES_PER_THREAD = 2  # encode_list: pieces per thread (each converted where it was encoded)
 
 __all__ = ["REUSE_MODES", "TokenizerConfig", "TokenizerCore", "build_predicate", "check_text"]
 
@@ -307,6 +308,40 @@ class TokenizerCore:
         else:
             ids = self._run_plan(self.plan(text))
         return self.finish(ids, add_special_tokens)
+
+    def encode_list(self, text: str, *, add_special_tokens: bool = True) -> list[int]:
+        """A keyless text's IDs as a Python list (what transformers returns: the drop-in's container).
+
+        The same route, engine and guard as :meth:`encode_ids`; only the container, and for a long
+        text the number of pieces, differ. A short text's IDs go from the engine's flat output
+        straight to a list (no per-text array copy, no Arrow wrapper). A long text is cut by the
+        same planner at safe cuts (two pieces a thread rather than one: any chain of safe cuts
+        gives pieces whose IDs concatenate to the text's), and each piece is converted to a list
+        on the thread that encoded it, so one piece's conversion (under the GIL) overlaps
+        another's native encode; the lists are joined in order. Every other path (content reuse,
+        an unadmitted configuration) is :meth:`encode_ids` converted.
+        """
+        check_text(text)
+        path = self.router.route(text, None)
+        if path is WHOLE:
+            self.stats["whole"] += 1
+            ids = self.encoder.encode_flat([text])[0].tolist()
+        elif path is CHUNKED:
+            # Two pieces a thread: a piece's conversion overlaps the next one's encode.
+            plan = self.plan(text, LIST_PIECES_PER_THREAD * self.threads)
+            if plan.cuts:
+                self.stats["chunked"] += 1
+                ids = self._threads.encode_list(self.encoder, plan.pieces, self.threads, self.uses_fast_engine)
+            else:
+                self.stats["whole"] += 1
+                ids = self.encoder.encode_flat([text])[0].tolist()
+        else:
+            return self.encode_ids(text, add_special_tokens=add_special_tokens).tolist()
+        template = self.template.when(add_special_tokens)
+        if template.added:
+            ids[:0] = template.prefix.tolist()
+            ids += template.suffix.tolist()
+        return ids
 
     def encode_batch_ids(self, texts: list[str], *, add_special_tokens: bool = True) -> list[np.ndarray]:
         """Stateless IDs for many texts through one batch encode of all their pieces."""

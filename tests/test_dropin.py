@@ -306,3 +306,70 @@ def test_minimax_long_s_with_the_fast_tier(folders, pairs):
     finally:
         fastokens.unpatch_transformers()
     assert theirs.encode(" I'\u017f") != want[0]  # [343, 39, 158967] with fastokens 0.3.5
+
+
+# -- the list path: pieces on threads, joined in order ------------------------------------------------------
+def test_list_path_on_threads_equals_stock(pairs, real_texts):
+    """A long text's pieces encoded by the guarded fast engine on several threads, each converted to a
+    list where it was encoded, joined in order (``TokenizerCore.encode_list``): equal to stock, with
+    guarded code points inside some pieces (those go to the reference)."""
+    pytest.importorskip("fastokens", reason="the fast tier's engine (fastokens) is not installed")
+    from delta_ray.core.encoder import ReferenceEncoder
+    from delta_ray.core.parallel_encode import MIN_PARALLEL_CHARS
+    from delta_ray.verify.fast_engine import FastEncoder
+    from delta_ray.verify.guard_probe import guard_set_for
+    from delta_ray.verify.guard_runtime import GuardedEncoder
+
+    for name in ("qwen-3", "llama3.2"):  # no template / a BOS template
+        stock, patched = pairs(name)
+        loaded = patched.__dict__[dropin_hf.STATE_ATTR].current(patched).tokenizer.core.loaded
+        fast = FastEncoder(loaded.config_bytes, "fastokens")
+        guard = guard_set_for(loaded.config_bytes, fast, ref_tokenizer=loaded.tokenizer, code_points=[0x17F, 0xE9])
+        tok = wrap_tokenizer(copy.copy(stock), encoder=GuardedEncoder(fast, guard, ReferenceEncoder(loaded.tokenizer)),
+                             **SMALL_CUTS)
+        core = tok.__dict__[dropin_hf.STATE_ATTR].current(tok).tokenizer.core
+        prose, code = real_texts["english"], real_texts["code"]
+        texts = [prose[:80000], prose[:9000] + " I'\u017f caf\u00e9 " + code[:70000] + "\u017f",
+                 code[:40000] + real_texts["multilingual"][:30000]]
+        # long enough for threads, and cut in more pieces than threads (so the order of joining matters)
+        assert all(len(t) >= MIN_PARALLEL_CHARS and len(core.plan(t, 8).cuts) >= 4 for t in texts)
+        for t in texts:
+            for ast in (True, False):
+                got = tok.encode(t, add_special_tokens=ast)
+                assert type(got) is list and got == stock.encode(t, add_special_tokens=ast)
+            _same(tok(t), stock(t))
+        assert core.stats["chunked"] >= 2 * len(texts)  # the threaded list path ran
+        assert guard.positions(texts[1]).size  # and one text held guarded code points
+
+
+def test_list_path_takes_over_a_late_helper_and_raises_errors():
+    """``PieceThreads.encode_list``: a helper stuck in its piece does not hold the call (the caller
+    encodes that piece itself; the same IDs, in order); a piece the engine rejects raises."""
+    import threading
+
+    from delta_ray.core.parallel_encode import PieceThreads
+
+    caller, release = threading.get_ident(), threading.Event()
+
+    class StuckHelper:  # a helper thread's first piece blocks until the test releases it
+        name = "fake"
+
+        def encode_pieces(self, texts):
+            if any("!" in t for t in texts):
+                raise ValueError("rejected")
+            ids = [np.frombuffer(t.encode("utf-32-le"), dtype=np.int32).copy() for t in texts]
+            if threading.get_ident() != caller and not release.wait(5):
+                return [-a for a in ids]  # marks an answer the caller waited for (it should not have)
+            return ids
+
+    pieces = [chr(65 + i) * 20000 for i in range(6)]
+    threads = PieceThreads()
+    try:
+        got = threads.encode_list(StuckHelper(), pieces, 2)
+        assert not release.is_set()  # returned while the helper was still stuck in its piece
+        assert got == [ord(c) for p in pieces for c in p]
+        release.set()
+        with pytest.raises(ValueError):
+            threads.encode_list(StuckHelper(), pieces[:3] + ["!" * 20000] + pieces[3:], 2)
+    finally:
+        release.set()

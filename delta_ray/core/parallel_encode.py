@@ -1,7 +1,9 @@
 """Consecutive pieces encoded as one flat buffer on several threads (the fast engine drops the GIL)."""
 from __future__ import annotations
 
+import itertools
 import threading
+import time
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
@@ -9,6 +11,15 @@ import numpy as np
 from .encoder import Encoder, encode_flat
 
 MIN_PARALLEL_CHARS = 65536  # below this a second thread costs more than it saves
+STRAGGLER_SLACK_S = 0.0002  # encode_list: added to a late helper's expected time before the caller takes over
+
+
+def _groups(pieces: list[str], total: int, threads: int) -> list[list[str]]:
+    """Consecutive pieces in at most ``threads`` contiguous groups of about equal length."""
+    cum = np.cumsum([len(p) for p in pieces])
+    cuts = np.searchsorted(cum, [total * i / threads for i in range(1, threads)])
+    bounds = [0] + sorted(set(int(c) + 1 for c in cuts if 0 <= c < len(pieces) - 1)) + [len(pieces)]
+    return [pieces[a:b] for a, b in zip(bounds, bounds[1:])]
 
 
 class PieceThreads:
@@ -30,10 +41,7 @@ class PieceThreads:
         total = sum(map(len, pieces))
         if not parallel or threads <= 1 or len(pieces) < 2 or total < MIN_PARALLEL_CHARS:
             return encode_flat(encoder, pieces)
-        cum = np.cumsum([len(p) for p in pieces])
-        cuts = np.searchsorted(cum, [total * i / threads for i in range(1, threads)])
-        bounds = [0] + sorted(set(int(c) + 1 for c in cuts if 0 <= c < len(pieces) - 1)) + [len(pieces)]
-        groups = [pieces[a:b] for a, b in zip(bounds, bounds[1:])]
+        groups = _groups(pieces, total, threads)
         parts = list(self._executor(threads).map(lambda g: encode_flat(encoder, g), groups))
         values = np.concatenate([v for v, _ in parts]).astype(np.int32, copy=False)
         offsets = np.zeros(len(pieces) + 1, dtype=np.int64)
@@ -43,6 +51,57 @@ class PieceThreads:
             pos += len(o) - 1
             base += len(v)
         return values, offsets
+
+    def encode_list(self, encoder: Encoder, pieces: list[str], threads: int, parallel: bool = True) -> list[int]:
+        """The pieces' IDs, concatenated in order, as one Python list (what transformers returns).
+
+        The same engine on the same pieces as :meth:`encode_flat`; only the container differs. The
+        pieces are shared out as they are taken: the calling thread and ``threads - 1`` helpers
+        each take the next piece not yet taken, encode it (native, GIL released) and convert it
+        to a list on the spot (under the GIL), so one piece's conversion overlaps another's encode.
+        On a loaded machine a helper may be descheduled while it holds a piece: once the calling
+        thread has no piece left, it waits for a helper's piece twice as long as that piece would
+        take it (its own time per character), then encodes the piece itself (the same engine on
+        the same piece gives the same IDs; whichever copy lands is used), so a late helper costs
+        about one piece, not a time slice. The lists are joined in piece order.
+        """
+        total = sum(map(len, pieces))
+        if not parallel or threads <= 1 or len(pieces) < 2 or total < MIN_PARALLEL_CHARS:
+            return encode_flat(encoder, pieces)[0].tolist()
+        n = len(pieces)
+        results: list[list[int] | None] = [None] * n
+        done = [threading.Event() for _ in range(n)]
+        taken = itertools.count()  # next() on a count is atomic under the GIL: each index goes once
+
+        def encode(i: int) -> list[int]:
+            return encode_flat(encoder, [pieces[i]])[0].tolist()
+
+        def work() -> int:
+            chars = 0
+            while (i := next(taken)) < n:
+                try:
+                    results[i] = encode(i)
+                finally:
+                    done[i].set()  # even on an error: the caller then encodes the piece, and raises, itself
+                chars += len(pieces[i])
+            return chars
+
+        pool = self._executor(threads - 1)
+        for _ in range(min(threads, n) - 1):
+            pool.submit(work)
+        t0 = time.perf_counter()
+        mine = work()
+        per_char = (time.perf_counter() - t0) / mine if mine else None
+        for i in range(n):
+            if results[i] is None:
+                # a helper's piece: wait twice as long as it would take here, then encode it here
+                wait = None if per_char is None else 2 * per_char * len(pieces[i]) + STRAGGLER_SLACK_S
+                if not done[i].wait(wait) or results[i] is None:
+                    results[i] = encode(i)
+        out = results[0]
+        for part in results[1:]:
+            out += part
+        return out
 
     def _executor(self, threads: int) -> ThreadPoolExecutor:
         with self._lock:

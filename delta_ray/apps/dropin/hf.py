@@ -7,7 +7,8 @@ tokenizer that carries a :class:`DropinState` takes the delta-ray path; every ot
 every call the path does not cover, runs the original method unchanged. The backend object itself
 is never replaced, so decoding, ``DecodeStream``, ``get_vocab``, deepcopy and pickle are stock.
 
-Covered (IDs from ``DeltaTokenizer.encode``/``encode_batch`` with the call's
+Covered (IDs from ``TokenizerCore.encode_list`` for one text, straight into the Python list
+transformers returns, and ``encode_batch_ids`` for a list of texts, with the call's
 ``add_special_tokens``): one text or a list of texts; no pair, no pre-tokenized input, no padding,
 no ``split_special_tokens``, no offsets, special-tokens mask or overflow; truncation with
 ``longest_first``/``only_first`` where the post-processor's template is known (the IDs are cut as
@@ -28,8 +29,6 @@ import inspect
 import logging
 import threading
 from typing import Any
-
-from delta_ray.core.assembly import ids_to_numpy
 
 from .snapshot import LazyEncoding, Snapshot
 
@@ -148,17 +147,17 @@ def _delta_encode_plus(self, state: DropinState, texts: list[str], is_batched: b
     template = snap.template
     if return_token_type_ids and (template is None or not template.zero_type_ids):
         return None
-    dt = snap.tokenizer
+    core = snap.tokenizer.core
     try:
-        if len(texts) == 1:
-            arrays = [dt.encode(texts[0], add_special_tokens=add_special_tokens)]
+        if len(texts) == 1:  # a chat turn: the IDs straight into the list transformers returns
+            lists = [core.encode_list(texts[0], add_special_tokens=add_special_tokens)]
         else:
-            arrays = dt.encode_batch(texts, add_special_tokens=add_special_tokens)
+            lists = [a.tolist() for a in core.encode_batch_ids(texts, add_special_tokens=add_special_tokens)]
     except (TypeError, ValueError):
         return None  # e.g. text the reference refuses: the original call raises its own error
     all_ids = []
-    for a in arrays:
-        ids = _truncated(ids_to_numpy(a).tolist(), template, add_special_tokens, trunc)
+    for ids in lists:
+        ids = _truncated(ids, template, add_special_tokens, trunc)
         if ids is None:
             return None
         all_ids.append(ids)

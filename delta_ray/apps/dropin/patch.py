@@ -5,7 +5,8 @@ transformers 5, so every tokenizer ``AutoTokenizer`` (or any model class) loads 
 a :class:`~delta_ray.apps.dropin.hf.DropinState`, and installs the class hooks of
 :mod:`delta_ray.apps.dropin.hf`. ``wrap_tokenizer(tok)`` does the same for one object already loaded.
 
-Options are ``DeltaTokenizer``'s (``engine``, ``threads``, ``cut_threshold``...), plus
+Options are ``DeltaTokenizer``'s (``engine``, ``threads``, ``cut_threshold``...; ``threads``
+defaults to 1 here, see ``_options``), plus
 ``content_reuse``: keyless content reuse (a request that extends an earlier text re-encodes only
 its tail) is OFF by default, since one serving process holds many tenants and a shared index is a
 timing side channel between them; pass ``content_reuse=True`` where one tenant owns the process.
@@ -31,7 +32,10 @@ def _options(content_reuse: bool, options: dict[str, Any]) -> dict[str, Any]:
         raise TypeError("the drop-in has no sessions: pass content_reuse=True or False, not reuse=")
     if not isinstance(content_reuse, bool):
         raise TypeError(f"content_reuse must be a bool, not {type(content_reuse).__name__}")
-    out = {**options, "reuse": "content" if content_reuse else "none"}
+    # One thread per call unless asked: transformers wants Python lists, and building them holds the
+    # GIL, so helper threads mostly wait for each other (bench_dropin / 2 cores, 2026-12-01: a 250K
+    # chat turn 8.1 ms with one thread against 9.9 ms with two at load 2; mixed at load 10-18).
+    out = {"threads": 1, **options, "reuse": "content" if content_reuse else "none"}
     # validate now (ValueError/TypeError), not at the first encode; `encoder` replaces the engine (tests)
     tokenizer_config(None, {k: v for k, v in out.items() if k != "encoder"})
     return out
