@@ -1,9 +1,7 @@
 """``TokenizerCore``: the exact tokenizer's service interface (sessions, safe-cut chunking, content reuse).
 
-The user's facade is :class:`delta_ray.tokenizer.DeltaTokenizer` (a handful of methods over one
-``TokenizerCore``); the pool's orchestrator, its workers and chunk tasks, Serve replicas and the
-batch pipelines are handed a ``TokenizerCore`` and use its plan / run / finish and session-state
-methods directly.
+The user's facade (:class:`delta_ray.tokenizer.DeltaTokenizer`) holds one; the pool, its workers
+and chunk tasks, Serve replicas and the batch pipelines are handed one and use its methods directly.
 """
 from __future__ import annotations
 
@@ -30,7 +28,7 @@ from .verify.shadow import ShadowVerifier
 from .core.families import FAMILIES
 from .core.loading import LoadedTokenizer, TokenizerLike, load_tokenizer
 from .core.nfc_anchors import anchor_table
-from .core.parallel_encode import PieceThreads
+from .core.parallel_encode import LIST_PIECES_PER_THREAD, PieceThreads
 from .core.plan import CHUNKED, CONTENT, REFERENCE, SESSION, SESSION_WHOLE, WHOLE, Plan, Router
 from .core.reference_api import api_generation
 from .core.planner import chunk_count, plan_cuts
@@ -40,7 +38,6 @@ from .core.special_tokens import SpecialTokenIndex
 from .core.template import Template
 
 _INT32 = pa.int32()
-LIST_PIECES_PER_THREAD = 2  # encode_list: pieces per thread (each converted where it was encoded)
 
 __all__ = ["REUSE_MODES", "TokenizerConfig", "TokenizerCore", "build_predicate", "check_text"]
 
@@ -310,33 +307,21 @@ class TokenizerCore:
         return self.finish(ids, add_special_tokens)
 
     def encode_list(self, text: str, *, add_special_tokens: bool = True) -> list[int]:
-        """A keyless text's IDs as a Python list (what transformers returns: the drop-in's container).
-
-        The same route, engine and guard as :meth:`encode_ids`; only the container, and for a long
-        text the number of pieces, differ. A short text's IDs go from the engine's flat output
-        straight to a list (no per-text array copy, no Arrow wrapper). A long text is cut by the
-        same planner at safe cuts (two pieces a thread rather than one: any chain of safe cuts
-        gives pieces whose IDs concatenate to the text's), and each piece is converted to a list
-        on the thread that encoded it, so one piece's conversion (under the GIL) overlaps
-        another's native encode; the lists are joined in order. Every other path (content reuse,
-        an unadmitted configuration) is :meth:`encode_ids` converted.
-        """
+        """A keyless text's IDs as a Python list (transformers' container, for the drop-in): the
+        route, engine and guard of :meth:`encode_ids`; a long text is cut by the same planner at
+        safe cuts into two pieces a thread, each converted on the thread that encoded it and joined
+        in order (design §14). Other routes are :meth:`encode_ids` converted."""
         check_text(text)
         path = self.router.route(text, None)
-        if path is WHOLE:
+        if path is not WHOLE and path is not CHUNKED:
+            return self.encode_ids(text, add_special_tokens=add_special_tokens).tolist()
+        plan = self.plan(text, LIST_PIECES_PER_THREAD * self.threads) if path is CHUNKED else None
+        if plan is not None and plan.cuts:
+            self.stats["chunked"] += 1
+            ids = self._threads.encode_list(self.encoder, plan.pieces, self.threads, self.uses_fast_engine)
+        else:
             self.stats["whole"] += 1
             ids = self.encoder.encode_flat([text])[0].tolist()
-        elif path is CHUNKED:
-            # Two pieces a thread: a piece's conversion overlaps the next one's encode.
-            plan = self.plan(text, LIST_PIECES_PER_THREAD * self.threads)
-            if plan.cuts:
-                self.stats["chunked"] += 1
-                ids = self._threads.encode_list(self.encoder, plan.pieces, self.threads, self.uses_fast_engine)
-            else:
-                self.stats["whole"] += 1
-                ids = self.encoder.encode_flat([text])[0].tolist()
-        else:
-            return self.encode_ids(text, add_special_tokens=add_special_tokens).tolist()
         template = self.template.when(add_special_tokens)
         if template.added:
             ids[:0] = template.prefix.tolist()

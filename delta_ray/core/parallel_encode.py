@@ -12,6 +12,7 @@ from .encoder import Encoder, encode_flat
 
 MIN_PARALLEL_CHARS = 65536  # below this a second thread costs more than it saves
 STRAGGLER_SLACK_S = 0.0002  # encode_list: added to a late helper's expected time before the caller takes over
+LIST_PIECES_PER_THREAD = 2  # encode_list: pieces per thread (a piece's conversion overlaps the next one's encode)
 
 
 def _groups(pieces: list[str], total: int, threads: int) -> list[list[str]]:
