@@ -162,7 +162,7 @@ class PoolOrchestrator:
                 return one_chunk(await self._extend_unadmitted(key, delta, add))
             rec = self.sessions.get(key)
             sent, version = (rec.text, rec.version) if rec is not None else (None, None)
-            call = self._extend_call(key, delta, version, rec)
+            call = self._extend_call(key, delta, rec)
             ids = await self.calls.run("session", len(delta), call, fallback=no_fallback, share_of=delta)
             if sent is not None and sent[0] == version:
                 self.sessions.sent_now(key, merge_text_parts(sent[1] + (delta,)))
@@ -255,7 +255,7 @@ class PoolOrchestrator:
                     and rope_is_prefix(sent[1], sent_chars, text):
                 # The text extends what this session last sent: ship only the suffix, as extend does.
                 delta = text[sent_chars:]
-                call = self._extend_call(key, delta, version, rec)
+                call = self._extend_call(key, delta, rec)
                 try:
                     ids = await self.calls.run("session", len(delta), call, share_of=delta,
                                                fallback=lambda: self._encode_fallback(key, text))
@@ -276,13 +276,13 @@ class PoolOrchestrator:
             return self.local.session_arrow(ids, add)
 
     @staticmethod
-    def _extend_call(key: str, delta: str, version: int | None, rec) -> Call:
-        """Extend ``key``'s state ``version`` (refused if the worker holds another) by ``delta``,
-        naming the IDs this pool holds (``rec``, its record) so that the worker answers only what
+    def _extend_call(key: str, delta: str, rec) -> Call:
+        """Extend the state of ``key`` that its record ``rec`` names (refused if the worker holds
+        another) by ``delta``, naming the IDs this pool holds so that the worker answers only what
         changed."""
         known = rec.ids if rec is not None else None
         return Call(EXTEND, ExtendArgs(key, delta, known_version=known[0] if known else None,
-                                       expect_version=version), key)
+                                       expect_version=rec.version if rec is not None else None), key)
 
     def _encode_fallback(self, key: str, text: str) -> tuple:
         return (self.local.encode_ids(text, session=key, add_special_tokens=False),)
