@@ -86,8 +86,7 @@ class PoolOrchestrator:
         self.calls = CallRunner(transport, dispatcher, config, loop, merge=self._merge, forget=self._forget,
                                 count=self.count, record=record)
         self._session_locks: dict[bytes, list] = {}
-        # One record per session (actors/session_table.py), evicted whole, bounded by count and bytes;
-        # each view below reads and writes one of its fields.
+        # One record per session (actors/session_table.py), evicted whole, bounded by count and bytes.
         # A request reads its record once and writes what it learned in one call: the worker
         # believed to hold it, the version of that state (an extend must extend exactly that one),
         # the (version, IDs) this pool last returned, the (version, text parts) last sent (to ship

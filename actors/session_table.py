@@ -96,9 +96,6 @@ class SessionTable:
     def resident_bytes(self) -> int:
         return self._bytes
 
-    def field(self, name: str) -> "_Field":
-        """A view of one field with the get/put/pop of a separate table."""
-        return _Field(self, name)
 
     def get(self, key: str) -> SessionRecord | None:
         """The session's record (marked recently used), or None."""
@@ -195,24 +192,3 @@ class SessionTable:
             _, old = self._data.popitem(last=False)
             self._bytes -= old.nbytes
 
-
-class _Field:
-    """One field of a :class:`SessionTable`'s records, used like a separate table:
-    ``get(key)``, ``put(key, value)`` or ``put(key, version, parts)``, ``pop(key)``."""
-
-    __slots__ = ("_table", "_name")
-
-    def __init__(self, table: SessionTable, name: str):
-        self._table, self._name = table, name
-
-    def get(self, key: str, default=None):
-        rec = self._table.get(key)
-        value = None if rec is None else getattr(rec, self._name)
-        return default if value is None else value
-
-    def put(self, key: str, *value) -> None:
-        self._table.set(key, self._name, value[0] if len(value) == 1 else tuple(value))
-
-    def pop(self, key: str, default=None):
-        old = self._table.set(key, self._name, None)
-        return default if old is None else old
