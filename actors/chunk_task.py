@@ -2,6 +2,8 @@
 from __future__ import annotations
 
 import os
+import time
+from typing import Callable
 
 import numpy as np
 import ray
@@ -87,3 +89,24 @@ class ChunkLauncher:
         """A task that loads the tokenizer in a chunk-task process and holds it ``hold_s`` seconds."""
         return warm_chunk_process.options(**self._options).remote(self._config_ref, self._digest, self._config.tokenizer,
                                                                   self._config.task_nice, hold_s)
+
+
+def warm_distinct(run_round: Callable[[int, float], list[int]], n: int, deadline_s: float, *,
+                  first_hold_s: float = 0.5, clock: Callable[[], float] = time.monotonic) -> int:
+    """Run rounds of ``n`` warm-up tasks until one round ran in ``n`` distinct processes at once;
+    returns the most distinct processes a round saw.
+
+    A warm-up task holds its process ``hold_s`` after loading the tokenizer, so that the round's
+    other tasks cannot reuse it; but a process Ray starts for a queued task takes longer than that
+    on a busy node (seconds: Python, Ray, the tokenizer), so a fixed hold lets every task of the
+    round run one after another in the one process already warm, and the first burst of chunks
+    then waits for a cold process on the request path. Doubling the hold each round until the
+    round sees ``n`` processes waits about as long as a process start, and no longer.
+    """
+    hold, best = first_hold_s, 0
+    end = clock() + deadline_s
+    while True:
+        best = max(best, len(set(run_round(n, hold))))
+        if best >= n or clock() + 2 * hold >= end:
+            return best
+        hold *= 2

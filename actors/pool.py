@@ -36,7 +36,7 @@ from delta_ray.scheduler.policies import make_policy
 from delta_ray.tokenizer_core import TokenizerCore, check_text
 
 from . import worker_channel
-from .chunk_task import ChunkLauncher
+from .chunk_task import ChunkLauncher, warm_distinct
 from .local_ray import ensure_ray
 from .loop_thread import LoopThread
 from .orchestrator import PoolOrchestrator
@@ -47,6 +47,7 @@ from .worker_channel import ChannelClient
 __all__ = ["PoolAuthError", "PoolClosed", "PoolStartupError", "TokenizerPool"]
 
 log = logging.getLogger("delta_ray.pool")
+WARM_BUDGET_S = 16.0  # how long a start may wait for the chunk-task processes to come up
 
 
 def _attach_proof(secret: bytes, name: str, nonce: bytes) -> bytes:
@@ -163,11 +164,20 @@ class TokenizerPool:
         n = self.config.max_inflight_tasks
         if n <= 0 or not self.admission:
             return
-        refs = [self._launcher.warm(hold_s=0.5) for _ in range(n)]
+        timeout = self.config.startup_timeout_s
+
+        def run_round(k: int, hold_s: float) -> list[int]:
+            return ray.get([self._launcher.warm(hold_s=hold_s) for _ in range(k)], timeout=timeout)
+        # Only zero-CPU tasks can all run at once whatever the workers reserve; the rounds stop
+        # doubling at a bounded wait, so a node that cannot start n processes slows no start much.
+        budget = min(timeout, WARM_BUDGET_S) if self.config.task_cpus == 0 else 0.0
         try:
-            ray.get(refs, timeout=self.config.startup_timeout_s)
+            warmed = warm_distinct(run_round, n, budget)
         except Exception:  # noqa: BLE001 - warming is best effort; requests still work cold
             log.warning("warming the chunk-task processes failed", exc_info=True)
+            return
+        if warmed < n:
+            log.warning("warmed %d of %d chunk-task processes within %.0f s", warmed, n, budget)
 
     def _open_channels(self) -> dict[str, ChannelClient]:
         """Side channels to the workers on this process's node (actors/worker_channel.py)."""

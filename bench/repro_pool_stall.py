@@ -1,10 +1,13 @@
-"""Reproduces the stateless 2-worker stall seen in bench_scaleout's validation (issue 26; not fixed).
+"""Reproduces the stateless 2-worker stall once seen in bench_scaleout's validation (issue 26; fixed).
 
 After other Ray work in the same driver (many zero-CPU tasks, large arguments) and a 1-worker pool
-opened and closed, a 2-worker pool sometimes runs 1M-character texts at under 1/s with seconds of
-P99 (once in three runs here), and its first call takes 7-11 s. Hypothesis: chunk tasks run in their
-own runtime env, so with the worker soft limit filled by other idle processes their processes are
-started anew. Usage:
+opened and closed, a 2-worker pool ran 1M-character texts at 0.4-0.8/s with 8-15 s of P99 (once in
+three runs here). Cause: the pool's warm-up held each warm task 0.5 s, but starting a chunk-task
+process took seconds on this busy node, so both warm tasks ran one after another in the one warm
+process; the first burst of two chunks then waited for a cold process (import, tokenizer load) and
+Ray started more processes for the queued tasks, which took the CPUs. The warm-up now doubles its
+hold until one round runs in n distinct processes (``actors.chunk_task.warm_distinct``): 3 of 3
+runs at 19-24/s, P99 under 200 ms. Usage:
 
     .venv/bin/python bench/repro_pool_stall.py 1,2 5 qwen-3 fast --sessions --flood   # TC=0.5 env: task_cpus
 """
