@@ -254,51 +254,56 @@ def chunk_loop(local, n_workers: int, callers: int, seconds: float, pieces: int 
     return out
 
 
-def serve_handler(local: TokenizerCore, seconds: float) -> list[tuple[str, float, float, int]]:
-    """One replica's request handling without the network: the steps of its /tokenize handler."""
-    from delta_ray.actors.http_api import dumps_json, loads_json, parse_tokenize, session_key
+def serve_handler(loaded, local: TokenizerCore, seconds: float) -> list[tuple[str, float, float, int]]:
+    """One replica's request handling without the network: its real Ray-free ``RequestHandler``
+    (body read, JSON parse, validation, tenant key, versioned append, JSON answer), driven on one
+    loop; each append names the ``session_version`` of the previous answer, as a client does."""
+    from delta_ray.actors.serve_handler import RequestHandler
 
-    served = {"delta-ray"}
-    base = corpus("english", 100_000)
-    key = session_key("chat", "tenant-a")
-    local.encode(base, session=key)
+    handler = RequestHandler(loaded, local, served={"delta-ray"})
+    loop = asyncio.new_event_loop()
 
-    def append(body: bytes) -> bytes:
-        req = parse_tokenize(loads_json(body), served)
-        k_ = session_key(req.session, req.tenant)
-        state = local.store.get(k_)
-        _, k, tail = local.encode_session_delta(k_, None, known_version=state.version, delta=req.append)
-        tail = np.asarray(tail, dtype=np.int32)
-        template = local.template.when(req.add_special_tokens)
-        return dumps_json({"count": template.count(k + len(tail)), "max_model_len": None,
-                           "start": template.start(k), "tokens": template.tail(k, tail)})
+    async def one_chunk(body: bytes):
+        yield body
 
-    def tiny(body: bytes) -> bytes:
-        req = parse_tokenize(loads_json(body), served)
-        tokens = local.encode(req.prompt, add_special_tokens=req.add_special_tokens).to_numpy(zero_copy_only=False)
-        return dumps_json({"count": len(tokens), "max_model_len": None, "tokens": tokens})
+    def post(body: bytes) -> bytes:
+        status, data, _ = loop.run_until_complete(handler.http("tokenize", str(len(body)), one_chunk(body)))
+        if status != 200:
+            raise RuntimeError(f"the handler answered {status}: {data[:200]!r}")
+        return data
 
-    out = []
+    def version_of(answer: bytes) -> bytes:  # the client's one field, without parsing the IDs
+        at = answer.rindex(b'"session_version"')
+        start = answer.index(b'"', answer.index(b":", at)) + 1
+        return answer[start:answer.index(b'"', start)]
+
+    base = json.dumps({"prompt": corpus("english", 100_000), "session_id": "chat",
+                       "cache_salt": "tenant-a"}).encode()
     code = corpus("code", 1_300_000)
-    turns = [code[i * 1300:(i + 1) * 1300] for i in range(1000)]
-    bodies = [json.dumps({"append": t, "session_id": "chat", "cache_salt": "tenant-a"}).encode() for t in turns]
-    for label, fn, bods in (("serve handler: append 1.3K to a held 100K session", append, bodies),
-                            ("serve handler: 5-word prompt (the floor)", tiny,
-                             [json.dumps({"prompt": "hello there, how are you"}).encode()])):
-        # warm: the first Array.to_numpy(zero_copy_only=False) of a process imports pandas (seconds;
-        # serve.py's stateless path pays it on a replica's first keyless request)
-        fn(bods[0])
+    turns = [json.dumps({"append": code[i * 1300:(i + 1) * 1300], "session_id": "chat",
+                         "cache_salt": "tenant-a"})[:-1].encode() for i in range(1000)]
+    state = {"version": version_of(post(base))}
 
-        def go(fn=fn, bods=bods) -> int:
+    def append(i: int) -> None:
+        state["version"] = version_of(post(turns[i % len(turns)] + b', "session_version": "'
+                                           + state["version"] + b'"}'))
+
+    tiny_body = json.dumps({"prompt": "hello there, how are you"}).encode()
+    out = []
+    for label, fn in (("serve handler: append 1.3K to a held 100K session", append),
+                      ("serve handler: 5-word prompt (the floor)", lambda i: post(tiny_body))):
+        fn(0)  # warm
+
+        def go(fn=fn) -> int:
             n, deadline = 0, time.perf_counter() + seconds
             while time.perf_counter() < deadline:
-                fn(bods[n % len(bods)])
+                fn(n)
                 n += 1
-                if fn is append and n % 200 == 0:  # keep the session near 100K: re-initialize it
-                    local.drop_session(key)
-                    local.encode(base, session=key)
+                if fn is append and n % 200 == 0:  # keep the session near 100K: start it again
+                    state["version"] = version_of(post(base))
             return n
         out.append((label,) + _cpu_wall(go))
+    loop.close()
     return out
 
 
@@ -363,7 +368,7 @@ def main() -> int:
     _header("one Serve replica, request handling without the network (one loop: callers do not add up)")
     replica = TokenizerCore(loaded, TokenizerConfig(threads=1, shadow_rate=0.0, engine="fast"))
     replica.encode(corpus("english", 10_000))  # the fast engine is admitted (cached on disk) and warm
-    for label, cpu, wall, n in serve_handler(replica, args.seconds):
+    for label, cpu, wall, n in serve_handler(loaded, replica, args.seconds):
         rows.append(_row(label, 1, cpu, wall, n) | {"kind": "serve"})
     _header("the routing decision")
     for label, cpu, wall, n in routing(args.seconds):
