@@ -409,18 +409,38 @@ class FastEncoder:
         return f"FastEncoder(backend={self.backend!r}, version={self.backend_version!r}, digest={self.digest[:12]})"
 
 
+# The list entry point's check (below): fragments of the character classes the verification battery
+# (guard_battery.ALPHABETS) covers, kept here since that module imports this one.
+_CHECK_TEXT = ("The quick brown fox jumps over the lazy dog. It's 12:45 and we've got 3,000,000 reasons -- "
+               "don't we? Mr. O'Neil's caf\u00e9 served cr\u00e8me br\u00fbl\u00e9e.\n\n"
+               "def f(x: int) -> list[int]:\n    return [x]  # TODO\r\n\tif (x != 0 && y >= 10) { return -1; }\n"
+               "\u041c\u043e\u0441\u043a\u0432\u0430 \u2014 \u0395\u03bb\u03bb\u03b7\u03bd\u03b9\u03ba\u03ac. "
+               "\u05e2\u05d1\u05e8\u05d9\u05ea \u0627\u0644\u0639\u0631\u0628\u064a\u0629 \u0661\u0662\u0663.\n"
+               "\u65e5\u672c\u8a9e\u306e\u30c6\u30ad\u30b9\u30c8 English \u4e2d\u6587\uff0c\ud55c\uad6d\uc5b4. "
+               "\u0939\u093f\u0928\u094d\u0926\u0940 \u0e20\u0e32\u0e29\u0e32\u0e44\u0e17\u0e22 Ti\u1ebfng Vi\u1ec7t.\n")
+_CHECK_FRAGMENTS = [
+    " ", "  ", "\t", "\n", "\r\n", "\r", "\n\n", " \n", "\u00a0", "\u3000", "\u200b", "\x0b", "\x85", "\u2028",
+    "'s", "'t", "'re", "'LL", "'", "\u2019s", "n't", "I'm", "don't", "0", "12", "123", "1234", "3.14", "\u0663",
+    "\uff11", "\u00b2", "\u00bd", "!", "!!!", "...", "?!", "\u3002", "\u2014", "###", "```", "//", "->", "<|", "|>",
+    "e\u0301", "a\u0300", "\u0301", "\u0345", "\u0915\u093c", "\uf900", "\uac00", "\u1100\u1161", "\u093f", "\u302a",
+    "\u65e5", "\u30c6\u30b9\u30c8", "\uff21", "\U00020000", "a", "Z", "Hello", "WORLD", "camelCase", "\u00df",
+    "\u0131", "\u0130", "\u01c5", "\u1e9e", "\U0001f468\u200d\U0001f469\u200d\U0001f467", "\U0001f44d\U0001f3fd",
+    "\u2764\ufe0f", "\U0001f1fa\U0001f1f8", "\u0899", "\u1acf", "\U0001e4ec", "\U00011f41", "\x00", "\x7f",
+    "\u00ad", "\ufeff", "\ufffd", "\ue000", "\U0010ffff", "\u202e", "\u0600",
+]
+
+
 def list_entry_texts(added: Sequence[str] = ()) -> list[str]:
-    """What the engine's list entry point must agree with its flat one on before it is used: the
-    verification battery's fragments of every character class (and the tokenizer's ``added`` token
+    """What the engine's list entry point must agree with its flat one on before it is used: fragments
+    of every character class the verification battery covers (and the tokenizer's ``added`` token
     strings), alone and in pairs, and long inputs past the engine's internal chunking and parallel
-    thresholds, chat-shaped ones included (added tokens between long runs of text)."""
-    from .guard_battery import ALPHABETS, REAL_TEXT
-    frags = [f for group in ALPHABETS.values() for f in group] + list(added)[:64]
-    out = frags + [a + b for a in frags[::3] for b in frags[::5]]
-    filler = (REAL_TEXT * 40)[:5000]
-    mixed = "".join(f + REAL_TEXT[:200] for f in frags)
-    out += [filler + " " * 700 + "x" + filler[:2000], filler + " " * 701, "a" * 3000, " " * 5000 + "b",
-            "ab1 " * 6000, REAL_TEXT * 30, mixed * 4, (REAL_TEXT * 200)[:70000] + mixed]
+    thresholds, chat-shaped ones included (added tokens between runs of text)."""
+    frags = _CHECK_FRAGMENTS + list(added)[:64]
+    out = frags + [a + b for a in frags[::2] for b in frags[::3]]
+    filler = (_CHECK_TEXT * 40)[:5000]
+    mixed = "".join(f + _CHECK_TEXT[:200] for f in frags)
+    out += [_CHECK_TEXT, filler + " " * 700 + "x" + filler[:2000], filler + " " * 701, "a" * 3000,
+            " " * 5000 + "b", "ab1 " * 6000, _CHECK_TEXT * 30, mixed * 4, (_CHECK_TEXT * 200)[:70000] + mixed]
     return out
 
 
