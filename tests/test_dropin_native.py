@@ -175,3 +175,24 @@ def test_native_threads_stay_pinned_in_a_ray_worker_and_after_a_load():
         print("pinned ok")
     """)
     assert "pinned ok" in out
+
+
+def test_engine_lists_are_used_only_once_they_match_the_flat_output(tokenizer_paths):
+    """``FastEncoder.encode_lists`` (the engine's own Python lists) is used only after it gave exactly
+    ``encode_flat``'s IDs on the check texts; an entry point that disagrees is never used, and the
+    list path (``parallel_encode.ids_list``) then converts the flat output instead."""
+    from delta_ray.core.parallel_encode import ids_list
+    from delta_ray.verify.fast_engine import FastEncoder, list_entry_texts
+
+    good = FastEncoder(tokenizer_paths["qwen-3"], "fastokens")
+    texts = ["Hello world, it's 12:45.", "caf\u00e9 " * 5000]
+    want = [a.tolist() for a in good.encode_pieces(texts)]
+    assert good.encode_lists(texts) == want and good._lists_checked is True
+
+    bad = FastEncoder(tokenizer_paths["qwen-3"], "fastokens")
+    lists = bad._lists
+    # wrong only past the check's longest text: the check must cover long inputs to catch it
+    bad._lists = lambda ts: [lst[:-1] if len(t) > 50000 else lst for t, lst in zip(ts, lists(ts))]
+    assert max(map(len, list_entry_texts(bad._added))) > 50000
+    assert bad.encode_lists(texts) is None and bad._lists_checked is False
+    assert ids_list(bad, texts) == want[0] + want[1]
