@@ -25,6 +25,9 @@ thread (measured: a 260K-character encode 1.0-1.2 ms there against 0.67-0.69 ms 
 on 2 cores). The child is driven turn by turn over its stdin/stdout (JSON lines) and times the calls
 itself, so the rotation is kept and neither process runs while the other is timed.
 ``--fastokens-in-process`` times it in this process instead (the pinned one-thread setting).
+delta-ray's patch lifts that pin in its own process by default (the drop-in's ``native_threads``
+option), so both patches spread a long text over fastokens' native threads; ``--native-threads off``
+times delta-ray with the pin kept.
 
     .venv/bin/python bench/bench_dropin.py [--tokenizer qwen-3] [--engine fast] [--repeats 5]
 """
