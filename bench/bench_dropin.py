@@ -25,6 +25,9 @@ thread (measured: a 260K-character encode 1.0-1.2 ms there against 0.67-0.69 ms 
 on 2 cores). The child is driven turn by turn over its stdin/stdout (JSON lines) and times the calls
 itself, so the rotation is kept and neither process runs while the other is timed.
 ``--fastokens-in-process`` times it in this process instead (the pinned one-thread setting).
+delta-ray's patch lifts that pin in its own process by default (the drop-in's ``native_threads``
+option), so both patches spread a long text over fastokens' native threads; ``--native-threads off``
+times delta-ray with the pin kept.
 
     .venv/bin/python bench/bench_dropin.py [--tokenizer qwen-3] [--engine fast] [--repeats 5]
 """
@@ -129,7 +132,7 @@ class Peer:
 
 
 def load_all(folder: str, engine: str, cache_mib: int, content_reuse: bool, shadow_rate: float | None,
-             fastokens_in_process: bool) -> dict:
+             fastokens_in_process: bool, native_threads: bool | None = None) -> dict:
     from transformers import AutoTokenizer
 
     import delta_ray
@@ -138,6 +141,7 @@ def load_all(folder: str, engine: str, cache_mib: int, content_reuse: bool, shad
         out.update(load_fastokens(folder, cache_mib))
     t0 = time.perf_counter()
     extra = {} if shadow_rate is None else {"shadow_rate": shadow_rate}
+    extra["native_threads"] = native_threads
     delta_ray.patch_transformers(engine=engine, **extra)
     out["delta-ray"] = AutoTokenizer.from_pretrained(folder)
     if content_reuse:
@@ -232,6 +236,9 @@ def main(argv=None) -> int:
     ap.add_argument("--fastokens-threads", default=_USER_FASTOKENS_THREADS,
                     help="FASTOKENS_BPE_THREADS for the fastokens child (default: as in the environment; "
                          "unset: fastokens' own default)")
+    ap.add_argument("--native-threads", choices=("auto", "on", "off"), default="auto",
+                    help="delta-ray's native_threads drop-in option: auto (the default: fastokens' own "
+                         "threads unless in a Ray worker), on, or off (the one-thread pin, as before)")
     ap.add_argument("--peer", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args.peer:
@@ -244,8 +251,9 @@ def main(argv=None) -> int:
     with os.popen("uptime") as fh:
         print("load:", fh.read().strip())
     folder = bundled_hf_folder(args.tokenizer, tempfile.mkdtemp(prefix="bench-dropin-"))
+    native = {"auto": None, "on": True, "off": False}[args.native_threads]
     toks = load_all(folder, args.engine, args.cache_mib, args.content_reuse, args.shadow_rate,
-                    args.fastokens_in_process)
+                    args.fastokens_in_process, native)
     if toks["stock"].chat_template is None:
         print(f"{args.tokenizer} ships no chat template: raw prompts only")
     prose, code = corpus("english", 2_000_000), corpus("code", 2_000_000)
@@ -260,8 +268,11 @@ def main(argv=None) -> int:
     peer = None
     if not args.fastokens_in_process:
         peer = Peer(folder, args.cache_mib, {"chat": chats if has_chat else [], "raw": raw}, args.fastokens_threads)
+        from delta_ray.verify.fast_engine import fast_engine_threads
+        mine = fast_engine_threads()
         print(f"fastokens timed in a child process, FASTOKENS_BPE_THREADS={peer.threads} there; "
-              f"delta-ray here: FASTOKENS_BPE_THREADS={os.environ.get('FASTOKENS_BPE_THREADS')}")
+              f"delta-ray here: FASTOKENS_BPE_THREADS={mine['FASTOKENS_BPE_THREADS']} "
+              f"(native threads: {mine['native_threads']})")
     else:
         print(f"fastokens timed in this process: FASTOKENS_BPE_THREADS={os.environ.get('FASTOKENS_BPE_THREADS')}")
     try:

@@ -28,7 +28,7 @@ from .verify.shadow import ShadowVerifier
 from .core.families import FAMILIES
 from .core.loading import LoadedTokenizer, TokenizerLike, load_tokenizer
 from .core.nfc_anchors import anchor_table
-from .core.parallel_encode import LIST_PIECES_PER_THREAD, PieceThreads
+from .core.parallel_encode import LIST_PIECES_PER_THREAD, PieceThreads, ids_list
 from .core.plan import CHUNKED, CONTENT, REFERENCE, SESSION, SESSION_WHOLE, WHOLE, Plan, Router
 from .core.reference_api import api_generation
 from .core.planner import chunk_count, plan_cuts
@@ -321,7 +321,7 @@ class TokenizerCore:
             ids = self._threads.encode_list(self.encoder, plan.pieces, self.threads, self.uses_fast_engine)
         else:
             self.stats["whole"] += 1
-            ids = self.encoder.encode_flat([text])[0].tolist()
+            ids = ids_list(self.encoder, [text])
         template = self.template.when(add_special_tokens)
         if template.added:
             ids[:0] = template.prefix.tolist()

@@ -102,6 +102,19 @@ class ConfiningEncoder:
             i += len(s)
         return out
 
+    def encode_lists(self, texts: Sequence[str]) -> list[list[int]] | None:
+        """The direct path with the engine's own Python lists (the drop-in's container), or None
+        where it does not apply (a guarded code point, no shadow verifier, an engine without a
+        trusted list entry point): the caller then uses :meth:`encode_flat`. Same engine, guard and
+        sampling as the direct path; a sampled call's lists become arrays in the verifier only."""
+        enc = self._direct_engine(texts)
+        lists = enc.fast.encode_lists(texts) if enc is not None and hasattr(enc.fast, "encode_lists") else None
+        if lists is None:
+            return None
+        enc.fast_texts += len(texts)
+        self._shadow.check_later(texts, _AsArrays(lists), enc)
+        return lists
+
     def encode_flat(self, texts: Sequence[str]) -> tuple[np.ndarray, np.ndarray]:
         enc = self._direct_engine(texts)  # the direct path, as in encode_pieces
         if enc is not None:
@@ -114,3 +127,16 @@ class ConfiningEncoder:
         if all(len(s) == 1 for s in splits):
             return encode_flat(self.inner, texts)
         return flat_from_pieces(self._encode_splits(splits))
+
+
+class _AsArrays:
+    """Lists read as int32 arrays one index at a time (the shadow verifier reads only those it samples)."""
+
+    def __init__(self, lists: list[list[int]]):
+        self._lists = lists
+
+    def __len__(self) -> int:
+        return len(self._lists)
+
+    def __getitem__(self, i: int) -> np.ndarray:
+        return np.asarray(self._lists[i], dtype=np.int32)

@@ -15,6 +15,20 @@ STRAGGLER_SLACK_S = 0.0002  # encode_list: added to a late helper's expected tim
 LIST_PIECES_PER_THREAD = 2  # encode_list: pieces per thread (a piece's conversion overlaps the next one's encode)
 
 
+def ids_list(encoder: Encoder, pieces: list[str]) -> list[int]:
+    """The pieces' IDs, concatenated in order, as one Python list, in one engine call: the engine's own
+    lists where the encoder offers them for these pieces (``encode_lists``: the guarded fast engine's
+    direct path, design §14), else its flat int32 values converted."""
+    lists_of = getattr(encoder, "encode_lists", None)
+    lists = lists_of(pieces) if lists_of is not None else None
+    if lists is None:
+        return encode_flat(encoder, pieces)[0].tolist()
+    out = lists[0]
+    for part in lists[1:]:
+        out += part
+    return out
+
+
 def _groups(pieces: list[str], total: int, threads: int) -> list[list[str]]:
     """Consecutive pieces in at most ``threads`` contiguous groups of about equal length."""
     cum = np.cumsum([len(p) for p in pieces])
@@ -68,14 +82,14 @@ class PieceThreads:
         """
         total = sum(map(len, pieces))
         if not parallel or threads <= 1 or len(pieces) < 2 or total < MIN_PARALLEL_CHARS:
-            return encode_flat(encoder, pieces)[0].tolist()
+            return ids_list(encoder, pieces)
         n = len(pieces)
         results: list[list[int] | None] = [None] * n
         done = [threading.Event() for _ in range(n)]
         taken = itertools.count()  # next() on a count is atomic under the GIL: each index goes once
 
         def encode(i: int) -> list[int]:
-            return encode_flat(encoder, [pieces[i]])[0].tolist()
+            return ids_list(encoder, [pieces[i]])
 
         def work() -> int:
             chars = 0

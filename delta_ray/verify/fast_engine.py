@@ -11,7 +11,8 @@ Two third-party engines read a HF ``tokenizer.json`` and encode 10-200x faster t
     built. It releases the GIL while it encodes. Its intra-request parallelism is a rayon pool sized
     by ``FASTOKENS_BPE_THREADS``, read once per process when the pool is first built: this module
     sets ``FASTOKENS_BPE_THREADS=1`` at import time when it is unset (see
-    :func:`fast_engine_threads`). Its opt-in caches stay off: the segment cache is switched off per
+    :func:`fast_engine_threads`); the transformers drop-in lifts that pin in its own process
+    (:func:`allow_native_threads`). Its opt-in caches stay off: the segment cache is switched off per
     tokenizer with ``enable_segment_cache(0)``; the prefix cache (``FASTOKENS_INPUT_CACHE``) is off
     unless that variable is set, which this module does not do.
 
@@ -58,6 +59,7 @@ from __future__ import annotations
 import hashlib
 import importlib
 import importlib.metadata
+import json
 import os
 import sys
 from pathlib import Path
@@ -77,8 +79,13 @@ DEFAULT_BACKEND = "fastokens"  # no guarded code point on the six tokenizers, GI
 
 # Pin fastokens' own worker pool to the calling thread before anything can build it. The pool is
 # built once per process from this variable, so a value set after the first large encode is ignored.
-if "FASTOKENS_BPE_THREADS" not in os.environ:
+# A pool worker or chunk task must not spread one encode over every core of its node: Ray gave it one
+# CPU. Only a process that asks (:func:`allow_native_threads`, the transformers drop-in) lifts it.
+_PINNED_HERE = "FASTOKENS_BPE_THREADS" not in os.environ  # the pin is ours, not the user's setting
+if _PINNED_HERE:
     os.environ["FASTOKENS_BPE_THREADS"] = "1"
+_fastokens_loaded = False  # set when delta-ray first builds a fastokens tokenizer (its pool may exist after)
+_native_lifted = False  # allow_native_threads() removed our pin before fastokens could read it
 
 TokenizerSource = Union[str, os.PathLike, bytes, bytearray, memoryview]
 
@@ -128,9 +135,61 @@ def engine_key(tokenizer_json_bytes: bytes, backend: str | None, backend_version
     return key
 
 
+def in_ray_worker() -> bool:
+    """Whether this process is a Ray worker (a task or actor process), without importing ray.
+
+    The raylet starts every worker with ``RAY_RAYLET_PID`` set (a Ray-internal flag stripped from
+    user job environments); a worker also runs ray's ``WORKER_MODE``."""
+    if "RAY_RAYLET_PID" in os.environ:
+        return True
+    ray = sys.modules.get("ray")
+    try:
+        return ray is not None and ray._private.worker.global_worker.mode == 1  # ray's WORKER_MODE
+    except Exception:  # noqa: BLE001 - a ray without this attribute: not known to be a worker
+        return False
+
+
+def allow_native_threads(*, in_worker: bool = False) -> bool:
+    """Let fastokens spread one encode over its own native threads in this process; returns whether
+    it will (its pool is sized once per process, when first used, so this decides for the process).
+
+    * ``FASTOKENS_BPE_THREADS`` set by the user (before delta-ray was imported, or a Ray
+      ``runtime_env`` as the pool's workers get): their setting stands; True when it is above 1.
+    * Otherwise the one-thread pin this module set at import is removed (fastokens' own default, every
+      core up to its cap, applies), unless delta-ray already loaded a fastokens tokenizer in this
+      process (the pool may exist: too late, False) or the process is a Ray worker and ``in_worker``
+      is False (a task or actor holds the CPUs Ray gave it, not the node's).
+
+    Exactness does not depend on it (docs/design.md §14): the guard, confinement and shadow check
+    judge each text's answer, whichever threads computed it. Other delta-ray tokenizers of the
+    process get the native threads too (each long piece then uses fastokens' pool besides its own
+    Python thread; the pool is shared first-come first-served, so this oversubscribes by at most the
+    pool's size).
+    """
+    global _native_lifted
+    if not _PINNED_HERE:  # the user's setting (or none left by them since): fastokens reads it as it is
+        value = os.environ.get("FASTOKENS_BPE_THREADS")
+        if value is None:
+            return (os.cpu_count() or 1) > 1
+        return value.strip().isdigit() and int(value) > 1
+    if _native_lifted:
+        return True
+    if _fastokens_loaded or (in_ray_worker() and not in_worker):
+        return False
+    os.environ.pop("FASTOKENS_BPE_THREADS", None)
+    _native_lifted = True
+    return (os.cpu_count() or 1) > 1
+
+
+def native_threads_allowed() -> bool:
+    """Whether :func:`allow_native_threads` lifted this module's pin in this process."""
+    return _native_lifted
+
+
 def fast_engine_threads() -> dict[str, str]:
     """The threading settings the engines run under (for logs and benchmark headers)."""
     return {"FASTOKENS_BPE_THREADS": os.environ.get("FASTOKENS_BPE_THREADS", "<unset>"),
+            "native_threads": "allowed by the drop-in" if _native_lifted else "pinned" if _PINNED_HERE else "user's",
             "FASTOKENS_INPUT_CACHE": os.environ.get("FASTOKENS_INPUT_CACHE", "<unset>"),
             "gigatoken": "encode() on the calling thread (no rayon pool)"}
 
@@ -158,6 +217,21 @@ def _read_source(src: TokenizerSource) -> bytes:
     raise TypeError(f"expected a tokenizer.json path or its bytes, got {type(src).__name__}")
 
 
+def _added_contents(data: bytes) -> list[str]:
+    """The added tokens' strings of a tokenizer.json, read without parsing the vocabulary (which
+    takes seconds); [] where the list is not found or malformed."""
+    at = data.find(b'"added_tokens"')
+    start = data.find(b"[", at) if at >= 0 else -1
+    if start < 0:
+        return []
+    try:
+        # the text before the list is ASCII JSON here: decode from the list on
+        tokens, _ = json.JSONDecoder().raw_decode(data[start:].decode("utf-8", "replace"))
+        return [t["content"] for t in tokens if isinstance(t, dict) and isinstance(t.get("content"), str)]
+    except (ValueError, TypeError):
+        return []
+
+
 class _FastokensBackend:
     name = "fastokens"
 
@@ -166,6 +240,8 @@ class _FastokensBackend:
             import fastokens
         except Exception as exc:  # noqa: BLE001
             raise FastEngineUnavailable(f"fastokens is not importable ({exc}); pip install 'fastokens>=0.3.5'") from exc
+        global _fastokens_loaded
+        _fastokens_loaded = True  # from here fastokens may size its pool: too late to lift the pin
         try:
             tok = fastokens.Tokenizer.from_json_str(data.decode("utf-8"))
         except Exception as exc:  # noqa: BLE001 - ValueError for configs it does not support
@@ -181,6 +257,14 @@ class _FastokensBackend:
             return [ids]
         bounds = np.frombuffer(offs, dtype="<u8").tolist()  # a few pieces: slices beat np.split
         return [ids[a:b] for a, b in zip(bounds, bounds[1:])]
+
+    def encode_lists(self, texts: list[str]) -> list[list[int]] | None:
+        """Each text's IDs as a Python list built by the engine itself (its ``Encoding.ids``: on its
+        own threads, from ints it keeps, 2-4x faster than ``ndarray.tolist``); None where the
+        tokenizer carries truncation or padding, which this entry point would apply."""
+        if self._tok.truncation is not None or self._tok.padding is not None:
+            return None
+        return [e.ids for e in self._tok.encode_batch(texts, add_special_tokens=False)]
 
     def encode_flat(self, texts: list[str]) -> tuple[np.ndarray, np.ndarray]:
         """All texts' IDs in one int32 buffer plus int64 offsets (n + 1), straight from the engine's
@@ -237,6 +321,7 @@ class FastEncoder:
     def __init__(self, tokenizer_json: TokenizerSource, backend: str = "auto"):
         data = _read_source(tokenizer_json)
         self.digest = hashlib.sha256(data).hexdigest()
+        self._added = _added_contents(data)
         if backend == "auto":
             candidates = list(FAST_BACKENDS)
         elif backend in _BACKEND_CLASSES:
@@ -253,6 +338,8 @@ class FastEncoder:
             self.backend = cand
             self.backend_version = package_version(cand)
             self._flat = getattr(self._impl, "encode_flat", None)  # looked up once, not per call
+            self._lists = getattr(self._impl, "encode_lists", None)
+            self._lists_checked: bool | None = None if self._lists is not None else False
             break
         else:
             raise FastEngineUnavailable("; ".join(reasons))
@@ -290,8 +377,71 @@ class FastEncoder:
         except (TypeError, UnicodeEncodeError) as exc:
             raise ValueError(f"the fast engine ({self.backend}) rejected the text: {exc}") from exc
 
+    def encode_lists(self, texts: Sequence[str]) -> list[list[int]] | None:
+        """Each text's IDs as a Python list (transformers' container) from the engine's own list entry
+        point, or None where there is none or it is not trusted: used only once it gave exactly
+        :meth:`encode_flat`'s IDs on :func:`list_entry_texts` (checked on first use, per instance;
+        docs/design.md §14). The guard applies as to :meth:`encode_flat` (same engine, same texts)."""
+        if self._lists_checked is None:
+            self._lists_checked = self._check_lists()
+        if not self._lists_checked:
+            return None
+        if exit_guard._exiting:
+            checkpoint()
+        try:
+            return self._lists(texts if type(texts) is list else list(texts))
+        except (TypeError, UnicodeEncodeError) as exc:
+            raise ValueError(f"the fast engine ({self.backend}) rejected the text: {exc}") from exc
+
+    def _check_lists(self) -> bool:
+        texts = list_entry_texts(self._added)
+        try:
+            lists = self._lists(texts)
+            values, offsets = self.encode_flat(texts)
+        except Exception:  # noqa: BLE001 - an entry point that fails here is not used
+            return False
+        if lists is None or len(lists) != len(texts):
+            return False
+        bounds = offsets.tolist()
+        return all(lst == values[a:b].tolist() for lst, a, b in zip(lists, bounds, bounds[1:]))
+
     def __repr__(self) -> str:
         return f"FastEncoder(backend={self.backend!r}, version={self.backend_version!r}, digest={self.digest[:12]})"
+
+
+# The list entry point's check (below): fragments of the character classes the verification battery
+# (guard_battery.ALPHABETS) covers, kept here since that module imports this one.
+_CHECK_TEXT = ("The quick brown fox jumps over the lazy dog. It's 12:45 and we've got 3,000,000 reasons -- "
+               "don't we? Mr. O'Neil's caf\u00e9 served cr\u00e8me br\u00fbl\u00e9e.\n\n"
+               "def f(x: int) -> list[int]:\n    return [x]  # TODO\r\n\tif (x != 0 && y >= 10) { return -1; }\n"
+               "\u041c\u043e\u0441\u043a\u0432\u0430 \u2014 \u0395\u03bb\u03bb\u03b7\u03bd\u03b9\u03ba\u03ac. "
+               "\u05e2\u05d1\u05e8\u05d9\u05ea \u0627\u0644\u0639\u0631\u0628\u064a\u0629 \u0661\u0662\u0663.\n"
+               "\u65e5\u672c\u8a9e\u306e\u30c6\u30ad\u30b9\u30c8 English \u4e2d\u6587\uff0c\ud55c\uad6d\uc5b4. "
+               "\u0939\u093f\u0928\u094d\u0926\u0940 \u0e20\u0e32\u0e29\u0e32\u0e44\u0e17\u0e22 Ti\u1ebfng Vi\u1ec7t.\n")
+_CHECK_FRAGMENTS = [
+    " ", "  ", "\t", "\n", "\r\n", "\r", "\n\n", " \n", "\u00a0", "\u3000", "\u200b", "\x0b", "\x85", "\u2028",
+    "'s", "'t", "'re", "'LL", "'", "\u2019s", "n't", "I'm", "don't", "0", "12", "123", "1234", "3.14", "\u0663",
+    "\uff11", "\u00b2", "\u00bd", "!", "!!!", "...", "?!", "\u3002", "\u2014", "###", "```", "//", "->", "<|", "|>",
+    "e\u0301", "a\u0300", "\u0301", "\u0345", "\u0915\u093c", "\uf900", "\uac00", "\u1100\u1161", "\u093f", "\u302a",
+    "\u65e5", "\u30c6\u30b9\u30c8", "\uff21", "\U00020000", "a", "Z", "Hello", "WORLD", "camelCase", "\u00df",
+    "\u0131", "\u0130", "\u01c5", "\u1e9e", "\U0001f468\u200d\U0001f469\u200d\U0001f467", "\U0001f44d\U0001f3fd",
+    "\u2764\ufe0f", "\U0001f1fa\U0001f1f8", "\u0899", "\u1acf", "\U0001e4ec", "\U00011f41", "\x00", "\x7f",
+    "\u00ad", "\ufeff", "\ufffd", "\ue000", "\U0010ffff", "\u202e", "\u0600",
+]
+
+
+def list_entry_texts(added: Sequence[str] = ()) -> list[str]:
+    """What the engine's list entry point must agree with its flat one on before it is used: fragments
+    of every character class the verification battery covers (and the tokenizer's ``added`` token
+    strings), alone and in pairs, and long inputs past the engine's internal chunking and parallel
+    thresholds, chat-shaped ones included (added tokens between runs of text)."""
+    frags = _CHECK_FRAGMENTS + list(added)[:64]
+    out = frags + [a + b for a in frags[::2] for b in frags[::3]]
+    filler = (_CHECK_TEXT * 40)[:5000]
+    mixed = "".join(f + _CHECK_TEXT[:200] for f in frags)
+    out += [_CHECK_TEXT, filler + " " * 700 + "x" + filler[:2000], filler + " " * 701, "a" * 3000,
+            " " * 5000 + "b", "ab1 " * 6000, _CHECK_TEXT * 30, mixed * 4, (_CHECK_TEXT * 200)[:70000] + mixed]
+    return out
 
 
 _LOADED: dict[tuple[str, str], FastEncoder] = {}

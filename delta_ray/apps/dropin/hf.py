@@ -35,6 +35,7 @@ from .snapshot import LazyEncoding, Snapshot
 log = logging.getLogger("delta_ray.apps.dropin")
 
 STATE_ATTR = "_delta_ray_dropin"
+NATIVE_KEY = "native_threads"  # a drop-in option (patch._options), not a DeltaTokenizer one
 _EXPECTED_PARAMS = (
     "self", "text", "text_pair", "add_special_tokens", "padding_strategy", "truncation_strategy",
     "max_length", "stride", "is_split_into_words", "pad_to_multiple_of", "padding_side", "return_tensors",

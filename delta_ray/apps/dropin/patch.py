@@ -7,9 +7,17 @@ a :class:`~delta_ray.apps.dropin.hf.DropinState`, and installs the class hooks o
 
 Options are ``DeltaTokenizer``'s (``engine``, ``threads``, ``cut_threshold``...; ``threads``
 defaults to 1 here, see ``_options``), plus
+
 ``content_reuse``: keyless content reuse (a request that extends an earlier text re-encodes only
 its tail) is OFF by default, since one serving process holds many tenants and a shared index is a
 timing side channel between them; pass ``content_reuse=True`` where one tenant owns the process.
+
+``native_threads``: the fast engine (fastokens) spreads one text over its own native threads, as
+fastokens' own patch does, instead of the one thread delta-ray pins it to at import. ``None`` (the
+default): on, unless the process is a Ray worker; ``True``: on, also in a Ray worker; ``False``: the
+pin stays. Decided for the whole process, by the first call that passes options (fastokens sizes
+its pool once, on first use): it can no longer be turned on once delta-ray has loaded a fastokens
+tokenizer in this process, and a ``FASTOKENS_BPE_THREADS`` set by the user always stands.
 """
 from __future__ import annotations
 
@@ -17,7 +25,7 @@ import threading
 from typing import Any
 
 from ...core.config import tokenizer_config
-from .hf import STATE_ATTR, DropinState, hooks_installed, install_hooks, remove_hooks, state_of
+from .hf import NATIVE_KEY, STATE_ATTR, DropinState, hooks_installed, install_hooks, remove_hooks, state_of
 
 __all__ = ["patch_transformers", "unpatch_transformers", "wrap_tokenizer", "unwrap_tokenizer", "refresh",
            "is_wrapped", "loading_wrapped"]
@@ -27,17 +35,33 @@ _patch: dict[str, Any] = {}  # while patched: {"options": ..., "had_own": bool, 
 _scoped = threading.local()  # loading_wrapped(): wrap loads on this thread only
 
 
+def _native(native_threads: bool | None) -> bool:
+    """Whether the fast engine may spread one text over its own native threads in this process
+    (decided once per process: see :func:`delta_ray.verify.fast_engine.allow_native_threads`)."""
+    if native_threads is not None and not isinstance(native_threads, bool):
+        raise TypeError(f"native_threads must be a bool or None, not {type(native_threads).__name__}")
+    if native_threads is False:
+        return False
+    from ...verify.fast_engine import allow_native_threads
+    # None: yes, unless this is a Ray worker (a task or actor holds the CPUs Ray gave it); True: yes
+    return allow_native_threads(in_worker=native_threads is True)
+
+
 def _options(content_reuse: bool, options: dict[str, Any]) -> dict[str, Any]:
     if "reuse" in options:
         raise TypeError("the drop-in has no sessions: pass content_reuse=True or False, not reuse=")
     if not isinstance(content_reuse, bool):
         raise TypeError(f"content_reuse must be a bool, not {type(content_reuse).__name__}")
+    options = dict(options)
+    native = options.pop("native_threads", None)
     # One thread per call unless asked: transformers wants Python lists, and building them holds the
     # GIL, so helper threads mostly wait for each other (bench_dropin / 2 cores, 2026-12-01: a 250K
     # chat turn 8.1 ms with one thread against 9.9 ms with two at load 2; mixed at load 10-18).
     out = {"threads": 1, **options, "reuse": "content" if content_reuse else "none"}
     # validate now (ValueError/TypeError), not at the first encode; `encoder` replaces the engine (tests)
     tokenizer_config(None, {k: v for k, v in out.items() if k != "encoder"})
+    # Last, once the options are known to be valid: it may lift the process's one-thread pin.
+    out[NATIVE_KEY] = _native(native)
     return out
 
 

@@ -99,7 +99,7 @@ class Snapshot:
             backend.no_padding()
         self.config_json = backend.to_str()  # no JSON round trip here: a vocabulary parses in seconds
         loaded = LoadedTokenizer.from_bytes(self.config_json.encode("utf-8"), source="<transformers backend>")
-        self.tokenizer = DeltaTokenizer(loaded, **options)
+        self.tokenizer = DeltaTokenizer(loaded, **{k: v for k, v in options.items() if k != "native_threads"})
         self.template = template_of(loaded.config.get("post_processor"))
         self._private: Tokenizer | None = None
         self._private_lock = threading.Lock()
