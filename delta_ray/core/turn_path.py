@@ -159,14 +159,18 @@ class TurnPath:
         pybuf = _py_buffer(buf)
         full = _from_buffers(_INT32, m, [None, pybuf])
         cut = _from_buffers(_INT32, t, [None, pybuf])
-        young = _young(lens, MERGE_IDS_BELOW)
+        young, i = 0, len(lens) - 1  # trailing chunks under the merge bound (merge_id_parts' policy)
+        while i >= 0 and young < YOUNG_PARTS and lens[i] < MERGE_IDS_BELOW:
+            young, i = young + 1, i - 1
         joined = False
         if young >= YOUNG_PARTS or not young:  # merge_id_parts' policy on the kept chunks (most turns join nothing)
             kept, lens, joined = merge_chunks(kept, lens)
         chunks = kept + (full,)
         text_parts = state.text_parts + (delta,)
         tb, ib = state._bytes
-        young = _young(tuple(map(len, text_parts[-YOUNG_PARTS:])), MERGE_TEXT_BELOW)
+        young, i = 0, len(text_parts) - 1  # the same for the text rope (merge_text_parts' policy)
+        while i >= 0 and young < YOUNG_PARTS and len(text_parts[i]) < MERGE_TEXT_BELOW:
+            young, i = young + 1, i - 1
         if young >= YOUNG_PARTS or not young:  # merge_text_parts would join: let it
             text_parts, tb = merge_text_parts(text_parts), None
         elif tb is not None:
@@ -208,12 +212,3 @@ class TurnPath:
         w0 = max(0, pos - self._back)
         state._head = head = (kept, lens, exact, w0, "".join(suffix_parts(state.text_parts, w0, state.n_chars)))
         return head
-
-
-def _young(sizes, bound: int) -> int:
-    """How many of ``sizes`` at the end are under ``bound`` (at most ``YOUNG_PARTS`` counted): the
-    merge policy joins nothing while this is between 0 and ``YOUNG_PARTS`` exclusive."""
-    young, n = 0, len(sizes)
-    while young < n and young < YOUNG_PARTS and sizes[n - 1 - young] < bound:
-        young += 1
-    return young
