@@ -36,6 +36,7 @@ from .core.repair import RepairPlan, common_prefix_len, encode_turn, encode_with
 from .core.session_store import SessionNotFound, SessionState, SessionStore
 from .core.special_tokens import SpecialTokenIndex
 from .core.template import Template
+from .core.turn_path import TurnPath
 
 _INT32 = pa.int32()
 
@@ -87,8 +88,7 @@ class TokenizerCore:
         (``chunk_size``, ``cut_threshold``, ``max_chunks``, ``threads``, ``reuse``,
         ``max_session_bytes``, ``max_sessions``, ``engine``, ``shadow_rate``); ``encoder`` replaces
         the engine (tests)."""
-        cfg = tokenizer_config(config, options)
-        self.config = cfg  # the options, as given (validated)
+        self.config = cfg = tokenizer_config(config, options)  # the options, as given (validated)
         self._loaded = load_tokenizer(tokenizer)
         self._tok = self._loaded.tokenizer
         self.planner = cfg.planner
@@ -111,8 +111,7 @@ class TokenizerCore:
         self._predicate = build_predicate(self._loaded, self._admission) if self._admission else None
         # A guarded code point sends only a window around it to the reference, not its whole chunk.
         self.encoder: Encoder = ConfiningEncoder(self.shadow, self.engine_switch, self._predicate)
-        longest = max((len(t) for t in self._admission.added_tokens), default=0)
-        self.margin = max(C.MIN_MARGIN, longest)
+        self.margin = max(C.MIN_MARGIN, max((len(t) for t in self._admission.added_tokens), default=0))
         self._store = SessionStore(cfg.max_session_bytes, cfg.max_sessions)
         self._content = ContentIndex() if cfg.reuse == "content" else None
         self.router = Router(self._predicate is not None, cfg.cut_threshold, content_reuse=self._content is not None)
@@ -124,9 +123,10 @@ class TokenizerCore:
         self._session_locks = [threading.Lock() for _ in range(C.SESSION_LOCK_STRIPES)]
         self._content_lock = threading.Lock()
         # A fast tier found wrong leaves nothing behind: every state it may have produced goes.
-        self._purge_lock = threading.Lock()
-        self._purged = False
+        self._purge_lock, self._purged = threading.Lock(), False
         self.engine_switch.add_disable_listener(self._purge)
+        self._turn = TurnPath(self.engine_switch, self.encoder, self._store, self._predicate, self.margin,
+                              self.planner, self.stats, self.template) if self._predicate is not None else None
 
     # -- public API -------------------------------------------------------------------------
     @property
@@ -158,27 +158,34 @@ class TokenizerCore:
             if self._predicate is None:  # one chunk: the reference's whole answer
                 return one_chunk(self.encode_ids(text, session=session, add_special_tokens=add_special_tokens))
             with self._lock_for(session):
-                state, _ = self._session_encode(session, text, self._states().get(session))
+                state = self._states().get(session)
+                if state is not None and state.n_chars < len(text) and state.prefix_of(text):
+                    out = self._turn.extend(session, state, text[state.n_chars:], add_special_tokens)
+                    if out is not None:  # the compact continuation (design §15); else the general turn
+                        return out
+                state, _ = self._session_encode(session, text, state)
             return self._chunked(state, add_special_tokens)
         return to_arrow(self.encode_ids(text, add_special_tokens=add_special_tokens))
 
     def extend(self, session: str, delta: str, *, add_special_tokens: bool = True) -> pa.ChunkedArray:
         """IDs of the session's stored text plus ``delta``, without resending the transcript.
 
-        O(len(delta)): neither the transcript nor its IDs are copied (a ``ChunkedArray`` as for
-        :meth:`encode` with a session). Raises :class:`SessionNotFound` when the session is unknown
-        or was evicted: the caller must then send the whole text with ``encode(text, session=...)``.
+        O(len(delta)), a ``ChunkedArray`` as for :meth:`encode` with a session. Raises
+        :class:`SessionNotFound` when the session is unknown or was evicted (send the whole text).
         """
         if type(session) is not str or type(delta) is not str:  # one test on the common path
-            check_text(session, "session")
-            check_text(delta, "delta")
+            check_text(session, "session"), check_text(delta, "delta")
         with self._session_locks[hash(session) % len(self._session_locks)]:  # _lock_for, inlined
-            state = self._states().get(session)
+            state = self._states().peek(session)  # a turn's put marks it recently used
             if state is None:
                 raise SessionNotFound(f"session {session!r} is not held (unknown or evicted): "
                                       "send the whole text with encode(text, session=...)")
             if self._predicate is None:
                 return one_chunk(self._reference_session(session, state.text + delta, add_special_tokens))
+            out = self._turn.extend(session, state, delta, add_special_tokens)
+            if out is not None:  # the compact continuation (design §15); else the general turn
+                return out
+            self._store.get(session)  # recently used, even if this turn installs nothing (a replay)
             new, _ = self._session_encode(session, None, state, delta=delta)
         return self._chunked(new, add_special_tokens)
 
@@ -252,21 +259,16 @@ class TokenizerCore:
         return self._states()
 
     @property
-    def predicate(self):
-        """The cut predicate (None when the configuration is not admitted)."""
+    def predicate(self):  # the cut predicate (None when the configuration is not admitted)
         return self._predicate
 
     def encode_session_delta(self, session: str, text: str, known_version: int | None = None,
                              delta: str | None = None, expect_version: int | None = None) -> tuple[int, int, np.ndarray]:
-        """Session encode for a remote caller that may hold the previous IDs already.
-
-        Returns (version, k, tail): the new state's IDs (no post-processing) are the IDs of the
-        state ``known_version`` cut to ``k`` tokens followed by ``tail``; k is 0 (tail = all IDs)
-        unless the reused state is the one the caller holds. With ``delta``, ``text`` is ignored
-        and the stored text plus ``delta`` is encoded (:meth:`extend`); with ``expect_version`` an
-        extend of a state other than that version is refused (:class:`SessionNotFound`), so an
-        extend that outlived its caller's timeout cannot apply on top of a newer text.
-        """
+        """Session encode for a remote caller that may hold the previous IDs: (version, k, tail),
+        the new state's raw IDs being state ``known_version``'s first ``k`` then ``tail`` (k is 0
+        unless the reused state is the caller's). With ``delta``, ``text`` is ignored and the stored
+        text plus ``delta`` is encoded; with ``expect_version``, an extend of another version is
+        refused (:class:`SessionNotFound`: an extend that outlived its caller's timeout)."""
         if self._predicate is None:
             raise RuntimeError("delta encodes need an admitted configuration")
         with self._lock_for(session):
@@ -381,9 +383,7 @@ class TokenizerCore:
         return self.template.when(add_special_tokens).apply_flat(values, offsets)
 
     # -- internals --------------------------------------------------------------------------
-    def _lock_for(self, session: str) -> threading.Lock:
-        # str hashes are cached in the object and stable within the process, which is all a lock
-        # stripe needs (a CRC-32 of the key's UTF-8 encoded it again on every call)
+    def _lock_for(self, session: str) -> threading.Lock:  # str hashes: cached, stable in the process
         return self._session_locks[hash(session) % len(self._session_locks)]
 
     def _purge(self, reason: str) -> None:

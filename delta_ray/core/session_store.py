@@ -9,13 +9,14 @@ import itertools
 import os
 import sys
 import threading
-from array import array
 from collections import OrderedDict
 
 import numpy as np
 
 from delta_ray.core import constants as C
 from .errors import DeltaRayError
+from .rope import (MERGE_TEXT_BELOW, YOUNG_PARTS, CheckpointLog, merge_id_parts,  # noqa: F401
+                   merge_text_parts, prefix_parts, rope_is_prefix, suffix_parts)
 
 
 class SessionNotFound(DeltaRayError, KeyError):
@@ -35,149 +36,8 @@ def new_version() -> int:
 
 _I32_EMPTY = np.zeros(0, dtype=np.int32)
 _I64_EMPTY = np.zeros(0, dtype=np.int64)
-# Trailing text parts whose sum is under this are joined. Small: every turn reads the rope from its
-# end only (a window, never the whole tuple), so more parts cost nothing per turn, while a large
-# bound made each turn copy its last part again (up to 64K characters, 32K on average).
-MERGE_TEXT_BELOW = 1 << 12
 
-
-YOUNG_PARTS = 8  # recently appended small parts wait to be joined together, 8 at a time
-
-
-def _merge_parts(parts: list, size, join, small: int) -> tuple:
-    """Keep a rope shallow at O(1) amortized copies per appended element and part.
-
-    Parts under ``small`` at the end (a turn's appends) are left alone until there are
-    ``YOUNG_PARTS`` of them, then joined in one copy: most turns copy nothing (joining the last
-    small part with the new one on every turn copied up to ``small`` elements per turn). The older
-    parts form a binary counter (the last two are joined while the older is not more than twice the
-    newer), so every element is copied O(log n) times over a session's life and a rope has
-    O(log n) + ``YOUNG_PARTS`` parts."""
-    parts = [p for p in parts if size(p)]
-    young = 0
-    while young < len(parts) and size(parts[-1 - young]) < small:
-        young += 1
-    if young >= YOUNG_PARTS:
-        parts[-young:] = [join(parts[-young:])]
-    elif young:
-        return tuple(parts)
-    while len(parts) >= 2 and size(parts[-2]) <= 2 * size(parts[-1]):
-        parts[-2:] = [join(parts[-2:])]
-    return tuple(parts)
-
-
-def prefix_parts(parts: tuple[np.ndarray, ...], k: int, total: int | None = None) -> tuple[np.ndarray, ...]:
-    """The parts holding the first ``k`` elements of a rope, the last one a zero-copy slice.
-
-    With ``total`` (the rope's length) the parts are walked from the end: a prefix that ends near
-    the end (a turn's kept IDs) touches only the parts after it, whatever the rope's depth."""
-    if total is not None:
-        i, end = len(parts), total
-        while i and end - len(parts[i - 1]) >= k:
-            end -= len(parts[i - 1])
-            i -= 1
-        if not i:
-            return ()
-        last = parts[i - 1]
-        pos = end - len(last)
-        return parts[:i] if k - pos == len(last) else parts[:i - 1] + (last[:k - pos],)
-    out, left = [], k
-    for p in parts:
-        if left <= 0:
-            break
-        out.append(p if len(p) <= left else p[:left])
-        left -= len(p)
-    return tuple(out)
-
-
-def suffix_parts(parts: tuple, start: int, total: int | None = None) -> list:
-    """The parts holding elements ``start:`` of a rope, the first one a slice.
-
-    With ``total`` (the rope's length) the parts are walked from the end, so a suffix near the end
-    (a turn's window) touches only the parts it returns, whatever the rope's depth."""
-    if total is not None:
-        out, end = [], total
-        for i in range(len(parts) - 1, -1, -1):
-            p = parts[i]
-            pos = end - len(p)
-            if end <= start:
-                break
-            out.append(p if pos >= start else p[start - pos:])
-            end = pos
-        out.reverse()
-        return out
-    out, pos = [], 0
-    for p in parts:
-        end = pos + len(p)
-        if end > start:
-            out.append(p if pos >= start else p[start - pos:])
-        pos = end
-    return out
-
-
-def rope_is_prefix(parts: tuple[str, ...], n_chars: int, text: str) -> bool:
-    """Whether the rope's text (``n_chars`` long) is a prefix of ``text``: memcmp per part, no copy."""
-    if len(text) < n_chars:
-        return False
-    pos = 0
-    for p in parts:
-        if not text.startswith(p, pos):
-            return False
-        pos += len(p)
-    return True
-
-
-class CheckpointLog:
-    """Append-only checkpoints (pos, tok, ext, flat in one ``array('q')``) shared by the
-    consecutive states of a session.
-
-    A state's checkpoints are entries ``[start:end]`` of a log. A turn that keeps all of its base's
-    checkpoints, when its base is the log's newest writer, appends in place; anything else (a
-    divergence dropped some, an older state is extended again, a long dead prefix) copies into a
-    new log. Entries are never written again once appended, so every state's checkpoints stay
-    unchanged: states are as immutable as before, and a turn's checkpoint bookkeeping is
-    O(new checkpoints) in plain Python ints (the three numpy arrays used to be rebuilt by
-    concatenation on every turn: O(all checkpoints), and numpy calls on the turn's path).
-    """
-
-    __slots__ = ("data",)
-    _lock = threading.Lock()  # appends: check-and-write is atomic across states sharing a log
-
-    def __init__(self, data: array):
-        self.data = data
-
-    @staticmethod
-    def extend(base: "SessionState | None", n_keep: int, new: list[int]) -> tuple["CheckpointLog", int, int]:
-        """(log, start, end) holding ``base``'s first ``n_keep`` checkpoints followed by ``new``
-        (flat pos, tok, ext triples)."""
-        k = len(new) // 3
-        if base is not None and base._cp_log is not None:
-            log, start = base._cp_log, base._cp_start
-            at = start + n_keep
-            if start <= C.MAX_CHECKPOINTS:  # else copy: the log's dead prefix is dropped
-                with CheckpointLog._lock:
-                    if 3 * at == len(log.data):
-                        log.data.extend(new)
-                        return log, start, at + k
-            data = log.data[3 * start:3 * at]
-        elif n_keep:
-            cols = np.stack([base.cp_pos[:n_keep], base.cp_tok[:n_keep], base.cp_ext[:n_keep]], axis=1)
-            data = array("q", np.ascontiguousarray(cols, dtype=np.int64).tobytes())
-        else:
-            data = array("q")
-        data.extend(new)
-        return CheckpointLog(data), 0, n_keep + k
-
-
-def merge_text_parts(parts) -> tuple[str, ...]:
-    return _merge_parts(list(parts), len, "".join, MERGE_TEXT_BELOW)
-
-
-def merge_id_parts(parts) -> tuple[np.ndarray, ...]:
-    return _merge_parts(list(parts), len, lambda ps: np.concatenate(ps).astype(np.int32, copy=False), 4096)
-
-
-_CACHES = frozenset({"_text", "_ids", "_cp", "_arrow", "_arrow_from", "_nbytes", "_bytes"})
+_CACHES = frozenset({"_text", "_ids", "_cp", "_arrow", "_arrow_from", "_nbytes", "_bytes", "_id_parts", "_head"})
 
 
 def buffer_owner(a: np.ndarray):
@@ -208,7 +68,7 @@ class SessionState:
     States are immutable: an update builds a new state.
     """
 
-    __slots__ = ("text_parts", "id_parts", "version", "n_chars", "n_ids", "last_checkpoint", "n_checkpoints",
+    __slots__ = ("text_parts", "_id_parts", "_head", "version", "n_chars", "n_ids", "last_checkpoint", "n_checkpoints",
                  "_text", "_ids", "_cp_log", "_cp_start", "_cp", "_arrow", "_arrow_from", "_nbytes", "_bytes")
 
     def __init__(self, text: str | None, ids: np.ndarray | None, cp_pos: np.ndarray | None,
@@ -224,7 +84,8 @@ class SessionState:
         else:
             id_parts = (np.asarray(ids, dtype=np.int32),) if ids is not None and len(ids) else ()
         set_(self, "text_parts", text_parts)
-        set_(self, "id_parts", id_parts)
+        set_(self, "_id_parts", id_parts)
+        set_(self, "_head", None)
         if checkpoints is not None:  # entries of a shared append-only log (see CheckpointLog)
             log, a, b = checkpoints
             set_(self, "_cp_log", log)
@@ -311,6 +172,58 @@ class SessionState:
         return (self.id_parts, self._arrow) if self._arrow is not None else None
 
     @property
+    def id_parts(self) -> tuple[np.ndarray, ...]:
+        """The ID rope as int32 numpy arrays. A state made by the compact turn holds Arrow chunks
+        only; their numpy views are made here on first use (never on the turn's path)."""
+        parts = self._id_parts
+        if parts is None:
+            parts = self._id_parts = arrow_views(self._arrow)
+        return parts
+
+    @classmethod
+    def compact(cls, text_parts: tuple, n_chars: int, n_ids: int, checkpoints: tuple, last: tuple,
+                chunks: tuple, head: tuple, part_bytes: tuple) -> "SessionState":
+        """A state from the compact turn (:mod:`delta_ray.core.turn_path`): its IDs are the Arrow
+        ``chunks`` (numpy views on demand), ``head`` is (chunks, lengths, exact) of ``ids[:tok]``
+        of its last checkpoint; every other field as :meth:`__init__` sets it, without its checks."""
+        # Built as a _Fresh (the same slots, plain attribute stores: a turn's stores compile to
+        # direct slot writes instead of 17 generic setattr lookups), then made a SessionState,
+        # immutable from here on like any other.
+        self = _Fresh.__new__(_Fresh)
+        log, a, b = checkpoints
+        self.text_parts = text_parts
+        self._id_parts = None
+        self._head = head
+        self.version = next(_VERSIONS)
+        self.n_chars = n_chars
+        self.n_ids = n_ids
+        self.last_checkpoint = last
+        self.n_checkpoints = b - a
+        self._text = self._ids = self._cp = self._arrow_from = self._nbytes = None
+        self._cp_log = log
+        self._cp_start = a
+        self._arrow = chunks
+        self._bytes = part_bytes
+        self.__class__ = cls
+        return self
+
+    def head_chunks(self) -> tuple[tuple, tuple, bool]:
+        """(Arrow chunks, their lengths, False) holding ``ids[:tok]`` of the last checkpoint (the
+        compact turn's kept IDs, for a state the general turn made). False: they may show fewer
+        buffers than the state's IDs do (the byte count of a state kept from them is recounted)."""
+        left = self.last_checkpoint[1] if self.last_checkpoint is not None else 0
+        out, lens = [], []
+        for c in self.arrow_chunks():
+            if left <= 0:
+                break
+            m = len(c)
+            if m:
+                out.append(c if m <= left else c.slice(0, left))
+                lens.append(min(m, left))
+                left -= m
+        return tuple(out), tuple(lens), False
+
+    @property
     def text(self) -> str:
         if self._text is None:
             self._text = self.text_parts[0] if len(self.text_parts) == 1 else "".join(self.text_parts)
@@ -349,7 +262,9 @@ class SessionState:
         """Memory this state keeps alive: its text parts, every buffer its ID parts show (a slice
         keeps its whole buffer alive: each counted once), and its checkpoints."""
         if self._nbytes is None:
-            self._nbytes = self.text_bytes + self.id_bytes + 3 * 8 * self.n_checkpoints
+            head = self._head  # a compact turn's window text, if any (turn_path)
+            self._nbytes = (self.text_bytes + self.id_bytes + 3 * 8 * self.n_checkpoints
+                            + (sys.getsizeof(head[4]) if head is not None else 0))
         return self._nbytes
 
     @property
@@ -375,6 +290,30 @@ class SessionState:
 
     def __repr__(self) -> str:
         return f"SessionState({self.n_chars} chars, {self.n_ids} ids, {self.n_checkpoints} checkpoints, v{self.version})"
+
+
+class _Fresh(SessionState):
+    """A SessionState under construction (:meth:`SessionState.compact`): same layout, no guard."""
+
+    __slots__ = ()
+    __setattr__ = object.__setattr__
+
+
+def arrow_views(chunks) -> tuple[np.ndarray, ...]:
+    """Zero-copy int32 numpy views of Arrow chunks; chunks over one buffer are views of one array
+    (so :func:`owners_bytes` counts that buffer once)."""
+    whole: dict[int, np.ndarray] = {}
+    out = []
+    for c in chunks or ():  # one view per chunk, empty ones included: arrow_chunks pairs them by index
+        buf = c.buffers()[1]
+        if buf is None:
+            out.append(_I32_EMPTY)
+            continue
+        arr = whole.get(buf.address)
+        if arr is None:
+            arr = whole[buf.address] = np.frombuffer(buf, dtype=np.int32)
+        out.append(arr[c.offset:c.offset + len(c)])
+    return tuple(out)
 
 
 def _buffer_bytes(owner) -> int:
@@ -428,13 +367,20 @@ class SessionStore:
                 self._data.move_to_end(key)
             return st
 
-    def put(self, key: str, state: SessionState) -> bool:
-        """Install a new state, evicting least recently used sessions beyond the bounds.
+    def peek(self, key: str) -> SessionState | None:
+        """The state of a session without marking it used (one dict read, atomic under the GIL):
+        for a caller that installs a new state for it next or marks it with :meth:`get`."""
+        return self._data.get(key)
+
+    def put(self, key: str, state: SessionState, size: int | None = None) -> bool:
+        """Install a new state, evicting least recently used sessions beyond the bounds; ``size``:
+        its :func:`entry_bytes` when the caller knows them (a compact turn).
 
         Returns False (and forgets the key's old state, which the caller has moved past) when the
         state alone is over ``max_state_bytes``.
         """
-        size = entry_bytes(key, state)
+        if size is None:
+            size = entry_bytes(key, state)
         with self._lock:
             self._pop_locked(key)
             if size > self.max_state_bytes or size > self.max_bytes:

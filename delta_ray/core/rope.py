@@ -1,0 +1,155 @@
+"""Ropes: a session's text and IDs as short tuples of immutable parts, and its append-only
+checkpoint log (shared by the consecutive states of a session; see :class:`CheckpointLog`).
+
+Every turn reads a rope from its end (a window), so more parts cost nothing per turn; the merge
+policy keeps a rope at O(log n) + ``YOUNG_PARTS`` parts with O(1) amortized copies per element.
+"""
+from __future__ import annotations
+
+import threading
+from array import array
+
+import numpy as np
+
+from delta_ray.core import constants as C
+
+# Trailing text parts whose sum is under this are joined. Small: every turn reads the rope from its
+# end only (a window, never the whole tuple), so more parts cost nothing per turn, while a large
+# bound made each turn copy its last part again (up to 64K characters, 32K on average).
+MERGE_TEXT_BELOW = 1 << 12
+
+
+YOUNG_PARTS = 8  # recently appended small parts wait to be joined together, 8 at a time
+
+
+def _merge_parts(parts: list, size, join, small: int) -> tuple:
+    """Keep a rope shallow at O(1) amortized copies per appended element and part.
+
+    Parts under ``small`` at the end (a turn's appends) are left alone until there are
+    ``YOUNG_PARTS`` of them, then joined in one copy: most turns copy nothing (joining the last
+    small part with the new one on every turn copied up to ``small`` elements per turn). The older
+    parts form a binary counter (the last two are joined while the older is not more than twice the
+    newer), so every element is copied O(log n) times over a session's life and a rope has
+    O(log n) + ``YOUNG_PARTS`` parts."""
+    parts = [p for p in parts if size(p)]
+    young = 0
+    while young < len(parts) and size(parts[-1 - young]) < small:
+        young += 1
+    if young >= YOUNG_PARTS:
+        parts[-young:] = [join(parts[-young:])]
+    elif young:
+        return tuple(parts)
+    while len(parts) >= 2 and size(parts[-2]) <= 2 * size(parts[-1]):
+        parts[-2:] = [join(parts[-2:])]
+    return tuple(parts)
+
+
+def prefix_parts(parts: tuple[np.ndarray, ...], k: int, total: int | None = None) -> tuple[np.ndarray, ...]:
+    """The parts holding the first ``k`` elements of a rope, the last one a zero-copy slice.
+
+    With ``total`` (the rope's length) the parts are walked from the end: a prefix that ends near
+    the end (a turn's kept IDs) touches only the parts after it, whatever the rope's depth."""
+    if total is not None:
+        i, end = len(parts), total
+        while i and end - len(parts[i - 1]) >= k:
+            end -= len(parts[i - 1])
+            i -= 1
+        if not i:
+            return ()
+        last = parts[i - 1]
+        pos = end - len(last)
+        return parts[:i] if k - pos == len(last) else parts[:i - 1] + (last[:k - pos],)
+    out, left = [], k
+    for p in parts:
+        if left <= 0:
+            break
+        out.append(p if len(p) <= left else p[:left])
+        left -= len(p)
+    return tuple(out)
+
+
+def suffix_parts(parts: tuple, start: int, total: int | None = None) -> list:
+    """The parts holding elements ``start:`` of a rope, the first one a slice.
+
+    With ``total`` (the rope's length) the parts are walked from the end, so a suffix near the end
+    (a turn's window) touches only the parts it returns, whatever the rope's depth."""
+    if total is not None:
+        out, end = [], total
+        for i in range(len(parts) - 1, -1, -1):
+            p = parts[i]
+            pos = end - len(p)
+            if end <= start:
+                break
+            out.append(p if pos >= start else p[start - pos:])
+            end = pos
+        out.reverse()
+        return out
+    out, pos = [], 0
+    for p in parts:
+        end = pos + len(p)
+        if end > start:
+            out.append(p if pos >= start else p[start - pos:])
+        pos = end
+    return out
+
+
+def rope_is_prefix(parts: tuple[str, ...], n_chars: int, text: str) -> bool:
+    """Whether the rope's text (``n_chars`` long) is a prefix of ``text``: memcmp per part, no copy."""
+    if len(text) < n_chars:
+        return False
+    pos = 0
+    for p in parts:
+        if not text.startswith(p, pos):
+            return False
+        pos += len(p)
+    return True
+
+
+class CheckpointLog:
+    """Append-only checkpoints (pos, tok, ext, flat in one ``array('q')``) shared by the
+    consecutive states of a session.
+
+    A state's checkpoints are entries ``[start:end]`` of a log. A turn that keeps all of its base's
+    checkpoints, when its base is the log's newest writer, appends in place; anything else (a
+    divergence dropped some, an older state is extended again, a long dead prefix) copies into a
+    new log. Entries are never written again once appended, so every state's checkpoints stay
+    unchanged: states are as immutable as before, and a turn's checkpoint bookkeeping is
+    O(new checkpoints) in plain Python ints (the three numpy arrays used to be rebuilt by
+    concatenation on every turn: O(all checkpoints), and numpy calls on the turn's path).
+    """
+
+    __slots__ = ("data",)
+    _lock = threading.Lock()  # appends: check-and-write is atomic across states sharing a log
+
+    def __init__(self, data: array):
+        self.data = data
+
+    @staticmethod
+    def extend(base, n_keep: int, new: list[int]) -> tuple["CheckpointLog", int, int]:
+        """(log, start, end) holding ``base``'s first ``n_keep`` checkpoints followed by ``new``
+        (flat pos, tok, ext triples)."""
+        k = len(new) // 3
+        if base is not None and base._cp_log is not None:
+            log, start = base._cp_log, base._cp_start
+            at = start + n_keep
+            if start <= C.MAX_CHECKPOINTS:  # else copy: the log's dead prefix is dropped
+                with CheckpointLog._lock:
+                    if 3 * at == len(log.data):
+                        log.data.extend(new)
+                        return log, start, at + k
+            data = log.data[3 * start:3 * at]
+        elif n_keep:
+            cols = np.stack([base.cp_pos[:n_keep], base.cp_tok[:n_keep], base.cp_ext[:n_keep]], axis=1)
+            data = array("q", np.ascontiguousarray(cols, dtype=np.int64).tobytes())
+        else:
+            data = array("q")
+        data.extend(new)
+        return CheckpointLog(data), 0, n_keep + k
+
+
+def merge_text_parts(parts) -> tuple[str, ...]:
+    return _merge_parts(list(parts), len, "".join, MERGE_TEXT_BELOW)
+
+
+def merge_id_parts(parts) -> tuple[np.ndarray, ...]:
+    return _merge_parts(list(parts), len, lambda ps: np.concatenate(ps).astype(np.int32, copy=False), 4096)

@@ -1,0 +1,214 @@
+"""The compact session turn (issue 27): a continuation in as few distinct native calls as it can.
+
+After an idle every code path a call touches is cold (a server's neighbours evict the caches
+within 30 ms here), so a turn costs roughly a fixed price per distinct native entry point it
+enters. The general turn (:func:`delta_ray.core.repair.encode_turn`) enters numpy, pyarrow, the
+five-layer encoder stack and the planner's general form; this one, for the common continuation,
+enters the engine once and pyarrow three times (one buffer, two arrays over it) and otherwise runs
+plain Python over ints, strs and tuples.
+
+It is the general turn restricted to the case where the general turn would do exactly this (design
+§15): the stored state's last checkpoint is valid for the new text (its evidence lies in the stored
+text), the span after it is too short for chunk cuts or intermediate checkpoints, the repair is
+the router's choice (not a whole re-encode), a tail cut exists, and the engine in use now is the
+admitted fastokens engine behind a guard that allows both pieces; anything else returns None and
+the caller runs the general turn. The engine, guard and shadow verifier are bound once per engine
+generation (every switch bumps it, a shadow mismatch included), the generation is re-read on every
+call, and the shadow verifier's sampling runs on every call (one counter step; a sampled call is
+queued as the general path queues it).
+"""
+from __future__ import annotations
+
+import sys
+import threading
+
+import numpy as np
+import pyarrow as pa
+
+from delta_ray.core import constants as C
+from . import exit_guard
+from .plan import SPLICE_CHARS_FAST
+from .repair import WINDOW_BACK
+from .session_store import (MERGE_TEXT_BELOW, YOUNG_PARTS, CheckpointLog, SessionState, merge_text_parts,
+                            suffix_parts)
+
+_INT32 = pa.int32()
+_py_buffer = pa.py_buffer
+_from_buffers = pa.Array.from_buffers
+_chunked_array = pa.chunked_array
+_LITTLE = sys.byteorder == "little"
+MERGE_IDS_BELOW = 4096  # as merge_id_parts: kept chunks under this many IDs wait to be joined
+_UNBOUND = (None, None, None, None)
+
+
+def merge_chunks(chunks: tuple, lens: tuple) -> tuple[tuple, tuple, bool]:
+    """:func:`delta_ray.core.session_store.merge_id_parts`'s policy on Arrow chunks with known
+    lengths (no pyarrow call unless a join is due): (chunks, lengths, joined)."""
+    young, n = 0, len(lens)
+    while young < n and lens[n - 1 - young] < MERGE_IDS_BELOW:
+        young += 1
+    if young and young < YOUNG_PARTS:
+        return chunks, lens, False
+    chunks, lens = list(chunks), list(lens)
+    if young >= YOUNG_PARTS:
+        chunks[-young:] = [pa.concat_arrays(chunks[-young:])]
+        lens[-young:] = [sum(lens[-young:])]
+    joined = young >= YOUNG_PARTS
+    while len(lens) >= 2 and lens[-2] <= 2 * lens[-1]:
+        chunks[-2:] = [pa.concat_arrays(chunks[-2:])]
+        lens[-2:] = [lens[-2] + lens[-1]]
+        joined = True
+    return tuple(chunks), tuple(lens), joined
+
+
+class TurnPath:
+    """The compact continuation of one :class:`~delta_ray.tokenizer_core.TokenizerCore`."""
+
+    def __init__(self, switch, confining, store, predicate, margin: int, planner, stats, template):
+        self._switch = switch
+        self._shadow = confining._shadow  # None: no verifier between the encoder and the switch
+        self._store = store
+        self._pred = predicate
+        self._margin = margin
+        self._back = WINDOW_BACK + predicate.specials.max_len
+        # the general turn cuts a span this long into chunks or intermediate checkpoints
+        self._max_span = min(2 * C.CHECKPOINT_EVERY,
+                             max(planner.cut_threshold, planner.min_cut_text))
+        self._stats = stats
+        self._tail_reach = C.REPAIR_WINDOW * (1 << C.REPAIR_DOUBLINGS)  # planner.tail_cut's search bound
+        self._template = template  # the admitted template (BOS...): added around the answer when asked
+        self._bound = _UNBOUND  # (generation, engine, raw flat encode, guard.allows or None)
+        self._bind_lock = threading.Lock()
+
+    def _bind(self, generation: int) -> tuple:
+        """What the engine of ``generation`` offers this path (encode None: the general path)."""
+        with self._bind_lock:
+            sw = self._switch
+            enc = sw.current
+            fast, guard = getattr(enc, "fast", None), getattr(enc, "guard", None)
+            raw = None
+            if (sw.generation == generation and sw.disabled_reason is None and enc is not sw.reference
+                    and fast is not None and guard is not None and self._shadow is not None and _LITTLE
+                    and getattr(fast, "backend", None) == "fastokens"):
+                # fastokens' own flat call (FastEncoder keeps its engine as _impl._tok): the same
+                # call FastEncoder.encode_flat makes, without the numpy views on its buffers
+                tok = getattr(getattr(fast, "_impl", None), "_tok", None)
+                raw = getattr(tok, "encode_batch_flat", None)
+            bound = (generation, enc, raw, (guard.allows if len(guard) else None) if raw is not None else None)
+            if sw.generation == generation:
+                self._bound = bound
+            return bound
+
+    def extend(self, key: str, state: SessionState, delta: str, add_special_tokens: bool) -> pa.ChunkedArray | None:
+        """The answer for ``state``'s text plus ``delta`` (installed as ``key``'s new state), or
+        None when the general turn must run (see the module docstring). Called under the
+        session's lock, with the state just read from the store."""
+        generation = self._switch.generation
+        bound = self._bound
+        if bound[0] != generation:
+            bound = self._bind(generation)
+        encode = bound[2]
+        last = state.last_checkpoint
+        if encode is None or last is None or not delta:
+            return None
+        pos, k, ext = last
+        n0 = state.n_chars
+        n = n0 + len(delta)
+        if ext > n0 or n - pos >= self._max_span or n0 < SPLICE_CHARS_FAST:
+            return None
+        head = state._head
+        if head is None:  # a state the general turn made: its head and window, once
+            head = self._head_of(state, pos)
+        kept, lens, exact, w0, tail = head
+        window = tail + delta  # the stored text from w0 on, plus the append
+        wb = pos - w0
+        # planner.tail_cut, inlined (its arithmetic, the same predicate scan): the last cut at least
+        # ``margin`` before the end whose evidence lies inside the text and after the checkpoint
+        nw = len(window)
+        start = nw - self._margin
+        stop = ext - w0 if ext > w0 else 0
+        if stop < wb + 1:
+            stop = wb + 1
+        if stop < start - self._tail_reach:
+            stop = start - self._tail_reach
+        found = self._pred.scan_back(window, start, stop, True, wb, nw) if start >= stop else None
+        if found is None:
+            return None
+        cut_at = found[0]
+        pieces = [window[wb:cut_at], window[cut_at:]]
+        allows = bound[3]
+        if allows is not None and not (allows(pieces[0]) and allows(pieces[1])):
+            return None  # the general path confines the guarded code points
+        if exit_guard._exiting:
+            exit_guard.checkpoint()
+        try:
+            buf, offs = encode(pieces, add_special_tokens=False)
+        except (TypeError, UnicodeEncodeError) as exc:  # as FastEncoder: the reference refuses these too
+            raise ValueError(f"the fast engine (fastokens) rejected the text: {exc}") from exc
+        engine = bound[1]
+        engine.fast_texts += 2
+        shadow = self._shadow
+        if shadow._rate:  # ShadowVerifier.check_flat_later's sampling step, inlined
+            if shadow._gap:
+                shadow._gap -= 1
+            else:
+                shadow.check_flat_later(pieces, np.frombuffer(buf, dtype=np.int32),
+                                        np.frombuffer(offs, dtype=np.int64), engine)
+        t = int.from_bytes(offs[8:16], "little")  # the cut's index in the new IDs
+        m = len(buf) >> 2
+        pybuf = _py_buffer(buf)
+        full = _from_buffers(_INT32, m, [None, pybuf])
+        cut = _from_buffers(_INT32, t, [None, pybuf])
+        young, i = 0, len(lens) - 1  # trailing chunks under the merge bound (merge_id_parts' policy)
+        while i >= 0 and young < YOUNG_PARTS and lens[i] < MERGE_IDS_BELOW:
+            young, i = young + 1, i - 1
+        joined = False
+        if young >= YOUNG_PARTS or not young:  # merge_id_parts' policy on the kept chunks (most turns join nothing)
+            kept, lens, joined = merge_chunks(kept, lens)
+        chunks = kept + (full,)
+        text_parts = state.text_parts + (delta,)
+        tb, ib = state._bytes
+        young, i = 0, len(text_parts) - 1  # the same for the text rope (merge_text_parts' policy)
+        while i >= 0 and young < YOUNG_PARTS and len(text_parts[i]) < MERGE_TEXT_BELOW:
+            young, i = young + 1, i - 1
+        if young >= YOUNG_PARTS or not young:  # merge_text_parts would join: let it
+            text_parts, tb = merge_text_parts(text_parts), None
+        elif tb is not None:
+            tb += sys.getsizeof(delta)
+        cp = (w0 + cut_at, k + t, w0 + found[2])
+        log, a, b = state._cp_log, state._cp_start, state.n_checkpoints
+        b += a
+        with CheckpointLog._lock:  # CheckpointLog.extend's in-place append, inlined (the same lock and test)
+            appended = log is not None and a <= C.MAX_CHECKPOINTS and 3 * b == len(log.data)
+            if appended:
+                log.data.extend(cp)
+        if appended:
+            b += 1
+        else:
+            log, a, b = CheckpointLog.extend(state, state.n_checkpoints, list(cp))
+        if b - a > C.MAX_CHECKPOINTS:  # keep the newest, as the general turn does
+            a = b - C.MAX_CHECKPOINTS
+        # an exact head shows every buffer of the state; kept unjoined, only this turn's buffer is new
+        ib = ib + m * 4 if ib is not None and exact and not joined else None
+        w1 = cp[0] - self._back
+        if w1 < w0:
+            w1 = w0
+        tail = window[w1 - w0:]
+        new = SessionState.compact(text_parts, n, k + m, (log, a, b), cp, chunks,
+                                   (kept + (cut,), lens + (t,), True, w1, tail), (tb, ib))
+        if self._switch.generation == generation:  # TokenizerCore._install: not a switched engine's state
+            self._store.put(key, new, None if tb is None or ib is None else  # entry_bytes, from known parts
+                            sys.getsizeof(key) + tb + ib + 24 * (b - a) + sys.getsizeof(tail))
+        else:
+            self._store.pop(key)
+        self._stats["repair"] += 1
+        if add_special_tokens and self._template.added:
+            chunks = self._template.chunks(chunks)
+        return _chunked_array(chunks, type=_INT32)
+
+    def _head_of(self, state: SessionState, pos: int) -> tuple:
+        """(kept chunks, lengths, exact, w0, text[w0:]) of a state the general turn made."""
+        kept, lens, exact = state.head_chunks()
+        w0 = max(0, pos - self._back)
+        state._head = head = (kept, lens, exact, w0, "".join(suffix_parts(state.text_parts, w0, state.n_chars)))
+        return head

@@ -1,0 +1,154 @@
+"""The compact continuation (issue 27, :mod:`delta_ray.core.turn_path`): every answer is the
+reference's, and every check the general turn makes still decides when it matters.
+
+Each test compares with the reference, and each guard test fails when its check is skipped: a
+compact path that kept its engine across a switch, served a purged state, skipped the guard or the
+shadow verifier's sampling would use the fast engine where it must not (counted by the engine's
+own counters) or answer from a discarded state.
+"""
+from __future__ import annotations
+
+import importlib.util
+
+import numpy as np
+import pytest
+
+from delta_ray import DeltaTokenizer, SessionNotFound
+from delta_ray.core.encoder import ReferenceEncoder
+from delta_ray.core.session_store import owners_bytes
+
+pytestmark = pytest.mark.skipif(importlib.util.find_spec("fastokens") is None, reason="fastokens is not installed")
+
+
+def _fast(tokenizer_paths, references, name: str, guard=(), **options):
+    """A tokenizer on the guarded fastokens engine (given, so no admission runs) and that engine."""
+    from delta_ray.verify.fast_engine import cached_fast_encoder
+    from delta_ray.verify.guard_runtime import GuardedEncoder, GuardSet
+    fast = cached_fast_encoder(open(tokenizer_paths[name], "rb").read(), "fastokens")
+    enc = GuardedEncoder(fast, GuardSet(frozenset(guard)), ReferenceEncoder(references[name]))
+    return DeltaTokenizer(tokenizer_paths[name], encoder=enc, **options), enc
+
+
+def _chat(real_texts, n_msgs: int, start: int = 0) -> list[str]:
+    src = real_texts["english"] + real_texts["code"] + real_texts["multilingual"]
+    out = []
+    for i in range(start, start + n_msgs):
+        body = src[(i * 977) % (len(src) - 1500):][:300 + (i * 131) % 1100]
+        out.append(f"<|im_start|>{'user' if i % 2 == 0 else 'assistant'}\n{body}<|im_end|>\n")
+    return out
+
+
+def _compact(dt, key: str = "s") -> bool:
+    head = dt.core.store.peek(key)._head
+    return head is not None and head[2]
+
+
+@pytest.mark.parametrize("name", ["qwen-3", "llama3.2"])
+def test_compact_turns_are_the_reference(name, tokenizer_paths, references, real_texts):
+    """extends and whole transcripts (with and without the template), then a divergence from a
+    compact state and more turns: every answer is the reference's, earlier answers never change,
+    the state's IDs and incremental byte count stay exact, and the compact path served the turns."""
+    ref = references[name]
+    dt, _ = _fast(tokenizer_paths, references, name, shadow_rate=0.0)
+    msgs = _chat(real_texts, 60)
+    text = "".join(msgs[:12])
+    dt.encode(text, session="s")
+    answers, compact = [], 0
+    for i, m in enumerate(msgs[12:48]):
+        text += m
+        add = i % 5 != 3
+        got = dt.extend("s", m, add_special_tokens=add) if i % 2 else dt.encode(text, session="s",
+                                                                               add_special_tokens=add)
+        want = ref.encode(text, add_special_tokens=add).ids
+        assert got.to_pylist() == want
+        answers.append((got, want))
+        compact += _compact(dt)
+        st = dt.core.store.peek("s")
+        assert st.id_bytes == owners_bytes(st.id_parts)
+        assert np.array_equal(st.ids, ref.encode(text, add_special_tokens=False).ids)
+    assert compact >= 30  # the compact path served the continuations
+    text = text[:len(text) // 2] + "<|im_start|>user\nrewritten<|im_end|>\n"  # the general turn, from a compact state
+    assert dt.encode(text, session="s").to_pylist() == ref.encode(text).ids
+    for m in msgs[48:]:
+        text += m
+        assert dt.extend("s", m).to_pylist() == ref.encode(text).ids
+    assert _compact(dt)
+    for got, want in answers:  # zero-copy answers: no later turn wrote into their buffers
+        assert got.to_pylist() == want
+
+
+def test_an_engine_switch_stops_the_compact_path(tokenizer_paths, references, real_texts):
+    """After the switch goes to the reference, no turn reaches the fast engine (the path binds
+    its engine per switch generation) and every answer is still the reference's."""
+    ref = references["qwen-3"]
+    dt, enc = _fast(tokenizer_paths, references, "qwen-3", shadow_rate=0.0)
+    msgs = _chat(real_texts, 24)
+    text = "".join(msgs[:12])
+    dt.encode(text, session="s")
+    text += msgs[12]
+    assert dt.extend("s", msgs[12]).to_pylist() == ref.encode(text).ids and _compact(dt)
+    dt.core.engine_switch.use(dt.core.engine_switch.reference, "reference (test)")
+    used = enc.fast_texts
+    for m in msgs[13:]:
+        text += m
+        assert dt.extend("s", m).to_pylist() == ref.encode(text).ids
+    assert enc.fast_texts == used
+
+
+def test_a_disabled_fast_tier_leaves_no_compact_state(tokenizer_paths, references, real_texts):
+    """A shadow mismatch (simulated: the switch's own disable) discards the sessions the fast tier
+    made: the next extend finds none, and later turns never reach the fast engine."""
+    ref = references["qwen-3"]
+    dt, enc = _fast(tokenizer_paths, references, "qwen-3", shadow_rate=0.0)
+    msgs = _chat(real_texts, 20)
+    text = "".join(msgs[:12])
+    dt.encode(text, session="s")
+    for m in msgs[12:15]:
+        text += m
+        dt.extend("s", m)
+    assert _compact(dt)
+    dt.core.engine_switch.back_to_reference("test: shadow mismatch")
+    with pytest.raises(SessionNotFound):
+        dt.extend("s", msgs[15])
+    used = enc.fast_texts
+    text += msgs[15]
+    assert dt.encode(text, session="s").to_pylist() == ref.encode(text).ids
+    for m in msgs[16:]:
+        text += m
+        assert dt.extend("s", m).to_pylist() == ref.encode(text).ids
+    assert enc.fast_texts == used
+
+
+def test_the_guard_still_decides_in_the_compact_path(tokenizer_paths, references, real_texts):
+    """A piece holding a guarded code point goes to the general path (the reference encodes it):
+    the fallback counter moves, and the answer is the reference's."""
+    ref = references["qwen-3"]
+    dt, enc = _fast(tokenizer_paths, references, "qwen-3", guard={0xE9}, shadow_rate=0.0)
+    msgs = _chat(real_texts, 20)
+    text = "".join(msgs[:12]).replace("\u00e9", "e")
+    dt.encode(text, session="s")
+    for i, m in enumerate(msgs[12:]):
+        m = m.replace("\u00e9", "e")
+        if i % 3 == 1:
+            m = m.replace("<|im_end|>", " caf\u00e9 au lait<|im_end|>")
+        text += m
+        assert dt.extend("s", m).to_pylist() == ref.encode(text).ids
+    assert enc.fallback_texts >= 2 and enc.fast_texts >= 10
+
+
+def test_the_shadow_verifier_samples_compact_turns(tokenizer_paths, references, real_texts):
+    """With shadow_rate=1.0 every compact turn is queued for comparison (both of its pieces)."""
+    ref = references["qwen-3"]
+    dt, _ = _fast(tokenizer_paths, references, "qwen-3", shadow_rate=1.0)
+    msgs = _chat(real_texts, 24)
+    text = "".join(msgs[:12])
+    dt.encode(text, session="s")
+    dt.core.shadow.drain()
+    before, compact = dt.core.shadow.comparisons, 0
+    for m in msgs[12:]:
+        text += m
+        assert dt.extend("s", m).to_pylist() == ref.encode(text).ids
+        compact += _compact(dt)
+        dt.core.shadow.drain()  # the queue holds 64 calls: keep it from dropping any
+    assert compact >= 10
+    assert dt.core.shadow.comparisons - before >= 2 * compact and dt.core.shadow.mismatches == 0
