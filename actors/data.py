@@ -20,9 +20,11 @@ Building a tokenizer costs seconds of CPU (the fast engine and the reference bot
 configuration), so on a small node this is the difference; hence also: the workers build the
 reference lazily (only a guarded text, a fallback or the shadow check's background thread needs
 it, and once this machine's admission is cached the fast tier needs nothing else), and the driver
-neither builds the reference nor loads the fast engine when that admission is cached. Ray Data's own blocks are kept (no repartition: each block costs a task, an
-object-store put and a write); each call encodes its block on every core of its node in slices of
-``batch_bytes`` (so one block of a 100 MB file still uses the whole machine, and huge documents never
+neither builds the reference nor loads the fast engine when that admission is cached. Ray Data's
+own blocks are kept (no repartition: each block costs a task, an object-store put and a write;
+many small blocks, e.g. a JSON read split for parallelism, can be bundled into fewer tasks with
+``batch_size=``, at the cost of a batch bounded in rows rather than bytes); each call encodes its
+block on every core of its node in slices of ``batch_bytes`` (so one block of a 100 MB file still uses the whole machine, and huge documents never
 hold more than a slice as Python strings). ``concurrency=`` asks for an actor pool instead (the
 earlier default), whose actors reserve a fraction of a CPU so that reads and writes always have cores.
 """
@@ -37,14 +39,13 @@ import pyarrow as pa
 from delta_ray.core import constants as C
 from delta_ray.apps.batch_inputs import byte_slices
 from delta_ray.core.config import TokenizerConfig
+from delta_ray.core.exit_guard import start_thread
 from delta_ray.core.loading import LoadedTokenizer, load_tokenizer
 from delta_ray.core.text_columns import BatchSpec, checked_text_column, encode_table
 from delta_ray.verify.engines import cached_admission_exists
 from delta_ray.verify.fast_engine import FastEngineUnavailable
 from delta_ray.tokenizer import DeltaTokenizer
 from delta_ray.tokenizer_core import TokenizerCore
-
-from delta_ray.core.exit_guard import start_thread
 
 from .tokenizer_cache import build_tokenizer, cached, get_tokenizer
 
