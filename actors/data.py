@@ -14,18 +14,24 @@ How it drives Ray Data (measured against the ``map_batches`` + fastokens pipelin
 bench/bench_data.py): by default the work runs as Ray Data *tasks* reserving what a read task
 reserves, so Ray Data fuses ``read -> tokenize -> write`` into one task per block: no object-store
 round trip of the texts or the IDs between stages, no actor pool to start, and a tokenizer built
-only in the worker processes that actually get a block (once per process: ``_PROCESS_BATCHERS``),
-not in every actor of a pool while one of them does the work. Building a tokenizer costs seconds of
-CPU (the fast engine and the reference both parse the configuration), so on a small node this is
-the difference. Ray Data's own blocks are kept (no repartition: each block costs a task, an
-object-store put and a write); each call encodes its block on every core of its node in slices of
-``batch_bytes`` (so one block of a 100 MB file still uses the whole machine, and huge documents never
+only in the worker processes that actually get a block (once per process, in the process's bounded
+cache :mod:`.tokenizer_cache`), not in every actor of a pool while one of them does the work.
+Building a tokenizer costs seconds of CPU (the fast engine and the reference both parse the
+configuration), so on a small node this is the difference; hence also: the workers build the
+reference lazily (only a guarded text, a fallback or the shadow check's background thread needs
+it, and once this machine's admission is cached the fast tier needs nothing else), and the driver
+neither builds the reference nor loads the fast engine when that admission is cached. Ray Data's
+own blocks are kept (no repartition: each block costs a task, an object-store put and a write;
+many small blocks, e.g. a JSON read split for parallelism, can be bundled into fewer tasks with
+``batch_size=``, at the cost of a batch bounded in rows rather than bytes); each call encodes its
+block on every core of its node in slices of ``batch_bytes`` (so one block of a 100 MB file still uses the whole machine, and huge documents never
 hold more than a slice as Python strings). ``concurrency=`` asks for an actor pool instead (the
 earlier default), whose actors reserve a fraction of a CPU so that reads and writes always have cores.
 """
 from __future__ import annotations
 
 import dataclasses
+import os
 from typing import Any, Iterator
 
 import pyarrow as pa
@@ -33,13 +39,17 @@ import pyarrow as pa
 from delta_ray.core import constants as C
 from delta_ray.apps.batch_inputs import byte_slices
 from delta_ray.core.config import TokenizerConfig
+from delta_ray.core.exit_guard import start_thread
 from delta_ray.core.loading import LoadedTokenizer, load_tokenizer
 from delta_ray.core.text_columns import BatchSpec, checked_text_column, encode_table
+from delta_ray.verify.engines import cached_admission_exists
 from delta_ray.verify.fast_engine import FastEngineUnavailable
 from delta_ray.tokenizer import DeltaTokenizer
 from delta_ray.tokenizer_core import TokenizerCore
 
-__all__ = ["tokenize_dataset", "TokenizeBatch", "tokenize_batch_task"]
+from .tokenizer_cache import build_tokenizer, cached, get_tokenizer
+
+__all__ = ["tokenize_dataset", "TokenizeBatch", "TokenizerSource", "tokenize_batch_task"]
 
 
 # what the actors add when a text is null: how to fix the dataset in Ray Data's own terms
@@ -52,16 +62,14 @@ class TokenizeBatch:
     """The actor-side callable: one TokenizerCore per actor, one threaded batch encode per slice."""
 
     def __init__(self, config_bytes: bytes, digest: str, config: TokenizerConfig, spec: BatchSpec,
-                 fallback: bool = False):
+                 fallback: bool = False, *, core: TokenizerCore | None = None):
         """``fallback``: the driver chose ``"fast"`` for ``"auto"``; a node where the fast tier is
-        unavailable then encodes with the reference instead of failing."""
-        loaded = LoadedTokenizer.from_bytes(config_bytes, expected_digest=digest, source="<tokenize_dataset>")
-        try:
-            self.tokenizer = TokenizerCore(loaded, config)
-        except FastEngineUnavailable:
-            if not fallback:
-                raise
-            self.tokenizer = TokenizerCore(loaded, dataclasses.replace(config, engine="reference"))
+        unavailable then encodes with the reference instead of failing. ``core``: a tokenizer
+        already built for these bytes and options (the task form's process cache)."""
+        # The reference is built lazily (on a guarded text, a fallback or a shadow sample): a
+        # worker whose fast tier is admitted (cached) skips about a CPU-second of start-up.
+        self.tokenizer = core if core is not None else build_tokenizer(
+            config_bytes, digest, config, lazy=True, fallback=fallback)
         self.spec = spec
         # Resolved here, in the actor: the CPUs of the node it runs on, not the driver's.
         self.encode_threads = spec.threads or min(spec.encode_threads(), _ACTOR_THREADS_CAP)
@@ -81,28 +89,58 @@ class TokenizeBatch:
                             null_hint=_null_hint(self.spec.text_column))[0]
 
 
-# Per worker process: the TokenizeBatch of each configuration this process encoded with, so the
-# task form builds its tokenizer once per process, not once per task (Ray reuses a job's worker
-# processes for its tasks). Bounded: a process that meets more configurations keeps the latest ones.
-_PROCESS_BATCHERS: dict[tuple, TokenizeBatch] = {}
-_PROCESS_BATCHERS_MAX = 2
+class TokenizerSource:
+    """What a task needs to get its tokenizer: the configuration bytes (SHA-256 checked), the options,
+    whether to fall back to the reference. Sent to the workers inside the operator Ray Data puts.
+
+    Unpickling it in a worker process (which Ray does when a task starts, *before* the fused read
+    of the block) starts building the process's tokenizer in a background thread unless the
+    process's cache already holds it: the 2-3 CPU-seconds of the fast engine's load then overlap
+    the block's read (seconds for JSON) instead of following it. The task's own call takes the
+    same cache entry (waiting for that build), so the tokenizer is still built once per process,
+    and a build that failed in the background is simply redone, raising, on the task's thread."""
+
+    def __init__(self, config_bytes: bytes, digest: str, config: TokenizerConfig, fallback: bool = False):
+        self.config_bytes, self.digest, self.config, self.fallback = config_bytes, digest, config, fallback
+
+    def core(self) -> TokenizerCore:
+        """The process's tokenizer for this source (built lazily: see :mod:`.tokenizer_cache`)."""
+        return get_tokenizer(self.config_bytes, self.digest, self.config, lazy=True, fallback=self.fallback)
+
+    def __getstate__(self) -> dict:
+        return dict(self.__dict__)
+
+    def __setstate__(self, state: dict) -> None:
+        self.__dict__.update(state)
+        if not cached(self.digest, self.config, self.fallback):
+            start_thread(self._prefetch, "delta-ray-tokenizer-prefetch")
+
+    def _prefetch(self) -> None:
+        try:
+            self.core()
+        except Exception:  # noqa: BLE001 - the task's own call builds again and raises
+            pass
 
 
-def tokenize_batch_task(batch: pa.Table, config_bytes: bytes, digest: str, config: TokenizerConfig,
-                        spec: BatchSpec, fallback: bool = False) -> pa.Table | Iterator[pa.Table]:
+def tokenize_batch_task(batch: pa.Table, source: TokenizerSource, spec: BatchSpec) -> pa.Table | Iterator[pa.Table]:
     """The task form of :class:`TokenizeBatch` (what ``tokenize_dataset`` runs by default): the same
-    call, with the TokenizeBatch built on this process's first block and kept for the next ones."""
-    key = (digest, config, spec, fallback)
-    fn = _PROCESS_BATCHERS.pop(key, None)
-    if fn is None:
-        fn = TokenizeBatch(config_bytes, digest, config, spec, fallback)
-        while len(_PROCESS_BATCHERS) >= _PROCESS_BATCHERS_MAX:
-            _PROCESS_BATCHERS.pop(next(iter(_PROCESS_BATCHERS)))  # the least recently used
-    _PROCESS_BATCHERS[key] = fn  # (re)inserted last: most recently used
-    return fn(batch)
+    call, with the tokenizer from the process's cache (:mod:`.tokenizer_cache`, shared with the
+    pool's tasks and bounded), built lazily on this process's first block (started early by
+    :class:`TokenizerSource`) and kept for the next ones (Ray reuses a job's worker processes)."""
+    core = source.core()
+    return TokenizeBatch(source.config_bytes, source.digest, source.config, spec, source.fallback, core=core)(batch)
 
 
-def _as_loaded(tokenizer: Any) -> LoadedTokenizer:
+def _as_loaded(tokenizer: Any, engine: str = "reference") -> LoadedTokenizer:
+    """The configuration the workers get. A path whose fast tier has a cached, passing admission
+    on this machine is only read and hashed, not built (1-1.5 s of the driver's time before any
+    block is read): that admission ran the reference on exactly these bytes, and every worker
+    builds what it needs itself. Otherwise the reference is built here, so a file it refuses fails
+    now, with the path in the message."""
+    if isinstance(tokenizer, (str, os.PathLike)) and engine != "reference":
+        lazy = load_tokenizer(tokenizer, lazy=True)
+        if cached_admission_exists(lazy.config_bytes):
+            return lazy
     if isinstance(tokenizer, DeltaTokenizer):
         tokenizer = tokenizer.core
     if isinstance(tokenizer, TokenizerCore):
@@ -121,6 +159,9 @@ def _resolve_engine(tokenizer: Any, loaded: LoadedTokenizer, spec: BatchSpec) ->
     if isinstance(tokenizer, DeltaTokenizer):
         tokenizer = tokenizer.core
     if isinstance(tokenizer, TokenizerCore) and tokenizer.uses_fast_engine:
+        return dataclasses.replace(spec, engine="fast")
+    if cached_admission_exists(loaded.config_bytes):
+        # Passing and cached: no need to load the engine here too (2-3 s); workers load their own.
         return dataclasses.replace(spec, engine="fast")
     try:
         TokenizerCore(loaded, TokenizerConfig(engine="fast", reuse="none"))
@@ -193,7 +234,7 @@ def tokenize_dataset(dataset, tokenizer, spec: BatchSpec | None = None, *, batch
         concurrency: None (default): Ray Data tasks, fused with the read before and the write after
             them (one task per block reads, tokenizes and writes it), the tokenizer built once per
             worker process that gets a block and kept there for later blocks and datasets (at most
-            two configurations per process). An int, or ``(min, max)`` for an autoscaling pool:
+            two configurations per process, :mod:`.tokenizer_cache`). An int, or ``(min, max)`` for an autoscaling pool:
             an actor pool of that many actors instead (each builds its tokenizer when it starts and
             frees it when the dataset is done; blocks then travel through the object store).
         num_cpus: CPUs reserved per task or actor. Default: Ray Data's default for tasks (1, the
@@ -239,7 +280,7 @@ def tokenize_dataset(dataset, tokenizer, spec: BatchSpec | None = None, *, batch
     elif concurrency is not None and (not isinstance(concurrency, int) or isinstance(concurrency, bool)
                                       or concurrency < 1):
         raise ValueError(f"concurrency must be an int >= 1 or a (min, max) pair, got {concurrency!r}")
-    loaded = _as_loaded(tokenizer)
+    loaded = _as_loaded(tokenizer, spec.engine)
     _check_schema(dataset, spec)
     fallback = spec.engine == "auto"
     spec = _resolve_engine(tokenizer, loaded, spec)
@@ -253,7 +294,8 @@ def tokenize_dataset(dataset, tokenizer, spec: BatchSpec | None = None, *, batch
         # per block (num_cpus left unset unless given: an explicit value unlike the read's stops
         # the fusion). The configuration bytes travel once, in the operator Ray Data puts.
         extra = {} if num_cpus is None else {"num_cpus": num_cpus}
-        return dataset.map_batches(tokenize_batch_task, fn_args=args, batch_size=batch_size,
+        source = TokenizerSource(loaded.config_bytes, loaded.digest, config, fallback)
+        return dataset.map_batches(tokenize_batch_task, fn_args=(source, spec), batch_size=batch_size,
                                    batch_format="pyarrow", zero_copy_batch=True, **extra)
     if isinstance(concurrency, tuple):
         compute = ray.data.ActorPoolStrategy(min_size=concurrency[0], max_size=concurrency[1])

@@ -90,7 +90,6 @@ class TokenizerCore:
         the engine (tests)."""
         self.config = cfg = tokenizer_config(config, options)  # the options, as given (validated)
         self._loaded = load_tokenizer(tokenizer)
-        self._tok = self._loaded.tokenizer
         self.planner = cfg.planner
         self.threads = cfg.threads or os.cpu_count() or 1
         self.reuse = cfg.reuse
@@ -98,7 +97,7 @@ class TokenizerCore:
         self._admission = admit(self._loaded)
         # The post-processor's fixed IDs (admitted configurations; the reference adds its own)
         self.template = Template.of(self._admission)
-        self._reference = ReferenceEncoder(self._tok)
+        self._reference = ReferenceEncoder(self._loaded)  # a lazy loaded one: built on first use
         self._reference_is_native = api_generation() >= 1  # tokenizers 1.x: as fast as the fast tier
         # The encoder seam: a switchable engine (reference, or the guarded fast tier once admitted),
         # sampled by the shadow verifier. Unadmitted configurations only ever use the reference.
@@ -245,7 +244,7 @@ class TokenizerCore:
         """The reference decode of IDs (list, numpy or Arrow)."""
         if isinstance(ids, (pa.Array, pa.ChunkedArray)):
             ids = ids_to_numpy(ids)
-        return self._tok.decode([int(i) for i in np.asarray(ids).ravel()], skip_special_tokens=skip_special_tokens)
+        return self._reference.tokenizer.decode([int(i) for i in np.asarray(ids).ravel()], skip_special_tokens=skip_special_tokens)
 
     def drop_session(self, session: str) -> bool:
         """Forget a session; returns whether it was held."""

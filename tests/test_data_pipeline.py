@@ -127,39 +127,164 @@ def test_default_tasks_fuse_with_read_and_write(ray_session, tokenizer_paths, mi
     _check_rows(out, mixed_texts, ref, "ids_plain", None, False)
 
 
-def test_task_form_keeps_one_tokenizer_per_process(tokenizer_paths, real_texts):
-    """In-process: the task form builds its TokenizeBatch once per configuration and process and
-    keeps at most two configurations (the least recently used one goes); outputs stay exact."""
+def test_task_form_uses_the_one_bounded_process_cache(tokenizer_paths, real_texts):
+    """In-process: the task form takes its tokenizer from the process's one cache (the pool's tasks
+    share it): built once per configuration whatever the batch spec, at most MAX_ENTRIES
+    configurations (the least recently used one goes), entries of the same bytes sharing one
+    LoadedTokenizer; outputs stay exact."""
     import delta_ray.actors.data as data_mod
+    from delta_ray.actors import tokenizer_cache
     from delta_ray.core.config import TokenizerConfig
     from delta_ray.core.text_columns import BatchSpec
 
     loaded = load_tokenizer(tokenizer_paths["qwen-3"])
     ref = Tokenizer.from_file(tokenizer_paths["qwen-3"])
-    config = TokenizerConfig(reuse="none")
+    configs = [TokenizerConfig(reuse="none"), TokenizerConfig(reuse="none", chunk_size=8192),
+               TokenizerConfig(reuse="none", chunk_size=4096)]
     texts = ["", "Hello World", real_texts["english"][:5000]]
     batch = pa.table({"text": texts})
-    data_mod._PROCESS_BATCHERS.clear()
     specs = [BatchSpec(), BatchSpec(add_special_tokens=False), BatchSpec(output_column="ids")]
+    assert tokenizer_cache.MAX_ENTRIES == 2
 
-    def call(spec):
-        return data_mod.tokenize_batch_task(batch, loaded.config_bytes, loaded.digest, config, spec)
+    def call(config, spec):
+        source = data_mod.TokenizerSource(loaded.config_bytes, loaded.digest, config)
+        return data_mod.tokenize_batch_task(batch, source, spec)
 
+    def cached():
+        return list(tokenizer_cache._CACHE.values())
+
+    tokenizer_cache.clear()
     try:
-        out = call(specs[0])
-        first = next(iter(data_mod._PROCESS_BATCHERS.values()))
+        out = call(configs[0], specs[0])
         assert out.column("input_ids").to_pylist() == [ref.encode(t).ids for t in texts]
-        call(specs[0])
-        assert list(data_mod._PROCESS_BATCHERS.values()) == [first]  # built once, reused
-        out = call(specs[1])
+        (first,) = cached()
+        out = call(configs[0], specs[1])  # another spec, the same tokenizer
         assert out.column("input_ids").to_pylist() == [ref.encode(t, add_special_tokens=False).ids for t in texts]
-        call(specs[0])  # specs[0] is now the most recently used: specs[1] goes next
-        call(specs[2])
-        assert len(data_mod._PROCESS_BATCHERS) == 2
-        assert [k[2] for k in data_mod._PROCESS_BATCHERS] == [specs[0], specs[2]]
-        assert data_mod._PROCESS_BATCHERS[next(iter(data_mod._PROCESS_BATCHERS))] is first
+        assert call(configs[0], specs[2]).column("ids").to_pylist() == [ref.encode(t).ids for t in texts]
+        assert cached() == [first]  # built once, reused
+        call(configs[1], specs[0])
+        second = cached()[1]
+        assert second.loaded is first.loaded  # the same bytes: one LoadedTokenizer
+        call(configs[0], specs[0])  # configs[0] is now the most recently used: configs[1] goes next
+        out = call(configs[2], specs[0])
+        assert out.column("input_ids").to_pylist() == [ref.encode(t).ids for t in texts]
+        assert len(cached()) == 2 and cached()[0] is first and second not in cached()
+        assert [k[1] for k in tokenizer_cache._CACHE] == [configs[0], configs[2]]
     finally:
-        data_mod._PROCESS_BATCHERS.clear()
+        tokenizer_cache.clear()
+
+
+def test_task_form_builds_the_reference_only_when_needed(tokenizer_paths, real_texts):
+    """In-process: once this machine's admissions are cached, a worker encodes fast-tier batches
+    without building the reference (about a CPU-second per process); what needs it builds it first:
+    the shadow check (in its own thread) and a guarded text sent to the reference. Every output
+    equals the reference. (This machine's cache: a private one would re-derive the fast tier's
+    admission, minutes here.)"""
+    import delta_ray.actors.data as data_mod
+    from delta_ray.actors import tokenizer_cache
+    from delta_ray.core.config import TokenizerConfig
+    from delta_ray.core.text_columns import BatchSpec
+
+    path = tokenizer_paths["llama3.2"]
+    data = open(path, "rb").read()
+    loaded = load_tokenizer(path)
+    ref = Tokenizer.from_file(path)
+    texts = ["", "Hello World", real_texts["english"][:5000], real_texts["code"][:3000],
+             _repeat(real_texts["multilingual"], 200_000)]
+    spec = BatchSpec(engine="fast")
+
+    def call(texts, **kw):
+        config = TokenizerConfig(reuse="none", engine="fast", **kw)
+        source = data_mod.TokenizerSource(data, loaded.digest, config, True)
+        out = data_mod.tokenize_batch_task(pa.table({"text": texts}), source, spec)
+        assert out.column("input_ids").to_pylist() == [ref.encode(t).ids for t in texts]
+        return source.core()
+
+    tokenizer_cache.clear()
+    try:
+        call(texts[:2], shadow_rate=0.0)  # admits (and caches) whatever is not cached yet
+        tokenizer_cache.clear()  # a fresh process, as a later task of the dataset finds it
+        core = call(texts, shadow_rate=0.0)
+        assert core.uses_fast_engine and core.admission.admitted
+        assert not core.loaded.built  # fast tier throughout: no reference
+        tokenizer_cache.clear()
+        core = call(texts, shadow_rate=1.0)  # the shadow check builds it in its own thread and compares
+        core.shadow.drain()
+        assert core.loaded.built and core.shadow.comparisons > 0 and core.shadow.mismatches == 0
+        guarded = sorted(core.engine_switch.current.guard.code_points)
+        if guarded:  # a guarded code point goes to the reference, which is then built first
+            tokenizer_cache.clear()
+            core = call(texts[:2], shadow_rate=0.0)
+            assert not core.loaded.built
+            call([f"a {chr(guarded[0])} b", "plain"], shadow_rate=0.0)
+            assert core.loaded.built
+    finally:
+        tokenizer_cache.clear()
+
+
+def test_admission_is_cached_for_lazy_loads(private_cache, tokenizer_paths):
+    """A lazily loaded tokenizer takes its admission from the on-disk record when one matches (no
+    reference built), computes and records it otherwise, and discards a record that fails its
+    checks."""
+    import hashlib
+    import json as _json
+
+    from delta_ray.core.admission import admit
+    from delta_ray.core.loading import LoadedTokenizer
+
+    data = open(tokenizer_paths["llama3.2"], "rb").read()
+    eager = admit(LoadedTokenizer.from_bytes(data))
+    assert eager.admitted and not list(private_cache.rglob("*admission*"))  # eager: nothing recorded
+    first = LoadedTokenizer.from_bytes(data, lazy=True)
+    assert admit(first) == eager and first.built  # a miss: computed with the reference, recorded
+    (record,) = list(private_cache.rglob("*admission*"))
+    second = LoadedTokenizer.from_bytes(data, lazy=True)
+    assert admit(second) == eager and not second.built  # a hit: no reference
+    body = _json.loads(record.read_bytes())
+    body["payload"]["prefix_ids"] = [1]  # altered (its digest no longer matches): discarded
+    record.write_text(_json.dumps(body))
+    third = LoadedTokenizer.from_bytes(data, lazy=True)
+    assert admit(third) == eager and third.built
+    body = _json.loads(record.read_bytes())
+    body["payload"]["family"] = "no-such-family"  # re-sealed but invalid: discarded too
+    body.pop("sha256")
+    from delta_ray.core.cache_store import _canonical
+    body["sha256"] = hashlib.sha256(_canonical(body)).hexdigest()
+    record.write_text(_json.dumps(body))
+    fourth = LoadedTokenizer.from_bytes(data, lazy=True)
+    assert admit(fourth) == eager and fourth.built
+
+
+def test_source_prefetches_the_tokenizer_when_unpickled(tokenizer_paths, monkeypatch):
+    """A TokenizerSource unpickled in a process without its tokenizer (a Ray task starting, before
+    its read) starts building it in the background; the task's call then takes that same build (one
+    per process), and an unpickle that finds it cached starts nothing."""
+    import pickle
+
+    import delta_ray.actors.data as data_mod
+    from delta_ray.actors import tokenizer_cache
+    from delta_ray.core.config import TokenizerConfig
+
+    loaded = load_tokenizer(tokenizer_paths["qwen-3"])
+    builds = []
+    real = tokenizer_cache.build_tokenizer
+    monkeypatch.setattr(tokenizer_cache, "build_tokenizer", lambda *a, **k: builds.append(1) or real(*a, **k))
+    source = data_mod.TokenizerSource(loaded.config_bytes, loaded.digest, TokenizerConfig(reuse="none"))
+    tokenizer_cache.clear()
+    try:
+        copy = pickle.loads(pickle.dumps(source))
+        import time
+        deadline = time.monotonic() + 30
+        while not builds and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert builds == [1]  # started by the unpickle alone
+        core = copy.core()
+        assert builds == [1] and tokenizer_cache.cached(source.digest, source.config)
+        assert pickle.loads(pickle.dumps(source)).core() is core and builds == [1]
+        ref = Tokenizer.from_file(tokenizer_paths["qwen-3"])
+        assert core.encode_ids("Hello World").tolist() == ref.encode("Hello World").ids
+    finally:
+        tokenizer_cache.clear()
 
 
 def test_bad_input_raises_before_running(ray_session, tokenizer_paths):

@@ -106,8 +106,57 @@ def _template_ids(cfg: Any, loaded: LoadedTokenizer) -> tuple[tuple[int, ...], t
     raise NotAdmitted(f"post-processor {t!r} may do more than add special tokens")
 
 
+ADMISSION_FORMAT = 1  # bump when admit()'s rules change: cached decisions of older rules are then ignored
+
+
+def _admission_key(digest: str) -> dict:
+    """What an admission depends on: the configuration's bytes, the reference (the template check
+    runs on it) and these rules (delta-ray's version and ADMISSION_FORMAT)."""
+    import importlib.metadata
+    from .reference_version import reference_version
+    try:
+        ours = importlib.metadata.version("delta-ray")
+    except importlib.metadata.PackageNotFoundError:  # pragma: no cover - run from a source tree
+        ours = "0+unknown"
+    return {"digest": digest, "reference": reference_version(), "delta_ray": ours, "format": ADMISSION_FORMAT}
+
+
+def _valid_admission(p: dict) -> bool:
+    from .families import FAMILIES
+    ints = lambda v: isinstance(v, list) and all(type(i) is int for i in v)  # noqa: E731
+    return (set(p) == {"admitted", "reason", "family", "normalizer", "prefix_ids", "suffix_ids", "added_tokens"}
+            and isinstance(p["admitted"], bool) and isinstance(p["reason"], str)
+            and (p["family"] is None or p["family"] in FAMILIES) and p["normalizer"] in (None, "nfc")
+            and ints(p["prefix_ids"]) and ints(p["suffix_ids"])
+            and isinstance(p["added_tokens"], list) and all(isinstance(t, str) for t in p["added_tokens"])
+            and (p["admitted"] or p["family"] is None))
+
+
 def admit(loaded: LoadedTokenizer) -> Admission:
-    """Decide admission from the configuration, then confirm the template against the reference."""
+    """Decide admission from the configuration, then confirm the template against the reference.
+
+    A lazily loaded tokenizer whose reference is not built yet (a Ray Data worker) first looks the
+    decision up in the on-disk cache (:mod:`delta_ray.core.cache_store`, a checked record bound to
+    the configuration's SHA-256, the reference's version and these rules): the decision is a
+    function of exactly those, so a cached one is the one this process would compute, without
+    building the reference (about a CPU-second). A miss computes it and records it."""
+    if loaded.built:
+        return _admit(loaded)
+    from .cache_store import load_record, save_record
+    key = _admission_key(loaded.digest)
+    rec = load_record("admission", key, validate=_valid_admission)
+    if rec is not None:
+        return Admission(rec["admitted"], rec["reason"], family=rec["family"], normalizer=rec["normalizer"],
+                         prefix_ids=tuple(rec["prefix_ids"]), suffix_ids=tuple(rec["suffix_ids"]),
+                         added_tokens=tuple(rec["added_tokens"]))
+    adm = _admit(loaded)
+    save_record("admission", key, {"admitted": adm.admitted, "reason": adm.reason, "family": adm.family,
+                                   "normalizer": adm.normalizer, "prefix_ids": list(adm.prefix_ids),
+                                   "suffix_ids": list(adm.suffix_ids), "added_tokens": list(adm.added_tokens)})
+    return adm
+
+
+def _admit(loaded: LoadedTokenizer) -> Admission:
     cfg = loaded.config
     try:
         model = cfg.get("model") or {}

@@ -16,6 +16,7 @@ from tokenizers import Tokenizer
 from .reference_api import encode_batch as _reference_batch
 from .reference_api import ids_of
 from .assembly import flat_from_pieces
+from .loading import LoadedTokenizer
 
 PARALLEL_MIN_CHARS = 32768  # below this total, pieces are encoded sequentially
 
@@ -50,8 +51,16 @@ class ReferenceEncoder:
 
     name = "reference"
 
-    def __init__(self, tokenizer: Tokenizer):
-        self.tokenizer = tokenizer
+    def __init__(self, tokenizer: "Tokenizer | LoadedTokenizer"):
+        """``tokenizer``: the reference, or a :class:`~delta_ray.core.loading.LoadedTokenizer` whose
+        reference is then built on this encoder's first use (a worker whose texts all go to the
+        fast tier never pays for it)."""
+        self._source = tokenizer
+
+    @property
+    def tokenizer(self) -> Tokenizer:
+        src = self._source
+        return src.tokenizer if isinstance(src, LoadedTokenizer) else src
 
     def encode_pieces(self, texts: Sequence[str]) -> list[np.ndarray]:
         """Encode each text with the reference, no special tokens; reject what it rejects with ValueError."""

@@ -8,7 +8,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-from dataclasses import dataclass, field
+import threading
 from typing import Any, Union
 
 from tokenizers import Tokenizer
@@ -22,28 +22,82 @@ class DigestMismatch(DeltaRayError, ValueError):
     """Configuration bytes do not match the SHA-256 they were sent with."""
 
 
-@dataclass
 class LoadedTokenizer:
-    """A reference tokenizer with the exact configuration bytes it was built from."""
+    """A reference tokenizer with the exact configuration bytes it was built from.
 
-    tokenizer: Tokenizer
-    config_bytes: bytes
-    digest: str
-    source: str
-    config: dict[str, Any] = field(repr=False, default_factory=dict)
+    ``tokenizer`` (the reference ``tokenizers.Tokenizer``) and ``config`` (the parsed JSON) may be
+    built lazily, on first use: a Ray Data worker whose fast engine is admitted (cached) never needs
+    the reference unless a guarded text, a fallback or the shadow check asks for it, and building it
+    costs about a CPU-second per process (:meth:`from_bytes` with ``lazy=True``). The bytes are
+    fixed (their SHA-256 checked first), so a lazy build gives the same reference an eager one does.
+    """
+
+    def __init__(self, tokenizer: Tokenizer | None, config_bytes: bytes, digest: str, source: str,
+                 config: dict[str, Any] | None = None):
+        self._tokenizer = tokenizer
+        self.config_bytes = config_bytes
+        self.digest = digest
+        self.source = source
+        self._config = config
+        self._lock = threading.Lock()
+
+    def __getstate__(self) -> dict:  # picklable like the dataclass it was (the lock stays behind)
+        return {k: v for k, v in self.__dict__.items() if k != "_lock"}
+
+    def __setstate__(self, state: dict) -> None:
+        self.__dict__.update(state)
+        self._lock = threading.Lock()
+
+    def __repr__(self) -> str:
+        return f"LoadedTokenizer(source={self.source!r}, digest={self.digest[:16]!r}, built={self.built})"
+
+    @property
+    def built(self) -> bool:
+        """Whether the reference ``Tokenizer`` exists yet (False until a lazy one is first used)."""
+        return self._tokenizer is not None
+
+    @property
+    def tokenizer(self) -> Tokenizer:
+        """The reference; built from the bytes on first use (once, under a lock)."""
+        tok = self._tokenizer
+        if tok is None:
+            with self._lock:
+                if self._tokenizer is None:
+                    self._tokenizer = check_encodes(tokenizer_from_str(self.config_bytes.decode("utf-8")))
+                tok = self._tokenizer
+        return tok
+
+    @tokenizer.setter
+    def tokenizer(self, tok: Tokenizer) -> None:
+        self._tokenizer = tok
+
+    @property
+    def config(self) -> dict[str, Any]:
+        """The parsed tokenizer.json (parsed on first use)."""
+        cfg = self._config
+        if cfg is None:
+            cfg = self._config = json.loads(self.config_bytes)
+        return cfg
 
     @classmethod
-    def from_bytes(cls, data: bytes, expected_digest: str | None = None, source: str = "<bytes>") -> "LoadedTokenizer":
-        """Build from tokenizer.json bytes, checking the SHA-256 when one is given."""
+    def from_bytes(cls, data: bytes, expected_digest: str | None = None, source: str = "<bytes>", *,
+                   lazy: bool = False) -> "LoadedTokenizer":
+        """Build from tokenizer.json bytes, checking the SHA-256 when one is given; ``lazy``: build
+        the reference (and parse the JSON) only when first used."""
         digest = hashlib.sha256(data).hexdigest()
         if expected_digest is not None and digest != expected_digest:
             raise DigestMismatch(f"tokenizer configuration SHA-256 {digest} != expected {expected_digest}")
+        if lazy:
+            return cls(None, bytes(data), digest, source)
         text = data.decode("utf-8")
         return cls(check_encodes(tokenizer_from_str(text)), data, digest, source, json.loads(text))
 
 
-def load_tokenizer(tokenizer: TokenizerLike) -> LoadedTokenizer:
-    """Accept a path to tokenizer.json, a directory holding one, a ``tokenizers.Tokenizer`` or a loaded one."""
+def load_tokenizer(tokenizer: TokenizerLike, *, lazy: bool = False) -> LoadedTokenizer:
+    """Accept a path to tokenizer.json, a directory holding one, a ``tokenizers.Tokenizer`` or a loaded one.
+
+    ``lazy`` (paths only): read the bytes now, build the reference on first use; the reference's
+    refusal of the file then surfaces there, not here."""
     if isinstance(tokenizer, LoadedTokenizer):
         return tokenizer
     if isinstance(tokenizer, Tokenizer):
@@ -59,6 +113,8 @@ def load_tokenizer(tokenizer: TokenizerLike) -> LoadedTokenizer:
             raise FileNotFoundError(f"no tokenizer.json at {os.fspath(tokenizer)!r}")
         with open(path, "rb") as fh:
             data = fh.read()
+        if lazy:
+            return LoadedTokenizer.from_bytes(data, source=path, lazy=True)
         try:
             return LoadedTokenizer.from_bytes(data, source=path)
         except Exception as exc:
