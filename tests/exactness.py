@@ -87,6 +87,17 @@ class Battery:
         return [(s, b, d) for s, b, d in triples if not self._joined_equal(s + d, s[:b], (s + d)[b:])]
 
 
+def chat_messages(real_texts: dict, n_msgs: int, start: int = 0) -> list[str]:
+    """ChatML messages of 300-1,400 characters cut from the shipped real texts (prose, code,
+    multilingual), alternating user and assistant: a session's turns, deterministic."""
+    src = real_texts["english"] + real_texts["code"] + real_texts["multilingual"]
+    out = []
+    for i in range(start, start + n_msgs):
+        body = src[(i * 977) % (len(src) - 1500):][:300 + (i * 131) % 1100]
+        out.append(f"<|im_start|>{'user' if i % 2 == 0 else 'assistant'}\n{body}<|im_end|>\n")
+    return out
+
+
 def accepted_cuts(pred: CutPredicate, text: str, open_end: bool = False) -> list[int]:
     """Every position the predicate accepts (for continuations: with evidence inside the text)."""
     out = []

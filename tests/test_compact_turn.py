@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 
 from delta_ray import DeltaTokenizer, SessionNotFound
+from exactness import chat_messages
 from delta_ray.core.encoder import ReferenceEncoder
 from delta_ray.core.session_store import owners_bytes
 
@@ -29,15 +30,6 @@ def _fast(tokenizer_paths, references, name: str, guard=(), **options):
     return DeltaTokenizer(tokenizer_paths[name], encoder=enc, **options), enc
 
 
-def _chat(real_texts, n_msgs: int, start: int = 0) -> list[str]:
-    src = real_texts["english"] + real_texts["code"] + real_texts["multilingual"]
-    out = []
-    for i in range(start, start + n_msgs):
-        body = src[(i * 977) % (len(src) - 1500):][:300 + (i * 131) % 1100]
-        out.append(f"<|im_start|>{'user' if i % 2 == 0 else 'assistant'}\n{body}<|im_end|>\n")
-    return out
-
-
 def _compact(dt, key: str = "s") -> bool:
     head = dt.core.store.peek(key)._head
     return head is not None and head[2]
@@ -50,7 +42,7 @@ def test_compact_turns_are_the_reference(name, tokenizer_paths, references, real
     the state's IDs and incremental byte count stay exact, and the compact path served the turns."""
     ref = references[name]
     dt, _ = _fast(tokenizer_paths, references, name, shadow_rate=0.0)
-    msgs = _chat(real_texts, 60)
+    msgs = chat_messages(real_texts, 60)
     text = "".join(msgs[:12])
     dt.encode(text, session="s")
     answers, compact = [], 0
@@ -82,7 +74,7 @@ def test_an_engine_switch_stops_the_compact_path(tokenizer_paths, references, re
     its engine per switch generation) and every answer is still the reference's."""
     ref = references["qwen-3"]
     dt, enc = _fast(tokenizer_paths, references, "qwen-3", shadow_rate=0.0)
-    msgs = _chat(real_texts, 24)
+    msgs = chat_messages(real_texts, 24)
     text = "".join(msgs[:12])
     dt.encode(text, session="s")
     text += msgs[12]
@@ -100,7 +92,7 @@ def test_a_disabled_fast_tier_leaves_no_compact_state(tokenizer_paths, reference
     made: the next extend finds none, and later turns never reach the fast engine."""
     ref = references["qwen-3"]
     dt, enc = _fast(tokenizer_paths, references, "qwen-3", shadow_rate=0.0)
-    msgs = _chat(real_texts, 20)
+    msgs = chat_messages(real_texts, 20)
     text = "".join(msgs[:12])
     dt.encode(text, session="s")
     for m in msgs[12:15]:
@@ -124,7 +116,7 @@ def test_the_guard_still_decides_in_the_compact_path(tokenizer_paths, references
     the fallback counter moves, and the answer is the reference's."""
     ref = references["qwen-3"]
     dt, enc = _fast(tokenizer_paths, references, "qwen-3", guard={0xE9}, shadow_rate=0.0)
-    msgs = _chat(real_texts, 20)
+    msgs = chat_messages(real_texts, 20)
     text = "".join(msgs[:12]).replace("\u00e9", "e")
     dt.encode(text, session="s")
     for i, m in enumerate(msgs[12:]):
@@ -140,7 +132,7 @@ def test_the_shadow_verifier_samples_compact_turns(tokenizer_paths, references, 
     """With shadow_rate=1.0 every compact turn is queued for comparison (both of its pieces)."""
     ref = references["qwen-3"]
     dt, _ = _fast(tokenizer_paths, references, "qwen-3", shadow_rate=1.0)
-    msgs = _chat(real_texts, 24)
+    msgs = chat_messages(real_texts, 24)
     text = "".join(msgs[:12])
     dt.encode(text, session="s")
     dt.core.shadow.drain()

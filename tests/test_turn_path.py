@@ -14,21 +14,13 @@ import numpy as np
 import pytest
 
 from delta_ray import DeltaTokenizer
+from exactness import chat_messages
 from delta_ray.core.encoder import ReferenceEncoder
 from delta_ray.core.plan import SESSION, SESSION_WHOLE, SPLICE_CHARS_FAST, SPLICE_CHARS_REFERENCE, Router
 from delta_ray.core.repair import encode_turn
 from delta_ray.core.session_store import YOUNG_PARTS, owners_bytes
 
 HAS_FAST = importlib.util.find_spec("fastokens") is not None
-
-
-def _chat(real_texts, n_msgs: int, start: int = 0) -> list[str]:
-    src = real_texts["english"] + real_texts["code"] + real_texts["multilingual"]
-    out = []
-    for i in range(start, start + n_msgs):
-        body = src[(i * 977) % (len(src) - 1500):][:300 + (i * 131) % 1100]
-        out.append(f"<|im_start|>{'user' if i % 2 == 0 else 'assistant'}\n{body}<|im_end|>\n")
-    return out
 
 
 def _assert_chained(state) -> None:
@@ -45,7 +37,7 @@ def test_checkpoints_stay_chained_and_exact_over_mixed_turns(tokenizer_paths, re
     ref = references["qwen-3"]
     dt = DeltaTokenizer(tokenizer_paths["qwen-3"], engine="reference", shadow_rate=0.0,
                         chunk_size=8192, cut_threshold=20_000)
-    msgs = _chat(real_texts, 60)
+    msgs = chat_messages(real_texts, 60)
     text = "".join(msgs[:30])
     dt.encode(text, session="s")
     for i, m in enumerate(msgs[30:]):
@@ -73,7 +65,7 @@ def test_the_shared_checkpoint_log_never_changes_an_older_state(tokenizer_paths,
     or the base's, and both are exact."""
     ref = references["qwen-3"]
     dt = DeltaTokenizer(tokenizer_paths["qwen-3"], engine="reference", shadow_rate=0.0)
-    msgs = _chat(real_texts, 12)
+    msgs = chat_messages(real_texts, 12)
     base_text = "".join(msgs[:10])
     dt.encode(base_text, session="s")
     dt.extend("s", msgs[10])
@@ -123,7 +115,7 @@ def test_a_turn_reuses_the_arrow_arrays_of_the_parts_it_keeps(tokenizer_paths, r
     zero-copy slice for the part cut at the checkpoint), and every earlier result stays unchanged."""
     ref = references["qwen-3"]
     dt = DeltaTokenizer(tokenizer_paths["qwen-3"], engine="reference", shadow_rate=0.0)
-    msgs = _chat(real_texts, 40)
+    msgs = chat_messages(real_texts, 40)
     text = "".join(msgs[:30])
     first = dt.encode(text, session="s")
     kept = first.to_pylist()
@@ -173,7 +165,7 @@ def test_small_appends_wait_and_are_joined_eight_at_a_time(tokenizer_paths, refe
     dt.encode(text, session="s")
     first_part = dt.core.store.get("s").text_parts[0]
     depths = []
-    for i, m in enumerate(_chat(real_texts, 3 * YOUNG_PARTS)):
+    for i, m in enumerate(chat_messages(real_texts, 3 * YOUNG_PARTS)):
         text += m
         assert dt.extend("s", m).to_pylist() == ref.encode(text).ids
         st = dt.core.store.get("s")
@@ -192,7 +184,7 @@ def test_a_continuation_keeps_whole_parts_and_reuses_their_arrow_arrays(tokenize
     their Arrow arrays are the previous answer's; the rope stays shallow and every answer exact."""
     ref = references["qwen-3"]
     dt = DeltaTokenizer(tokenizer_paths["qwen-3"], engine="reference", shadow_rate=0.0)
-    msgs = _chat(real_texts, 60)
+    msgs = chat_messages(real_texts, 60)
     text = "".join(msgs[:20])
     dt.encode(text, session="s")
     whole_parts = 0
