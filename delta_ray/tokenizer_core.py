@@ -125,7 +125,7 @@ class TokenizerCore:
         self._purge_lock, self._purged = threading.Lock(), False
         self.engine_switch.add_disable_listener(self._purge)
         self._turn = TurnPath(self.engine_switch, self.encoder, self._store, self._predicate, self.margin,
-                              self.planner, self.stats, self.template) if self._predicate is not None else None
+                              self.planner, self.stats, self.template, self.router) if self._predicate is not None else None
 
     # -- public API -------------------------------------------------------------------------
     @property

@@ -20,27 +20,45 @@ MERGE_TEXT_BELOW = 1 << 12
 
 
 YOUNG_PARTS = 8  # recently appended small parts wait to be joined together, 8 at a time
+MERGE_IDS_BELOW = 4096  # the same bound for ID parts (and a compact turn's Arrow chunks), in IDs
+
+
+def merge_start(sizes, small: int) -> int:
+    """The merge policy, on the parts' sizes alone: ``j`` such that the rope becomes
+    ``parts[:j] + (join(parts[j:]),)``; ``j >= len(sizes) - 1`` when it joins nothing (most turns).
+
+    Keep a rope shallow at O(1) amortized copies per appended element and part. Parts under
+    ``small`` at the end (a turn's appends) are left alone until there are ``YOUNG_PARTS`` of them,
+    then joined in one copy: most turns copy nothing (joining the last small part with the new one
+    on every turn copied up to ``small`` elements per turn). The older parts form a binary counter
+    (the last two are joined while the older is not more than twice the newer), so every element
+    is copied O(log n) times over a session's life and a rope has O(log n) + ``YOUNG_PARTS`` parts.
+    Every join takes a suffix, so the policy is one index; :func:`merge_text_parts`,
+    :func:`merge_id_parts` and the compact turn's Arrow chunks (which knows their lengths without
+    asking pyarrow) all apply it."""
+    n = len(sizes)
+    young = 0
+    while young < n and sizes[n - 1 - young] < small:
+        young += 1
+    if young >= YOUNG_PARTS:
+        j = n - young
+        last = sum(sizes[j:])
+    elif young or not n:
+        return n
+    else:
+        j, last = n - 1, sizes[n - 1]
+    while j >= 1 and sizes[j - 1] <= 2 * last:
+        j -= 1
+        last += sizes[j]
+    return j
 
 
 def _merge_parts(parts: list, size, join, small: int) -> tuple:
-    """Keep a rope shallow at O(1) amortized copies per appended element and part.
-
-    Parts under ``small`` at the end (a turn's appends) are left alone until there are
-    ``YOUNG_PARTS`` of them, then joined in one copy: most turns copy nothing (joining the last
-    small part with the new one on every turn copied up to ``small`` elements per turn). The older
-    parts form a binary counter (the last two are joined while the older is not more than twice the
-    newer), so every element is copied O(log n) times over a session's life and a rope has
-    O(log n) + ``YOUNG_PARTS`` parts."""
+    """``parts`` (empty ones dropped) with :func:`merge_start`'s suffix joined."""
     parts = [p for p in parts if size(p)]
-    young = 0
-    while young < len(parts) and size(parts[-1 - young]) < small:
-        young += 1
-    if young >= YOUNG_PARTS:
-        parts[-young:] = [join(parts[-young:])]
-    elif young:
-        return tuple(parts)
-    while len(parts) >= 2 and size(parts[-2]) <= 2 * size(parts[-1]):
-        parts[-2:] = [join(parts[-2:])]
+    j = merge_start([size(p) for p in parts], small)
+    if j < len(parts) - 1:
+        parts[j:] = [join(parts[j:])]
     return tuple(parts)
 
 
@@ -152,4 +170,5 @@ def merge_text_parts(parts) -> tuple[str, ...]:
 
 
 def merge_id_parts(parts) -> tuple[np.ndarray, ...]:
-    return _merge_parts(list(parts), len, lambda ps: np.concatenate(ps).astype(np.int32, copy=False), 4096)
+    return _merge_parts(list(parts), len, lambda ps: np.concatenate(ps).astype(np.int32, copy=False),
+                        MERGE_IDS_BELOW)

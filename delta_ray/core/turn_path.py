@@ -27,48 +27,37 @@ import pyarrow as pa
 
 from delta_ray.core import constants as C
 from . import exit_guard
-from .plan import SPLICE_CHARS_FAST
+from .plan import SESSION
 from .repair import WINDOW_BACK
-from .session_store import (MERGE_TEXT_BELOW, YOUNG_PARTS, CheckpointLog, SessionState, merge_text_parts,
-                            suffix_parts)
+from .rope import MERGE_IDS_BELOW, MERGE_TEXT_BELOW, merge_start
+from .session_store import CheckpointLog, SessionState, suffix_parts
 
 _INT32 = pa.int32()
 _py_buffer = pa.py_buffer
 _from_buffers = pa.Array.from_buffers
 _chunked_array = pa.chunked_array
 _LITTLE = sys.byteorder == "little"
-MERGE_IDS_BELOW = 4096  # as merge_id_parts: kept chunks under this many IDs wait to be joined
 _UNBOUND = (None, None, None, None)
 
 
 def merge_chunks(chunks: tuple, lens: tuple) -> tuple[tuple, tuple, bool]:
-    """:func:`delta_ray.core.session_store.merge_id_parts`'s policy on Arrow chunks with known
-    lengths (no pyarrow call unless a join is due): (chunks, lengths, joined)."""
-    young, n = 0, len(lens)
-    while young < n and lens[n - 1 - young] < MERGE_IDS_BELOW:
-        young += 1
-    if young and young < YOUNG_PARTS:
+    """The rope's merge policy (:func:`~delta_ray.core.rope.merge_start`, as for ID parts) on Arrow
+    chunks of known lengths, with no pyarrow call unless a join is due: (chunks, lengths, joined)."""
+    j = merge_start(lens, MERGE_IDS_BELOW)
+    if j >= len(lens) - 1:
         return chunks, lens, False
-    chunks, lens = list(chunks), list(lens)
-    if young >= YOUNG_PARTS:
-        chunks[-young:] = [pa.concat_arrays(chunks[-young:])]
-        lens[-young:] = [sum(lens[-young:])]
-    joined = young >= YOUNG_PARTS
-    while len(lens) >= 2 and lens[-2] <= 2 * lens[-1]:
-        chunks[-2:] = [pa.concat_arrays(chunks[-2:])]
-        lens[-2:] = [lens[-2] + lens[-1]]
-        joined = True
-    return tuple(chunks), tuple(lens), joined
+    return chunks[:j] + (pa.concat_arrays(chunks[j:]),), lens[:j] + (sum(lens[j:]),), True
 
 
 class TurnPath:
     """The compact continuation of one :class:`~delta_ray.tokenizer_core.TokenizerCore`."""
 
-    def __init__(self, switch, confining, store, predicate, margin: int, planner, stats, template):
+    def __init__(self, switch, confining, store, predicate, margin: int, planner, stats, template, router):
         self._switch = switch
         self._shadow = confining._shadow  # None: no verifier between the encoder and the switch
         self._store = store
         self._pred = predicate
+        self._route_turn = router.turn  # the one cost-based choice (plan.Router.turn), not a copy of it
         self._margin = margin
         self._back = WINDOW_BACK + predicate.specials.max_len
         # the general turn cuts a span this long into chunks or intermediate checkpoints
@@ -114,8 +103,8 @@ class TurnPath:
         pos, k, ext = last
         n0 = state.n_chars
         n = n0 + len(delta)
-        if ext > n0 or n - pos >= self._max_span or n0 < SPLICE_CHARS_FAST:
-            return None
+        if ext > n0 or n - pos >= self._max_span or self._route_turn(n0, fast=True) is not SESSION:
+            return None  # not this plan (a whole re-encode is the router's choice under its splice cost)
         head = state._head
         if head is None:  # a state the general turn made: its head and window, once
             head = self._head_of(state, pos)
@@ -159,20 +148,13 @@ class TurnPath:
         pybuf = _py_buffer(buf)
         full = _from_buffers(_INT32, m, [None, pybuf])
         cut = _from_buffers(_INT32, t, [None, pybuf])
-        young, i = 0, len(lens) - 1  # trailing chunks under the merge bound (merge_id_parts' policy)
-        while i >= 0 and young < YOUNG_PARTS and lens[i] < MERGE_IDS_BELOW:
-            young, i = young + 1, i - 1
-        joined = False
-        if young >= YOUNG_PARTS or not young:  # merge_id_parts' policy on the kept chunks (most turns join nothing)
-            kept, lens, joined = merge_chunks(kept, lens)
+        kept, lens, joined = merge_chunks(kept, lens)  # most turns join nothing
         chunks = kept + (full,)
         text_parts = state.text_parts + (delta,)
         tb, ib = state._bytes
-        young, i = 0, len(text_parts) - 1  # the same for the text rope (merge_text_parts' policy)
-        while i >= 0 and young < YOUNG_PARTS and len(text_parts[i]) < MERGE_TEXT_BELOW:
-            young, i = young + 1, i - 1
-        if young >= YOUNG_PARTS or not young:  # merge_text_parts would join: let it
-            text_parts, tb = merge_text_parts(text_parts), None
+        j = merge_start(tuple(map(len, text_parts)), MERGE_TEXT_BELOW)
+        if j < len(text_parts) - 1:  # the text rope, by the same rule
+            text_parts, tb = text_parts[:j] + ("".join(text_parts[j:]),), None
         elif tb is not None:
             tb += sys.getsizeof(delta)
         cp = (w0 + cut_at, k + t, w0 + found[2])

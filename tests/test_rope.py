@@ -1,0 +1,69 @@
+"""The rope's merge policy (delta_ray/core/rope.py): one rule, :func:`merge_start`, applied to text
+parts, ID parts and the compact turn's Arrow chunks alike."""
+from __future__ import annotations
+
+import numpy as np
+import pyarrow as pa
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from delta_ray.core.rope import (MERGE_IDS_BELOW, MERGE_TEXT_BELOW, YOUNG_PARTS, merge_id_parts, merge_start,
+                                 merge_text_parts)
+from delta_ray.core.turn_path import merge_chunks
+
+
+def stepwise(sizes: list[int], small: int) -> list[int]:
+    """The policy as first written (join the young parts, then the binary counter's pairs, one join
+    at a time), on sizes: the oracle the one-index form must reproduce."""
+    parts = [s for s in sizes if s]
+    young = 0
+    while young < len(parts) and parts[-1 - young] < small:
+        young += 1
+    if young >= YOUNG_PARTS:
+        parts[-young:] = [sum(parts[-young:])]
+    elif young:
+        return parts
+    while len(parts) >= 2 and parts[-2] <= 2 * parts[-1]:
+        parts[-2:] = [parts[-2] + parts[-1]]
+    return parts
+
+
+sizes_st = st.lists(st.one_of(st.integers(1, 40), st.integers(1, 20_000)), max_size=24)
+
+
+@settings(max_examples=400, deadline=None)
+@given(sizes_st, st.sampled_from([16, MERGE_TEXT_BELOW]))
+def test_one_index_is_the_stepwise_policy(sizes, small):
+    j = merge_start(sizes, small)
+    got = sizes if j >= len(sizes) - 1 else sizes[:j] + [sum(sizes[j:])]
+    assert got == stepwise(sizes, small)
+
+
+@settings(max_examples=200, deadline=None)
+@given(sizes_st)
+def test_text_ids_and_arrow_chunks_merge_alike(sizes):
+    """The three ropes of one session keep the same shape: joined parts hold exactly the joined
+    elements, in order."""
+    rng = np.random.default_rng(len(sizes))
+    ids = [rng.integers(0, 1000, s, dtype=np.int32) for s in sizes]
+    merged = merge_id_parts(ids)
+    assert [len(p) for p in merged] == stepwise(sizes, MERGE_IDS_BELOW)
+    assert np.array_equal(np.concatenate(merged) if merged else np.zeros(0, np.int32),
+                          np.concatenate(ids) if ids else np.zeros(0, np.int32))
+    chunks, lens, joined = merge_chunks(tuple(pa.array(p) for p in ids), tuple(sizes))
+    assert list(lens) == [len(c) for c in chunks] == stepwise(sizes, MERGE_IDS_BELOW)
+    assert joined == (len(chunks) != len(sizes))
+    assert pa.chunked_array(chunks, type=pa.int32()).to_numpy().tolist() == \
+        (np.concatenate(ids).tolist() if ids else [])
+    texts = ["".join(chr(97 + (i + k) % 26) for k in range(s)) for i, s in enumerate(sizes)]
+    merged_text = merge_text_parts(texts)
+    assert [len(p) for p in merged_text] == stepwise(sizes, MERGE_TEXT_BELOW)
+    assert "".join(merged_text) == "".join(texts)
+
+
+def test_appends_stay_shallow():
+    """A session's life of small appends: O(log n) + YOUNG_PARTS parts."""
+    parts: tuple = ()
+    for _ in range(5000):
+        parts = merge_text_parts(parts + ("x" * 1300,))
+        assert len(parts) <= 2 * np.log2(sum(map(len, parts))) + YOUNG_PARTS
