@@ -315,7 +315,9 @@ class PoolOrchestrator:
 
     def _splice(self, key: str, answer, wid: str | None) -> tuple:
         """Turn worker ``wid``'s (version, k, tail) into the session's IDs (a rope: the kept prefix
-        of the mirror, not copied, plus the tail) and remember them."""
+        of the mirror, not copied, plus the tail) and remember them. Returned as Arrow chunks: a
+        part kept from the last answer keeps that answer's chunk (the mirror holds both, as
+        ``(version, parts, chunks)``), so a turn wraps only its new parts, not the whole rope."""
         version, k, tail = answer
         rec = self.sessions.get(key)
         known = rec.ids if rec is not None else None
@@ -324,11 +326,15 @@ class PoolOrchestrator:
             if known is None:  # cannot happen: k > 0 only answers a version we sent
                 raise RuntimeError("worker answered a delta for IDs this pool does not hold")
             parts = merge_id_parts(list(prefix_parts(known[1], k)) + [tail])
+            # The old parts are alive (``known``) while this runs, so their ids cannot be reused.
+            kept = {id(p): c for p, c in zip(known[1], known[2])}
+            chunks = tuple(c if (c := kept.get(id(p))) is not None else to_arrow(p) for p in parts)
         else:
-            parts = (tail,)
+            parts = (tail,) if len(tail) else ()
+            chunks = tuple(to_arrow(p) for p in parts)
         # IDs before k are the ones this pool returned last time (start)
-        self.sessions.answered(key, wid, version, parts, k)
-        return parts
+        self.sessions.answered(key, wid, version, parts, k, chunks)
+        return chunks
 
     def _merge(self, call: Call, answer, wid: str | None):
         """Worker ``wid``'s answer as its caller gets it: a session delta spliced onto the mirror."""

@@ -16,6 +16,8 @@ import sys
 from collections import OrderedDict
 from typing import Any
 
+from delta_ray.core.assembly import to_arrow
+
 _RECORD_OVERHEAD = 200  # bytes per record besides its values (dict slot, record, digest, tuples)
 _KID_CACHE_CHARS = 1 << 20  # key characters the digest cache may hold (keys may be megabytes)
 _KID_CACHE_ITEMS = 256
@@ -135,12 +137,16 @@ class SessionTable:
         else:
             self._evict()
 
-    def answered(self, key: str, worker: str | None, version: int, id_parts: tuple, start: int) -> None:
+    def answered(self, key: str, worker: str | None, version: int, id_parts: tuple, start: int,
+                 chunks: tuple | None = None) -> None:
         """A worker's session answer: who holds it, its state version, the IDs the caller got
-        (``(version, id_parts)``) and the first ID that changed."""
+        (``(version, id_parts, chunks)``: ``chunks`` the parts' zero-copy Arrow arrays, made here
+        if not given) and the first ID that changed."""
         kid, rec = self._record(key)
         rec.worker, rec.version, rec.start = worker, version, start
-        self._set_ids(rec, (version, id_parts))
+        if chunks is None:
+            chunks = tuple(to_arrow(p) for p in id_parts)
+        self._set_ids(rec, (version, id_parts, chunks))
         self._evict()
 
     def sent(self, key: str, version: int | None, text_parts: tuple | None) -> None:

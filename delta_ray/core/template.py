@@ -98,9 +98,11 @@ class Template:
             return parts
         return self._before + parts + self._after
 
-    def chunked(self, id_parts: Sequence[np.ndarray]) -> pa.ChunkedArray:
-        """A sequence's raw int32 parts as one zero-copy ChunkedArray, post-processed."""
-        return pa.chunked_array(self.chunks(tuple(to_arrow(p) for p in id_parts if len(p))), type=_INT32)
+    def chunked(self, id_parts: Sequence) -> pa.ChunkedArray:
+        """A sequence's raw int32 parts (numpy, or int32 Arrow arrays already made) as one
+        zero-copy ChunkedArray, post-processed."""
+        return pa.chunked_array(self.chunks(tuple(p if isinstance(p, pa.Array) else to_arrow(p)
+                                                  for p in id_parts if len(p))), type=_INT32)
 
     # -- a flat batch: one values buffer and int64 offsets ----------------------------------------
     def apply_flat(self, values: np.ndarray, offsets: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
