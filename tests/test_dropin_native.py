@@ -13,6 +13,7 @@ import os
 import subprocess
 import sys
 import textwrap
+import threading
 
 import pytest
 
@@ -94,6 +95,7 @@ def test_native_threads_equal_stock_above_the_cut_threshold():
             plain = wrap_tokenizer(copy.copy(stock), native_threads=True, engine="reference")
             loaded = live(plain).loaded  # the live backend's configuration and reference
             wrong = WrongOnLongS(loaded.config_bytes, "fastokens")
+            assert wrong.check_lists() is True  # here, not in the background: every call below uses the lists
             guard = guard_set_for(loaded.config_bytes, wrong, ref_tokenizer=loaded.tokenizer, use_cache=False,
                                   code_points=[0x17F, 0xE9, ord("a")])
             assert not guard.allows("\\u017f") and guard.allows("a")
@@ -187,12 +189,38 @@ def test_engine_lists_are_used_only_once_they_match_the_flat_output(tokenizer_pa
     good = FastEncoder(tokenizer_paths["qwen-3"], "fastokens")
     texts = ["Hello world, it's 12:45.", "caf\u00e9 " * 5000]
     want = [a.tolist() for a in good.encode_pieces(texts)]
-    assert good.encode_lists(texts) == want and good._lists_checked is True
+    assert good.check_lists() is True and good.encode_lists(texts) == want
 
     bad = FastEncoder(tokenizer_paths["qwen-3"], "fastokens")
     lists = bad._lists
     # wrong only past the check's longest text: the check must cover long inputs to catch it
     bad._lists = lambda ts: [lst[:-1] if len(t) > 50000 else lst for t, lst in zip(ts, lists(ts))]
     assert max(map(len, list_entry_texts(bad._added))) > 50000
-    assert bad.encode_lists(texts) is None and bad._lists_checked is False
+    assert bad.check_lists() is False and bad.encode_lists(texts) is None
     assert ids_list(bad, texts) == want[0] + want[1]
+
+
+def test_the_list_check_never_runs_on_the_request_path(tokenizer_paths):
+    """The first ``encode_lists`` call does not wait for the check (0.4-0.8 s): it starts it in the
+    background and returns None (the caller converts the flat output: the same IDs); once the check
+    passed, the engine's lists are used (a failing check: the test above)."""
+    import time
+
+    from delta_ray.core.parallel_encode import ids_list
+    from delta_ray.verify.fast_engine import FastEncoder
+
+    enc = FastEncoder(tokenizer_paths["qwen-3"], "fastokens")
+    texts = ["Hello world, it's 12:45.", "caf\u00e9 " * 5000]
+    want = [a.tolist() for a in enc.encode_pieces(texts)]
+    gate = threading.Event()
+    check = enc._check_lists
+    enc._check_lists = lambda: gate.wait(30) and check()  # a check that takes as long as we say
+    t0 = time.perf_counter()
+    assert enc.encode_lists(texts) is None  # not checked yet: the flat path
+    assert time.perf_counter() - t0 < 0.2 and enc._lists_checked is None
+    assert ids_list(enc, texts) == want[0] + want[1]  # exact meanwhile
+    gate.set()
+    deadline = time.monotonic() + 30
+    while enc._lists_checked is None and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert enc._lists_checked is True and enc.encode_lists(texts) == want

@@ -115,6 +115,13 @@ class ConfiningEncoder:
         self._shadow.check_later(texts, _AsArrays(lists), enc)
         return lists
 
+    def prepare_lists(self) -> None:
+        """Start the engine's list entry point check in the background now (the drop-in calls this
+        when it attaches), so that the first requests already find it done."""
+        check = getattr(getattr(self.switch.current, "fast", None), "check_lists", None)
+        if check is not None:
+            check(background=True)
+
     def encode_flat(self, texts: Sequence[str]) -> tuple[np.ndarray, np.ndarray]:
         enc = self._direct_engine(texts)  # the direct path, as in encode_pieces
         if enc is not None:

@@ -62,6 +62,7 @@ import importlib.metadata
 import json
 import os
 import sys
+import threading
 from pathlib import Path
 from typing import Sequence, Union
 
@@ -300,6 +301,7 @@ class _GigatokenBackend:
         return out
 
 
+_LISTS_CHECK_LOCK = threading.Lock()
 _BACKEND_CLASSES = {"fastokens": _FastokensBackend, "gigatoken": _GigatokenBackend}
 
 
@@ -340,6 +342,7 @@ class FastEncoder:
             self._flat = getattr(self._impl, "encode_flat", None)  # looked up once, not per call
             self._lists = getattr(self._impl, "encode_lists", None)
             self._lists_checked: bool | None = None if self._lists is not None else False
+            self._lists_check_started = False
             break
         else:
             raise FastEngineUnavailable("; ".join(reasons))
@@ -379,12 +382,16 @@ class FastEncoder:
 
     def encode_lists(self, texts: Sequence[str]) -> list[list[int]] | None:
         """Each text's IDs as a Python list (transformers' container) from the engine's own list entry
-        point, or None where there is none or it is not trusted: used only once it gave exactly
-        :meth:`encode_flat`'s IDs on :func:`list_entry_texts` (checked on first use, per instance;
-        docs/design.md §14). The guard applies as to :meth:`encode_flat` (same engine, same texts)."""
-        if self._lists_checked is None:
-            self._lists_checked = self._check_lists()
-        if not self._lists_checked:
+        point, or None where there is none or it is not trusted yet: used only once it gave exactly
+        :meth:`encode_flat`'s IDs on :func:`list_entry_texts` (checked once per instance, docs/design.md
+        §14). The first call starts that check in a background thread and returns None, as every
+        call does until the check has passed: the caller converts :meth:`encode_flat`'s output
+        meanwhile (the same IDs), so no request waits the check's 0.4-0.8 s. The guard applies as
+        to :meth:`encode_flat` (same engine, same texts)."""
+        checked = self._lists_checked
+        if not checked:
+            if checked is None:
+                self.check_lists(background=True)
             return None
         if exit_guard._exiting:
             checkpoint()
@@ -392,6 +399,25 @@ class FastEncoder:
             return self._lists(texts if type(texts) is list else list(texts))
         except (TypeError, UnicodeEncodeError) as exc:
             raise ValueError(f"the fast engine ({self.backend}) rejected the text: {exc}") from exc
+
+    def check_lists(self, *, background: bool = False) -> bool | None:
+        """The list entry point's check (:meth:`encode_lists`): its verdict, run here if not run yet;
+        with ``background``, started in a daemon thread once per instance (None until it ends)."""
+        if self._lists_checked is not None or not background:
+            if self._lists_checked is None:
+                self._lists_checked = self._check_lists()
+            return self._lists_checked
+        with _LISTS_CHECK_LOCK:
+            if self._lists_check_started:
+                return None
+            self._lists_check_started = True
+
+        def run() -> None:
+            verdict = self._check_lists()
+            if self._lists_checked is None:
+                self._lists_checked = verdict
+        exit_guard.start_thread(run, "delta-ray-list-check")  # None once exiting: the flat path stays
+        return None
 
     def _check_lists(self) -> bool:
         texts = list_entry_texts(self._added)

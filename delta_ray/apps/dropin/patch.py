@@ -74,7 +74,10 @@ def _attach(tok, options: dict[str, Any], eager: bool = True):
     state = DropinState(options)
     tok.__dict__[STATE_ATTR] = state
     if eager:
-        state.current(tok)  # serialize the live backend and admit now, not in the first request
+        snap = state.current(tok)  # serialize the live backend and admit now, not in the first request
+        prepare = getattr(snap.tokenizer.core.encoder, "prepare_lists", None) if snap is not None else None
+        if prepare is not None:
+            prepare()  # the engine's list entry point, checked in the background from now
     return tok
 
 
