@@ -69,6 +69,36 @@ def test_compact_turns_are_the_reference(name, tokenizer_paths, references, real
         assert got.to_pylist() == want
 
 
+def test_delta_answers_take_the_compact_path(tokenizer_paths, references, real_texts):
+    """A pool worker's and a Serve replica's turn (``encode_session_delta``, the caller holding the
+    previous IDs or not, by delta or by whole transcript): the caller's splice of (version, k,
+    tail) is the reference's IDs every turn, and the compact path served the continuations."""
+    ref = references["qwen-3"]
+    dt, _ = _fast(tokenizer_paths, references, "qwen-3", shadow_rate=0.0)
+    core = dt.core
+    msgs = chat_messages(real_texts, 40)
+    text = "".join(msgs[:12])
+    held = None  # (version, IDs) the caller holds
+    version, k, tail = core.encode_session_delta("s", text)
+    assert k == 0
+    held = (version, np.asarray(tail))
+    compact = 0
+    for i, m in enumerate(msgs[12:]):
+        text += m
+        known = held[0] if i % 4 != 3 else None  # now and then a caller that lost its IDs
+        if i % 3 == 2:
+            version, k, tail = core.encode_session_delta("s", text, known_version=known)
+        else:
+            version, k, tail = core.encode_session_delta("s", "", known_version=known, delta=m,
+                                                         expect_version=held[0])
+        ids = np.concatenate([held[1][:k], np.asarray(tail)]) if k else np.asarray(tail)
+        assert ids.tolist() == ref.encode(text, add_special_tokens=False).ids, i
+        assert k == 0 or known is not None
+        held = (version, ids)
+        compact += _compact(dt)
+    assert compact >= 20
+
+
 def test_an_engine_switch_stops_the_compact_path(tokenizer_paths, references, real_texts):
     """After the switch goes to the reference, no turn reaches the fast engine (the path binds
     its engine per switch generation) and every answer is still the reference's."""

@@ -92,6 +92,18 @@ class TurnPath:
         """The answer for ``state``'s text plus ``delta`` (installed as ``key``'s new state), or
         None when the general turn must run (see the module docstring). Called under the
         session's lock, with the state just read from the store."""
+        done = self.step(key, state, delta)
+        if done is None:
+            return None
+        chunks = done[0].arrow_chunks()
+        if add_special_tokens and self._template.added:
+            chunks = self._template.chunks(chunks)
+        return _chunked_array(chunks, type=_INT32)
+
+    def step(self, key: str, state: SessionState, delta: str) -> tuple[SessionState, int, pa.Int32Array] | None:
+        """:meth:`extend`'s turn without its answer, for callers that answer a delta (a pool
+        worker, a Serve replica's append): (the new state, installed as ``key``'s, the number of
+        leading IDs it kept from ``state``, the IDs after them), or None for the general turn."""
         generation = self._switch.generation
         bound = self._bound
         if bound[0] != generation:
@@ -184,9 +196,7 @@ class TurnPath:
         else:
             self._store.pop(key)
         self._stats["repair"] += 1
-        if add_special_tokens and self._template.added:
-            chunks = self._template.chunks(chunks)
-        return _chunked_array(chunks, type=_INT32)
+        return new, k, full
 
     def _head_of(self, state: SessionState, pos: int) -> tuple:
         """(kept chunks, lengths, exact, w0, text[w0:]) of a state the general turn made."""
