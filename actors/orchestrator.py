@@ -327,7 +327,7 @@ class PoolOrchestrator:
                 raise RuntimeError("worker answered a delta for IDs this pool does not hold")
             parts = merge_id_parts(list(prefix_parts(known[1], k)) + [tail])
             # The old parts are alive (``known``) while this runs, so their ids cannot be reused.
-            kept = {id(p): c for p, c in zip(known[1], known[2])}
+            kept = {id(p): c for p, c in zip(known[1], known[2] if len(known) > 2 else ())}
             chunks = tuple(c if (c := kept.get(id(p))) is not None else to_arrow(p) for p in parts)
         else:
             parts = (tail,) if len(tail) else ()
