@@ -187,17 +187,18 @@ def _processes():
                 rss_pages = int(f.read().split()[1])
         except (OSError, ValueError, IndexError):
             continue
-        yield cmd, rss_pages * os.sysconf("SC_PAGE_SIZE")
+        yield int(pid), cmd, rss_pages * os.sysconf("SC_PAGE_SIZE")
 
 
 class ActorPeakRSS:
     """Samples the resident memory of a pipeline's actor processes (Ray names them after their
-    UDF class) every 50 ms in a background thread; ``peak_mb()`` is the largest one seen."""
+    UDF class) every 50 ms in a background thread; ``peak_mb()`` is the largest one seen, and
+    ``pids`` the processes seen running the encode (each builds its own tokenizer: seconds of CPU)."""
 
     def __init__(self, marker: str):
         import threading
 
-        self.marker, self.peak = marker, 0
+        self.marker, self.peak, self.pids = marker, 0, set()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
 
@@ -211,7 +212,9 @@ class ActorPeakRSS:
 
     def _run(self):
         while not self._stop.wait(0.05):
-            self.peak = max([self.peak] + [rss for cmd, rss in _processes() if self.marker in cmd])
+            seen = [(pid, rss) for pid, cmd, rss in _processes() if self.marker in cmd]
+            self.pids.update(pid for pid, _ in seen)
+            self.peak = max([self.peak] + [rss for _, rss in seen])
 
     def peak_mb(self) -> float:
         return self.peak / 2 ** 20
@@ -296,6 +299,7 @@ def main(argv: list[str] | None = None) -> int:
         results: dict[str, dict[str, list[float]]] = {}
         tokens_of: dict[str, int] = {}
         peaks: dict[tuple[str, str], float] = {}
+        procs: dict[tuple[str, str], list[int]] = {}
         cpus: dict[tuple[str, str], list[dict[str, float]]] = {}
         for cname, (source, files) in corpora.items():
             texts = None
@@ -318,6 +322,7 @@ def main(argv: list[str] | None = None) -> int:
                         with ActorPeakRSS(MARKERS[name]) as rss:
                             elapsed, stats = run_ray(ray, name, path, source, out)
                         peaks[(cname, name)] = max(peaks.get((cname, name), 0.0), rss.peak_mb())
+                        procs.setdefault((cname, name), []).append(len(rss.pids))
                     times[name].append(elapsed)
                     if stats:
                         cpus.setdefault((cname, name), []).append(stage_cpu(stats))
@@ -357,6 +362,8 @@ def main(argv: list[str] | None = None) -> int:
                   f"total {sum(med.values()):6.2f}")
         print("peak RSS of the largest actor process: " + "; ".join(
             f"{c} {n} {mb:,.0f} MB" for (c, n), mb in peaks.items()))
+        print("processes seen running the encode (each builds its tokenizer), per run: " + "; ".join(
+            f"{c} {n} {'/'.join(map(str, k))}" for (c, n), k in procs.items()))
         print(f"(tokens: {', '.join(f'{c} {n:,}' for c, n in tokens_of.items())}; {args.verify} random rows of "
               f"each pipeline's first output checked against the reference: {'FAILED' if failed else 'exact'}; "
               f"load average at the end {os.getloadavg()[0]:.2f})")
