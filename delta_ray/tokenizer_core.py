@@ -279,19 +279,10 @@ class TokenizerCore:
                 if expect_version is not None and state.version != expect_version:
                     raise SessionNotFound(f"session {session!r} changed since the state this extend was made "
                                           "for (a stale or concurrent extend): send the whole text")
-            step = delta
-            if state is not None and delta is None and state.n_chars < len(text) and state.prefix_of(text):
-                step = text[state.n_chars:]  # a whole transcript that extends the stored text
-            done = self._turn.step(session, state, step) if state is not None and step else None
-            if done is not None:  # the compact continuation (design §15); else the general turn
-                new, reused, tail = done
-            else:
-                new, reused = self._session_encode(session, text, state, delta=delta)
-                tail = None
+            done = self._turn.continue_session(session, state, text, delta)  # the compact turn (design §15)
+            new, reused = done[:2] if done is not None else self._session_encode(session, text, state, delta=delta)
         k = reused if state is not None and known_version is not None and state.version == known_version else 0
-        if tail is not None and k:  # the IDs after the kept ones: the engine's buffer, zero-copy
-            return new.version, k, np.frombuffer(tail.buffers()[1], dtype=np.int32, count=len(tail))
-        return new.version, k, new.ids_from(k)
+        return new.version, k, np.frombuffer(done[2], dtype=np.int32) if done is not None and k else new.ids_from(k)
 
     def install_session(self, session: str, state: SessionState) -> None:
         """Adopt a state computed elsewhere (a pool's chunked initialization)."""

@@ -100,10 +100,23 @@ class TurnPath:
             chunks = self._template.chunks(chunks)
         return _chunked_array(chunks, type=_INT32)
 
-    def step(self, key: str, state: SessionState, delta: str) -> tuple[SessionState, int, pa.Int32Array] | None:
+    def continue_session(self, key: str, state: SessionState | None, text: str | None,
+                         delta: str | None) -> tuple[SessionState, int, bytes] | None:
+        """:meth:`step` for ``delta``, or for ``text`` when it extends the stored text (a whole
+        transcript); None where there is nothing to continue or the general turn must run."""
+        if state is None:
+            return None
+        if delta is None:
+            if not (state.n_chars < len(text) and state.prefix_of(text)):
+                return None
+            delta = text[state.n_chars:]
+        return self.step(key, state, delta) if delta else None
+
+    def step(self, key: str, state: SessionState, delta: str) -> tuple[SessionState, int, bytes] | None:
         """:meth:`extend`'s turn without its answer, for callers that answer a delta (a pool
         worker, a Serve replica's append): (the new state, installed as ``key``'s, the number of
-        leading IDs it kept from ``state``, the IDs after them), or None for the general turn."""
+        leading IDs it kept from ``state``, the engine's buffer of the IDs after them: native
+        int32, read-only), or None for the general turn."""
         generation = self._switch.generation
         bound = self._bound
         if bound[0] != generation:
@@ -196,7 +209,7 @@ class TurnPath:
         else:
             self._store.pop(key)
         self._stats["repair"] += 1
-        return new, k, full
+        return new, k, buf
 
     def _head_of(self, state: SessionState, pos: int) -> tuple:
         """(kept chunks, lengths, exact, w0, text[w0:]) of a state the general turn made."""
