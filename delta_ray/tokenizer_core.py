@@ -158,10 +158,9 @@ class TokenizerCore:
                 return one_chunk(self.encode_ids(text, session=session, add_special_tokens=add_special_tokens))
             with self._lock_for(session):
                 state = self._states().get(session)
-                if state is not None and state.n_chars < len(text) and state.prefix_of(text):
-                    out = self._turn.extend(session, state, text[state.n_chars:], add_special_tokens)
-                    if out is not None:  # the compact continuation (design §15); else the general turn
-                        return out
+                out = self._turn.extend(session, state, None, add_special_tokens, text=text)
+                if out is not None:  # the compact continuation (design §15); else the general turn
+                    return out
                 state, _ = self._session_encode(session, text, state)
             return self._chunked(state, add_special_tokens)
         return to_arrow(self.encode_ids(text, add_special_tokens=add_special_tokens))

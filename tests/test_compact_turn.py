@@ -78,10 +78,9 @@ def test_delta_answers_take_the_compact_path(tokenizer_paths, references, real_t
     core = dt.core
     msgs = chat_messages(real_texts, 40)
     text = "".join(msgs[:12])
-    held = None  # (version, IDs) the caller holds
     version, k, tail = core.encode_session_delta("s", text)
     assert k == 0
-    held = (version, np.asarray(tail))
+    held = (version, np.asarray(tail))  # (version, IDs) the caller holds
     compact = 0
     for i, m in enumerate(msgs[12:]):
         text += m

@@ -88,11 +88,12 @@ class TurnPath:
                 self._bound = bound
             return bound
 
-    def extend(self, key: str, state: SessionState, delta: str, add_special_tokens: bool) -> pa.ChunkedArray | None:
-        """The answer for ``state``'s text plus ``delta`` (installed as ``key``'s new state), or
-        None when the general turn must run (see the module docstring). Called under the
-        session's lock, with the state just read from the store."""
-        done = self.step(key, state, delta)
+    def extend(self, key: str, state: SessionState | None, delta: str | None, add_special_tokens: bool,
+               text: str | None = None) -> pa.ChunkedArray | None:
+        """The answer for ``state``'s text plus ``delta``, or for ``text`` when it extends the stored
+        text (installed as ``key``'s new state), or None when the general turn must run (see the
+        module docstring). Called under the session's lock, with the state just read from the store."""
+        done = self.continue_session(key, state, text, delta)
         if done is None:
             return None
         chunks = done[0].arrow_chunks()
