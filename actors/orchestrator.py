@@ -26,8 +26,8 @@ from delta_ray.core.assembly import concat_ids, one_chunk, to_arrow
 from delta_ray.core.config import PoolConfig
 from delta_ray.core.plan import CHUNKED, REFERENCE, SESSION, Router
 from delta_ray.core.repair import finish_repair
-from delta_ray.core.session_store import (SessionNotFound, merge_id_parts, merge_text_parts, prefix_parts,
-                                     rope_is_prefix)
+from delta_ray.core.session_store import (SessionNotFound, arrow_parts, merge_id_parts, merge_text_parts,
+                                     prefix_parts, rope_is_prefix)
 from delta_ray.core.state_seal import seal_state
 from delta_ray.tokenizer_core import TokenizerCore
 from delta_ray.scheduler import Dispatcher, PlacementModel, content_key
@@ -326,12 +326,10 @@ class PoolOrchestrator:
             if known is None:  # cannot happen: k > 0 only answers a version we sent
                 raise RuntimeError("worker answered a delta for IDs this pool does not hold")
             parts = merge_id_parts(list(prefix_parts(known[1], k)) + [tail])
-            # The old parts are alive (``known``) while this runs, so their ids cannot be reused.
-            kept = {id(p): c for p, c in zip(known[1], known[2] if len(known) > 2 else ())}
-            chunks = tuple(c if (c := kept.get(id(p))) is not None else to_arrow(p) for p in parts)
+            chunks = arrow_parts(parts, known[1], known[2] if len(known) > 2 else ())
         else:
             parts = (tail,) if len(tail) else ()
-            chunks = tuple(to_arrow(p) for p in parts)
+            chunks = arrow_parts(parts)
         # IDs before k are the ones this pool returned last time (start)
         self.sessions.answered(key, wid, version, parts, k, chunks)
         return chunks

@@ -16,7 +16,7 @@ import sys
 from collections import OrderedDict
 from typing import Any
 
-from delta_ray.core.assembly import to_arrow
+from delta_ray.core.session_store import arrow_parts
 
 _RECORD_OVERHEAD = 200  # bytes per record besides its values (dict slot, record, digest, tuples)
 _KID_CACHE_CHARS = 1 << 20  # key characters the digest cache may hold (keys may be megabytes)
@@ -145,7 +145,7 @@ class SessionTable:
         kid, rec = self._record(key)
         rec.worker, rec.version, rec.start = worker, version, start
         if chunks is None:
-            chunks = tuple(to_arrow(p) for p in id_parts)
+            chunks = arrow_parts(id_parts)
         self._set_ids(rec, (version, id_parts, chunks))
         self._evict()
 

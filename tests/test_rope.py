@@ -67,3 +67,20 @@ def test_appends_stay_shallow():
     for _ in range(5000):
         parts = merge_text_parts(parts + ("x" * 1300,))
         assert len(parts) <= 2 * np.log2(sum(map(len, parts))) + YOUNG_PARTS
+
+
+def test_arrow_parts_reuse_only_what_they_show():
+    """A kept part reuses its Arrow array, a prefix view its zero-copy slice; a view of the same
+    memory that is not its prefix (another offset, another stride) is wrapped anew: every chunk
+    shows exactly its part (the pool's mirror gets tails from transports that may share memory)."""
+    from delta_ray.core.session_store import arrow_parts
+
+    owner = np.arange(1000, dtype=np.int32)
+    old = (owner[:600], owner[600:])
+    old_chunks = arrow_parts(old)
+    new = (old[0], owner[600:700], owner[601:650], owner[600:900:2][:10], np.arange(5, dtype=np.int32))
+    olds = old + (owner[600:], owner[600:], owner[600:])  # the same owner at every index
+    chunks = arrow_parts(new, olds, old_chunks + (old_chunks[1],) * 3)
+    assert chunks[0] is old_chunks[0]
+    for p, c in zip(new, chunks):
+        assert c.to_numpy().tolist() == p.tolist()

@@ -45,6 +45,31 @@ def buffer_owner(a: np.ndarray):
     return a.base if a.base is not None else a
 
 
+def _is_prefix_view(p: np.ndarray, old: np.ndarray) -> bool:
+    """Whether ``p`` shows exactly ``old[:len(p)]``: a shorter view of the same memory, starting at
+    the same address with the same layout (a turn's view of a kept part, :func:`prefix_parts`)."""
+    return (p.base is not None and p.base is buffer_owner(old) and len(p) < len(old) and p.dtype == old.dtype
+            and p.strides == old.strides
+            and p.__array_interface__["data"][0] == old.__array_interface__["data"][0])
+
+
+def arrow_parts(parts, old_parts=(), old_chunks=()) -> tuple:
+    """``parts`` (int32 numpy arrays) as zero-copy pyarrow arrays, reusing ``old_chunks`` (the
+    arrays of ``old_parts``, index for index): a part that is the old part at its index keeps its
+    array, one that shows a prefix of it gets the array's zero-copy slice, any other is wrapped.
+    The merge policy only joins a suffix of a rope, so a kept part stays at its index."""
+    m = min(len(old_parts), len(old_chunks))
+    out = []
+    for i, p in enumerate(parts):
+        if i < m and old_parts[i] is p:
+            out.append(old_chunks[i])
+        elif i < m and _is_prefix_view(p, old_parts[i]):
+            out.append(old_chunks[i].slice(0, len(p)))
+        else:
+            out.append(_to_arrow(p))
+    return tuple(out)
+
+
 def _to_arrow(p: np.ndarray):
     # assembly imports this module's neighbours: imported on first use, then bound here (an import
     # statement per call walked importlib's machinery on every turn)
@@ -147,23 +172,11 @@ class SessionState:
 
     def arrow_chunks(self) -> tuple:
         """The ID parts as zero-copy pyarrow arrays, built once per part: a part this state shares
-        with the state it was made from (same array object) reuses that state's array, so a turn
-        wraps only its new parts (and the kept part it sliced), not the whole rope."""
+        with the state it was made from reuses that state's array (:func:`arrow_parts`), so a turn
+        wraps only its new parts, not the whole rope."""
         chunks = self._arrow
         if chunks is None:
-            old_parts, old_chunks = self._arrow_from or ((), ())
-            m = min(len(old_parts), len(old_chunks))
-            out = []
-            for i, p in enumerate(self.id_parts):
-                if i < m and old_parts[i] is p:
-                    out.append(old_chunks[i])
-                elif i < m and p.base is not None and p.base is buffer_owner(old_parts[i]) and len(p) < len(old_parts[i]):
-                    # the kept prefix cut inside the old part: a turn's only view of an old part is
-                    # ``old[:k]`` (prefix_parts), so its Arrow array is the old one's zero-copy slice
-                    out.append(old_chunks[i].slice(0, len(p)))
-                else:
-                    out.append(_to_arrow(p))
-            chunks = self._arrow = tuple(out)
+            chunks = self._arrow = arrow_parts(self.id_parts, *(self._arrow_from or ((), ())))
             self._arrow_from = None
         return chunks
 
