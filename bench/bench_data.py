@@ -21,6 +21,11 @@ Pipelines, each timed end to end (read -> tokenize -> ``write_parquet`` / Parque
   built as ``pa.array(list of id lists)`` (the peer);
 * ``tokenize_dataset``: :func:`delta_ray.tokenize_dataset` with its defaults (tasks that Ray Data
   fuses with the read and the write);
+* ``td-per-file``: the same on ``read_parquet(dir, override_num_blocks=files)`` /
+  ``read_json(...)``, one read task per file, as ``delta-ray tokenize --ray-data`` reads (where the
+  files are at least as many as the CPUs: ``tokenize_job.read_blocks``; Ray Data's default read
+  splits each file's output to reach its block target, and a split read does not fuse with the
+  tasks after it); on a corpus of fewer files than CPUs it is the default read, and not run;
 * ``td-actors`` (not run unless named): ``tokenize_dataset(..., concurrency=os.cpu_count())``, its
   actor pool form;
 * ``ray-reference``: the same user pipeline with the reference tokenizer's ``encode_batch`` (naive).
@@ -59,9 +64,10 @@ import pyarrow.parquet as pq  # noqa: E402
 from delta_ray.apps.bundled import TEST_TOKENIZERS, bundled_tokenizer_path  # noqa: E402
 from bench_files import corpus_rows  # noqa: E402
 
-PIPELINES = ("plain", "cli", "ray-fastokens", "tokenize_dataset", "ray-reference")
+PIPELINES = ("plain", "cli", "ray-fastokens", "tokenize_dataset", "td-per-file", "ray-reference")
 # What the processes doing a pipeline's encode have in their title (Ray names them after the UDF).
 MARKERS = {"ray-fastokens": "FastokensTokenize", "tokenize_dataset": "tokenize_batch_task",
+           "td-per-file": "tokenize_batch_task",
            "td-actors": "TokenizeBatch", "ray-reference": "ReferenceTokenize"}
 
 
@@ -155,15 +161,22 @@ class ReferenceTokenize:
         return batch.append_column("input_ids", pa.array([e.ids for e in encs], pa.list_(pa.int32())))
 
 
-def read(ray, source: str):
-    return ray.data.read_json(source) if "jsonl" in source else ray.data.read_parquet(source)
+def read(ray, source: str, blocks: int | None = None):
+    extra = {} if blocks is None else {"override_num_blocks": blocks}
+    return ray.data.read_json(source, **extra) if "jsonl" in source else ray.data.read_parquet(source, **extra)
 
 
-def run_ray(ray, name: str, path: str, source: str, out: str):
+def per_file_blocks(ray, files: list[str]) -> int | None:
+    """What ``delta-ray tokenize --ray-data`` asks of the read (one task per file), or None."""
+    from delta_ray.actors.tokenize_job import read_blocks
+    return read_blocks(len(files), ray.cluster_resources().get("CPU", 1))
+
+
+def run_ray(ray, name: str, path: str, source: str, out: str, files: list[str]):
     """One Ray Data pipeline end to end; returns (seconds, the Ray Data stats text)."""
     t0 = time.perf_counter()
-    ds = read(ray, source)
-    if name in ("tokenize_dataset", "td-actors"):
+    ds = read(ray, source, per_file_blocks(ray, files) if name == "td-per-file" else None)
+    if name in ("tokenize_dataset", "td-actors", "td-per-file"):
         from delta_ray import tokenize_dataset
         ds = tokenize_dataset(ds, path, concurrency=(os.cpu_count() or 1) if name == "td-actors" else None)
     else:
@@ -316,11 +329,13 @@ def main(argv: list[str] | None = None) -> int:
                         elapsed, tokens = run(path, files, out)
                         stats = ""
                     else:
+                        if name == "td-per-file" and per_file_blocks(ray, files) is None:
+                            continue  # fewer files than CPUs: the default read, timed as tokenize_dataset
                         if not args.warm:  # a fresh Ray: nothing left by an earlier run (not timed)
                             ray.shutdown()
                             start_ray(ray, cores)
                         with ActorPeakRSS(MARKERS[name]) as rss:
-                            elapsed, stats = run_ray(ray, name, path, source, out)
+                            elapsed, stats = run_ray(ray, name, path, source, out, files)
                         peaks[(cname, name)] = max(peaks.get((cname, name), 0.0), rss.peak_mb())
                         procs.setdefault((cname, name), []).append(len(rss.pids))
                     times[name].append(elapsed)
@@ -346,9 +361,12 @@ def main(argv: list[str] | None = None) -> int:
         for name in pipelines:
             cells = []
             for c, times in results.items():
+                if not times[name]:
+                    cells.append("(the default read)")
+                    continue
                 med = statistics.median(times[name])
                 cell = f"{tokens_of[c] / med / 1e6:.2f}"
-                if name in ("tokenize_dataset", "td-actors"):
+                if name in ("tokenize_dataset", "td-actors", "td-per-file"):
                     peer = [x for x in ("ray-fastokens", "ray-reference") if x in times]
                     cell += "".join(f" ({statistics.median(times[x]) / med:.2f}x {x})" for x in peer)
                 if name == "cli" and "plain" in times:

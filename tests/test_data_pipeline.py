@@ -127,6 +127,53 @@ def test_default_tasks_fuse_with_read_and_write(ray_session, tokenizer_paths, mi
     _check_rows(out, mixed_texts, ref, "ids_plain", None, False)
 
 
+def test_read_blocks_rule():
+    """One read task per file when the files are at least as many as the CPUs, else Ray's choice."""
+    from delta_ray.actors.tokenize_job import read_blocks
+
+    assert read_blocks(24, 2) == 24
+    assert read_blocks(4, 4.0) == 4
+    assert read_blocks(3, 4) is None  # fewer files than CPUs: Ray Data's split spreads the work
+    assert read_blocks(1, 0) == 1
+
+
+def test_cli_reads_fuse_where_ray_would_split_them(ray_session, tokenizer_paths, real_texts, tmp_path):
+    """The CLI's Ray Data read (``--ray-data``) of as many files as CPUs is one task per file that
+    reads, tokenizes and writes; Ray Data's default read of the same files splits each file's
+    output (it aims at 2 blocks per CPU of at least 1 MiB), which stops the fusion. Rows exact."""
+    ray = ray_session
+    from delta_ray.actors.data import tokenize_dataset
+    from delta_ray.actors.tokenize_job import _read
+
+    path = tokenizer_paths["llama3.2"]
+    paras = [p for p in real_texts["english"].split("\n\n") if p.strip()]
+    files, docs = [], []
+    cpus = int(ray.cluster_resources()["CPU"])
+    for i in range(cpus):
+        rows = [_repeat(paras[(i * 7 + j) % len(paras)], 4000) for j in range(400)]  # about 1.6 MB a file
+        f = tmp_path / f"part{i}.jsonl"
+        f.write_text("".join(json.dumps({"text": t}) + "\n" for t in rows), encoding="utf-8")
+        files.append(str(f))
+        docs += rows
+
+    def stages(ds, out):
+        ds = tokenize_dataset(ds, path)
+        ds.write_parquet(str(out))
+        return [ln for ln in ds.stats().splitlines() if "MapBatches(tokenize_batch_task)" in ln]
+
+    split = stages(ray.data.read_json(files), tmp_path / "split")
+    assert split and not any("Read" in ln for ln in split), split  # the default read: not fused
+    fused = stages(_read({"json": files}, "text"), tmp_path / "fused")
+    assert fused and all("Read" in ln and "->Write" in ln for ln in fused), fused
+    ref = Tokenizer.from_file(path)
+    for out in ("split", "fused"):
+        table = _read_output(tmp_path / out)
+        assert sorted(table.column("text").to_pylist()) == sorted(docs)
+        texts, ids = table.column("text").to_pylist(), table.column("input_ids")
+        for r in range(0, table.num_rows, 97):  # every row is checked by the tests above; a sample here
+            assert ids[r].as_py() == ref.encode(texts[r], add_special_tokens=True).ids
+
+
 def test_task_form_uses_the_one_bounded_process_cache(tokenizer_paths, real_texts):
     """In-process: the task form takes its tokenizer from the process's one cache (the pool's tasks
     share it): built once per configuration whatever the batch spec, at most MAX_ENTRIES
