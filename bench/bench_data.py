@@ -20,9 +20,9 @@ Pipelines, each timed end to end (read -> tokenize -> ``write_parquet`` / Parque
   ``num_cpus=0.5``, ``batch_format="pyarrow"``, Ray Data's default blocks and batches, the IDs
   built as ``pa.array(list of id lists)`` (the peer);
 * ``tokenize_dataset``: :func:`delta_ray.tokenize_dataset` with its defaults (tasks that Ray Data
-  fuses with the read and the write);
-* ``td-per-file``: the same on ``read_parquet(dir, override_num_blocks=files)`` /
-  ``read_json(...)``, one read task per file, as ``delta-ray tokenize --ray-data`` reads (where the
+  fuses with the write, and with the read where it does not split the read);
+* ``fastokens-per-file`` and ``td-per-file``: the fastokens pipeline and ``tokenize_dataset`` on
+  ``read_parquet(dir, override_num_blocks=files)`` / ``read_json(...)``, one read task per file, as ``delta-ray tokenize --ray-data`` reads (where the
   files are at least as many as the CPUs: ``tokenize_job.read_blocks``; Ray Data's default read
   splits each file's output to reach its block target, and a split read does not fuse with the
   tasks after it); on a corpus of fewer files than CPUs it is the default read, and not run;
@@ -64,10 +64,12 @@ import pyarrow.parquet as pq  # noqa: E402
 from delta_ray.apps.bundled import TEST_TOKENIZERS, bundled_tokenizer_path  # noqa: E402
 from bench_files import corpus_rows  # noqa: E402
 
-PIPELINES = ("plain", "cli", "ray-fastokens", "tokenize_dataset", "td-per-file", "ray-reference")
+PIPELINES = ("plain", "cli", "ray-fastokens", "tokenize_dataset", "fastokens-per-file", "td-per-file",
+             "ray-reference")
+PER_FILE = ("fastokens-per-file", "td-per-file")  # read with one task per file
 # What the processes doing a pipeline's encode have in their title (Ray names them after the UDF).
 MARKERS = {"ray-fastokens": "FastokensTokenize", "tokenize_dataset": "tokenize_batch_task",
-           "td-per-file": "tokenize_batch_task",
+           "td-per-file": "tokenize_batch_task", "fastokens-per-file": "FastokensTokenize",
            "td-actors": "TokenizeBatch", "ray-reference": "ReferenceTokenize"}
 
 
@@ -175,12 +177,12 @@ def per_file_blocks(ray, files: list[str]) -> int | None:
 def run_ray(ray, name: str, path: str, source: str, out: str, files: list[str]):
     """One Ray Data pipeline end to end; returns (seconds, the Ray Data stats text)."""
     t0 = time.perf_counter()
-    ds = read(ray, source, per_file_blocks(ray, files) if name == "td-per-file" else None)
+    ds = read(ray, source, per_file_blocks(ray, files) if name in PER_FILE else None)
     if name in ("tokenize_dataset", "td-actors", "td-per-file"):
         from delta_ray import tokenize_dataset
         ds = tokenize_dataset(ds, path, concurrency=(os.cpu_count() or 1) if name == "td-actors" else None)
     else:
-        udf = FastokensTokenize if name == "ray-fastokens" else ReferenceTokenize
+        udf = FastokensTokenize if name in ("ray-fastokens", "fastokens-per-file") else ReferenceTokenize
         ds = ds.map_batches(udf, fn_constructor_args=(path,), batch_format="pyarrow",
                             compute=ray.data.ActorPoolStrategy(size=os.cpu_count() or 1), num_cpus=0.5)
     ds.write_parquet(out)
@@ -329,7 +331,7 @@ def main(argv: list[str] | None = None) -> int:
                         elapsed, tokens = run(path, files, out)
                         stats = ""
                     else:
-                        if name == "td-per-file" and per_file_blocks(ray, files) is None:
+                        if name in PER_FILE and per_file_blocks(ray, files) is None:
                             continue  # fewer files than CPUs: the default read, timed as tokenize_dataset
                         if not args.warm:  # a fresh Ray: nothing left by an earlier run (not timed)
                             ray.shutdown()
@@ -367,7 +369,8 @@ def main(argv: list[str] | None = None) -> int:
                 med = statistics.median(times[name])
                 cell = f"{tokens_of[c] / med / 1e6:.2f}"
                 if name in ("tokenize_dataset", "td-actors", "td-per-file"):
-                    peer = [x for x in ("ray-fastokens", "ray-reference") if x in times]
+                    fk = "fastokens-per-file" if name == "td-per-file" else "ray-fastokens"
+                    peer = [x for x in (fk, "ray-reference") if times.get(x)]
                     cell += "".join(f" ({statistics.median(times[x]) / med:.2f}x {x})" for x in peer)
                 if name == "cli" and "plain" in times:
                     cell += f" ({statistics.median(times['plain']) / med:.2f}x plain)"
