@@ -27,7 +27,7 @@ from delta_ray.core.config import PoolConfig
 from delta_ray.core.plan import CHUNKED, REFERENCE, SESSION, Router
 from delta_ray.core.repair import finish_repair
 from delta_ray.core.session_store import (SessionNotFound, arrow_parts, merge_id_parts, merge_text_parts,
-                                     prefix_parts, rope_is_prefix)
+                                     prefix_parts, rope_is_prefix, splice_arrow)
 from delta_ray.core.state_seal import seal_state
 from delta_ray.tokenizer_core import TokenizerCore
 from delta_ray.scheduler import Dispatcher, PlacementModel, content_key
@@ -325,8 +325,12 @@ class PoolOrchestrator:
         if k:
             if known is None:  # cannot happen: k > 0 only answers a version we sent
                 raise RuntimeError("worker answered a delta for IDs this pool does not hold")
-            parts = merge_id_parts(list(prefix_parts(known[1], k)) + [tail])
-            chunks = arrow_parts(parts, known[1], known[2] if len(known) > 2 else ())
+            spliced = splice_arrow(known[1], known[2], k, tail) if len(known) > 2 else None
+            if spliced is not None:
+                parts, chunks = spliced
+            else:
+                parts = merge_id_parts(list(prefix_parts(known[1], k)) + [tail])
+                chunks = arrow_parts(parts, known[1], known[2] if len(known) > 2 else ())
         else:
             parts = (tail,) if len(tail) else ()
             chunks = arrow_parts(parts)

@@ -84,3 +84,39 @@ def test_arrow_parts_reuse_only_what_they_show():
     assert chunks[0] is old_chunks[0]
     for p, c in zip(new, chunks):
         assert c.to_numpy().tolist() == p.tolist()
+
+
+@settings(max_examples=300, deadline=None)
+@given(sizes_st, st.integers(0, 10**9), st.integers(0, 3000))
+def test_a_splice_is_the_general_route_in_one_walk(sizes, at, tail_len):
+    """``splice_arrow`` (the pool's splice of a worker's answer) gives the parts the general route
+    gives (``merge_id_parts`` of the kept prefix plus the tail) and chunks that show them: a kept
+    part keeps its array, the cut one a zero-copy slice of its array (the same buffer), the tail and
+    any joined part their own; an answer that keeps more IDs than the rope holds is refused."""
+    import pytest
+
+    from delta_ray.core.rope import prefix_parts
+    from delta_ray.core.session_store import arrow_parts, splice_arrow
+
+    rng = np.random.default_rng(len(sizes) * 7 + tail_len)
+    parts = merge_id_parts([rng.integers(0, 1000, s, dtype=np.int32) for s in sizes])
+    chunks = arrow_parts(parts)
+    total = sum(map(len, parts))
+    k = at % (total + 1)
+    tail = rng.integers(0, 1000, tail_len, dtype=np.int32)
+    got_parts, got_chunks = splice_arrow(parts, chunks, k, tail)
+    want = merge_id_parts(list(prefix_parts(parts, k)) + [tail])
+    assert [len(p) for p in got_parts] == [len(p) for p in want]
+    assert all(np.array_equal(a, b) for a, b in zip(got_parts, want))
+    assert len(got_chunks) == len(got_parts)
+    for p, c in zip(got_parts, got_chunks):
+        assert c.to_numpy().tolist() == p.tolist()
+    for i, (p, c) in enumerate(zip(got_parts, got_chunks)):
+        if i < len(parts) and p is parts[i]:
+            assert c is chunks[i]
+        elif i < len(parts) and p.base is not None and p.base is (parts[i].base if parts[i].base is not None
+                                                                    else parts[i]) and len(p) < len(parts[i]):
+            assert c.buffers()[1].address == chunks[i].buffers()[1].address  # the slice, not a copy
+    assert splice_arrow(parts, chunks[:-1], k, tail) is None if parts else True
+    with pytest.raises(ValueError):
+        splice_arrow(parts, chunks, total + 1, tail)

@@ -15,8 +15,8 @@ import numpy as np
 
 from delta_ray.core import constants as C
 from .errors import DeltaRayError
-from .rope import (MERGE_TEXT_BELOW, YOUNG_PARTS, CheckpointLog, merge_id_parts,  # noqa: F401
-                   merge_text_parts, prefix_parts, rope_is_prefix, suffix_parts)
+from .rope import (MERGE_IDS_BELOW, MERGE_TEXT_BELOW, YOUNG_PARTS, CheckpointLog, merge_id_parts,  # noqa: F401
+                   merge_start, merge_text_parts, prefix_parts, rope_is_prefix, suffix_parts)
 
 
 class SessionNotFound(DeltaRayError, KeyError):
@@ -68,6 +68,44 @@ def arrow_parts(parts, old_parts=(), old_chunks=()) -> tuple:
         else:
             out.append(_to_arrow(p))
     return tuple(out)
+
+
+def splice_arrow(parts: tuple, chunks: tuple, k: int, tail: np.ndarray) -> tuple[tuple, tuple] | None:
+    """The rope ``parts[:k] + tail`` and its Arrow chunks, in one walk from the rope's end: the same
+    parts as ``merge_id_parts(prefix_parts(parts, k) + (tail,))`` and the same chunks as
+    :func:`arrow_parts` gives them (a kept part keeps its array, the cut one gets the zero-copy slice
+    of its array, a new or joined part is wrapped), without testing every part for reuse: the walk
+    knows which part it cut. None where ``chunks`` are not the parts' (index for index) or a part is
+    empty: the caller then takes the general route. A pool's splice of a worker's answer."""
+    n = len(parts)
+    if len(chunks) != n:
+        return None
+    sizes = list(map(len, parts))
+    total = sum(sizes)
+    if k > total:
+        raise ValueError(f"an answer keeps {k} IDs of a rope of {total}")
+    if 0 in sizes:
+        return None
+    i, end = n, total
+    while i and end - sizes[i - 1] >= k:  # the parts wholly after the kept prefix
+        end -= sizes[i - 1]
+        i -= 1
+    kept, kept_chunks = parts[:i], chunks[:i]
+    if i and end > k:  # the last kept part is cut: its array's slice, no new wrap
+        r = k - (end - sizes[i - 1])
+        kept, kept_chunks = parts[:i - 1] + (parts[i - 1][:r],), chunks[:i - 1] + (chunks[i - 1].slice(0, r),)
+        sizes[i - 1] = r
+    sizes = sizes[:i]
+    if len(tail):
+        kept, kept_chunks = kept + (tail,), kept_chunks + (None,)
+        sizes.append(len(tail))
+    j = merge_start(sizes, MERGE_IDS_BELOW)
+    if j < len(kept) - 1:
+        joined = np.concatenate(kept[j:]).astype(np.int32, copy=False)
+        kept, kept_chunks = kept[:j] + (joined,), kept_chunks[:j] + (None,)
+    if kept_chunks and kept_chunks[-1] is None:
+        kept_chunks = kept_chunks[:-1] + (_to_arrow(kept[-1]),)
+    return kept, kept_chunks
 
 
 def _to_arrow(p: np.ndarray):
