@@ -219,8 +219,10 @@ def tokenize_dataset(dataset, tokenizer, spec: BatchSpec | None = None, *, batch
             small machine: measured, smaller blocks were slower). Blocks are never repartitioned:
             a worker spreads each slice over its node's cores, so one block of a big file still
             uses the whole node.
-        concurrency: None (default): Ray Data tasks, fused with the read before and the write after
-            them (one task per block reads, tokenizes and writes it), the tokenizer built once per
+        concurrency: None (default): Ray Data tasks, fused with the write after them and with the
+            read before them where Ray Data does not split the read (one task per block reads,
+            tokenizes and writes it; for many files read with ``override_num_blocks=len(files)``
+            where the files are at least as many as the CPUs), the tokenizer built once per
             worker process that gets a block and kept there for later blocks and datasets (at most
             two configurations per process, :mod:`.tokenizer_cache`). An int, or ``(min, max)`` for an autoscaling pool:
             an actor pool of that many actors instead (each builds its tokenizer when it starts and
