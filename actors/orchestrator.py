@@ -325,7 +325,13 @@ class PoolOrchestrator:
         if k:
             if known is None:  # cannot happen: k > 0 only answers a version we sent
                 raise RuntimeError("worker answered a delta for IDs this pool does not hold")
-            spliced = splice_arrow(known[1], known[2], k, tail) if len(known) > 2 else None
+            try:
+                spliced = splice_arrow(known[1], known[2] if len(known) > 2 else (), k, tail)
+            except ValueError as exc:  # never the IDs it answered: this pool cannot splice them
+                self._forget(key)
+                raise SessionNotFound(f"session {key!r}: its worker's answer does not match the IDs this "
+                                      f"pool holds ({exc}); send the whole text with encode(text, session=...)"
+                                      ) from None
             if spliced is not None:
                 parts, chunks = spliced
             else:

@@ -401,3 +401,28 @@ def test_a_late_answer_is_not_spliced(loaded, references, text):
     rec = orch.sessions.get("late")
     assert rec is None or (rec.version is None and rec.ids is None)
     loop.close()
+
+
+def test_an_answer_keeping_more_ids_than_held_is_refused(loaded, references, text):
+    """A worker's delta that claims to keep more IDs than this pool holds for the session cannot be
+    spliced: the caller is told to send the whole text (the session forgotten), never handed IDs
+    kept short; the next whole text is exact again."""
+    ref = references["llama3.2"]
+    orch, transport, loop = _orchestrator(loaded)
+    run = loop.run_until_complete
+    run(orch.encode(text, "k", True))
+    real_call = transport.call
+
+    async def overclaiming(wid, call):
+        out = await real_call(wid, call)
+        if call.kind.method == "extend":
+            version, k, tail = out
+            return version, k + 10_000, tail
+        return out
+    transport.call = overclaiming
+    with pytest.raises(SessionNotFound, match="does not match"):
+        run(orch.extend("k", " more", True))
+    transport.call = real_call
+    assert orch.sessions.get("k") is None or orch.sessions.get("k").ids is None
+    assert _ids(run(orch.encode(text + " more", "k", True))) == ref.encode(text + " more").ids
+    loop.close()

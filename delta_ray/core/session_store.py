@@ -76,15 +76,14 @@ def splice_arrow(parts: tuple, chunks: tuple, k: int, tail: np.ndarray) -> tuple
     :func:`arrow_parts` gives them (a kept part keeps its array, the cut one gets the zero-copy slice
     of its array, a new or joined part is wrapped), without testing every part for reuse: the walk
     knows which part it cut. None where ``chunks`` are not the parts' (index for index) or a part is
-    empty: the caller then takes the general route. A pool's splice of a worker's answer."""
+    empty: the caller then takes the general route. ``ValueError`` where ``k`` exceeds the rope (an
+    answer about IDs the caller does not hold). A pool's splice of a worker's answer."""
     n = len(parts)
-    if len(chunks) != n:
-        return None
     sizes = list(map(len, parts))
     total = sum(sizes)
     if k > total:
         raise ValueError(f"an answer keeps {k} IDs of a rope of {total}")
-    if 0 in sizes:
+    if len(chunks) != n or 0 in sizes:
         return None
     i, end = n, total
     while i and end - sizes[i - 1] >= k:  # the parts wholly after the kept prefix
