@@ -22,10 +22,11 @@ Pipelines, each timed end to end (read -> tokenize -> ``write_parquet`` / Parque
 * ``tokenize_dataset``: :func:`delta_ray.tokenize_dataset` with its defaults (tasks that Ray Data
   fuses with the write, and with the read where it does not split the read);
 * ``fastokens-per-file`` and ``td-per-file``: the fastokens pipeline and ``tokenize_dataset`` on
-  ``read_parquet(dir, override_num_blocks=files)`` / ``read_json(...)``, one read task per file, as ``delta-ray tokenize --ray-data`` reads (where the
-  files are at least as many as the CPUs: ``tokenize_job.read_blocks``; Ray Data's default read
-  splits each file's output to reach its block target, and a split read does not fuse with the
-  tasks after it); on a corpus of fewer files than CPUs it is the default read, and not run;
+  ``read_parquet(dir, override_num_blocks=files)`` / ``read_json(...)``, one read task per file,
+  as ``delta-ray tokenize --ray-data`` reads (where the files are at least as many as the CPUs:
+  ``tokenize_job.read_blocks``; Ray Data's default read splits each file's output to reach its
+  block target, and a split read does not fuse with the tasks after it); on a corpus of fewer
+  files than CPUs it is the default read, and not run;
 * ``td-actors`` (not run unless named): ``tokenize_dataset(..., concurrency=os.cpu_count())``, its
   actor pool form;
 * ``ray-reference``: the same user pipeline with the reference tokenizer's ``encode_batch`` (naive).
