@@ -26,8 +26,7 @@ from delta_ray.core.assembly import concat_ids, one_chunk, to_arrow
 from delta_ray.core.config import PoolConfig
 from delta_ray.core.plan import CHUNKED, REFERENCE, SESSION, Router
 from delta_ray.core.repair import finish_repair
-from delta_ray.core.session_store import (SessionNotFound, arrow_parts, merge_id_parts, merge_text_parts,
-                                     prefix_parts, rope_is_prefix, splice_arrow)
+from delta_ray.core.session_store import SessionNotFound, merge_text_parts, rope_is_prefix, splice_arrow
 from delta_ray.core.state_seal import seal_state
 from delta_ray.tokenizer_core import TokenizerCore
 from delta_ray.scheduler import Dispatcher, PlacementModel, content_key
@@ -322,24 +321,15 @@ class PoolOrchestrator:
         rec = self.sessions.get(key)
         known = rec.ids if rec is not None else None
         tail = np.asarray(tail, dtype=np.int32)
-        if k:
-            if known is None:  # cannot happen: k > 0 only answers a version we sent
-                raise RuntimeError("worker answered a delta for IDs this pool does not hold")
-            try:
-                spliced = splice_arrow(known[1], known[2] if len(known) > 2 else (), k, tail)
-            except ValueError as exc:  # never the IDs it answered: this pool cannot splice them
-                self._forget(key)
-                raise SessionNotFound(f"session {key!r}: its worker's answer does not match the IDs this "
-                                      f"pool holds ({exc}); send the whole text with encode(text, session=...)"
-                                      ) from None
-            if spliced is not None:
-                parts, chunks = spliced
-            else:
-                parts = merge_id_parts(list(prefix_parts(known[1], k)) + [tail])
-                chunks = arrow_parts(parts, known[1], known[2] if len(known) > 2 else ())
-        else:
-            parts = (tail,) if len(tail) else ()
-            chunks = arrow_parts(parts)
+        if k and known is None:  # cannot happen: k > 0 only answers a version we sent
+            raise RuntimeError("worker answered a delta for IDs this pool does not hold")
+        try:  # k == 0 keeps nothing of the mirror: the tail alone
+            parts, chunks = splice_arrow(known[1], known[2], k, tail) if k else splice_arrow((), (), 0, tail)
+        except ValueError as exc:  # never the IDs it answered: this pool cannot splice them
+            self._forget(key)
+            raise SessionNotFound(f"session {key!r}: its worker's answer does not match the IDs this "
+                                  f"pool holds ({exc}); send the whole text with encode(text, session=...)"
+                                  ) from None
         # IDs before k are the ones this pool returned last time (start)
         self.sessions.answered(key, wid, version, parts, k, chunks)
         return chunks

@@ -117,6 +117,12 @@ def test_a_splice_is_the_general_route_in_one_walk(sizes, at, tail_len):
         elif i < len(parts) and p.base is not None and p.base is (parts[i].base if parts[i].base is not None
                                                                     else parts[i]) and len(p) < len(parts[i]):
             assert c.buffers()[1].address == chunks[i].buffers()[1].address  # the slice, not a copy
-    assert splice_arrow(parts, chunks[:-1], k, tail) is None if parts else True
+    # chunks that are not the parts' own are not reused, and an empty part is dropped as the merge
+    # rule drops it: the same parts as the general route, chunks that show them
+    holey = parts[:1] + (np.zeros(0, np.int32),) + parts[1:]
+    for args in ((parts, chunks[:-1]), (holey, arrow_parts(holey))):
+        again_parts, again_chunks = splice_arrow(*args, k, tail)
+        assert [p.tolist() for p in again_parts] == [p.tolist() for p in want]
+        assert [c.to_numpy().tolist() for c in again_chunks] == [p.tolist() for p in want]
     with pytest.raises(ValueError):
         splice_arrow(parts, chunks, total + 1, tail)

@@ -70,22 +70,24 @@ def arrow_parts(parts, old_parts=(), old_chunks=()) -> tuple:
     return tuple(out)
 
 
-def splice_arrow(parts: tuple, chunks: tuple, k: int, tail: np.ndarray) -> tuple[tuple, tuple] | None:
+def splice_arrow(parts: tuple, chunks: tuple, k: int, tail: np.ndarray) -> tuple[tuple, tuple]:
     """The rope ``parts[:k] + tail`` and its Arrow chunks, in one walk from the rope's end: the same
     parts as ``merge_id_parts(prefix_parts(parts, k) + (tail,))`` and the same chunks as
     :func:`arrow_parts` gives them (a kept part keeps its array, the cut one gets the zero-copy slice
     of its array, a new or joined part is wrapped), without testing every part for reuse: the walk
-    knows which part it cut. None where ``chunks`` are not the parts' (index for index) or a part is
-    empty: the caller then takes the general route. ``ValueError`` where ``k`` exceeds the rope (an
+    knows which part it cut. ``chunks`` not the parts' own (index for index) are not reused; empty
+    parts are dropped, as the merge rule drops them. ``ValueError`` where ``k`` exceeds the rope (an
     answer about IDs the caller does not hold). A pool's splice of a worker's answer."""
-    n = len(parts)
     sizes = list(map(len, parts))
     total = sum(sizes)
     if k > total:
         raise ValueError(f"an answer keeps {k} IDs of a rope of {total}")
-    if len(chunks) != n or 0 in sizes:
-        return None
-    i, end = n, total
+    if len(chunks) != len(parts):
+        chunks = arrow_parts(parts)
+    if 0 in sizes:
+        parts, chunks = (tuple(x for x, size in zip(xs, sizes) if size) for xs in (parts, chunks))
+        sizes = [size for size in sizes if size]
+    i, end = len(parts), total
     while i and end - sizes[i - 1] >= k:  # the parts wholly after the kept prefix
         end -= sizes[i - 1]
         i -= 1
