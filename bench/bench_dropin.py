@@ -9,7 +9,9 @@ each turn is timed with four tokenizers loaded from the same folder:
 * ``fastokens``: loaded under ``fastokens.patch_transformers()``;
 * ``fastokens+cache``: the same with fastokens' segment cache on (``enable_segment_cache``);
 * ``delta-ray``: loaded under ``delta_ray.patch_transformers()`` (content reuse off, the default;
-  ``--engine fast`` admits the fast tier first, about a minute the first time, cached after).
+  ``--engine fast`` admits the fast tier first, about a minute the first time, cached after);
+* ``dr-stock-render``: the same with ``fast_render=False``: transformers' own template render, so
+  the two delta-ray columns show what the memoized sandbox (design §16) adds and what the encode does.
 
 The four are timed in rotating order on each turn (median of ``--repeats``, and the fastest
 repeat, the least disturbed by other jobs on a shared machine), every result is
@@ -144,6 +146,8 @@ def load_all(folder: str, engine: str, cache_mib: int, content_reuse: bool, shad
     extra["native_threads"] = native_threads
     delta_ray.patch_transformers(engine=engine, **extra)
     out["delta-ray"] = AutoTokenizer.from_pretrained(folder)
+    delta_ray.patch_transformers(engine=engine, fast_render=False, **extra)
+    out["dr-stock-render"] = AutoTokenizer.from_pretrained(folder)
     if content_reuse:
         delta_ray.patch_transformers(engine=engine, content_reuse=True, **extra)
         out["delta-ray+reuse"] = AutoTokenizer.from_pretrained(folder)

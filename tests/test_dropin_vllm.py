@@ -79,3 +79,5 @@ def test_chat_renderer_equals_default_mode(both, real_texts):
         got = safe_apply_chat_template(None, ours, chat, **kw)
         assert isinstance(got, list) and got == want
         chat.append({"role": "assistant", "content": real_texts["code"][turn * 4000:(turn + 1) * 4000]})
+    from delta_ray.apps.dropin import render
+    assert template in render._compiled  # the mode's renders went through the memoized sandbox

@@ -30,12 +30,11 @@ import logging
 import threading
 from typing import Any
 
-from .snapshot import LazyEncoding, Snapshot
+from .snapshot import RENDER_KEY, LazyEncoding, Snapshot
 
 log = logging.getLogger("delta_ray.apps.dropin")
 
 STATE_ATTR = "_delta_ray_dropin"
-NATIVE_KEY = "native_threads"  # a drop-in option (patch._options), not a DeltaTokenizer one
 _EXPECTED_PARAMS = (
     "self", "text", "text_pair", "add_special_tokens", "padding_strategy", "truncation_strategy",
     "max_length", "stride", "is_split_into_words", "pad_to_multiple_of", "padding_side", "return_tensors",
@@ -232,6 +231,24 @@ def _make_encode_plus(original):
     return _encode_plus
 
 
+def _make_apply_chat_template(original):
+    """Wrap ``apply_chat_template``: a wrapped tokenizer's template renders through the memoized
+    sandbox (:mod:`delta_ray.apps.dropin.render`; same text, same refusals)."""
+    from .render import memo_render
+
+    def apply_chat_template(self, *args, **kwargs):
+        state = self.__dict__.get(STATE_ATTR)
+        if state is None or not state.options.get(RENDER_KEY, True):
+            return original(self, *args, **kwargs)
+        with memo_render():
+            return original(self, *args, **kwargs)
+
+    apply_chat_template.__wrapped__ = original
+    apply_chat_template.__name__ = original.__name__
+    apply_chat_template.__doc__ = original.__doc__
+    return apply_chat_template
+
+
 def _make_invalidating(original):
     """Wrap a backend mutator: the snapshot of a wrapped tokenizer is rebuilt after it runs."""
     def mutator(self, *args, **kwargs):
@@ -272,6 +289,11 @@ def install_hooks() -> bool:
         cls._encode_plus = _make_encode_plus(_originals["_encode_plus"])
         cls._add_tokens = _make_invalidating(_originals["_add_tokens"])
         cls.update_post_processor = _make_invalidating(_originals["update_post_processor"])
+        from .render import install
+        if install():
+            # inherited from PreTrainedTokenizerBase: removing ours restores it (None: delete)
+            _originals["apply_chat_template"] = cls.__dict__.get("apply_chat_template")
+            cls.apply_chat_template = _make_apply_chat_template(cls.apply_chat_template)
         return True
 
 
@@ -282,8 +304,13 @@ def remove_hooks() -> None:
             return
         cls = _backend_class()
         for name, fn in _originals.items():
-            setattr(cls, name, fn)
+            if fn is None:
+                delattr(cls, name)
+            else:
+                setattr(cls, name, fn)
         _originals.clear()
+        from .render import uninstall
+        uninstall()
 
 
 def hooks_installed() -> bool:

@@ -12,6 +12,10 @@ defaults to 1 here, see ``_options``), plus
 its tail) is OFF by default, since one serving process holds many tenants and a shared index is a
 timing side channel between them; pass ``content_reuse=True`` where one tenant owns the process.
 
+``fast_render``: a wrapped tokenizer's ``apply_chat_template`` renders through transformers' own
+jinja sandbox with the sandbox's per-(type, attribute) decisions memoized (same text, same
+refusals; :mod:`delta_ray.apps.dropin.render`). On by default; ``False``: transformers' render.
+
 ``native_threads``: the fast engine (fastokens) spreads one text over its own native threads, as
 fastokens' own patch does, instead of the one thread delta-ray pins it to at import. ``None`` (the
 default): on, unless the process is a Ray worker; ``True``: on, also in a Ray worker; ``False``: the
@@ -25,7 +29,8 @@ import threading
 from typing import Any
 
 from ...core.config import tokenizer_config
-from .hf import NATIVE_KEY, STATE_ATTR, DropinState, hooks_installed, install_hooks, remove_hooks, state_of
+from .hf import STATE_ATTR, DropinState, hooks_installed, install_hooks, remove_hooks, state_of
+from .snapshot import NATIVE_KEY, RENDER_KEY
 
 __all__ = ["patch_transformers", "unpatch_transformers", "wrap_tokenizer", "unwrap_tokenizer", "refresh",
            "is_wrapped", "loading_wrapped"]
@@ -54,6 +59,9 @@ def _options(content_reuse: bool, options: dict[str, Any]) -> dict[str, Any]:
         raise TypeError(f"content_reuse must be a bool, not {type(content_reuse).__name__}")
     options = dict(options)
     native = options.pop("native_threads", None)
+    fast_render = options.pop(RENDER_KEY, True)
+    if not isinstance(fast_render, bool):
+        raise TypeError(f"fast_render must be a bool, not {type(fast_render).__name__}")
     # One thread per call unless asked: transformers wants Python lists, and building them holds the
     # GIL, so helper threads mostly wait for each other (bench_dropin / 2 cores, 2026-12-01: a 250K
     # chat turn 8.1 ms with one thread against 9.9 ms with two at load 2; mixed at load 10-18).
@@ -62,6 +70,7 @@ def _options(content_reuse: bool, options: dict[str, Any]) -> dict[str, Any]:
     tokenizer_config(None, {k: v for k, v in out.items() if k != "encoder"})
     # Last, once the options are known to be valid: it may lift the process's one-thread pin.
     out[NATIVE_KEY] = _native(native)
+    out[RENDER_KEY] = fast_render
     return out
 
 

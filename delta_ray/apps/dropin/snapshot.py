@@ -24,6 +24,10 @@ from tokenizers import Encoding, Tokenizer
 from ...core.loading import LoadedTokenizer
 from ...tokenizer import DeltaTokenizer
 
+NATIVE_KEY = "native_threads"  # drop-in options (patch._options), not DeltaTokenizer ones
+RENDER_KEY = "fast_render"  # chat templates render through render.memo_render
+_DROPIN_KEYS = (NATIVE_KEY, RENDER_KEY)
+
 __all__ = ["LazyEncoding", "Snapshot", "Template", "template_of"]
 
 
@@ -99,7 +103,7 @@ class Snapshot:
             backend.no_padding()
         self.config_json = backend.to_str()  # no JSON round trip here: a vocabulary parses in seconds
         loaded = LoadedTokenizer.from_bytes(self.config_json.encode("utf-8"), source="<transformers backend>")
-        self.tokenizer = DeltaTokenizer(loaded, **{k: v for k, v in options.items() if k != "native_threads"})
+        self.tokenizer = DeltaTokenizer(loaded, **{k: v for k, v in options.items() if k not in _DROPIN_KEYS})
         self.template = template_of(loaded.config.get("post_processor"))
         self._private: Tokenizer | None = None
         self._private_lock = threading.Lock()
