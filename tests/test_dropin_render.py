@@ -152,6 +152,15 @@ def test_an_abc_registration_drops_remembered_verdicts(pair):
     assert _outcome(patched, chat, template) == want
 
 
+def test_names_from_the_data_do_not_grow_the_memo(pair):
+    """``|attr(name)`` takes names from the request: the memo stays bounded (and renders as stock)."""
+    stock, patched = pair
+    template = "{% for m in messages %}{{ m.content|attr(m.role) }}{{ (m|attr(m.content)) is defined }}{% endfor %}"
+    chat = [{"role": "upper", "content": f"name{i}"} for i in range(render.MAX_DECISIONS + 500)]
+    assert _outcome(patched, chat, template) == _outcome(stock, chat, template)
+    assert len(_memo_of(template).decisions) <= render.MAX_DECISIONS
+
+
 def test_the_hook_keeps_transformers_signature(pair):
     """vLLM picks the kwargs it forwards from ``inspect.signature(tok.apply_chat_template)``."""
     import inspect

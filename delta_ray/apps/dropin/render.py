@@ -40,6 +40,9 @@ _WRAPPED_BY_SANDBOX = ("format", "format_map")  # str.format / format_map: wrapp
 _ATTR, _ITEM = "attr", "item"  # remembered for built-ins; holders remember _SAFE
 _SAFE = "safe"
 _CACHE_SIZE = 64  # compiled templates kept (transformers' own lru_cache keeps 128)
+# Decisions kept per template: a template's own names are a few dozen, but ``|attr(name)`` takes
+# names from the data, so a request must not grow the memo without bound.
+MAX_DECISIONS = 4096
 
 _scope: contextvars.ContextVar[bool] = contextvars.ContextVar("delta_ray_memo_render", default=False)
 _lock = threading.Lock()
@@ -110,7 +113,7 @@ class MemoGetattr:
             decision = _SAFE
         else:
             return
-        if token != self.token:  # registrations since the last verdict: start afresh
+        if token != self.token or len(self.decisions) >= MAX_DECISIONS:  # start afresh
             self.decisions.clear()
             self.token = token
         self.decisions[key] = decision
