@@ -153,10 +153,12 @@ def test_an_abc_registration_drops_remembered_verdicts(pair):
 
 
 def test_names_from_the_data_do_not_grow_the_memo(pair):
-    """``|attr(name)`` takes names from the request: the memo stays bounded (and renders as stock)."""
+    """A format string from the request names attributes (the sandbox's formatter reads each with
+    the environment's ``getattr``): the memo stays bounded, and renders as stock."""
     stock, patched = pair
-    template = "{% for m in messages %}{{ m.content|attr(m.role) }}{{ (m|attr(m.content)) is defined }}{% endfor %}"
-    chat = [{"role": "upper", "content": f"name{i}"} for i in range(render.MAX_DECISIONS + 500)]
+    template = "{% for m in messages %}{{ ('{0.' ~ m.content ~ '}').format(m) }}{% endfor %}"
+    chat = [{"role": "user", "content": f"name{i}"} for i in range(render.MAX_DECISIONS + 500)]
+    chat[7]["name7"] = "found"
     assert _outcome(patched, chat, template) == _outcome(stock, chat, template)
     assert len(_memo_of(template).decisions) <= render.MAX_DECISIONS
 

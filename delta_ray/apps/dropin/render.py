@@ -40,8 +40,9 @@ _WRAPPED_BY_SANDBOX = ("format", "format_map")  # str.format / format_map: wrapp
 _ATTR, _ITEM = "attr", "item"  # remembered for built-ins; holders remember _SAFE
 _SAFE = "safe"
 _CACHE_SIZE = 64  # compiled templates kept (transformers' own lru_cache keeps 128)
-# Decisions kept per template: a template's own names are a few dozen, but ``|attr(name)`` takes
-# names from the data, so a request must not grow the memo without bound.
+# Decisions kept per template: a template's own names are a few dozen, but a format string built
+# from the request names attributes too (``'{0.x}'.format(m)``: the sandbox's formatter reads them
+# with the environment's getattr), so a request must not grow the memo without bound.
 MAX_DECISIONS = 4096
 
 _scope: contextvars.ContextVar[bool] = contextvars.ContextVar("delta_ray_memo_render", default=False)
