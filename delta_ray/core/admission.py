@@ -5,6 +5,7 @@ Everything not admitted still works: every request goes to the reference encode,
 """
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -109,16 +110,23 @@ def _template_ids(cfg: Any, loaded: LoadedTokenizer) -> tuple[tuple[int, ...], t
 ADMISSION_FORMAT = 1  # bump when admit()'s rules change: cached decisions of older rules are then ignored
 
 
+@functools.lru_cache(maxsize=1)
+def _our_version() -> str:
+    """delta-ray's installed version, read once per process (``importlib.metadata`` scans every
+    distribution on ``sys.path``: milliseconds, on every lazy admission before this cache)."""
+    import importlib.metadata
+    try:
+        return importlib.metadata.version("delta-ray")
+    except importlib.metadata.PackageNotFoundError:  # pragma: no cover - run from a source tree
+        return "0+unknown"
+
+
 def _admission_key(digest: str) -> dict:
     """What an admission depends on: the configuration's bytes, the reference (the template check
     runs on it) and these rules (delta-ray's version and ADMISSION_FORMAT)."""
-    import importlib.metadata
     from .reference_version import reference_version
-    try:
-        ours = importlib.metadata.version("delta-ray")
-    except importlib.metadata.PackageNotFoundError:  # pragma: no cover - run from a source tree
-        ours = "0+unknown"
-    return {"digest": digest, "reference": reference_version(), "delta_ray": ours, "format": ADMISSION_FORMAT}
+    return {"digest": digest, "reference": reference_version(), "delta_ray": _our_version(),
+            "format": ADMISSION_FORMAT}
 
 
 def _valid_admission(p: dict) -> bool:
