@@ -136,7 +136,11 @@ def _compile(chat_template: str):
     """transformers' compile for templates rendered in scope: a template of its own (a fresh
     environment from transformers' uncached builder), memoized; transformers' cache otherwise."""
     if not _scope.get():
-        return _original_compile(chat_template)
+        original = _original_compile
+        if original is None:  # uninstalled while this call ran: transformers' own is back in place
+            from transformers.utils import chat_template_utils as ctu
+            original = ctu._compile_jinja_template
+        return original(chat_template)
     with _lock:
         template = _compiled.get(chat_template)
         if template is not None:
