@@ -170,12 +170,19 @@ def timed(fn, repeats: int):
     return (statistics.median(times), min(times)), result
 
 
+ORDER = ("stock", "fastokens", "delta-ray", "fastokens+cache", "dr-stock-render", "delta-ray+reuse")
+
+
 def run(toks: dict, peer: Peer | None, kind: str, calls: list, repeats: int, label: str) -> dict[str, list[float]]:
     """calls[t](tok) -> IDs of turn t; every tokenizer per turn, order rotated; IDs checked (the
     child's by digest)."""
     names = list(toks)
     if peer is not None:
         names[1:1] = peer.names  # the usual column order: stock, fastokens..., delta-ray
+    # The order rotates each turn, so each column mostly runs right after the same neighbour, whose
+    # native threads may still be spinning on these 2 cores: both delta-ray columns follow one of
+    # fastokens' (the child's), not each other.
+    names = sorted(names, key=lambda n: ORDER.index(n) if n in ORDER else len(ORDER))
     per = {n: [] for n in names}
     fastest = {n: [] for n in names}  # per turn, the fastest of the repeats (other jobs only add time)
     mismatches = {n: 0 for n in names}
