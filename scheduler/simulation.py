@@ -66,9 +66,12 @@ class Costs:
     # what a calling process spends per second whatever it serves (Ray's threads in a driver: core
     # worker, gRPC, the metrics flusher), modelled as 0.5 ms slices of its loop and a core
     driver_background_ms_per_s: float = 0.0
+    # what other jobs take of each node's cores per second (a shared machine: measured with the pool
+    # idle), modelled the same way: 0.5 ms slices of a core
+    node_background_ms_per_s: float = 0.0
     # How much a step's time varies: each CPU step takes its cost times one of these factors, drawn
-    # uniformly (a measured call's samples over their median, so the simulated P99 has the measured
-    # tail). Empty: every step takes exactly its cost (the mean-value model).
+    # uniformly (a measured call's samples over their mean, so the simulated P99 has the measured
+    # tail and the mean stays the cost). Empty: every step takes exactly its cost (the mean-value model).
     spread: tuple[float, ...] = ()
 
     def orch_session(self, workers: int) -> float:
@@ -224,6 +227,9 @@ class Simulation:
         if costs.driver_background_ms_per_s > 0:
             for d in range(c.drivers):
                 self._background(d, self.rng.random() * 500.0 / costs.driver_background_ms_per_s)
+        if costs.node_background_ms_per_s > 0:
+            for n in range(c.nodes):
+                self._other_jobs(n, self.rng.random() * 500.0 / costs.node_background_ms_per_s)
 
     def _background(self, d: int, delay: float) -> None:
         period = 1000.0 * 0.5 / self.costs.driver_background_ms_per_s
@@ -231,6 +237,14 @@ class Simulation:
         def tick() -> None:
             # a fixed share of the loop per second: it does not vary like a call's service time
             self.hold([self.gil[d], self.cpu[self.driver_node[d]]], 0.5, lambda: None, varies=False)
+            self.after(period, tick)
+        self.after(delay, tick)
+
+    def _other_jobs(self, node: int, delay: float) -> None:
+        period = 1000.0 * 0.5 / self.costs.node_background_ms_per_s
+
+        def tick() -> None:  # a slice of a core, taken whether or not the pool is busy
+            self.hold([self.cpu[node]], 0.5, lambda: None, varies=False)
             self.after(period, tick)
         self.after(delay, tick)
 
@@ -477,12 +491,15 @@ class Simulation:
 
 def spread_of(samples: list[float], points: int = 200) -> tuple[float, ...]:
     """``Costs.spread`` from a call's measured times: ``points`` quantiles of the samples over their
-    median (so a draw keeps the measured shape: most steps near their cost, a tail of slow ones)."""
+    mean, so a draw keeps the measured shape (most steps a little under their cost, a tail of slow
+    ones) and a step's mean stays its cost. The costs are means (CPU per call over many calls): a
+    spread over the median would multiply them again by the tail's weight (2x, measured: a 1M
+    session's turn copies a large rope part now and then)."""
     xs = sorted(x for x in samples if x > 0)
     if not xs:
         return ()
-    med = xs[len(xs) // 2]
-    return tuple(xs[min(len(xs) - 1, int((i + 0.5) * len(xs) / points))] / med for i in range(points))
+    mean = sum(xs) / len(xs)
+    return tuple(xs[min(len(xs) - 1, int((i + 0.5) * len(xs) / points))] / mean for i in range(points))
 
 
 def sweep(cluster: Cluster, costs: Costs, load: Callable[[Simulation, float, float], None],
