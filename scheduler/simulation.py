@@ -17,10 +17,9 @@ resource saturates first and how throughput grows with cores and nodes:
 * a **NIC** per node and direction carries what crosses nodes (texts out, IDs back) at
   ``net_mb_per_ms``.
 
-Cores are FIFO servers shared by the workers, the tasks and the driver of a node. A resource's
-utilization is its busy server-time over its capacity; the first component to saturate is the
-one whose utilization is highest when the offered load exceeds what the pool completes.
-Ray-free and stdlib-only, like the rest of ``scheduler/``.
+Cores are FIFO servers shared by a node's workers, tasks, driver and other jobs. A resource's
+utilization is its busy server-time over its capacity; the first to saturate is the busiest when the
+offered load exceeds what the pool completes. Ray-free and stdlib-only, like ``scheduler/``.
 """
 from __future__ import annotations
 
@@ -41,7 +40,6 @@ TURN_CHARS = 1300
 @dataclass(frozen=True)
 class Costs:
     """Service times in ms, each measured on a real machine (see bench/bench_scaleout.py)."""
-
     # driver CPU (GIL + a core of the driver's node) per step
     handoff_ms: float = 0.07  # caller thread -> the pool's loop and back
     orch_session_ms: float = 0.30  # orchestrator per session call (fake transport answering at once)...
@@ -63,15 +61,13 @@ class Costs:
     encode_ms_per_mchar: float = 10.0  # a stateless chunk's encode, per million characters
     # network, per node and direction (not measurable on one machine: 10 Gbit/s assumed)
     net_mb_per_ms: float = 1.25
-    # what a calling process spends per second whatever it serves (Ray's threads in a driver: core
-    # worker, gRPC, the metrics flusher), modelled as 0.5 ms slices of its loop and a core
+    # CPU per second taken whatever the pool serves, in 0.5 ms slices: by a calling process (Ray's
+    # threads) of its loop and a core; by other jobs (measured with the pool idle) of a node's cores
     driver_background_ms_per_s: float = 0.0
-    # what other jobs take of each node's cores per second (a shared machine: measured with the pool
-    # idle), modelled the same way: 0.5 ms slices of a core
     node_background_ms_per_s: float = 0.0
-    # How much a step's time varies: each CPU step takes its cost times one of these factors, drawn
-    # uniformly (a measured call's samples over their mean, so the simulated P99 has the measured
-    # tail and the mean stays the cost). Empty: every step takes exactly its cost (the mean-value model).
+    # How much a step's time varies: each CPU step takes its cost times a factor drawn uniformly from
+    # these (a measured call's samples over their mean: the measured tail, the same mean). Empty:
+    # every step takes exactly its cost (the mean-value model).
     spread: tuple[float, ...] = ()
 
     def orch_session(self, workers: int) -> float:
@@ -81,8 +77,7 @@ class Costs:
         return self.orch_chunk_ms + self.orch_chunk_ms_per_worker * workers
 
     def turn_ms(self, context_chars: int) -> float:
-        f = (context_chars - 100_000) / 900_000
-        return self.turn_ms_100k + (self.turn_ms_1m - self.turn_ms_100k) * f
+        return self.turn_ms_100k + (self.turn_ms_1m - self.turn_ms_100k) * (context_chars - 100_000) / 900_000
 
 
 @dataclass(frozen=True)
@@ -224,29 +219,22 @@ class Simulation:
         self.latencies: dict[str, list[float]] = {}
         self._measure_from = 0.0
         self.sessions: list[_Session] = []
-        if costs.driver_background_ms_per_s > 0:
-            for d in range(c.drivers):
-                self._background(d, self.rng.random() * 500.0 / costs.driver_background_ms_per_s)
-        if costs.node_background_ms_per_s > 0:
-            for n in range(c.nodes):
-                self._other_jobs(n, self.rng.random() * 500.0 / costs.node_background_ms_per_s)
+        for d in range(c.drivers):  # a calling process's own background work (Ray's threads)
+            self._slices([self.gil[d], self.cpu[self.driver_node[d]]], costs.driver_background_ms_per_s)
+        for n in range(c.nodes):  # other jobs on the node
+            self._slices([self.cpu[n]], costs.node_background_ms_per_s)
 
-    def _background(self, d: int, delay: float) -> None:
-        period = 1000.0 * 0.5 / self.costs.driver_background_ms_per_s
+    def _slices(self, resources: list[Resource], ms_per_s: float) -> None:
+        """Hold ``resources`` in 0.5 ms slices, ``ms_per_s`` a second, busy pool or not (a fixed
+        share: it does not vary like a call's service time)."""
+        if ms_per_s <= 0:
+            return
+        period = 500.0 / ms_per_s
 
-        def tick() -> None:
-            # a fixed share of the loop per second: it does not vary like a call's service time
-            self.hold([self.gil[d], self.cpu[self.driver_node[d]]], 0.5, lambda: None, varies=False)
+        def tick() -> None:  # the next slice is due a period after this one started
+            self.hold(resources, 0.5, lambda: None, varies=False)
             self.after(period, tick)
-        self.after(delay, tick)
-
-    def _other_jobs(self, node: int, delay: float) -> None:
-        period = 1000.0 * 0.5 / self.costs.node_background_ms_per_s
-
-        def tick() -> None:  # a slice of a core, taken whether or not the pool is busy
-            self.hold([self.cpu[node]], 0.5, lambda: None, varies=False)
-            self.after(period, tick)
-        self.after(delay, tick)
+        self.after(self.rng.random() * period, tick)
 
     # -- the event loop ---------------------------------------------------------------------------
     @property
@@ -491,10 +479,8 @@ class Simulation:
 
 def spread_of(samples: list[float], points: int = 200) -> tuple[float, ...]:
     """``Costs.spread`` from a call's measured times: ``points`` quantiles of the samples over their
-    mean, so a draw keeps the measured shape (most steps a little under their cost, a tail of slow
-    ones) and a step's mean stays its cost. The costs are means (CPU per call over many calls): a
-    spread over the median would multiply them again by the tail's weight (2x, measured: a 1M
-    session's turn copies a large rope part now and then)."""
+    mean: a draw keeps the measured shape and a step's mean stays its cost (costs are means; over the
+    median, a turn's rare large rope copies weighed on every step again: 2x, measured)."""
     xs = sorted(x for x in samples if x > 0)
     if not xs:
         return ()
