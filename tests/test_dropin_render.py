@@ -197,6 +197,16 @@ def test_only_wrapped_tokenizers_render_through_the_memo(pair, tmp_path):
         wrap_tokenizer(stock, fast_render="yes")
 
 
+def test_the_vllm_mode_takes_fast_render_from_the_environment(monkeypatch):
+    from delta_ray.apps.dropin import vllm_plugin
+    assert vllm_plugin._options()["fast_render"] is True
+    monkeypatch.setenv("DELTA_RAY_FAST_RENDER", "0")
+    assert vllm_plugin._options()["fast_render"] is False
+    monkeypatch.setenv("DELTA_RAY_FAST_RENDER", "yes")
+    with pytest.raises(ValueError, match="DELTA_RAY_FAST_RENDER"):
+        vllm_plugin._options()
+
+
 def test_unpatch_restores_transformers_render(pair):
     from transformers.tokenization_utils_tokenizers import TokenizersBackend
     from transformers.utils import chat_template_utils as ctu

@@ -11,7 +11,9 @@ original, where both carry it along. The renderer is vLLM's ``HfRenderer``: it c
 
 Options come from the environment, since vLLM passes none to a tokenizer mode:
 ``DELTA_RAY_CONTENT_REUSE=1`` turns keyless content reuse on (off by default: one server holds
-many tenants), ``DELTA_RAY_ENGINE`` picks the engine (``auto`` by default).
+many tenants), ``DELTA_RAY_ENGINE`` picks the engine (``auto`` by default),
+``DELTA_RAY_FAST_RENDER=0`` renders chat templates as transformers does (the memoized sandbox,
+``delta_ray.apps.dropin.render``, is on by default).
 """
 from __future__ import annotations
 
@@ -21,11 +23,17 @@ MODE = "delta_ray"
 __all__ = ["MODE", "DeltaRayTokenizer", "register"]
 
 
+def _flag(name: str, default: str) -> bool:
+    value = os.environ.get(name, default)
+    if value not in ("0", "1"):
+        raise ValueError(f"{name} must be 0 or 1, got {value!r}")
+    return value == "1"
+
+
 def _options() -> dict:
-    reuse = os.environ.get("DELTA_RAY_CONTENT_REUSE", "0")
-    if reuse not in ("0", "1"):
-        raise ValueError(f"DELTA_RAY_CONTENT_REUSE must be 0 or 1, got {reuse!r}")
-    return {"content_reuse": reuse == "1", "engine": os.environ.get("DELTA_RAY_ENGINE", "auto")}
+    return {"content_reuse": _flag("DELTA_RAY_CONTENT_REUSE", "0"),
+            "engine": os.environ.get("DELTA_RAY_ENGINE", "auto"),
+            "fast_render": _flag("DELTA_RAY_FAST_RENDER", "1")}
 
 
 def register() -> None:
