@@ -53,16 +53,7 @@ from delta_ray.tokenizer_core import TokenizerCore  # noqa: E402
 TURN = 1300
 
 
-def _samples(fn, repeats: int) -> list[float]:
-    ts = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        fn()
-        ts.append((time.perf_counter() - t0) * 1e3)
-    return ts
-
-
-def _samples_both(fn, repeats: int) -> tuple[list[float], list[float]]:
+def _samples(fn, repeats: int) -> tuple[list[float], list[float]]:
     """Each call's wall time and this process's CPU time (all threads: the engine's pool too), in ms."""
     wall, cpu = [], []
     for _ in range(repeats):
@@ -74,7 +65,7 @@ def _samples_both(fn, repeats: int) -> tuple[list[float], list[float]]:
 
 
 def _median(fn, repeats: int) -> float:
-    return statistics.median(_samples(fn, repeats))
+    return statistics.median(_samples(fn, repeats)[0])
 
 
 def _cpu_per_call(fn, n: int) -> tuple[float, float]:
@@ -201,7 +192,7 @@ def measure_costs(loaded, engine: str, ray=None, quick: bool = False) -> tuple[C
             worker.extend(f"t{n}", src[n + i[0] * TURN:n + (i[0] + 1) * TURN])
             i[0] += 1
         turn()
-        turn_samples, turn_cpu = _samples_both(turn, 40 if quick else 100)
+        turn_samples, turn_cpu = _samples(turn, 40 if quick else 100)
         # a mean, as every other cost: the spread (below) shapes the tail around it
         raw[f"turn_{n}"] = statistics.fmean(turn_cpu)
     text1m = corpus("english", 1_000_000)

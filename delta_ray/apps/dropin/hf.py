@@ -30,7 +30,7 @@ import logging
 import threading
 from typing import Any
 
-from .snapshot import RENDER_KEY, LazyEncoding, Snapshot
+from .snapshot import RENDER_DEFAULT, RENDER_KEY, LazyEncoding, Snapshot
 
 log = logging.getLogger("delta_ray.apps.dropin")
 
@@ -238,7 +238,7 @@ def _make_apply_chat_template(original):
 
     def apply_chat_template(self, *args, **kwargs):
         state = self.__dict__.get(STATE_ATTR)
-        if state is None or not state.options.get(RENDER_KEY, True):
+        if state is None or not state.options.get(RENDER_KEY, RENDER_DEFAULT):
             return original(self, *args, **kwargs)
         with memo_render():
             return original(self, *args, **kwargs)

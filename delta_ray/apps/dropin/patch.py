@@ -30,7 +30,7 @@ from typing import Any
 
 from ...core.config import tokenizer_config
 from .hf import STATE_ATTR, DropinState, hooks_installed, install_hooks, remove_hooks, state_of
-from .snapshot import NATIVE_KEY, RENDER_KEY
+from .snapshot import NATIVE_KEY, RENDER_DEFAULT, RENDER_KEY
 
 __all__ = ["patch_transformers", "unpatch_transformers", "wrap_tokenizer", "unwrap_tokenizer", "refresh",
            "is_wrapped", "loading_wrapped"]
@@ -58,8 +58,8 @@ def _options(content_reuse: bool, options: dict[str, Any]) -> dict[str, Any]:
     if not isinstance(content_reuse, bool):
         raise TypeError(f"content_reuse must be a bool, not {type(content_reuse).__name__}")
     options = dict(options)
-    native = options.pop("native_threads", None)
-    fast_render = options.pop(RENDER_KEY, True)
+    native = options.pop(NATIVE_KEY, None)
+    fast_render = options.pop(RENDER_KEY, RENDER_DEFAULT)
     if not isinstance(fast_render, bool):
         raise TypeError(f"fast_render must be a bool, not {type(fast_render).__name__}")
     # One thread per call unless asked: transformers wants Python lists, and building them holds the

@@ -26,6 +26,7 @@ from ...tokenizer import DeltaTokenizer
 
 NATIVE_KEY = "native_threads"  # drop-in options (patch._options), not DeltaTokenizer ones
 RENDER_KEY = "fast_render"  # chat templates render through render.memo_render
+RENDER_DEFAULT = True  # also for a state pickled before the option existed
 _DROPIN_KEYS = (NATIVE_KEY, RENDER_KEY)
 
 __all__ = ["LazyEncoding", "Snapshot", "Template", "template_of"]
