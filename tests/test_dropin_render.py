@@ -170,6 +170,17 @@ def test_names_from_the_data_do_not_grow_the_memo(pair):
     assert len(_memo_of(template).decisions) <= render.MAX_DECISIONS
 
 
+def test_only_the_templates_own_names_are_remembered(pair):
+    """A name a request builds (a format string) goes to the sandbox every time: one request can
+    neither grow the memo nor learn, by timing, which names another request used."""
+    stock, patched = pair
+    template = "{% for m in messages %}{{ m.role }}{{ ('{0.' ~ m.content ~ '}').format(m) }}{% endfor %}"
+    chat = [{"role": "user", "content": "secret_name", "secret_name": "x"}]
+    assert _outcome(patched, chat, template) == _outcome(stock, chat, template)
+    names = {k[1] for k in _memo_of(template).decisions}
+    assert "role" in names and "secret_name" not in names
+
+
 def test_the_hook_keeps_transformers_signature(pair):
     """vLLM picks the kwargs it forwards from ``inspect.signature(tok.apply_chat_template)``."""
     import inspect

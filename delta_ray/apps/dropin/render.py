@@ -40,9 +40,10 @@ _WRAPPED_BY_SANDBOX = ("format", "format_map")  # str.format / format_map: wrapp
 _ATTR, _ITEM = "attr", "item"  # remembered for built-ins; holders remember _SAFE
 _SAFE = "safe"
 _CACHE_SIZE = 64  # compiled templates kept (transformers' own lru_cache keeps 128)
-# Decisions kept per template: a template's own names are a few dozen, but a format string built
-# from the request names attributes too (``'{0.x}'.format(m)``: the sandbox's formatter reads them
-# with the environment's getattr), so a request must not grow the memo without bound.
+# Decisions kept per template: only the template's own attribute names are remembered (a format
+# string built from the request, ``'{0.x}'.format(m)``, names attributes through the environment's
+# getattr too: remembering those would let one request grow the memo and time another's names); the
+# bound stays as a second line.
 MAX_DECISIONS = 4096
 
 _scope: contextvars.ContextVar[bool] = contextvars.ContextVar("delta_ray_memo_render", default=False)
@@ -60,10 +61,11 @@ def supported() -> bool:
 class MemoGetattr:
     """A sandbox's ``getattr`` that remembers the decisions that depend only on (type, name)."""
 
-    def __init__(self, env, holders: tuple[type, ...] = ()):
+    def __init__(self, env, holders: tuple[type, ...] = (), names: frozenset[str] = frozenset()):
         from jinja2.runtime import LoopContext
         from jinja2.utils import Namespace
         self.env = env
+        self.names = names  # the template's own attribute names: the only ones remembered
         self.sandbox_getattr = env.getattr  # the class's own method, bound before we shadow it
         self.holders = frozenset({Namespace, LoopContext, *holders})
         self.decisions: dict[tuple[type, str], str] = {}
@@ -96,8 +98,8 @@ class MemoGetattr:
 
     def _learn(self, key: tuple[type, str], obj: Any, attribute: str) -> None:
         tp = key[0]
-        if type(attribute) is not str or attribute in _WRAPPED_BY_SANDBOX:
-            return
+        if attribute not in self.names or attribute in _WRAPPED_BY_SANDBOX:
+            return  # a name from the request (a format string) is never remembered
         token = abc.get_cache_token()
         if tp in _BUILTINS:
             try:
@@ -120,15 +122,18 @@ class MemoGetattr:
         self.decisions[key] = decision
 
 
-def memoize(template):
-    """Give ``template``'s own environment a :class:`MemoGetattr`; returns the template. A template
-    whose environment is not exactly jinja's ``ImmutableSandboxedEnvironment`` is left as it is."""
+def memoize(template, source: str):
+    """Give ``template``'s own environment a :class:`MemoGetattr` remembering the attribute names
+    ``source`` (the template's text) writes; returns the template. A template whose environment is
+    not exactly jinja's ``ImmutableSandboxedEnvironment`` is left as it is."""
+    from jinja2 import nodes
     from jinja2.sandbox import ImmutableSandboxedEnvironment
     env = template.environment
     if type(env) is ImmutableSandboxedEnvironment and "getattr" not in env.__dict__:
         namespace = env.globals.get("namespace")
         holders = (namespace,) if isinstance(namespace, type) else ()
-        env.getattr = MemoGetattr(env, holders)
+        names = frozenset(n.attr for n in env.parse(source).find_all(nodes.Getattr))
+        env.getattr = MemoGetattr(env, holders, names)
     return template
 
 
@@ -147,7 +152,7 @@ def _compile(chat_template: str):
             _compiled.move_to_end(chat_template)
             return template
     from transformers.utils import chat_template_utils as ctu
-    template = memoize(ctu._cached_compile_jinja_template(chat_template))
+    template = memoize(ctu._cached_compile_jinja_template(chat_template), chat_template)
     with _lock:
         _compiled[chat_template] = template
         while len(_compiled) > _CACHE_SIZE:
