@@ -25,11 +25,12 @@ neither builds the reference nor loads the fast engine when that admission is ca
 own blocks are kept (no repartition: each block costs a task, an object-store put and a write).
 Ray Data splits each read task's output when the files are fewer than the blocks it aims at (2 per
 CPU, or up to 200 of at least 1 MiB), and a split read does not fuse: 24 JSONL files of 30 MB
-become 120 blocks, each a task and a write of its own. Reading with ``override_num_blocks=`` the
-number of files, where the files are at least as many as the CPUs, keeps one fused task per file
-(25% faster there; ``delta-ray tokenize --ray-data`` reads so: ``tokenize_job.read_blocks``);
-``batch_size=`` bundles blocks into fewer tasks too, at the cost of a batch bounded in rows rather
-than bytes; each call encodes its
+become 120 blocks, each a task and a write of its own. So a dataset that is exactly a file read
+with Ray Data's block count (e.g. ``read_json(dir)``) is tokenized as the same
+read with one task per file, where the files are at least as many as the CPUs
+(:mod:`.data_reads`, the rule ``delta-ray tokenize --ray-data`` reads by); any other dataset is
+taken as given. ``batch_size=`` bundles blocks into fewer tasks too, at the cost of a batch bounded
+in rows rather than bytes; each call encodes its
 block on every core of its node in slices of ``batch_bytes`` (so one block of a 100 MB file still uses the whole machine, and huge documents never
 hold more than a slice as Python strings). ``concurrency=`` asks for an actor pool instead (the
 earlier default), whose actors reserve a fraction of a CPU so that reads and writes always have cores.
@@ -53,6 +54,7 @@ from delta_ray.verify.fast_engine import FastEngineUnavailable
 from delta_ray.tokenizer import DeltaTokenizer
 from delta_ray.tokenizer_core import TokenizerCore
 
+from .data_reads import per_file_read
 from .tokenizer_cache import build_tokenizer, cached, get_tokenizer
 
 __all__ = ["tokenize_dataset", "TokenizeBatch", "TokenizerSource", "tokenize_batch_task"]
@@ -221,8 +223,8 @@ def tokenize_dataset(dataset, tokenizer, spec: BatchSpec | None = None, *, batch
             uses the whole node.
         concurrency: None (default): Ray Data tasks, fused with the write after them and with the
             read before them where Ray Data does not split the read (one task per block reads,
-            tokenizes and writes it; for many files read with ``override_num_blocks=len(files)``
-            where the files are at least as many as the CPUs), the tokenizer built once per
+            tokenizes and writes it; a bare file read of at least as many files as CPUs, with no
+            ``override_num_blocks``, is read one task per file to keep it fused), the tokenizer built once per
             worker process that gets a block and kept there for later blocks and datasets (at most
             two configurations per process, :mod:`.tokenizer_cache`). An int, or ``(min, max)`` for an autoscaling pool:
             an actor pool of that many actors instead (each builds its tokenizer when it starts and
@@ -285,7 +287,7 @@ def tokenize_dataset(dataset, tokenizer, spec: BatchSpec | None = None, *, batch
         # the fusion). The configuration bytes travel once, in the operator Ray Data puts.
         extra = {} if num_cpus is None else {"num_cpus": num_cpus}
         source = TokenizerSource(loaded.config_bytes, loaded.digest, config, fallback)
-        return dataset.map_batches(tokenize_batch_task, fn_args=(source, spec), batch_size=batch_size,
+        return per_file_read(dataset).map_batches(tokenize_batch_task, fn_args=(source, spec), batch_size=batch_size,
                                    batch_format="pyarrow", zero_copy_batch=True, **extra)
     if isinstance(concurrency, tuple):
         compute = ray.data.ActorPoolStrategy(min_size=concurrency[0], max_size=concurrency[1])

@@ -36,6 +36,7 @@ import sys
 import time
 from pathlib import Path
 
+from .data_reads import read_blocks
 
 
 class UsageError(Exception):
@@ -125,19 +126,6 @@ def _check_output(out: str, ray_data: bool) -> None:
         raise UsageError(f"{out}: output must be a new or empty directory")
     if p.exists() and any(p.iterdir()) and (ray_data or not is_previous_output(out)):
         raise UsageError(f"{out}: output must be a new or empty directory (or an earlier run's, to resume)")
-
-
-def read_blocks(n_files: int, cluster_cpus: float) -> int | None:
-    """``override_num_blocks`` for a Ray Data read of ``n_files`` files: one read task per file
-    when there are at least as many files as the cluster has CPUs, else None (Ray Data's choice).
-
-    Left alone, Ray Data aims at 200 blocks of at least 1 MiB (or 2 per CPU) and splits each
-    read task's output to get there; a split read cannot fuse with the tasks after it, so each
-    small block then costs a task and a Parquet write of its own (24 JSONL files, 30 MB: 120
-    blocks, 25% slower than one fused read-tokenize-write task per file). With fewer files than
-    CPUs the split is what spreads the work, so it is kept. Ray Data still splits a file too big
-    for one block (``target_max_block_size``), which keeps memory bounded either way."""
-    return n_files if n_files >= max(1, int(cluster_cpus)) else None
 
 
 def _read(groups: dict[str, list[str]], text_column: str):

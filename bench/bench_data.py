@@ -19,14 +19,16 @@ Pipelines, each timed end to end (read -> tokenize -> ``write_parquet`` / Parque
   / ``read_json(dir)``, ``map_batches`` with an actor pool of ``os.cpu_count()`` actors,
   ``num_cpus=0.5``, ``batch_format="pyarrow"``, Ray Data's default blocks and batches, the IDs
   built as ``pa.array(list of id lists)`` (the peer);
-* ``tokenize_dataset``: :func:`delta_ray.tokenize_dataset` with its defaults (tasks that Ray Data
-  fuses with the write, and with the read where it does not split the read);
+* ``tokenize_dataset``: :func:`delta_ray.tokenize_dataset` with its defaults on the same read as
+  the peer's (tasks that Ray Data fuses with the write and the read; a bare file read that Ray Data
+  would split, e.g. ``read_json(dir)``, it reads one task per file: ``actors/data_reads.py``);
 * ``fastokens-per-file`` and ``td-per-file``: the fastokens pipeline and ``tokenize_dataset`` on
   ``read_parquet(dir, override_num_blocks=files)`` / ``read_json(...)``, one read task per file,
   as ``delta-ray tokenize --ray-data`` reads (where the files are at least as many as the CPUs:
   ``tokenize_job.read_blocks``; Ray Data's default read splits each file's output to reach its
   block target, and a split read does not fuse with the tasks after it); on a corpus of fewer
-  files than CPUs it is the default read, and not run;
+  files than CPUs it is the default read, and not run. ``td-per-file`` is the read a caller
+  builds; on a bare JSON read ``tokenize_dataset`` reads so by itself;
 * ``td-actors`` (not run unless named): ``tokenize_dataset(..., concurrency=os.cpu_count())``, its
   actor pool form;
 * ``ray-reference``: the same user pipeline with the reference tokenizer's ``encode_batch`` (naive).
@@ -171,7 +173,7 @@ def read(ray, source: str, blocks: int | None = None):
 
 def per_file_blocks(ray, files: list[str]) -> int | None:
     """What ``delta-ray tokenize --ray-data`` asks of the read (one task per file), or None."""
-    from delta_ray.actors.tokenize_job import read_blocks
+    from delta_ray.actors.data_reads import read_blocks
     return read_blocks(len(files), ray.cluster_resources().get("CPU", 1))
 
 

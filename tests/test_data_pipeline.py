@@ -129,7 +129,7 @@ def test_default_tasks_fuse_with_read_and_write(ray_session, tokenizer_paths, mi
 
 def test_read_blocks_rule():
     """One read task per file when the files are at least as many as the CPUs, else Ray's choice."""
-    from delta_ray.actors.tokenize_job import read_blocks
+    from delta_ray.actors.data_reads import read_blocks
 
     assert read_blocks(24, 2) == 24
     assert read_blocks(4, 4.0) == 4
@@ -137,41 +137,81 @@ def test_read_blocks_rule():
     assert read_blocks(1, 0) == 1
 
 
-def test_cli_reads_fuse_where_ray_would_split_them(ray_session, tokenizer_paths, real_texts, tmp_path):
-    """The CLI's Ray Data read (``--ray-data``) of as many files as CPUs is one task per file that
-    reads, tokenizes and writes; Ray Data's default read of the same files splits each file's
-    output (it aims at 2 blocks per CPU of at least 1 MiB), which stops the fusion. Rows exact."""
+def _jsonl_files(ray, real_texts, tmp_path, n_files):
+    paras = [p for p in real_texts["english"].split("\n\n") if p.strip()]
+    files, docs = [], []
+    for i in range(n_files):
+        rows = [_repeat(paras[(i * 7 + j) % len(paras)], 4000) for j in range(400)]  # about 1.6 MB a file
+        f = tmp_path / f"part{i}.jsonl"
+        f.write_text("".join(json.dumps({"id": len(docs) + k, "text": t}) + "\n" for k, t in enumerate(rows)),
+                     encoding="utf-8")
+        files.append(str(f))
+        docs += rows
+    return files, docs
+
+
+def test_file_reads_fuse_where_ray_would_split_them(ray_session, tokenizer_paths, real_texts, tmp_path,
+                                                    monkeypatch):
+    """``tokenize_dataset`` on a bare ``read_json(files)`` of as many files as CPUs, and the CLI's
+    read (``--ray-data``), are one task per file that reads, tokenizes and writes. Without
+    ``per_file_read`` Ray Data's default read of the same files splits each file's output (it aims
+    at 2 blocks per CPU of at least 1 MiB), which stops the fusion. Rows exact."""
     ray = ray_session
+    import delta_ray.actors.data as data_mod
     from delta_ray.actors.data import tokenize_dataset
     from delta_ray.actors.tokenize_job import _read
 
     path = tokenizer_paths["llama3.2"]
-    paras = [p for p in real_texts["english"].split("\n\n") if p.strip()]
-    files, docs = [], []
-    cpus = int(ray.cluster_resources()["CPU"])
-    for i in range(cpus):
-        rows = [_repeat(paras[(i * 7 + j) % len(paras)], 4000) for j in range(400)]  # about 1.6 MB a file
-        f = tmp_path / f"part{i}.jsonl"
-        f.write_text("".join(json.dumps({"text": t}) + "\n" for t in rows), encoding="utf-8")
-        files.append(str(f))
-        docs += rows
+    files, docs = _jsonl_files(ray, real_texts, tmp_path, int(ray.cluster_resources()["CPU"]))
 
     def stages(ds, out):
         ds = tokenize_dataset(ds, path)
         ds.write_parquet(str(out))
         return [ln for ln in ds.stats().splitlines() if "MapBatches(tokenize_batch_task)" in ln]
 
-    split = stages(ray.data.read_json(files), tmp_path / "split")
-    assert split and not any("Read" in ln for ln in split), split  # the default read: not fused
-    fused = stages(_read({"json": files}, "text"), tmp_path / "fused")
-    assert fused and all("Read" in ln and "->Write" in ln for ln in fused), fused
+    with monkeypatch.context() as m:
+        m.setattr(data_mod, "per_file_read", lambda ds: ds)
+        split = stages(ray.data.read_json(files), tmp_path / "split")
+    assert split and not any("Read" in ln for ln in split), split  # Ray's default read: not fused
+    for out, ds in (("user", ray.data.read_json(files)), ("cli", _read({"json": files}, "text"))):
+        fused = stages(ds, tmp_path / out)
+        assert fused and all("Read" in ln and "->Write" in ln for ln in fused), (out, fused)
     ref = Tokenizer.from_file(path)
-    for out in ("split", "fused"):
+    for out in ("split", "user", "cli"):
         table = _read_output(tmp_path / out)
-        assert sorted(table.column("text").to_pylist()) == sorted(docs)
-        texts, ids = table.column("text").to_pylist(), table.column("input_ids")
+        assert sorted(table.column("id").to_pylist()) == list(range(len(docs)))
+        ids, texts = table.column("input_ids"), table.column("text").to_pylist()
         for r in range(0, table.num_rows, 97):  # every row is checked by the tests above; a sample here
+            assert texts[r] == docs[table.column("id")[r].as_py()]
             assert ids[r].as_py() == ref.encode(texts[r], add_special_tokens=True).ids
+
+
+def test_per_file_read_changes_only_bare_reads(ray_session, real_texts, tmp_path):
+    """Only a bare file read with Ray Data's block count is re-read, one task per file, with the
+    same rows in the same order; a read with its block count set, stages after a read, another
+    source or fewer files than CPUs are taken as given, and the caller's dataset is unchanged."""
+    ray = ray_session
+    from delta_ray.actors.data_reads import per_file_read
+
+    cpus = int(ray.cluster_resources()["CPU"])
+    files, docs = _jsonl_files(ray, real_texts, tmp_path, cpus + 1)
+    ds = ray.data.read_json(files)
+    ours = per_file_read(ds)
+    assert ours is not ds
+    ctx = ray.data.DataContext.get_current()
+    keep, ctx.execution_options.preserve_order = ctx.execution_options.preserve_order, True
+    try:
+        assert ours.materialize().num_blocks() == len(files)
+        assert [r["id"] for r in ours.take_all()] == list(range(len(docs)))
+        assert [r["id"] for r in ds.take_all()] == list(range(len(docs)))  # the caller's read still works
+    finally:
+        ctx.execution_options.preserve_order = keep
+    given = [ray.data.read_json(files, override_num_blocks=2), ds.select_columns(["text"]),
+             ray.data.from_items([{"text": "a"}] * 10)]
+    if cpus > 1:
+        given.append(ray.data.read_json(files[:cpus - 1]))  # fewer files than CPUs
+    for same in given:
+        assert per_file_read(same) is same
 
 
 def test_task_form_uses_the_one_bounded_process_cache(tokenizer_paths, real_texts):
