@@ -133,14 +133,48 @@ def measure_ray(ray, n: int = 300) -> dict:
     launch_cpu = (time.process_time() - c0) / n * 1e3
     ray.get(refs)
     task_wall = _median(lambda: ray.get(task.remote(0)), n // 2)
-    big = corpus("english", 1_000_000)
-    # the driver's CPU to submit a task with a 1M-character argument (serialize, put), beyond a launch
-    c0 = time.process_time()
-    refs = [task.remote(big) for _ in range(9)]
-    put_ms = (time.process_time() - c0) / 9 * 1e3 - launch_cpu
-    ray.get(refs)
+
+    @ray.remote(num_cpus=0)
+    def ids_of(text):  # a chunk task's shape: a text in, about one int32 ID per 4 characters out
+        return np.zeros(len(text) // 4, np.int32)
+
+    from delta_ray.actors.chunk_task import CHUNK_ENV
+    options = {"num_cpus": 1, "scheduling_strategy": "SPREAD", "runtime_env": {"env_vars": CHUNK_ENV}}
+    loop = asyncio.new_event_loop()
+
+    def per_chunk(n_chars: int, k: int = 12) -> float:
+        """The driver's CPU (every thread of this process) per chunk task of ``n_chars``, from
+        launch to its IDs in hand, as the pool runs one (the launcher's options, the reference
+        awaited on an event loop, two at a time): the launch, the argument's put (seal, pin), the
+        result's fetch."""
+        piece = corpus("english", n_chars)
+
+        async def pair():
+            return await asyncio.gather(*(ids_of.options(**options).remote(piece) for _ in range(2)))
+        loop.run_until_complete(pair())
+        c0, m0, t0 = time.process_time(), _machine_busy_ms(), time.perf_counter()
+        for _ in range(k // 2):
+            loop.run_until_complete(pair())
+        driver = (time.process_time() - c0) * 1e3
+        others = _machine_busy_ms() - m0 - driver - idle_ms_per_s * (time.perf_counter() - t0)
+        return driver / k, max(0.0, others) / k
+    # Fitted as fixed + per character from two sizes: splitting a text into more chunks moves the
+    # same bytes but pays the fixed part again (measured 2026-12-02: a 1M text's driver CPU 3.8 ms
+    # as one chunk, 7.9 ms as two).
+    m0 = _machine_busy_ms()
+    time.sleep(1.0)
+    idle_ms_per_s = _machine_busy_ms() - m0  # the machine's CPU with nothing launched (other jobs, Ray)
+    (small, small_node), (large, _) = (
+        [statistics.median(xs) for xs in zip(*(per_chunk(m) for _ in range(3)))] for m in (250_000, 1_000_000))
+    loop.close()
+    per_mchar = max(0.0, (large - small) / 0.75)
+    # the simulation charges ray_call_ms per launch, so chunk_ms is what a chunk costs beyond it
     return {"ray_call_cpu_ms": call_cpu, "ray_call_wall_ms": call_wall, "task_launch_cpu_ms": launch_cpu,
-            "task_wall_ms": task_wall, "put_ms_per_mchar": max(put_ms, 0.0)}
+            "task_wall_ms": task_wall, "put_ms_per_mchar": per_mchar,
+            "chunk_ms": max(0.0, small - per_mchar / 4 - call_cpu),
+            # the CPU a chunk task costs the rest of its node beyond its encode: its process's
+            # (de)serialization and Ray's (the raylet's scheduling, the object store's pins)
+            "chunk_node_ms": small_node}
 
 
 def orchestrator_costs(local, secs: float, baseline: bool = False, tag: str = "") -> dict:
@@ -214,7 +248,8 @@ def measure_costs(loaded, engine: str, ray=None, quick: bool = False) -> tuple[C
         handoff_ms=raw["handoff_ms"],
         channel_client_ms=raw["channel_client_ms"],
         ray_call_ms=raw["ray_call_cpu_ms"],
-        put_ms_per_mchar=raw["put_ms_per_mchar"],
+        put_ms_per_mchar=raw["put_ms_per_mchar"], chunk_ms=raw.get("chunk_ms", 0.0),
+        chunk_node_ms=raw.get("chunk_node_ms", 0.0),
         plan_ms_per_mchar=raw["plan_ms_per_mchar"], assemble_ms_per_mchar=raw["assemble_ms_per_mchar"],
         channel_rtt_ms=max(0.0, raw["channel_wall_ms"] - raw["channel_client_ms"] - raw["channel_server_ms"]),
         ray_rtt_ms=max(0.0, raw["task_wall_ms"] - raw["task_launch_cpu_ms"]),

@@ -48,26 +48,27 @@ class Costs:
     orch_chunk_ms_per_worker: float = 0.0  # ...and its growth with the number of workers
     channel_client_ms: float = 0.10  # a same-node side-channel call, the driver's CPU
     ray_call_ms: float = 0.25  # a Ray actor call or task launch, the driver's CPU
-    put_ms_per_mchar: float = 4.0  # a chunk's text into the object store, per million characters
+    put_ms_per_mchar: float = 4.0  # a chunk's text into the object store and its IDs back, per Mchar
+    chunk_ms: float = 0.0  # per chunk task beyond its launch: the argument's seal and pin, the result's fetch
     plan_ms_per_mchar: float = 2.0  # planning the cuts of a stateless text
     assemble_ms_per_mchar: float = 2.0  # concatenating and wrapping a stateless text's IDs
-    # latency only (no resource held)
-    channel_rtt_ms: float = 0.05
+    channel_rtt_ms: float = 0.05  # this and the next: latency only (no resource held)
     ray_rtt_ms: float = 0.5
     # worker CPU
     worker_call_ms: float = 0.05  # a worker's fixed cost per call (frames, lock, bookkeeping)
     turn_ms_100k: float = 0.3  # a 1.3K turn on a 100K-character session
     turn_ms_1m: float = 0.5  # the same on 1M characters (interpolated linearly in between)
     encode_ms_per_mchar: float = 10.0  # a stateless chunk's encode, per million characters
+    chunk_node_ms: float = 0.0  # per chunk, its node's CPU beyond the encode (its process's and Ray's)
     # network, per node and direction (not measurable on one machine: 10 Gbit/s assumed)
     net_mb_per_ms: float = 1.25
     # CPU per second taken whatever the pool serves, in 0.5 ms slices: by a calling process (Ray's
     # threads) of its loop and a core; by other jobs (measured with the pool idle) of a node's cores
     driver_background_ms_per_s: float = 0.0
     node_background_ms_per_s: float = 0.0
-    # How much a step's time varies: each CPU step takes its cost times a factor drawn uniformly from
-    # these (a measured call's samples over their mean: the measured tail, the same mean). Empty:
-    # every step takes exactly its cost (the mean-value model).
+    # A worker turn's variation: each turn takes its cost times a factor drawn from these (its samples
+    # over their mean). The turn's own: its tail is a rare rope copy; drawn on chunk encodes too, it
+    # made stateless P99 3x the measured (2026-12-02). Empty: turns take their cost. Others: means.
     spread: tuple[float, ...] = ()
 
     def orch_session(self, workers: int) -> float:
@@ -232,7 +233,7 @@ class Simulation:
         period = 500.0 / ms_per_s
 
         def tick() -> None:  # the next slice is due a period after this one started
-            self.hold(resources, 0.5, lambda: None, varies=False)
+            self.hold(resources, 0.5, lambda: None)
             self.after(period, tick)
         self.after(self.rng.random() * period, tick)
 
@@ -288,7 +289,7 @@ class Simulation:
         self.latencies.setdefault(kind, []).append(self.now - t0)
 
     # -- holding resources --------------------------------------------------------------------------
-    def hold(self, resources: list[Resource], ms: float, then: Callable[[], None], *, varies: bool = True) -> None:
+    def hold(self, resources: list[Resource], ms: float, then: Callable[[], None], *, varies: bool = False) -> None:
         """Acquire ``resources`` in order, hold them all for ``ms`` (times a factor drawn from
         ``costs.spread`` when ``varies``), release, then call ``then``."""
         if varies and self.costs.spread:
@@ -314,8 +315,7 @@ class Simulation:
         if src == dst or n_bytes <= 0:
             then()
             return
-        self.hold([self.nic_out[src], self.nic_in[dst]], n_bytes / 1e6 / self.costs.net_mb_per_ms, then,
-                  varies=False)  # a link's rate is a rate: only CPU steps vary
+        self.hold([self.nic_out[src], self.nic_in[dst]], n_bytes / 1e6 / self.costs.net_mb_per_ms, then)
 
     # -- dispatch -----------------------------------------------------------------------------------
     def _pump(self, d: int) -> None:
@@ -363,7 +363,7 @@ class Simulation:
             def at_worker() -> None:
                 self.hold([self.worker_lock[wid], self.cpu[node]], c.worker_call_ms + c.turn_ms(s.context),
                           lambda: self.transfer(node, self.driver_node[d], 4 * TURN_CHARS / 4,
-                                                lambda: self.after(rtt / 2, answered)))
+                                                lambda: self.after(rtt / 2, answered)), varies=True)
 
             def answered() -> None:
                 self.driver_step(d, orch / 2 + c.handoff_ms / 2, lambda: finished(task))
@@ -431,12 +431,12 @@ class Simulation:
                 self.transfer(self.driver_node[d], node, piece, lambda: self.after(c.ray_rtt_ms / 2, run))
 
             def run() -> None:
-                self.hold([self.cpu[node]], c.encode_ms_per_mchar * piece / 1e6,
+                self.hold([self.cpu[node]], c.chunk_node_ms + c.encode_ms_per_mchar * piece / 1e6,
                           lambda: self.transfer(node, self.driver_node[d], piece,  # ~4 bytes per 4 chars
                                                 lambda: self.after(c.ray_rtt_ms / 2, answered)))
 
             def answered() -> None:
-                self.driver_step(d, orch / 2, lambda: chunk_done(task))
+                self.driver_step(d, orch / 2 + c.chunk_ms, lambda: chunk_done(task))
             self.driver_step(d, c.ray_call_ms + c.put_ms_per_mchar * piece / 1e6 + orch / 2, sent)
 
         def chunk_done(task) -> None:

@@ -172,3 +172,20 @@ def test_a_measured_spread_gives_the_simulated_p99_its_tail():
     assert results[1].percentile("turn", 99.5) == pytest.approx(5.0 / 1.04)
     # the mean service time is the cost, 1 ms: the tail moves the P99, not the throughput
     assert results[1].throughput("turn") == pytest.approx(1000, rel=0.03)
+
+
+def test_the_turns_spread_shapes_the_turn_only():
+    # A spread measured on worker turns (one call in a hundred 50x the rest: a rare large rope copy)
+    # is the turn's own tail: a stateless text's steps (plan, launches, encodes, assembly) take their
+    # means, so its latencies are the flat model's; drawn on the encodes too, its P99 would be ~50x.
+    costs = Costs(**{**FREE.__dict__, "encode_ms_per_mchar": 4.0, "ray_call_ms": 0.1, "chunk_ms": 0.2})
+    spread = spread_of([1.0] * 99 + [50.0], points=100)
+    p99 = []
+    for c in (costs, Costs(**{**costs.__dict__, "spread": spread})):
+        sim = Simulation(Cluster(nodes=1, cores_per_node=2, task_slots=2, max_chunks=2), c)
+        sim.closed_texts(1, 1_000_000)
+        p99.append(sim.run(2_100.0, 100.0).percentile("text", 99))
+    assert p99[1] == pytest.approx(p99[0])
+    # one driver: the second chunk starts after both launches (0.2) and runs 2 ms; its result (0.2)
+    # waits 0.1 for the first chunk's, which started at 2.1
+    assert p99[0] == pytest.approx(0.2 + 2.0 + 0.1 + 0.2, rel=0.01)
