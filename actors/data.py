@@ -224,8 +224,8 @@ def tokenize_dataset(dataset, tokenizer, spec: BatchSpec | None = None, *, batch
         concurrency: None (default): Ray Data tasks, fused with the write after them and with the
             read before them where Ray Data does not split the read (one task per block reads,
             tokenizes and writes it; a bare file read of at least as many files as CPUs, with no
-            ``override_num_blocks``, is read one task per file to keep it fused), the tokenizer built once per
-            worker process that gets a block and kept there for later blocks and datasets (at most
+            ``override_num_blocks``, is read one task per file to keep it fused), the tokenizer
+            built once per worker process that gets a block and kept there for later blocks and datasets (at most
             two configurations per process, :mod:`.tokenizer_cache`). An int, or ``(min, max)`` for an autoscaling pool:
             an actor pool of that many actors instead (each builds its tokenizer when it starts and
             frees it when the dataset is done; blocks then travel through the object store).
@@ -287,8 +287,9 @@ def tokenize_dataset(dataset, tokenizer, spec: BatchSpec | None = None, *, batch
         # the fusion). The configuration bytes travel once, in the operator Ray Data puts.
         extra = {} if num_cpus is None else {"num_cpus": num_cpus}
         source = TokenizerSource(loaded.config_bytes, loaded.digest, config, fallback)
-        return per_file_read(dataset).map_batches(tokenize_batch_task, fn_args=(source, spec), batch_size=batch_size,
-                                   batch_format="pyarrow", zero_copy_batch=True, **extra)
+        return per_file_read(dataset).map_batches(tokenize_batch_task, fn_args=(source, spec),
+                                                  batch_size=batch_size, batch_format="pyarrow",
+                                                  zero_copy_batch=True, **extra)
     if isinstance(concurrency, tuple):
         compute = ray.data.ActorPoolStrategy(min_size=concurrency[0], max_size=concurrency[1])
     else:

@@ -54,14 +54,15 @@ def per_file_read(dataset: Any) -> Any:
         from ray.data._internal.stats import DatasetStats
 
         read = dataset._logical_plan.dag
-        if type(read) is not Read or read.parallelism != -1 or read.datasource is not read.datasource_or_legacy_reader:
+        if (type(read) is not Read or read.parallelism != -1
+                or read.datasource is not read.datasource_or_legacy_reader):  # a legacy Reader: left alone
             return dataset
         n_files = _file_count(read.datasource)
         if not n_files or read_blocks(n_files, ray.cluster_resources().get("CPU", 1)) is None:
             return dataset
         # The caller's Read is not touched (Ray's optimizer writes its detected parallelism into it).
         ours = dataclasses.replace(read, parallelism=n_files, num_outputs=n_files, detected_parallelism=None)
-        context = dataset.context
+        context = dataset.context.copy()  # as read_datasource: each dataset its own context
         return Dataset(LogicalPlan(ours, context), context, DatasetStats(metadata={"Read": []}, parent=None))
     except Exception:  # a private seam: any mismatch leaves Ray Data's own read
         return dataset

@@ -137,7 +137,7 @@ def test_read_blocks_rule():
     assert read_blocks(1, 0) == 1
 
 
-def _jsonl_files(ray, real_texts, tmp_path, n_files):
+def _jsonl_files(real_texts, tmp_path, n_files):
     paras = [p for p in real_texts["english"].split("\n\n") if p.strip()]
     files, docs = [], []
     for i in range(n_files):
@@ -162,7 +162,7 @@ def test_file_reads_fuse_where_ray_would_split_them(ray_session, tokenizer_paths
     from delta_ray.actors.tokenize_job import _read
 
     path = tokenizer_paths["llama3.2"]
-    files, docs = _jsonl_files(ray, real_texts, tmp_path, int(ray.cluster_resources()["CPU"]))
+    files, docs = _jsonl_files(real_texts, tmp_path, int(ray.cluster_resources()["CPU"]))
 
     def stages(ds, out):
         ds = tokenize_dataset(ds, path)
@@ -194,16 +194,17 @@ def test_per_file_read_changes_only_bare_reads(ray_session, real_texts, tmp_path
     from delta_ray.actors.data_reads import per_file_read
 
     cpus = int(ray.cluster_resources()["CPU"])
-    files, docs = _jsonl_files(ray, real_texts, tmp_path, cpus + 1)
-    ds = ray.data.read_json(files)
-    ours = per_file_read(ds)
-    assert ours is not ds
+    files, docs = _jsonl_files(real_texts, tmp_path, cpus + 1)
     ctx = ray.data.DataContext.get_current()
     keep, ctx.execution_options.preserve_order = ctx.execution_options.preserve_order, True
-    try:
+    try:  # datasets made now take the order-keeping context
+        ds = ray.data.read_json(files)
+        ours = per_file_read(ds)
+        assert ours is not ds and ours.context is not ds.context
         assert ours.materialize().num_blocks() == len(files)
         assert [r["id"] for r in ours.take_all()] == list(range(len(docs)))
         assert [r["id"] for r in ds.take_all()] == list(range(len(docs)))  # the caller's read still works
+        assert ds._logical_plan.dag.parallelism == -1  # and is still Ray Data's to size
     finally:
         ctx.execution_options.preserve_order = keep
     given = [ray.data.read_json(files, override_num_blocks=2), ds.select_columns(["text"]),
