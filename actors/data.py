@@ -26,12 +26,11 @@ own blocks are kept (no repartition: each block costs a task, an object-store pu
 Ray Data splits each read task's output when the files are fewer than the blocks it aims at (2 per
 CPU, or up to 200 of at least 1 MiB), and a split read does not fuse: 24 JSONL files of 30 MB
 become 120 blocks, each a task and a write of its own. So a dataset that is exactly a file read
-with Ray Data's block count (e.g. ``read_json(dir)``) is tokenized as the same
-read with one task per file, where the files are at least as many as the CPUs
+with Ray Data's block count (e.g. ``read_json(dir)``) is tokenized as the same read with one task
+per file, where Ray Data would split it and the files are at least as many as the CPUs
 (:mod:`.data_reads`, the rule ``delta-ray tokenize --ray-data`` reads by); any other dataset is
 taken as given. ``batch_size=`` bundles blocks into fewer tasks too, at the cost of a batch bounded
-in rows rather than bytes; each call encodes its
-block on every core of its node in slices of ``batch_bytes`` (so one block of a 100 MB file still uses the whole machine, and huge documents never
+in rows rather than bytes; each call encodes its block on every core of its node in slices of ``batch_bytes`` (so one block of a 100 MB file still uses the whole machine, and huge documents never
 hold more than a slice as Python strings). ``concurrency=`` asks for an actor pool instead (the
 earlier default), whose actors reserve a fraction of a CPU so that reads and writes always have cores.
 """
@@ -223,8 +222,8 @@ def tokenize_dataset(dataset, tokenizer, spec: BatchSpec | None = None, *, batch
             uses the whole node.
         concurrency: None (default): Ray Data tasks, fused with the write after them and with the
             read before them where Ray Data does not split the read (one task per block reads,
-            tokenizes and writes it; a bare file read of at least as many files as CPUs, with no
-            ``override_num_blocks``, is read one task per file to keep it fused), the tokenizer
+            tokenizes and writes it; a bare file read that Ray Data would split, of at least as many
+            files as CPUs, is read one task per file to keep it fused), the tokenizer
             built once per worker process that gets a block and kept there for later blocks and datasets (at most
             two configurations per process, :mod:`.tokenizer_cache`). An int, or ``(min, max)`` for an autoscaling pool:
             an actor pool of that many actors instead (each builds its tokenizer when it starts and

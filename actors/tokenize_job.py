@@ -9,8 +9,8 @@ buffers, each written atomically; a rerun skips the inputs already done, so a ki
 gives exactly the output of an uninterrupted one. It shows a progress bar with tokens/s, ends with
 a summary, and ``--verify N`` checks N random rows against the reference. ``--ray-data`` runs the
 same encode on Ray Data instead (for a cluster; one directory of part files): tasks fused with the
-reads and writes by default (one read task per file where there are as many files as CPUs:
-:func:`read_blocks`), an actor pool with ``--concurrency``. Both
+reads and writes by default (one read task per file where Ray Data would split the files:
+:func:`.data_reads.per_file_read`), an actor pool with ``--concurrency``. Both
 paths take one :class:`~delta_ray.core.text_columns.BatchSpec` built from the options (:func:`spec_of`):
 the columns, ``--no-special-tokens``, ``--drop-text``, ``--batch-bytes``, ``--engine`` and
 ``--threads`` mean the same on both; ``--concurrency``, ``--num-cpus`` and ``--batch-size`` size the
@@ -36,7 +36,7 @@ import sys
 import time
 from pathlib import Path
 
-from .data_reads import read_blocks
+from .data_reads import per_file_read
 
 
 class UsageError(Exception):
@@ -129,21 +129,18 @@ def _check_output(out: str, ray_data: bool) -> None:
 
 
 def _read(groups: dict[str, list[str]], text_column: str):
-    import ray
     import ray.data
 
-    cpus = ray.cluster_resources().get("CPU", 1)
     parts = []
     for kind, paths in groups.items():
-        blocks = {"override_num_blocks": n} if (n := read_blocks(len(paths), cpus)) else {}
         if kind == "text":
-            ds = ray.data.read_text(paths, **blocks)
+            ds = per_file_read(ray.data.read_text(paths))
             if text_column != "text":
                 ds = ds.rename_columns({"text": text_column})
         elif kind == "json":
-            ds = ray.data.read_json(paths, **blocks)
+            ds = per_file_read(ray.data.read_json(paths))
         else:
-            ds = ray.data.read_parquet(paths, **blocks)
+            ds = per_file_read(ray.data.read_parquet(paths))
         parts.append(ds)
     return parts[0] if len(parts) == 1 else parts[0].union(*parts[1:])
 

@@ -24,10 +24,10 @@ Pipelines, each timed end to end (read -> tokenize -> ``write_parquet`` / Parque
   would split, e.g. ``read_json(dir)``, it reads one task per file: ``actors/data_reads.py``);
 * ``fastokens-per-file`` and ``td-per-file``: the fastokens pipeline and ``tokenize_dataset`` on
   ``read_parquet(dir, override_num_blocks=files)`` / ``read_json(...)``, one read task per file,
-  as ``delta-ray tokenize --ray-data`` reads (where the files are at least as many as the CPUs:
-  ``tokenize_job.read_blocks``; Ray Data's default read splits each file's output to reach its
-  block target, and a split read does not fuse with the tasks after it); on a corpus of fewer
-  files than CPUs it is the default read, and not run. ``td-per-file`` is the read a caller
+  as ``delta-ray tokenize --ray-data`` reads (where the files are at least as many as the CPUs and
+  fewer than Ray Data's block target: ``actors/data_reads.py``; Ray Data's default read splits
+  each file's output to reach its block target, and a split read does not fuse with the tasks
+  after it); on a corpus of fewer files than CPUs it is the default read, and not run. ``td-per-file`` is the read a caller
   builds; on a bare JSON read ``tokenize_dataset`` reads so by itself;
 * ``td-actors`` (not run unless named): ``tokenize_dataset(..., concurrency=os.cpu_count())``, its
   actor pool form;
@@ -172,9 +172,9 @@ def read(ray, source: str, blocks: int | None = None):
 
 
 def per_file_blocks(ray, files: list[str]) -> int | None:
-    """What ``delta-ray tokenize --ray-data`` asks of the read (one task per file), or None."""
-    from delta_ray.actors.data_reads import read_blocks
-    return read_blocks(len(files), ray.cluster_resources().get("CPU", 1))
+    """One read task per file, as a caller would ask for it where the files are at least as many
+    as the CPUs; else None (the per-file pipelines are then the default read, and not run)."""
+    return len(files) if len(files) >= max(1, int(ray.cluster_resources().get("CPU", 1))) else None
 
 
 def run_ray(ray, name: str, path: str, source: str, out: str, files: list[str]):

@@ -128,13 +128,16 @@ def test_default_tasks_fuse_with_read_and_write(ray_session, tokenizer_paths, mi
 
 
 def test_read_blocks_rule():
-    """One read task per file when the files are at least as many as the CPUs, else Ray's choice."""
+    """One read task per file where Ray Data would split the files (fewer than its blocks) and the
+    files are at least as many as the CPUs, else Ray's choice."""
     from delta_ray.actors.data_reads import read_blocks
 
-    assert read_blocks(24, 2) == 24
-    assert read_blocks(4, 4.0) == 4
-    assert read_blocks(3, 4) is None  # fewer files than CPUs: Ray Data's split spreads the work
-    assert read_blocks(1, 0) == 1
+    assert read_blocks(24, 2, 100) == 24
+    assert read_blocks(4, 4.0, 8) == 4
+    assert read_blocks(3, 4, 8) is None  # fewer files than CPUs: Ray Data's split spreads the work
+    assert read_blocks(1, 0, 200) == 1
+    assert read_blocks(10_000, 2, 200) is None  # Ray Data groups them into 200 tasks: no split
+    assert read_blocks(200, 2, 200) is None
 
 
 def _jsonl_files(real_texts, tmp_path, n_files):
@@ -213,6 +216,13 @@ def test_per_file_read_changes_only_bare_reads(ray_session, real_texts, tmp_path
         given.append(ray.data.read_json(files[:cpus - 1]))  # fewer files than CPUs
     for same in given:
         assert per_file_read(same) is same
+    # files at least as many as Ray Data's blocks: it groups them into tasks and splits nothing
+    keep_min, ctx.read_op_min_num_blocks = ctx.read_op_min_num_blocks, 1
+    try:
+        grouped = ray.data.read_json(files + files[:cpus - 1])  # 2 per CPU: Ray's floor here
+        assert per_file_read(grouped) is grouped
+    finally:
+        ctx.read_op_min_num_blocks = keep_min
 
 
 def test_task_form_uses_the_one_bounded_process_cache(tokenizer_paths, real_texts):
