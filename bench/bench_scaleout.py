@@ -142,11 +142,11 @@ def measure_ray(ray, n: int = 300) -> dict:
     options = {"num_cpus": 1, "scheduling_strategy": "SPREAD", "runtime_env": {"env_vars": CHUNK_ENV}}
     loop = asyncio.new_event_loop()
 
-    def per_chunk(n_chars: int, k: int = 12) -> float:
-        """The driver's CPU (every thread of this process) per chunk task of ``n_chars``, from
-        launch to its IDs in hand, as the pool runs one (the launcher's options, the reference
-        awaited on an event loop, two at a time): the launch, the argument's put (seal, pin), the
-        result's fetch."""
+    def per_chunk(n_chars: int, k: int = 12) -> tuple[float, float]:
+        """(the driver's CPU, every thread of this process; the rest of the machine's) per chunk
+        task of ``n_chars``, from launch to its IDs in hand, as the pool runs one (the launcher's
+        options, the reference awaited on an event loop, two at a time): the launch, the
+        argument's put (seal, pin), the result's fetch; the task's process and Ray's daemons."""
         piece = corpus("english", n_chars)
 
         async def pair():
@@ -241,9 +241,11 @@ def measure_costs(loaded, engine: str, ray=None, quick: bool = False) -> tuple[C
     raw["assemble_ms_per_mchar"] = _median(assemble, 9)
     if ray is not None:
         raw.update(measure_ray(ray))
-    else:  # NOTES.md, 2026-11-30: an actor call ~0.6 ms, a task ~1.1 ms, a 1M-character argument ~4 ms
+    else:  # NOTES.md, 2026-11-30: an actor call ~0.6 ms, a task ~1.1 ms, a 1M-character argument ~4 ms;
+        # a chunk task's fixed costs as measure_ray found them on 2026-12-02 (driver 2.1-2.2 ms
+        # beyond the launch, its node 3.1 ms beyond the encode)
         raw.update({"ray_call_cpu_ms": 0.25, "ray_call_wall_ms": 0.6, "task_launch_cpu_ms": 0.3,
-                    "task_wall_ms": 1.1, "put_ms_per_mchar": 4.0})
+                    "task_wall_ms": 1.1, "put_ms_per_mchar": 4.0, "chunk_ms": 2.1, "chunk_node_ms": 3.1})
     costs = Costs(
         handoff_ms=raw["handoff_ms"],
         channel_client_ms=raw["channel_client_ms"],
@@ -256,7 +258,7 @@ def measure_costs(loaded, engine: str, ray=None, quick: bool = False) -> tuple[C
         worker_call_ms=raw["channel_server_ms"],
         turn_ms_100k=raw["turn_100000"], turn_ms_1m=raw["turn_1000000"],
         encode_ms_per_mchar=raw["encode_ms_per_mchar"],
-        # The worker turn's measured variation (1M context, the last measured), for every CPU step:
+        # The worker turn's measured variation (1M context, the last measured), for the turn's step:
         # of its CPU time, not its wall time. The simulation shares the cores itself; a wall-time
         # spread also carries the time other jobs on this machine took from the call, which would
         # be counted again as work (P99 49x the median in wall time at load 1-2, 2026-12-02).
@@ -463,7 +465,7 @@ def main() -> int:
             print(f"  {k:<24}{v:>10.4f}")
         print("  -> simulation costs: " + ", ".join(f"{f.name}={getattr(costs, f.name):.4g}"
                                                     for f in dataclasses.fields(costs) if f.name != "spread"))
-        print(f"  -> each CPU step's time varies as the worker turn's CPU-time samples over their mean "
+        print(f"  -> each worker turn's time varies as its CPU-time samples over their mean (other steps: means) "
               f"({len(costs.spread)} quantiles; P99 {raw['turn_cpu_p99_over_median']:.2f}x the median; "
               f"in wall time {raw['turn_p99_over_median']:.2f}x)")
         if ray is not None and not args.no_validate:
