@@ -5,14 +5,17 @@ pool (its characters travel, it waits for a slot, its chunks run on ``k`` slots 
 model compares the two expected finish times and picks the smaller:
 
     local  = n / local_rate
-    remote = overhead + n * transfer + queue_wait + n / (remote_rate * k)
+    remote = overhead + k * per_chunk + n * transfer + queue_wait + n / (remote_rate * k)
 
-``local_rate`` (characters/ms) is learned from the caller's own encodes, ``remote_rate`` and
-``transfer`` from the pool's completed chunked requests (the pool's measured end-to-end time minus
-its encode share), each as an EWMA so the model follows the machine and its load. With a fast
-engine in the caller (hundreds of MB/s) nothing on one node beats the caller; with the reference
-engine (about 1.5 MB/s per core) a 1M-character text goes to the pool's parallel chunks. Pure
-Python, no clock of its own: callers pass measurements in, so tests drive it directly.
+``per_chunk`` is what each of the ``k`` chunk tasks costs the caller whatever its size (its launch,
+its argument's seal and pin, its result's fetch: 2-3 ms measured here, bench_scaleout.py), paid one
+after the other on the caller's loop. ``local_rate`` (characters/ms) is learned from the caller's
+own encodes, ``remote_rate`` and ``transfer`` from the pool's completed chunked requests (the pool's
+measured end-to-end time minus its encode share), each as an EWMA so the model follows the machine
+and its load. With a fast engine in the caller (hundreds of MB/s) nothing on one node beats the
+caller; with the reference engine (about 1.5 MB/s per core) a 1M-character text goes to the pool's
+parallel chunks. Pure Python, no clock of its own: callers pass measurements in, so tests drive it
+directly.
 """
 from __future__ import annotations
 
@@ -28,6 +31,7 @@ class PlacementModel:
     local_chars_per_ms: float = 1500.0  # the reference engine on one core, until measured
     remote_chars_per_ms: float = 1500.0  # per slot
     overhead_ms: float = 2.0  # a pool round trip with no work (dispatch, task, result)
+    chunk_ms: float = 2.0  # the caller's CPU per chunk task, whatever its size (measured 2-3 ms)
     transfer_ms_per_char: float = 7e-6  # a 1M-character argument costs ~7 ms here
     weight: float = EWMA
 
@@ -36,7 +40,7 @@ class PlacementModel:
 
     def remote_ms(self, n_chars: int, slots: int, queue_wait_ms: float = 0.0) -> float:
         k = max(1, slots)
-        return (self.overhead_ms + queue_wait_ms + n_chars * self.transfer_ms_per_char
+        return (self.overhead_ms + k * self.chunk_ms + queue_wait_ms + n_chars * self.transfer_ms_per_char
                 + n_chars / (max(self.remote_chars_per_ms, 1e-9) * k))
 
     def run_local(self, n_chars: int, slots: int, queue_wait_ms: float = 0.0) -> bool:
@@ -53,6 +57,7 @@ class PlacementModel:
         share (at ``remote_chars_per_ms`` per slot) does not explain is overhead plus transfer."""
         if n_chars < 1024 or ms <= 0:
             return
-        encode_ms = n_chars / (max(self.remote_chars_per_ms, 1e-9) * max(1, slots))
-        rest = max(ms - encode_ms - self.overhead_ms, 0.0)
+        k = max(1, slots)
+        encode_ms = n_chars / (max(self.remote_chars_per_ms, 1e-9) * k)
+        rest = max(ms - encode_ms - self.overhead_ms - k * self.chunk_ms, 0.0)
         self.transfer_ms_per_char += self.weight * (rest / n_chars - self.transfer_ms_per_char)

@@ -31,3 +31,14 @@ def test_it_learns_from_measurements():
     assert m.run_local(1_000_000, slots=2)
     m.observe_local(10, 100.0)  # tiny texts say nothing about rates
     assert m.local_chars_per_ms > 150_000
+
+
+def test_each_chunk_task_costs_the_caller_a_fixed_share():
+    # A fast engine on both sides, 16 slots: the encode of 1M characters would take 10 ms here and
+    # 0.6 ms a slot there, but each of the 16 chunk tasks costs the caller about 2 ms whatever its
+    # size (launch, put, result fetch; measured 2-3 ms), so the text stays in the caller. Without
+    # that term the pool looked cheaper (9.6 ms against 10) and the caller paid ~40 ms.
+    m = PlacementModel(local_chars_per_ms=100_000, remote_chars_per_ms=100_000)
+    assert m.run_local(1_000_000, slots=16)
+    slow = PlacementModel(local_chars_per_ms=1500, remote_chars_per_ms=1500)
+    assert not slow.run_local(1_000_000, slots=16)  # a slow encode still goes out: 667 ms here
