@@ -167,7 +167,7 @@ class PoolOrchestrator:
             else:
                 self.sessions.sent(key, None, None)
             self.count("extend")
-            return self.local.session_arrow(ids, add)
+            return self.local.template.when(add).chunked_arrays(ids)  # _splice's chunks: Arrow, none empty
 
     async def extend_tail(self, key: str, delta: str, add: bool) -> tuple[int, int, np.ndarray]:
         """Extend, answering only what changed: (start, count, IDs from start on)."""
@@ -331,7 +331,7 @@ class PoolOrchestrator:
                                   f"pool holds ({exc}); send the whole text with encode(text, session=...)"
                                   ) from None
         # IDs before k are the ones this pool returned last time (start)
-        self.sessions.answered(key, wid, version, parts, k, chunks)
+        self.sessions.answered(key, wid, version, parts, k, chunks, n_ids=k + len(tail))
         return chunks
 
     def _merge(self, call: Call, answer, wid: str | None):

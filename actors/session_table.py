@@ -117,8 +117,9 @@ class SessionTable:
             self._data.move_to_end(kid)
         return kid, rec
 
-    def _set_ids(self, rec: SessionRecord, value) -> None:
-        size = ids_bytes(value[1]) if value is not None else 0
+    def _set_ids(self, rec: SessionRecord, value, size: int | None = None) -> None:
+        if size is None:
+            size = ids_bytes(value[1]) if value is not None else 0
         if size > self.max_bytes // 2:
             value, size = None, 0  # too large to mirror: served without (a whole answer next time)
         self._bytes += size - rec.ids_nbytes
@@ -138,15 +139,16 @@ class SessionTable:
             self._evict()
 
     def answered(self, key: str, worker: str | None, version: int, id_parts: tuple, start: int,
-                 chunks: tuple | None = None) -> None:
+                 chunks: tuple | None = None, n_ids: int | None = None) -> None:
         """A worker's session answer: who holds it, its state version, the IDs the caller got
         (``(version, id_parts, chunks)``: ``chunks`` the parts' zero-copy Arrow arrays, made here
-        if not given) and the first ID that changed."""
+        if not given; ``n_ids`` their count where the caller knows it, int32 parts, so their bytes
+        need no walk) and the first ID that changed."""
         kid, rec = self._record(key)
         rec.worker, rec.version, rec.start = worker, version, start
         if chunks is None:
             chunks = arrow_parts(id_parts)
-        self._set_ids(rec, (version, id_parts, chunks))
+        self._set_ids(rec, (version, id_parts, chunks), None if n_ids is None else 4 * n_ids)
         self._evict()
 
     def sent(self, key: str, version: int | None, text_parts: tuple | None) -> None:

@@ -110,6 +110,11 @@ def test_sessions_extends_and_chunks_are_exact(loaded, references, real_texts, t
     assert _ids(run(orch.encode(long_session, "b", True))) == ref.encode(long_session).ids
     assert orch.stats["chunked_init"] == 1  # pieces in parallel, then the home worker adopts the state
     assert _ids(run(orch.extend("b", " x", True))) == ref.encode(long_session + " x").ids
+    # a splice's IDs are counted from its lengths (k + tail), not walked: the same bytes
+    from delta_ray.actors.session_table import ids_bytes
+    table = orch.sessions
+    assert all(r.ids_nbytes == ids_bytes(r.ids[1]) for r in table._data.values() if r.ids is not None)
+    assert table.resident_bytes == sum(r.nbytes for r in table._data.values())
     loop.close()
 
 

@@ -98,6 +98,11 @@ class Template:
             return parts
         return self._before + parts + self._after
 
+    def chunked_arrays(self, chunks: tuple) -> pa.ChunkedArray:
+        """:meth:`chunked` for parts that are int32 Arrow arrays already, none empty (a pool's
+        splice of a worker's answer): no per-part test."""
+        return pa.chunked_array(self._before + chunks + self._after if self.added else chunks, type=_INT32)
+
     def chunked(self, id_parts: Sequence) -> pa.ChunkedArray:
         """A sequence's raw int32 parts (numpy, or int32 Arrow arrays already made) as one
         zero-copy ChunkedArray, post-processed."""
