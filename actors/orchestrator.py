@@ -26,6 +26,7 @@ from delta_ray.core.assembly import concat_ids, one_chunk, to_arrow
 from delta_ray.core.config import PoolConfig
 from delta_ray.core.plan import CHUNKED, REFERENCE, SESSION, Router
 from delta_ray.core.repair import finish_repair
+from delta_ray.core.planner import chunk_count
 from delta_ray.core.session_store import SessionNotFound, merge_text_parts, rope_is_prefix, splice_arrow
 from delta_ray.core.state_seal import seal_state
 from delta_ray.tokenizer_core import TokenizerCore
@@ -123,7 +124,7 @@ class PoolOrchestrator:
         if self.local.uses_fast_engine and not self._fast_seen:
             self._fast_seen = True  # the caller's engine just became the fast tier: start from its speed
             self.placement.local_chars_per_ms = max(self.placement.local_chars_per_ms, C.FAST_CHARS_PER_MS)
-        return self.placement.run_local(len(text), self._slots())
+        return self.placement.run_local(len(text), self._chunks(text))
 
     def encode_here(self, text: str, add: bool) -> pa.Int32Array:
         t0 = time.perf_counter()
@@ -199,12 +200,16 @@ class PoolOrchestrator:
         workers = self.num_workers if self.config.workers_take_shared else 0
         return max(1, workers + self.config.max_inflight_tasks)
 
+    def _chunks(self, text: str) -> int:
+        """The chunks the planner cuts ``text`` into on the pool (its one rule, at most the slots)."""
+        return chunk_count(len(text), self.local.planner, self._slots())
+
     async def _stateless_chunked(self, text: str, add: bool) -> pa.Int32Array:
         t0 = time.perf_counter()
         try:
             return await self._stateless(text, add)
         finally:
-            self.placement.observe_remote(len(text), self._slots(), (time.perf_counter() - t0) * 1e3)
+            self.placement.observe_remote(len(text), self._chunks(text), (time.perf_counter() - t0) * 1e3)
 
     async def _stateless(self, text: str, add: bool) -> pa.Int32Array:
         slots = self._slots()

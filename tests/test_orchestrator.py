@@ -219,6 +219,17 @@ def test_placement_runs_a_text_where_it_finishes_first(loaded, real_texts):
     loop.close()
 
 
+def test_placement_counts_the_chunks_a_text_is_cut_into_not_the_slots(loaded, real_texts):
+    # A slow caller and slow chunks (the reference engine's rate) on a pool of 256 task slots: a
+    # 500K text runs as the planner's 8 chunks, and their fixed cost (8 x chunk_ms) leaves the pool
+    # far ahead; charged per slot (256 x chunk_ms) it would have kept the text here.
+    orch, _, loop = _orchestrator(loaded, placement=True, max_inflight_tasks=256)
+    text = (real_texts["english"] * 10)[:500_000]
+    orch.placement.local_chars_per_ms = orch.placement.remote_chars_per_ms = 1500.0
+    assert orch._chunks(text) < orch._slots() and not orch.runs_here(text)
+    loop.close()
+
+
 def test_extend_calls_are_declared_not_idempotent():
     assert not EXTEND.idempotent and EXTEND.session_delta and EXTEND.channel
 
