@@ -131,16 +131,12 @@ def _check_output(out: str, ray_data: bool) -> None:
 def _read(groups: dict[str, list[str]], text_column: str):
     import ray.data
 
+    readers = {"text": ray.data.read_text, "json": ray.data.read_json, "parquet": ray.data.read_parquet}
     parts = []
     for kind, paths in groups.items():
-        if kind == "text":
-            ds = per_file_read(ray.data.read_text(paths))
-            if text_column != "text":
-                ds = ds.rename_columns({"text": text_column})
-        elif kind == "json":
-            ds = per_file_read(ray.data.read_json(paths))
-        else:
-            ds = per_file_read(ray.data.read_parquet(paths))
+        ds = per_file_read(readers[kind](paths))
+        if kind == "text" and text_column != "text":
+            ds = ds.rename_columns({"text": text_column})
         parts.append(ds)
     return parts[0] if len(parts) == 1 else parts[0].union(*parts[1:])
 
