@@ -67,8 +67,8 @@ class Costs:
     driver_background_ms_per_s: float = 0.0
     node_background_ms_per_s: float = 0.0
     # A worker turn's variation: each turn takes its cost times a factor drawn from these (its samples
-    # over their mean). The turn's own: its tail is a rare rope copy; drawn on chunk encodes too, it
-    # made stateless P99 3x the measured (2026-12-02). Empty: turns take their cost. Others: means.
+    # over their mean). The turn's own (drawn on chunk encodes too, a heavy tail made stateless P99 3x
+    # the measured, 2026-12-02). Empty: turns take their cost. Other steps: their means.
     spread: tuple[float, ...] = ()
 
     def orch_session(self, workers: int) -> float:
