@@ -22,7 +22,7 @@ import numpy as np
 import pyarrow as pa
 
 from delta_ray.core import constants as C
-from delta_ray.core.assembly import concat_ids, one_chunk, to_arrow
+from delta_ray.core.assembly import COPY_POOL, concat_ids, one_chunk, to_arrow
 from delta_ray.core.config import PoolConfig
 from delta_ray.core.plan import CHUNKED, REFERENCE, SESSION, Router
 from delta_ray.core.repair import finish_repair
@@ -150,7 +150,8 @@ class PoolOrchestrator:
         # A keyless answer is one array like every stateless one (a copy of a text under the cut
         # threshold's IDs: microseconds against the call's hop).
         ids = await self._session(content_session_key(content_key(text), tenant), text, add)
-        return ids.combine_chunks()
+        # concat_arrays, not combine_chunks: pyarrow 26's combine_chunks ignores its memory_pool
+        return pa.concat_arrays(ids.chunks, memory_pool=COPY_POOL) if ids.num_chunks else ids.combine_chunks()
 
     async def extend(self, key: str, delta: str, add: bool) -> pa.ChunkedArray:
         def no_fallback():

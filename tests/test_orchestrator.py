@@ -257,6 +257,20 @@ def test_keyless_content_reuse_stays_inside_its_tenant(loaded, references, real_
     loop.close()
 
 
+def test_keyless_answer_is_copied_by_the_c_allocator(loaded, references, real_texts):
+    """A keyless prompt's one array is not allocated from pyarrow's default pool (mimalloc's huge-page
+    arena faulted fresh 2 MB pages, 5-9 ms each here: design §15), and is the reference's IDs."""
+    orch, _, loop = _orchestrator(loaded)
+    text = real_texts["multilingual"][:5_000]
+    got = loop.run_until_complete(orch.encode(text, None, True, tenant="t"))
+    assert type(got) is pa.Int32Array and _ids(got) == references["llama3.2"].encode(text).ids
+    default = pa.default_memory_pool()
+    held = default.bytes_allocated()
+    del got  # the answer's buffer is its own copy: freeing it frees nothing of the default pool
+    assert default.bytes_allocated() == held
+    loop.close()
+
+
 def test_session_records_are_bounded_and_evicted_whole(loaded, references, real_texts, monkeypatch):
     """Every per-session table of the orchestrator is bounded: past the limit the oldest session is
     forgotten entirely (its start included), and a forgotten session still answers exactly."""

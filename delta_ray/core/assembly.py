@@ -10,6 +10,11 @@ EMPTY = np.zeros(0, dtype=np.int32)
 _I32 = np.dtype(np.int32)
 _PA_INT32 = pa.int32()
 _STRIDES = (4,)  # a 1-D contiguous int32 array
+# Where a request's path copies IDs with pyarrow (a compact turn's join, a keyless prompt's answer):
+# the C allocator, not pyarrow's default pool. On Linux that pool is mimalloc, whose arena is advised
+# for transparent huge pages (smaps flag "hg"); here one compact turn in 25-100 faulted in a fresh 2 MB
+# page inside its join (thp_fault_alloc +1, 5-9 ms of kernel time: the turn's P99 130x its median).
+COPY_POOL = pa.system_memory_pool()
 
 
 def concat_ids(parts: Sequence[np.ndarray]) -> np.ndarray:

@@ -27,6 +27,7 @@ import pyarrow as pa
 
 from delta_ray.core import constants as C
 from . import exit_guard
+from .assembly import COPY_POOL
 from .plan import SESSION
 from .repair import WINDOW_BACK
 from .rope import MERGE_IDS_BELOW, MERGE_TEXT_BELOW, merge_start
@@ -38,11 +39,6 @@ _from_buffers = pa.Array.from_buffers
 _chunked_array = pa.chunked_array
 _LITTLE = sys.byteorder == "little"
 _UNBOUND = (None, None, None, None)
-# Joined chunks come from the C allocator, not pyarrow's default pool: on Linux that pool is
-# mimalloc, whose arena is advised for transparent huge pages (smaps flag "hg"); here one turn in
-# 25-100 then faulted in a fresh 2 MB page inside its join (thp_fault_alloc +1, 5-9 ms of kernel
-# time: the worker turn's P99 was 130x its median, and its mean 3-5x)
-_JOIN_POOL = pa.system_memory_pool()
 
 
 def merge_chunks(chunks: tuple, lens: tuple) -> tuple[tuple, tuple, bool]:
@@ -51,7 +47,7 @@ def merge_chunks(chunks: tuple, lens: tuple) -> tuple[tuple, tuple, bool]:
     j = merge_start(lens, MERGE_IDS_BELOW)
     if j >= len(lens) - 1:
         return chunks, lens, False
-    return chunks[:j] + (pa.concat_arrays(chunks[j:], memory_pool=_JOIN_POOL),), lens[:j] + (sum(lens[j:]),), True
+    return chunks[:j] + (pa.concat_arrays(chunks[j:], memory_pool=COPY_POOL),), lens[:j] + (sum(lens[j:]),), True
 
 
 class TurnPath:
