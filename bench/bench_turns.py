@@ -19,7 +19,9 @@ cache (which caches the text between added tokens across requests) and without. 
 100K. ``--cold`` (issue 26): ``extend`` after the process touched 64 MB of other memory, 16K to 2M.
 The whole-transcript turn must compare the new text with the stored one (design §5: 4 MB read at
 1M characters of UCS-2 text); an ``extend`` receives only the append, and the harness never joins
-the transcript for it, as a server receiving appends would not.
+the transcript for it, as a server receiving appends would not. ``--tail``: the turn's P99 and
+maximum back to back, with the compact turn's joins from pyarrow's default pool (mimalloc) against
+the C allocator it uses, two sessions alternating in one run.
 """
 from __future__ import annotations
 
@@ -226,6 +228,49 @@ def cold_table(path, engine, sizes, turns, ref) -> dict:
     return rows
 
 
+def tail_table(path, engine, sizes, turns, ref) -> dict:
+    """The turn's tail back to back, side by side: joins from pyarrow's default pool (mimalloc on
+    Linux) against the C allocator the compact turn uses (design §15), alternating turn by turn."""
+    import numpy as np
+    import pyarrow as pa
+
+    from delta_ray.core import turn_path
+    print(f"\n# turn tail: {turns} extends back to back per context, two sessions alternating, ms")
+    print(f"{'context':>10}  {'joins from':<22}{'median':>8}{'P99':>8}{'max':>8}{'mean':>8}{'> 1 ms':>8}")
+    src = corpus("code", max(sizes) + 2 * (turns + 1) * 1300 + 1000)
+    pools = {"default pool (mimalloc)": pa.default_memory_pool(), "C allocator": turn_path.COPY_POOL}
+    saved, rows = turn_path.COPY_POOL, {}
+    try:
+        for n in sizes:
+            dt = DeltaTokenizer(path, engine=engine, shadow_rate=0.0)
+            times = {k: [] for k in pools}
+            texts = {}
+            for i, k in enumerate(pools):
+                texts[k] = src[i * 1000:i * 1000 + n]
+                dt.encode(texts[k], session=k)
+            pos = n + 1000
+            for t in range(turns):
+                for k, pool in pools.items():
+                    delta = src[pos:pos + 1300]
+                    pos += 1300
+                    texts[k] += delta
+                    turn_path.COPY_POOL = pool
+                    t0 = time.perf_counter()
+                    got = dt.extend(k, delta)
+                    times[k].append((time.perf_counter() - t0) * 1e3)
+                    if t == turns - 1:
+                        want = np.asarray(ref.encode(texts[k]).ids, dtype=np.int32)
+                        assert np.array_equal(got.to_numpy(), want), (n, k)
+            for k, v in times.items():
+                xs = np.asarray(v)
+                rows[(n, k)] = xs
+                print(f"{n:>10,}  {k:<22}{np.median(xs):>8.3f}{np.percentile(xs, 99):>8.3f}{xs.max():>8.2f}"
+                      f"{xs.mean():>8.3f}{int((xs > 1).sum()):>8}")
+    finally:
+        turn_path.COPY_POOL = saved
+    return rows
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--tokenizer", default="qwen-3")
@@ -236,10 +281,14 @@ def main() -> None:
     ap.add_argument("--idle", action="store_true", help="only the idle protocol (issue 27)")
     ap.add_argument("--cold", action="store_true", help="only the cold-cache extend (issue 26)")
     ap.add_argument("--idle-turns", type=int, default=25)
+    ap.add_argument("--tail", action="store_true", help="only the turn's tail by allocator, back to back")
     args = ap.parse_args()
     path = bundled_tokenizer_path(args.tokenizer)
     ref = Tokenizer.from_file(path)
     sizes = [16_000, 100_000] if args.quick else [16_000, 100_000, 1_000_000]
+    if args.tail:
+        tail_table(path, args.engine, [100_000, 1_000_000], 400, ref)
+        return
     if args.idle or args.cold:
         if args.idle:
             idle_table(path, args.engine, [16_000, 100_000, 200_000, 1_000_000], args.idle_turns, ref)
