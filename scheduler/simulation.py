@@ -7,19 +7,18 @@ each step takes a service time measured on a real machine (:class:`Costs`, fille
 ``bench/bench_scaleout.py``) while holding the resources it needs, so the simulation finds which
 resource saturates first and how throughput grows with cores and nodes:
 
-* a **driver** (a process that calls the pool: its orchestrator runs on one asyncio loop under one
-  GIL) holds its GIL and one core of its node for every step of the orchestrator: accepting a call
-  (the hand-off to the loop and the orchestrator's request side), launching a task on a worker
-  (the side channel on the same node, a Ray actor call or task elsewhere, the arguments' put),
-  and taking an answer (splice, arrow assembly, the hand-back);
+* a **driver** (a process calling the pool: its orchestrator on one asyncio loop under one GIL)
+  holds its GIL and a core of its node for each orchestrator step: accepting a call (hand-off,
+  request side), launching a task on a worker (the side channel on its node, a Ray actor call or
+  task elsewhere, the arguments' put), taking an answer (splice, assembly), and the hand-back;
 * a **session worker** (one per core by default) runs one call at a time on a core of its node;
 * **chunk tasks** (the dispatcher's shared slots) run on cores of the nodes, spread round robin;
 * a **NIC** per node and direction carries what crosses nodes (texts out, IDs back) at
   ``net_mb_per_ms``.
 
-Cores are FIFO servers shared by a node's workers, tasks, driver and other jobs. A resource's
-utilization is its busy server-time over its capacity; the first to saturate is the busiest when the
-offered load exceeds what the pool completes. Ray-free and stdlib-only, like ``scheduler/``.
+Cores are FIFO servers shared by a node's workers, tasks, driver and other jobs. Utilization is busy
+server-time over capacity; the first to saturate is the busiest when the offered load exceeds what
+the pool completes. Ray-free and stdlib-only, like ``scheduler/``.
 """
 from __future__ import annotations
 
@@ -66,9 +65,8 @@ class Costs:
     # threads) of its loop and a core; by other jobs (measured with the pool idle) of a node's cores
     driver_background_ms_per_s: float = 0.0
     node_background_ms_per_s: float = 0.0
-    # A worker turn's variation: each turn takes its cost times a factor drawn from these (its samples
-    # over their mean). The turn's own (drawn on chunk encodes too, a heavy tail made stateless P99 3x
-    # the measured, 2026-12-02). Empty: turns take their cost. Other steps: their means.
+    # A worker turn's variation: its cost times a factor drawn from these (its samples over their mean;
+    # the turn's only: drawn on chunk encodes too, a heavy tail made stateless P99 3x the measured).
     spread: tuple[float, ...] = ()
 
     def orch_session(self, workers: int) -> float:
@@ -266,11 +264,8 @@ class Simulation:
     def _start_measuring(self) -> None:
         self._measure_from = self.now
         self.completed, self.latencies = {}, {}
-        for r in self._resources():
+        for r in [*self.cpu, *self.nic_out, *self.nic_in, *self.gil, *self.worker_lock.values()]:
             r.reset_accounting()
-
-    def _resources(self) -> list[Resource]:
-        return [*self.cpu, *self.nic_out, *self.nic_in, *self.gil, *self.worker_lock.values()]
 
     def _result(self, end: float) -> Result:
         start = self._measure_from
@@ -283,8 +278,7 @@ class Simulation:
         return Result(end - start, dict(self.completed), {k: list(v) for k, v in self.latencies.items()}, util)
 
     def _done(self, kind: str, t0: float) -> None:
-        # Everything that completes inside the measured window counts (in overload, requests that
-        # arrived during the warm-up are still being completed: that IS the throughput).
+        # All that completes inside the measured window counts (in overload that IS the throughput).
         self.completed[kind] = self.completed.get(kind, 0) + 1
         self.latencies.setdefault(kind, []).append(self.now - t0)
 
@@ -365,16 +359,19 @@ class Simulation:
                           lambda: self.transfer(node, self.driver_node[d], 4 * TURN_CHARS / 4,
                                                 lambda: self.after(rtt / 2, answered)), varies=True)
 
-            def answered() -> None:
-                self.driver_step(d, orch / 2 + c.handoff_ms / 2, lambda: finished(task))
+            def answered() -> None:  # CallRunner._on_done: the merge, then the slot freed and refilled,
+                self.driver_step(d, orch / 2, lambda: freed(task))  # then the caller's thread woken
             self.driver_step(d, client, sent)
 
-        def finished(task) -> None:
+        def freed(task) -> None:
             disp.complete(task.id, self.now - started[0])
+            self._pump(d)
+            self.driver_step(d, c.handoff_ms / 2, finished)
+
+        def finished() -> None:
             s.context += TURN_CHARS
             s.busy = False
             self._done("turn", t0)
-            self._pump(d)
             if s.waiting:
                 t1, cb = s.waiting.popleft()
                 self._start_turn(s, t1, cb)
@@ -393,11 +390,15 @@ class Simulation:
     def closed_turns(self, callers: int) -> None:
         """``callers`` callers, each on its own session, each sending its next turn when answered."""
         for i in range(callers):
-            s = self.sessions[i % len(self.sessions)]
+            self._again(lambda done, s=self.sessions[i % len(self.sessions)]: self.turn(s, on_done=done))
 
-            def loop(s=s) -> None:
-                self.turn(s, on_done=loop)
-            loop()
+    @staticmethod
+    def _again(start: Callable[[Callable[[], None]], None]) -> None:
+        """A closed-loop caller: ``start(done)`` now and whenever it calls ``done`` (its own closure: a
+        late-bound ``loop`` once made N callers' second turns all continue the last one's session)."""
+        def done() -> None:
+            start(done)
+        done()
 
     # -- stateless long texts ---------------------------------------------------------------------------
     def chunk_count(self, n: int) -> int:
@@ -465,9 +466,7 @@ class Simulation:
     def closed_texts(self, callers: int, n_chars: int) -> None:
         """``callers`` callers each sending a text of ``n_chars`` when its last one is answered."""
         for i in range(callers):
-            def loop(d=i % self.cluster.drivers) -> None:
-                self.text(n_chars, driver=d, on_done=loop)
-            loop()
+            self._again(lambda done, d=i % self.cluster.drivers: self.text(n_chars, driver=d, on_done=done))
 
     def _next(self, rate_per_s: float, until_ms: float, fn: Callable[[], None]) -> None:
         if rate_per_s <= 0:
