@@ -82,7 +82,8 @@ def _serve_channel(secret, conn):
     ids = np.arange(330, dtype=np.int32)
     server = worker_channel.ChannelServer(lambda m, a: (7, 0, ids), secret, methods=frozenset({"extend"}))
     conn.send((server.address, os.getpid()))
-    time.sleep(3600)
+    while conn.recv() == "cpu":  # this process's CPU time, to the microsecond (/proc counts 10 ms ticks)
+        conn.send(time.process_time())
 
 
 def measure_channel(n: int = 2000) -> tuple[float, float, float]:
@@ -98,19 +99,22 @@ def measure_channel(n: int = 2000) -> tuple[float, float, float]:
     async def calls():
         client = worker_channel.ChannelClient(address, secret, expected_pid=pid)
         await client.call("extend", ("warm", text, None, None))
-        c0, t0, s0 = time.process_time(), time.perf_counter(), _proc_cpu_ms(pid)
+        parent.send("cpu")
+        c0, t0, s0 = time.process_time(), time.perf_counter(), parent.recv()
         for i in range(n):
             await client.call("extend", (f"s{i % 64}", text, 7, 7))
-        c1, t1, s1 = time.process_time(), time.perf_counter(), _proc_cpu_ms(pid)
+        c1, t1 = time.process_time(), time.perf_counter()
+        parent.send("cpu")
+        s1 = parent.recv()
         client.close()
-        return c1 - c0, t1 - t0, (s1 - s0) / 1e3
+        return c1 - c0, t1 - t0, s1 - s0
     try:
         cpu, wall, server = asyncio.run(calls())
     finally:
         proc.terminate()
         proc.join(5)
-    # the server's CPU from its process's (clock ticks: n calls of 0.05-0.15 ms span many); taken as
-    # the client's before 2026-12-02, which the pool's measured worker CPU showed 1.5-1.8x too high
+    # the server's CPU from its own process; taken as the client's before 2026-12-02, which the
+    # pool's measured worker CPU showed 1.5-1.8x too high
     return cpu / n * 1e3, server / n * 1e3, wall / n * 1e3
 
 
