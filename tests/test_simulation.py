@@ -13,6 +13,14 @@ FREE = Costs(handoff_ms=0.0, orch_session_ms=0.0, orch_chunk_ms=0.0, channel_cli
              ray_rtt_ms=0.0, worker_call_ms=0.0, turn_ms_100k=1.0, turn_ms_1m=1.0, encode_ms_per_mchar=0.0)
 
 
+def closed_turns(cluster: Cluster, costs: Costs, callers: int, until_ms: float, warmup_ms: float = 100.0):
+    """``callers`` closed-loop callers, each on its own 100K session: the finished simulation and its result."""
+    sim = Simulation(cluster, costs)
+    sim.add_sessions(callers, (100_000, 100_000))
+    sim.closed_turns(callers)
+    return sim, sim.run(until_ms, warmup_ms)
+
+
 def test_resource_is_fifo_and_counts_busy_time():
     sim = Simulation(Cluster(), FREE)
     r = Resource(sim, "r", 1)
@@ -26,10 +34,7 @@ def test_resource_is_fifo_and_counts_busy_time():
 
 def test_one_worker_closed_loop_runs_at_its_service_rate():
     # 1 worker, 1 ms a turn, nothing else costs: 4 callers complete 1,000 turns/s, each waiting 4 ms.
-    sim = Simulation(Cluster(nodes=1, cores_per_node=4, workers=1, task_slots=1), FREE)
-    sim.add_sessions(4, (100_000, 100_000))
-    sim.closed_turns(4)
-    res = sim.run(1_100.0, 100.0)
+    _, res = closed_turns(Cluster(nodes=1, cores_per_node=4, workers=1, task_slots=1), FREE, 4, 1_100.0)
     assert res.throughput("turn") == pytest.approx(1000, rel=0.01)
     assert res.percentile("turn", 99) == pytest.approx(4.0)
     assert res.utilization["session worker (busiest)"] == pytest.approx(1.0, abs=0.01)
@@ -42,10 +47,7 @@ def test_a_workers_slot_is_refilled_before_its_caller_is_handed_the_answer():
     # 0.6 ms of hand-off a call (0.6 ms of the loop per turn): the worker stays the bottleneck at
     # 1,000 turns/s; with the hand-back before the slot is freed it would idle 0.3 ms a turn (769/s).
     costs = Costs(**{**FREE.__dict__, "handoff_ms": 0.6})
-    sim = Simulation(Cluster(nodes=1, cores_per_node=4, workers=1, task_slots=1), costs)
-    sim.add_sessions(4, (100_000, 100_000))
-    sim.closed_turns(4)
-    res = sim.run(1_100.0, 100.0)
+    _, res = closed_turns(Cluster(nodes=1, cores_per_node=4, workers=1, task_slots=1), costs, 4, 1_100.0)
     assert res.throughput("turn") == pytest.approx(1000, rel=0.02)
     assert res.bottleneck()[0] == "session worker (busiest)"
 
@@ -53,10 +55,7 @@ def test_a_workers_slot_is_refilled_before_its_caller_is_handed_the_answer():
 def test_each_closed_loop_caller_keeps_its_own_session():
     # 4 callers on 4 sessions: every session advances every turn of its caller (a late-bound loop
     # variable once made every caller's second turn continue the last caller's session instead).
-    sim = Simulation(Cluster(nodes=1, cores_per_node=8, workers=8, task_slots=1), FREE)
-    sim.add_sessions(4, (100_000, 100_000))
-    sim.closed_turns(4)
-    sim.run(100.0)
+    sim, _ = closed_turns(Cluster(nodes=1, cores_per_node=8, workers=8, task_slots=1), FREE, 4, 100.0, 0.0)
     grown = sorted((s.context - 100_000) // 1300 for s in sim.sessions)
     assert grown[0] >= 20 and grown[-1] - grown[0] <= 60  # 1 ms turns, <= 4 sessions per worker
 
@@ -65,10 +64,7 @@ def test_the_driver_loop_is_one_server_whatever_the_cores():
     # 0.5 ms of orchestrator per call, free workers: at most 2,000 calls/s on 1 or 64 cores.
     costs = Costs(**{**FREE.__dict__, "orch_session_ms": 0.5, "turn_ms_100k": 0.0, "turn_ms_1m": 0.0})
     for cores in (2, 64):
-        sim = Simulation(Cluster(nodes=1, cores_per_node=cores), costs)
-        sim.add_sessions(64, (100_000, 100_000))
-        sim.closed_turns(64)
-        res = sim.run(2_100.0, 100.0)
+        _, res = closed_turns(Cluster(nodes=1, cores_per_node=cores), costs, 64, 2_100.0)
         assert res.throughput("turn") == pytest.approx(2000, rel=0.01)
         assert res.bottleneck()[0] == "driver loop (GIL)"
 
@@ -78,10 +74,8 @@ def test_growth_with_workers_is_charged_per_call():
                      "turn_ms_100k": 0.0, "turn_ms_1m": 0.0})
     rates = []
     for workers in (10, 40):  # 0.2 ms and 0.5 ms a call
-        sim = Simulation(Cluster(nodes=1, cores_per_node=64, workers=workers), costs)
-        sim.add_sessions(64, (100_000, 100_000))
-        sim.closed_turns(64)
-        rates.append(sim.run(2_100.0, 100.0).throughput("turn"))
+        rates.append(closed_turns(Cluster(nodes=1, cores_per_node=64, workers=workers), costs, 64, 2_100.0)[1]
+                     .throughput("turn"))
     assert rates[0] == pytest.approx(5000, rel=0.01) and rates[1] == pytest.approx(2000, rel=0.01)
 
 
