@@ -351,17 +351,22 @@ def validate(path: str, costs: Costs, engine: str, quick: bool) -> list[tuple]:
             others.append(max(0.0, (_machine_busy_ms() - m0) / 3.0 - background))
             for i in range(callers):
                 pool.encode(src[:100_000], session=f"v{i}")
-            pos = [100_000 + i * 400_000 for i in range(callers)]
+            pos = [i * 400_000 for i in range(callers)]
+            sent: list[str] = [src[:100_000]]  # session v0's text as it arrived
+            span = len(src) - 100_000 - TURN
 
-            def turn(i):
-                p = pos[i]
-                pool.extend(f"v{i}", src[p:p + TURN])
+            def turn(i):  # +TURN characters from the corpus after the first 100K, wrapping round
+                p = pos[i]  # (a caller that ran off its end would send empty appends)
+                delta = src[100_000 + p % span:100_000 + p % span + TURN]
+                pool.extend(f"v{i}", delta)
+                if i == 0:
+                    sent.append(delta)
                 pos[i] = p + TURN
             turn(0)
             pids = [s["pid"] for s in pool.worker_stats().values()]
             m_turn = _closed_loop(callers, secs, turn, pids)
-            got = pool.extend("v0", "")  # session v0 holds src[:pos[0]] (its turns were contiguous)
-            want = Tokenizer.from_file(path).encode(src[:pos[0]]).ids
+            got = pool.extend("v0", "")
+            want = Tokenizer.from_file(path).encode("".join(sent)).ids
             assert np.array_equal(got.to_numpy(), np.asarray(want, np.int32)), "pool differs from the reference"
             pool.encode(text1m)
             m_text = _closed_loop(2, secs, lambda i: pool.encode(text1m, add_special_tokens=False))
