@@ -77,32 +77,55 @@ def _cpu_per_call(fn, n: int) -> tuple[float, float]:
 
 
 # -- 1. service times -------------------------------------------------------------------------------
-def _serve_channel(secret, conn):
+def _serve_channel(secret, conn, loaded=None, engine="fast"):
+    """A side-channel server answering a fixed answer, or (``loaded``) a pool worker's own handler
+    (:class:`~delta_ray.actors.worker.WorkerService` over that tokenizer) as a worker runs it."""
     from delta_ray.actors import worker_channel
-    ids = np.arange(330, dtype=np.int32)
-    server = worker_channel.ChannelServer(lambda m, a: (7, 0, ids), secret, methods=frozenset({"extend"}))
+    from delta_ray.actors.calls import CHANNEL_METHODS
+    if loaded is None:
+        ids = np.arange(330, dtype=np.int32)
+        handler = lambda m, a: (7, 0, ids)  # noqa: E731
+    else:
+        from delta_ray.actors.worker import WorkerService
+        service = WorkerService(TokenizerCore(loaded, TokenizerConfig(
+            threads=1, shadow_rate=0.0, engine=engine)), secret)
+        handler = lambda m, a: getattr(service, m)(*a)  # noqa: E731  (as TokenizerWorker._channel_call)
+    server = worker_channel.ChannelServer(handler, secret, methods=CHANNEL_METHODS)
     conn.send((server.address, os.getpid()))
     while conn.recv() == "cpu":  # this process's CPU time, to the microsecond (/proc counts 10 ms ticks)
         conn.send(time.process_time())
 
 
-def measure_channel(n: int = 2000) -> tuple[float, float, float]:
-    """(client CPU ms, server CPU ms, wall ms) per side-channel call of a 1.3K extend."""
+def measure_channel(n: int = 2000, loaded=None, engine: str = "fast") -> tuple[float, float, float]:
+    """(client CPU ms, server CPU ms, wall ms) per side-channel call of a 1.3K extend: answered at
+    once, or (``loaded``) by a worker's own handler, turns on 4 sessions of 100K characters, each
+    caller knowing its last version (as the pool does: only the tail comes back)."""
     from delta_ray.actors import worker_channel
     secret = worker_channel.new_secret()
     parent, child = mp.Pipe()
-    proc = mp.get_context("fork").Process(target=_serve_channel, args=(secret, child), daemon=True)
+    proc = mp.get_context("fork").Process(target=_serve_channel, args=(secret, child, loaded, engine), daemon=True)
     proc.start()
     address, pid = parent.recv()
     text = ("The quick brown fox jumps over the lazy dog. " * 30)[:TURN]
+    src = corpus("code", 100_000 + (n + 8) * TURN) if loaded is not None else ""
 
     async def calls():
         client = worker_channel.ChannelClient(address, secret, expected_pid=pid)
-        await client.call("extend", ("warm", text, None, None))
+        known = {}
+        if loaded is None:
+            await client.call("extend", ("warm", text, None, None))
+        else:
+            for k in range(4):
+                known[k] = (await client.call("encode_session", (f"s{k}", src[:100_000], None)))[0]
         parent.send("cpu")
         c0, t0, s0 = time.process_time(), time.perf_counter(), parent.recv()
         for i in range(n):
-            await client.call("extend", (f"s{i % 64}", text, 7, 7))
+            if loaded is None:
+                await client.call("extend", (f"s{i % 64}", text, 7, 7))
+            else:
+                k = i % 4
+                delta = src[100_000 + i * TURN:100_000 + (i + 1) * TURN]
+                known[k] = (await client.call("extend", (f"s{k}", delta, known[k], known[k])))[0]
         c1, t1 = time.process_time(), time.perf_counter()
         parent.send("cpu")
         s1 = parent.recv()
@@ -228,6 +251,9 @@ def measure_costs(loaded, engine: str, ray=None, quick: bool = False) -> tuple[C
     raw["handoff_ms"] = max(raw["handoff_noop_ms"], raw["facade_session_ms"] - raw["orch_session_2"])
     raw["channel_client_ms"], raw["channel_server_ms"], raw["channel_wall_ms"] = measure_channel(
         800 if quick else 2000)
+    # a worker's own handler behind the channel, in its own process beside the caller's (as the pool
+    # runs it): its CPU per turn beyond the in-process turn below is the worker's fixed cost per call
+    _, raw["worker_server_ms"], _ = measure_channel(800 if quick else 2000, loaded, engine)
     # a worker's turn, in process with one thread, on the engine the pool's workers run
     worker = TokenizerCore(loaded, TokenizerConfig(threads=1, shadow_rate=0.0, engine=engine))
     src = corpus("code", 1_200_000)
@@ -268,7 +294,7 @@ def measure_costs(loaded, engine: str, ray=None, quick: bool = False) -> tuple[C
         plan_ms_per_mchar=raw["plan_ms_per_mchar"], assemble_ms_per_mchar=raw["assemble_ms_per_mchar"],
         channel_rtt_ms=max(0.0, raw["channel_wall_ms"] - raw["channel_client_ms"] - raw["channel_server_ms"]),
         ray_rtt_ms=max(0.0, raw["task_wall_ms"] - raw["task_launch_cpu_ms"]),
-        worker_call_ms=raw["channel_server_ms"],
+        worker_call_ms=max(raw["channel_server_ms"], raw["worker_server_ms"] - raw["turn_100000"]),
         turn_ms_100k=raw["turn_100000"], turn_ms_1m=raw["turn_1000000"],
         encode_ms_per_mchar=raw["encode_ms_per_mchar"],
         # The worker turn's measured variation (1M context, the last measured), for the turn's step:
