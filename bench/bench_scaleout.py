@@ -47,7 +47,7 @@ from delta_ray.apps.bundled import bundled_tokenizer_path  # noqa: E402
 from delta_ray.core.config import TokenizerConfig  # noqa: E402
 from delta_ray.core.loading import load_tokenizer  # noqa: E402
 from delta_ray.apps.sample_text import corpus  # noqa: E402
-from delta_ray.scheduler.simulation import Cluster, Costs, Simulation, spread_of, sweep  # noqa: E402
+from delta_ray.scheduler.simulation import Cluster, Costs, Simulation, spread_of, stall_of, sweep  # noqa: E402
 from delta_ray.tokenizer_core import TokenizerCore  # noqa: E402
 
 TURN = 1300
@@ -355,6 +355,15 @@ def _closed_loop(callers: int, seconds: float, fn, pids=()) -> tuple[float, floa
     return len(xs) / wall, float(np.percentile(xs, 99)), cpu, others
 
 
+def _lone_calls(fn, seconds: float) -> list[float]:
+    """Milliseconds of each ``fn()`` called back to back by one thread for ``seconds``."""
+    out, end = [], time.perf_counter() + seconds
+    while (t0 := time.perf_counter()) < end:
+        fn()
+        out.append((time.perf_counter() - t0) * 1e3)
+    return out
+
+
 def validate(path: str, costs: Costs, engine: str, quick: bool) -> list[tuple]:
     from tokenizers import Tokenizer
 
@@ -366,6 +375,7 @@ def validate(path: str, costs: Costs, engine: str, quick: bool) -> list[tuple]:
     callers = 4
     backgrounds: list[float] = []
     others: list[float] = []
+    lone_p99: list[tuple[float, float]] = []
     for w in (1, 2):
         with TokenizerPool(path, num_workers=w, max_inflight_tasks=w, placement=False, engine=engine,
                            shadow_rate=0.0, request_timeout_s=120) as pool:
@@ -390,6 +400,7 @@ def validate(path: str, costs: Costs, engine: str, quick: bool) -> list[tuple]:
                 pos[i] = p + TURN
             turn(0)
             pids = [s["pid"] for s in pool.worker_stats().values()]
+            lone = _lone_calls(lambda: turn(0), secs / 2)  # the simulation's loop stalls come from these
             m_turn = _closed_loop(callers, secs, turn, pids)
             got = pool.extend("v0", "")
             want = Tokenizer.from_file(path).encode("".join(sent)).ids
@@ -397,7 +408,8 @@ def validate(path: str, costs: Costs, engine: str, quick: bool) -> list[tuple]:
             pool.encode(text1m)
             m_text = _closed_loop(2, secs, lambda i: pool.encode(text1m, add_special_tokens=False))
         costs = dataclasses.replace(costs, driver_background_ms_per_s=background,
-                                    node_background_ms_per_s=others[-1])
+                                    node_background_ms_per_s=others[-1], loop_stall=stall_of(lone))
+        lone_p99.append((float(np.median(lone)), float(np.percentile(lone, 99))))
         backgrounds.append(background)
         cl = Cluster(nodes=1, cores_per_node=2, workers=w, task_slots=w)
         sim = Simulation(cl, costs)
@@ -405,7 +417,7 @@ def validate(path: str, costs: Costs, engine: str, quick: bool) -> list[tuple]:
         sim.closed_turns(callers)
         p_turn = sim.run(1_000 + secs * 1e3, 1_000)
         n = p_turn.completed["turn"]
-        d_turn = (sim.gil[0].busy_ms() / n, sum(r.busy_ms() for r in sim.worker_lock.values()) / n)
+        d_turn = ((sim.gil[0].busy_ms() - sim.stalled_ms) / n, sum(r.busy_ms() for r in sim.worker_lock.values()) / n)
         sim = Simulation(cl, costs)
         sim.closed_texts(2, 1_000_000)
         p_text = sim.run(2_000 + secs * 1e3, 2_000)
@@ -416,6 +428,8 @@ def validate(path: str, costs: Costs, engine: str, quick: bool) -> list[tuple]:
                      (p_text.throughput("text"), p_text.percentile("text", 99)) + d_text))
     global BACKGROUND
     BACKGROUND = backgrounds[-1]
+    print("a lone session call (1 caller) took " + ", ".join(f"{m:.2f} ms median, {p:.2f} P99" for m, p in lone_p99)
+          + "; its excess over its mean is simulated as stalls of the caller's loop (Costs.loop_stall)")
     print(f"a driver with an idle pool spends {', '.join(f'{b:.0f}' for b in backgrounds)} ms of CPU per second "
           "(Ray's threads; simulated as background work of its loop); the rest of the machine meanwhile "
           f"{', '.join(f'{o:.0f}' for o in others)} ms per second (Ray's daemons and other jobs; simulated as "
@@ -508,7 +522,7 @@ def main() -> int:
         for k, v in raw.items():
             print(f"  {k:<24}{v:>10.4f}")
         print("  -> simulation costs: " + ", ".join(f"{f.name}={getattr(costs, f.name):.4g}"
-                                                    for f in dataclasses.fields(costs) if f.name != "spread"))
+                                                    for f in dataclasses.fields(costs) if f.name not in ("spread", "loop_stall")))
         print(f"  -> each worker turn's time varies as its CPU-time samples over their mean (other steps: means) "
               f"({len(costs.spread)} quantiles; P99 {raw['turn_cpu_p99_over_median']:.2f}x the median; "
               f"in wall time {raw['turn_p99_over_median']:.2f}x)")

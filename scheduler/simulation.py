@@ -11,6 +11,9 @@ resource saturates first and how throughput grows with cores and nodes:
   holds its GIL and a core of its node for each orchestrator step: accepting a call (hand-off,
   request side), launching a task on a worker (the side channel on its node, a Ray actor call or
   task elsewhere, the arguments' put), taking an answer (splice, assembly), and the hand-back;
+* a driver's loop also **stalls** once per session turn, for a draw from a lone call's measured
+  excess over its mean (``Costs.loop_stall``): its GIL held without a core, so the process's other
+  calls queue behind it (the tail a lone call shows, amplified by the queueing);
 * a **session worker** (one per core by default) runs one call at a time on a core of its node;
 * **chunk tasks** (the dispatcher's shared slots) run on cores of the nodes, spread round robin;
 * a **NIC** per node and direction carries what crosses nodes (texts out, IDs back) at
@@ -32,51 +35,9 @@ from typing import Callable, Optional
 
 from .clock import FakeClock
 from .dispatcher import Dispatcher
+from .sim_costs import Costs, spread_of, stall_of  # noqa: F401  (re-exported)
 
 TURN_CHARS = 1300
-
-
-@dataclass(frozen=True)
-class Costs:
-    """Service times in ms, each measured on a real machine (see bench/bench_scaleout.py)."""
-    # driver CPU (GIL + a core of the driver's node) per step
-    handoff_ms: float = 0.07  # caller thread -> the pool's loop and back
-    orch_session_ms: float = 0.30  # orchestrator per session call (fake transport answering at once)...
-    orch_session_ms_per_worker: float = 0.0  # ...and its growth with the number of workers it routes over
-    orch_chunk_ms: float = 0.07  # orchestrator per chunk dispatch...
-    orch_chunk_ms_per_worker: float = 0.0  # ...and its growth with the number of workers
-    channel_client_ms: float = 0.10  # a same-node side-channel call, the driver's CPU
-    ray_call_ms: float = 0.25  # a Ray actor call or task launch, the driver's CPU
-    put_ms_per_mchar: float = 4.0  # a chunk's text into the object store and its IDs back, per Mchar
-    chunk_ms: float = 0.0  # per chunk task beyond its launch: the argument's seal and pin, the result's fetch
-    plan_ms_per_mchar: float = 2.0  # planning the cuts of a stateless text
-    assemble_ms_per_mchar: float = 2.0  # concatenating and wrapping a stateless text's IDs
-    channel_rtt_ms: float = 0.05  # this and the next: latency only (no resource held)
-    ray_rtt_ms: float = 0.5
-    # worker CPU
-    worker_call_ms: float = 0.05  # a worker's fixed cost per call (frames, lock, bookkeeping)
-    turn_ms_100k: float = 0.3  # a 1.3K turn on a 100K-character session
-    turn_ms_1m: float = 0.5  # the same on 1M characters (interpolated linearly in between)
-    encode_ms_per_mchar: float = 10.0  # a stateless chunk's encode, per million characters
-    chunk_node_ms: float = 0.0  # per chunk, its node's CPU beyond the encode (its process's and Ray's)
-    # network, per node and direction (not measurable on one machine: 10 Gbit/s assumed)
-    net_mb_per_ms: float = 1.25
-    # CPU per second taken whatever the pool serves, in 0.5 ms slices: by a calling process (Ray's
-    # threads) of its loop and a core; by other jobs (measured with the pool idle) of a node's cores
-    driver_background_ms_per_s: float = 0.0
-    node_background_ms_per_s: float = 0.0
-    # A worker turn's variation: its cost times a factor drawn from these (its samples over their mean;
-    # the turn's only: drawn on chunk encodes too, a heavy tail made stateless P99 3x the measured).
-    spread: tuple[float, ...] = ()
-
-    def orch_session(self, workers: int) -> float:
-        return self.orch_session_ms + self.orch_session_ms_per_worker * workers
-
-    def orch_chunk(self, workers: int) -> float:
-        return self.orch_chunk_ms + self.orch_chunk_ms_per_worker * workers
-
-    def turn_ms(self, context_chars: int) -> float:
-        return self.turn_ms_100k + (self.turn_ms_1m - self.turn_ms_100k) * (context_chars - 100_000) / 900_000
 
 
 @dataclass(frozen=True)
@@ -217,6 +178,7 @@ class Simulation:
         self.completed: dict[str, int] = {}
         self.latencies: dict[str, list[float]] = {}
         self._measure_from = 0.0
+        self.stalled_ms = 0.0  # the loops' stalls (Costs.loop_stall) in the measured window: not CPU
         self.sessions: list[_Session] = []
         for d in range(c.drivers):  # a calling process's own background work (Ray's threads)
             self._slices([self.gil[d], self.cpu[self.driver_node[d]]], costs.driver_background_ms_per_s)
@@ -263,7 +225,7 @@ class Simulation:
 
     def _start_measuring(self) -> None:
         self._measure_from = self.now
-        self.completed, self.latencies = {}, {}
+        self.completed, self.latencies, self.stalled_ms = {}, {}, 0.0
         for r in [*self.cpu, *self.nic_out, *self.nic_in, *self.gil, *self.worker_lock.values()]:
             r.reset_accounting()
 
@@ -378,7 +340,13 @@ class Simulation:
             if on_done is not None:
                 on_done()
 
-        self.driver_step(d, c.handoff_ms / 2 + orch / 2, accepted)
+        stall = self.rng.choice(c.loop_stall) if c.loop_stall else 0.0
+        if stall > 0:  # the caller's loop held, no core used (Costs.loop_stall), then the hand-off
+            if self.now >= self._measure_from:
+                self.stalled_ms += stall
+            self.hold([self.gil[d]], stall, lambda: self.driver_step(d, c.handoff_ms / 2 + orch / 2, accepted))
+        else:
+            self.driver_step(d, c.handoff_ms / 2 + orch / 2, accepted)
 
     def chat(self, rate_per_s: float, until_ms: float) -> None:
         """Poisson turn arrivals at ``rate_per_s`` over the sessions (uniformly) until ``until_ms``."""
@@ -474,17 +442,6 @@ class Simulation:
         dt = self.rng.expovariate(rate_per_s / 1e3)
         if self.now + dt <= until_ms:
             self.after(dt, fn)
-
-
-def spread_of(samples: list[float], points: int = 200) -> tuple[float, ...]:
-    """``Costs.spread`` from a call's measured times: ``points`` quantiles of the samples over their
-    mean: a draw keeps the measured shape and a step's mean stays its cost (costs are means; over the
-    median, a turn's rare large rope copies weighed on every step again: 2x, measured)."""
-    xs = sorted(x for x in samples if x > 0)
-    if not xs:
-        return ()
-    mean = sum(xs) / len(xs)
-    return tuple(xs[min(len(xs) - 1, int((i + 0.5) * len(xs) / points))] / mean for i in range(points))
 
 
 def sweep(cluster: Cluster, costs: Costs, load: Callable[[Simulation, float, float], None],

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from delta_ray.scheduler import home_worker
-from delta_ray.scheduler.simulation import Cluster, Costs, Resource, Simulation, spread_of, sweep
+from delta_ray.scheduler.simulation import Cluster, Costs, Resource, Simulation, spread_of, stall_of, sweep
 
 # Everything free except what a test sets: results then follow from arithmetic.
 FREE = Costs(handoff_ms=0.0, orch_session_ms=0.0, orch_chunk_ms=0.0, channel_client_ms=0.0, ray_call_ms=0.0,
@@ -208,3 +208,26 @@ def test_the_turns_spread_shapes_the_turn_only():
     # one driver: the second chunk starts after both launches (0.2) and runs 2 ms; its result (0.2)
     # waits 0.1 for the first chunk's, which started at 2.1
     assert p99[0] == pytest.approx(0.2 + 2.0 + 0.1 + 0.2, rel=0.01)
+
+
+def test_a_lone_calls_excess_is_its_stall_over_the_mean():
+    # Steps are means, so a lone call's samples add only their excess over the mean (2 ms here).
+    stall = stall_of([1.0, 1.0, 1.0, 5.0], points=4)
+    assert stall == (0.0, 0.0, 0.0, 3.0)
+    assert stall_of([]) == ()
+
+
+def test_a_loop_stall_holds_the_callers_loop_not_a_core():
+    # 4 workers, 4 callers, 1 ms turns: 3,000 turns/s (two of the 4 sessions share a rendezvous home). A 3 ms stall of the caller's loop per turn (its
+    # GIL held by a preempted thread) makes the loop the bottleneck: one stall at a time, 333 turns/s,
+    # and the other callers queue behind it. It is not CPU: no core is held and the driver's work
+    # (its loop's busy time less the stalls) stays 0.
+    cl = Cluster(nodes=1, cores_per_node=4, workers=4, task_slots=4)
+    _, free = closed_turns(cl, FREE, 4, 1_100.0)
+    assert free.throughput("turn") == pytest.approx(3000, rel=0.02)
+    sim, res = closed_turns(cl, Costs(**{**FREE.__dict__, "loop_stall": (3.0,)}), 4, 3_100.0)
+    assert res.throughput("turn") == pytest.approx(1000 / 3, rel=0.02)
+    assert res.bottleneck()[0] == "driver loop (GIL)"
+    assert res.percentile("turn", 50) > 3 * 3.0  # queued behind the other callers' stalls
+    assert sim.gil[0].busy_ms() - sim.stalled_ms == pytest.approx(0.0, abs=3.0)
+    assert res.utilization["node cores (busiest node)"] < 0.1  # the turns' 1 ms on 4 cores, 333 a second

@@ -1,0 +1,77 @@
+"""The simulation's inputs: service times measured on a real machine, and the shapes of their variation.
+
+Ray-free and stdlib-only, like ``scheduler/``; filled in by ``bench/bench_scaleout.py``.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Costs:
+    """Service times in ms, each measured on a real machine (see bench/bench_scaleout.py)."""
+    # driver CPU (GIL + a core of the driver's node) per step
+    handoff_ms: float = 0.07  # caller thread -> the pool's loop and back
+    orch_session_ms: float = 0.30  # orchestrator per session call (fake transport answering at once)...
+    orch_session_ms_per_worker: float = 0.0  # ...and its growth with the number of workers it routes over
+    orch_chunk_ms: float = 0.07  # orchestrator per chunk dispatch...
+    orch_chunk_ms_per_worker: float = 0.0  # ...and its growth with the number of workers
+    channel_client_ms: float = 0.10  # a same-node side-channel call, the driver's CPU
+    ray_call_ms: float = 0.25  # a Ray actor call or task launch, the driver's CPU
+    put_ms_per_mchar: float = 4.0  # a chunk's text into the object store and its IDs back, per Mchar
+    chunk_ms: float = 0.0  # per chunk task beyond its launch: the argument's seal and pin, the result's fetch
+    plan_ms_per_mchar: float = 2.0  # planning the cuts of a stateless text
+    assemble_ms_per_mchar: float = 2.0  # concatenating and wrapping a stateless text's IDs
+    channel_rtt_ms: float = 0.05  # this and the next: latency only (no resource held)
+    ray_rtt_ms: float = 0.5
+    # worker CPU
+    worker_call_ms: float = 0.05  # a worker's fixed cost per call (frames, lock, bookkeeping)
+    turn_ms_100k: float = 0.3  # a 1.3K turn on a 100K-character session
+    turn_ms_1m: float = 0.5  # the same on 1M characters (interpolated linearly in between)
+    encode_ms_per_mchar: float = 10.0  # a stateless chunk's encode, per million characters
+    chunk_node_ms: float = 0.0  # per chunk, its node's CPU beyond the encode (its process's and Ray's)
+    # network, per node and direction (not measurable on one machine: 10 Gbit/s assumed)
+    net_mb_per_ms: float = 1.25
+    # CPU per second taken whatever the pool serves, in 0.5 ms slices: by a calling process (Ray's
+    # threads) of its loop and a core; by other jobs (measured with the pool idle) of a node's cores
+    driver_background_ms_per_s: float = 0.0
+    node_background_ms_per_s: float = 0.0
+    # A worker turn's variation: its cost times a factor drawn from these (its samples over their mean;
+    # the turn's only: drawn on chunk encodes too, a heavy tail made stateless P99 3x the measured).
+    spread: tuple[float, ...] = ()
+    # A lone session call's excess over its mean latency, as quantiles of the measured samples
+    # (:func:`stall_of`), drawn per turn and spent holding its caller's loop (the GIL) but no core:
+    # the loop's thread preempted while it holds the GIL, or the loop's own irregular work; the
+    # process's other calls queue behind it. What a lone call shows of it, the simulation amplifies
+    # with the queueing (design §13). Not CPU: not counted as the driver's CPU.
+    loop_stall: tuple[float, ...] = ()
+
+    def orch_session(self, workers: int) -> float:
+        return self.orch_session_ms + self.orch_session_ms_per_worker * workers
+
+    def orch_chunk(self, workers: int) -> float:
+        return self.orch_chunk_ms + self.orch_chunk_ms_per_worker * workers
+
+    def turn_ms(self, context_chars: int) -> float:
+        return self.turn_ms_100k + (self.turn_ms_1m - self.turn_ms_100k) * (context_chars - 100_000) / 900_000
+
+
+def spread_of(samples: list[float], points: int = 200) -> tuple[float, ...]:
+    """``Costs.spread`` from a call's measured times: ``points`` quantiles of the samples over their
+    mean: a draw keeps the measured shape and a step's mean stays its cost (costs are means; over the
+    median, a turn's rare large rope copies weighed on every step again: 2x, measured)."""
+    xs = sorted(x for x in samples if x > 0)
+    if not xs:
+        return ()
+    mean = sum(xs) / len(xs)
+    return tuple(xs[min(len(xs) - 1, int((i + 0.5) * len(xs) / points))] / mean for i in range(points))
+
+
+def stall_of(samples: list[float], points: int = 400) -> tuple[float, ...]:
+    """``Costs.loop_stall`` from a lone call's measured latencies (ms): ``points`` quantiles of each
+    sample's excess over their mean (0 for samples under it), since the simulation's steps are means."""
+    xs = sorted(samples)
+    if not xs:
+        return ()
+    mean = sum(xs) / len(xs)
+    return tuple(max(0.0, xs[min(len(xs) - 1, int((i + 0.5) * len(xs) / points))] - mean) for i in range(points))
