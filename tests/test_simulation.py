@@ -5,7 +5,9 @@ from __future__ import annotations
 import pytest
 
 from delta_ray.scheduler import home_worker
-from delta_ray.scheduler.simulation import Cluster, Costs, Resource, Simulation, spread_of, stall_of, sweep
+import random
+
+from delta_ray.scheduler.simulation import Cluster, Costs, Deck, Resource, Simulation, spread_of, stall_of, sweep
 
 # Everything free except what a test sets: results then follow from arithmetic.
 FREE = Costs(handoff_ms=0.0, orch_session_ms=0.0, orch_chunk_ms=0.0, channel_client_ms=0.0, ray_call_ms=0.0,
@@ -210,11 +212,49 @@ def test_the_turns_spread_shapes_the_turn_only():
     assert p99[0] == pytest.approx(0.2 + 2.0 + 0.1 + 0.2, rel=0.01)
 
 
+def test_a_turns_cost_is_flat_outside_the_measured_contexts():
+    # Measured at 100K and 1M (here 1M the cheaper, as noise can make it): interpolated between,
+    # never extrapolated (linearly, 5M characters would cost less than nothing).
+    costs = Costs(turn_ms_100k=0.05, turn_ms_1m=0.03)
+    assert costs.turn_ms(550_000) == pytest.approx(0.04)
+    assert costs.turn_ms(5_000_000) == pytest.approx(0.03)
+    assert costs.turn_ms(10_000) == pytest.approx(0.05)
+
+
 def test_a_lone_calls_excess_is_its_stall_over_the_mean():
     # Steps are means, so a lone call's samples add only their excess over the mean (2 ms here).
     stall = stall_of([1.0, 1.0, 1.0, 5.0], points=4)
     assert stall == (0.0, 0.0, 0.0, 3.0)
+    assert stall_of([5.0, 1.0, 1.0, 1.0]) == (0.0, 0.0, 0.0, 3.0)  # every sample by default
     assert stall_of([]) == ()
+
+
+def test_a_deck_draws_each_measured_value_once_per_pass():
+    # A sample with one rare large stall among 400: every 400 draws hold it exactly once (draws at
+    # random hold it a number of times left to chance, and the simulated P99 with it).
+    values = (0.0,) * 399 + (50.0,)
+    deck = Deck(values, random.Random(7))
+    for _ in range(25):
+        drawn = [deck.draw() for _ in range(400)]
+        assert sorted(drawn) == sorted(values)
+    assert not Deck((), random.Random(0))
+
+
+def test_a_simulated_tail_holds_its_rare_stalls_whatever_the_seed():
+    # One caller, 1 ms turns, one stall of 20 ms in every 200 turns: each seed's 10 s run holds the
+    # same number of stalls, so the share of turns over 10 ms is the measured one (0.5%) in every run
+    # (with draws at random it was 0.39-0.61% over these five seeds).
+    stall = (0.0,) * 199 + (20.0,)
+    slow = []
+    for seed in range(5):
+        sim = Simulation(Cluster(nodes=1, cores_per_node=2, workers=1, task_slots=1),
+                         Costs(**{**FREE.__dict__, "loop_stall": stall}), seed=seed)
+        sim.add_sessions(1, (100_000, 100_000))
+        sim.closed_turns(1)
+        res = sim.run(10_000.0, 0.0)
+        slow.append(sum(x > 10 for x in res.latencies["turn"]) / res.completed["turn"])
+    assert max(slow) - min(slow) < 0.0003
+    assert sum(slow) / len(slow) == pytest.approx(1 / 200, rel=0.1)
 
 
 def test_a_loop_stall_holds_the_callers_loop_not_a_core():
