@@ -142,7 +142,7 @@ def measure_channel(n: int = 2000, loaded=None, engine: str = "fast") -> tuple[f
     return cpu / n * 1e3, server / n * 1e3, wall / n * 1e3
 
 
-def measure_ray(ray, n: int = 300) -> dict:
+def measure_ray(ray, loaded, engine: str, n: int = 300) -> dict:
     @ray.remote(num_cpus=0)
     class Echo:
         def extend(self, key, delta, known, version):
@@ -164,23 +164,25 @@ def measure_ray(ray, n: int = 300) -> dict:
     ray.get(refs)
     task_wall = _median(lambda: ray.get(task.remote(0)), n // 2)
 
-    @ray.remote(num_cpus=0)
-    def ids_of(text):  # a chunk task's shape: a text in, about one int32 ID per 4 characters out
-        return np.zeros(len(text) // 4, np.int32)
-
-    from delta_ray.actors.chunk_task import CHUNK_ENV
-    options = {"num_cpus": 1, "scheduling_strategy": "SPREAD", "runtime_env": {"env_vars": CHUNK_ENV}}
+    # The pool's own chunk task (its launcher and options, the tokenizer's configuration by
+    # reference, the fast engine in the task's process), fed real text: a stand-in task that
+    # returned zeros cost its node 3-5 ms a chunk, the real one 2x that per text (2026-12-02).
+    from delta_ray.actors.calls import ENCODE_PIECES, Call, PiecesArgs
+    from delta_ray.actors.chunk_task import ChunkLauncher
+    from delta_ray.core.config import pool_config
+    launcher = ChunkLauncher(ray.put(loaded.config_bytes), loaded.digest,
+                             pool_config(None, {"engine": engine, "shadow_rate": 0.0}))
     loop = asyncio.new_event_loop()
 
     def per_chunk(n_chars: int, k: int = 12) -> tuple[float, float]:
         """(the driver's CPU, every thread of this process; the rest of the machine's) per chunk
-        task of ``n_chars``, from launch to its IDs in hand, as the pool runs one (the launcher's
-        options, the reference awaited on an event loop, two at a time): the launch, the
-        argument's put (seal, pin), the result's fetch; the task's process and Ray's daemons."""
-        piece = corpus("english", n_chars)
+        task of ``n_chars``, from launch to its IDs in hand, as the pool runs one (the references
+        awaited on an event loop, two at a time): the launch, the argument's put (seal, pin), the
+        result's fetch; the task's process (its encode) and Ray's daemons."""
+        call = Call(ENCODE_PIECES, PiecesArgs([corpus("english", n_chars)]), None)
 
         async def pair():
-            return await asyncio.gather(*(ids_of.options(**options).remote(piece) for _ in range(2)))
+            return await asyncio.gather(*(launcher(call) for _ in range(2)))
         loop.run_until_complete(pair())
         c0, m0, t0 = time.process_time(), _machine_busy_ms(), time.perf_counter()
         for _ in range(k // 2):
@@ -194,17 +196,25 @@ def measure_ray(ray, n: int = 300) -> dict:
     m0 = _machine_busy_ms()
     time.sleep(1.0)
     idle_ms_per_s = _machine_busy_ms() - m0  # the machine's CPU with nothing launched (other jobs, Ray)
-    (small, small_node), (large, _) = (
-        [statistics.median(xs) for xs in zip(*(per_chunk(m) for _ in range(3)))] for m in (250_000, 1_000_000))
+    deadline = time.perf_counter() + 20.0  # chunk processes start and load the tokenizer: seconds
+    while time.perf_counter() < deadline:
+        t = time.perf_counter()
+        per_chunk(250_000, 2)
+        if time.perf_counter() - t < 0.1:
+            break
+    (small, small_node), (large, large_node) = (
+        [statistics.median(xs) for xs in zip(*(per_chunk(m, 24) for _ in range(5)))] for m in (250_000, 1_000_000))
     loop.close()
     per_mchar = max(0.0, (large - small) / 0.75)
+    node_per_mchar = max(0.0, (large_node - small_node) / 0.75)
     # the simulation charges ray_call_ms per launch, so chunk_ms is what a chunk costs beyond it
     return {"ray_call_cpu_ms": call_cpu, "ray_call_wall_ms": call_wall, "task_launch_cpu_ms": launch_cpu,
             "task_wall_ms": task_wall, "put_ms_per_mchar": per_mchar,
             "chunk_ms": max(0.0, small - per_mchar / 4 - call_cpu),
-            # the CPU a chunk task costs the rest of its node beyond its encode: its process's
-            # (de)serialization and Ray's (the raylet's scheduling, the object store's pins)
-            "chunk_node_ms": small_node}
+            # the CPU a chunk task costs the rest of its node: per character (its encode), and
+            # fixed (its process's (de)serialization, Ray's scheduling and the object store's pins)
+            "task_encode_ms_per_mchar": node_per_mchar,
+            "chunk_node_ms": max(0.0, small_node - node_per_mchar / 4)}
 
 
 def orchestrator_costs(local, secs: float, baseline: bool = False, tag: str = "") -> dict:
@@ -280,12 +290,13 @@ def measure_costs(loaded, engine: str, ray=None, quick: bool = False) -> tuple[C
         to_arrow(planner.finish(concat_ids(pieces), True))
     raw["assemble_ms_per_mchar"] = _median(assemble, 9)
     if ray is not None:
-        raw.update(measure_ray(ray))
+        raw.update(measure_ray(ray, loaded, engine))
     else:  # NOTES.md, 2026-11-30: an actor call ~0.6 ms, a task ~1.1 ms, a 1M-character argument ~4 ms;
-        # a chunk task's fixed costs as measure_ray found them on 2026-12-02 (driver 2.1-2.2 ms
-        # beyond the launch, its node 3.1 ms beyond the encode)
+        # the pool's chunk task as measure_ray found it on 2026-12-02 (driver 3.2-3.7 ms beyond the
+        # launch; its node 4.3-5.3 ms fixed and 5.4-7.0 ms per million characters)
         raw.update({"ray_call_cpu_ms": 0.25, "ray_call_wall_ms": 0.6, "task_launch_cpu_ms": 0.3,
-                    "task_wall_ms": 1.1, "put_ms_per_mchar": 4.0, "chunk_ms": 2.1, "chunk_node_ms": 3.1})
+                    "task_wall_ms": 1.1, "put_ms_per_mchar": 4.0, "chunk_ms": 3.5, "chunk_node_ms": 4.8,
+                    "task_encode_ms_per_mchar": 6.2})
     costs = Costs(
         handoff_ms=raw["handoff_ms"],
         channel_client_ms=raw["channel_client_ms"],
@@ -297,7 +308,8 @@ def measure_costs(loaded, engine: str, ray=None, quick: bool = False) -> tuple[C
         ray_rtt_ms=max(0.0, raw["task_wall_ms"] - raw["task_launch_cpu_ms"]),
         worker_call_ms=max(raw["channel_server_ms"], raw["worker_server_ms"] - raw["turn_100000"]),
         turn_ms_100k=raw["turn_100000"], turn_ms_1m=raw["turn_1000000"],
-        encode_ms_per_mchar=raw["encode_ms_per_mchar"],
+        # a chunk's encode as the task's process runs it, when measured (in process otherwise)
+        encode_ms_per_mchar=raw.get("task_encode_ms_per_mchar", raw["encode_ms_per_mchar"]),
         # The worker turn's measured variation (1M context, the last measured), for the turn's step:
         # of its CPU time, not its wall time. The simulation shares the cores itself; a wall-time
         # spread also carries the time other jobs on this machine took from the call, which would
@@ -336,7 +348,8 @@ class Loop(NamedTuple):
 
 
 def _closed_loop(callers: int, seconds: float, fn, pids=()) -> Loop:
-    """``callers`` threads each calling ``fn(i)`` back to back; ``pids``' CPU is the workers'."""
+    """``callers`` threads each calling ``fn(i)`` back to back; the workers' CPU is ``pids``', or
+    with ``pids=None`` every other process's on this machine (chunk tasks, Ray's daemons, others)."""
     lat: list[list[tuple[float, float]]] = [[] for _ in range(callers)]
     stop = threading.Event()
     barrier = threading.Barrier(callers + 1)
@@ -351,7 +364,9 @@ def _closed_loop(callers: int, seconds: float, fn, pids=()) -> Loop:
     threads = [threading.Thread(target=run, args=(i,), daemon=True) for i in range(callers)]
     for t in threads:
         t.start()
-    c0, w0 = time.process_time(), sum(_proc_cpu_ms(p) for p in pids)
+    def theirs() -> float:
+        return _machine_busy_ms() - time.process_time() * 1e3 if pids is None else sum(map(_proc_cpu_ms, pids))
+    c0, w0 = time.process_time(), theirs()
     barrier.wait()
     t0 = time.perf_counter()
     time.sleep(seconds)
@@ -362,7 +377,7 @@ def _closed_loop(callers: int, seconds: float, fn, pids=()) -> Loop:
     calls = [x for ys in lat for x in ys]
     n = len(calls)
     cpu = (time.process_time() - c0) * 1e3 / n
-    others = (sum(_proc_cpu_ms(p) for p in pids) - w0) / n if pids else float("nan")
+    others = (theirs() - w0) / n if pids != () else float("nan")
     halves = [[ms for start, ms in calls if (start < t0 + seconds / 2) == first] for first in (True, False)]
     return Loop(n / wall, float(np.percentile([ms for _, ms in calls], 99)), cpu, others,
                 tuple(float(np.percentile(h, 99)) for h in halves))
@@ -388,7 +403,11 @@ def _simulate(cl: Cluster, costs: Costs, load, kind: str, ms: float, warmup_ms: 
         load(sim)
         res = sim.run(warmup_ms + ms, warmup_ms)
         n = res.completed[kind]
-        workers = sum(r.busy_ms() for r in sim.worker_lock.values()) / n if kind == "turn" else float("nan")
+        if kind == "turn":
+            workers = sum(r.busy_ms() for r in sim.worker_lock.values()) / n
+        else:  # the cores' work beyond the driver's steps and the other jobs' slices: chunk tasks
+            workers = (sum(r.busy_ms() for r in sim.cpu) - sim.gil[0].busy_ms()
+                       - costs.node_background_ms_per_s * ms / 1e3) / n
         runs.append(Loop(res.throughput(kind), res.percentile(kind, 99),
                          (sim.gil[0].busy_ms() - sim.stalled_ms) / n, workers, (0.0, 0.0)))
     p99s = sorted(r.p99 for r in runs)
@@ -409,6 +428,9 @@ def validate(path: str, costs: Costs, engine: str, quick: bool) -> list[tuple]:
     src = corpus("code", 3_000_000)
     text1m = corpus("english", 1_000_000)
     secs, lone_secs = (4.0, 2.0) if quick else (12.0, 6.0)
+    # a 1M text takes 30x a turn: its loops run twice as long, and still hold about 1,400 texts
+    # (a P99 of 700 is their 7th slowest: one 12 s run's halves measured 46 and 72 ms, 2026-12-02)
+    text_secs = 2 * secs
     callers = 4
     backgrounds: list[float] = []
     others: list[float] = []
@@ -448,20 +470,28 @@ def validate(path: str, costs: Costs, engine: str, quick: bool) -> list[tuple]:
             first = encode_text()
             want = Tokenizer.from_file(path).encode(text1m, add_special_tokens=False).ids
             assert np.array_equal(first.to_numpy(), np.asarray(want, np.int32)), "pool differs from the reference"
-            lone_text = _lone_calls(encode_text, lone_secs)  # ... and the texts' stalls from these
-            m_text = _closed_loop(2, secs, lambda i: encode_text())
+            lone_text = _lone_calls(encode_text, text_secs / 2)  # ... and the texts' stalls from these
+            m_text = _closed_loop(2, text_secs, lambda i: encode_text(), pids=None)
+            # the rest of the machine per text, less what it does with the pool idle (as simulated)
+            m_text = m_text._replace(workers_cpu=m_text.workers_cpu - others[-1] / m_text.rate)
         costs = dataclasses.replace(costs, driver_background_ms_per_s=background, node_background_ms_per_s=others[-1],
                                     loop_stall=stall_of(lone), text_stall=stall_of(lone_text))
-        lone_p99 += [f"{w} worker(s): a turn {np.median(lone):.2f} ms median, {np.percentile(lone, 99):.2f} P99, "
-                     f"a 1M text {np.median(lone_text):.1f} ms, {np.percentile(lone_text, 99):.1f} P99"]
-        backgrounds.append(background)
         cl = Cluster(nodes=1, cores_per_node=2, workers=w, task_slots=w)
+        # the costs' sum for one caller (stalls aside) against a lone request's measured mean
+        flat = dataclasses.replace(costs, loop_stall=(), text_stall=())
+        sum_turn = 1e3 / _simulate(cl, flat, lambda sim: (sim.add_sessions(1, (100_000, 100_000)), sim.closed_turns(1)),
+                                   "turn", 2_000, 500).rate
+        sum_text = 1e3 / _simulate(cl, flat, lambda sim: sim.closed_texts(1, 1_000_000), "text", 4_000, 500).rate
+        lone_p99 += [f"{w} worker(s): a turn {statistics.fmean(lone):.2f} ms mean (costs' sum {sum_turn:.2f}), "
+                     f"{np.percentile(lone, 99):.2f} P99; a 1M text {statistics.fmean(lone_text):.1f} ms mean "
+                     f"(costs' sum {sum_text:.1f}), {np.percentile(lone_text, 99):.1f} P99"]
+        backgrounds.append(background)
 
         def sessions(sim: Simulation) -> None:
             sim.add_sessions(callers, (100_000, 100_000))
             sim.closed_turns(callers)
         p_turn = _simulate(cl, costs, sessions, "turn", secs * 1e3, 1_000)
-        p_text = _simulate(cl, costs, lambda sim: sim.closed_texts(2, 1_000_000), "text", secs * 1e3, 2_000)
+        p_text = _simulate(cl, costs, lambda sim: sim.closed_texts(2, 1_000_000), "text", text_secs * 1e3, 2_000)
         rows.append((w, "session turns, 4 callers", m_turn, p_turn))
         rows.append((w, "stateless 1M, 2 callers", m_text, p_text))
     global BACKGROUND
@@ -577,7 +607,8 @@ def main() -> int:
             print(f"load average now {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores: wall-clock throughput and P99 "
                   "only compare on a quiet machine")
             print("\n## Validation by CPU demand per request (ms), which other jobs on the machine do not change: "
-                  "the calling process (driver) and the workers; 1 / demand is the path's ceiling")
+                  "the calling process (driver) and the workers (sessions) or the rest of the machine beyond its "
+                  "idle share (texts: chunk tasks, Ray's daemons); 1 / demand is the path's ceiling")
             print(f"{'workers':>8}  {'load':<28}{'driver':>9}{'sim':>9}{'err':>6}{'workers':>9}{'sim':>9}{'err':>6}")
             for w, label, (_, _, mc, mw, _), (_, _, pc, pw, _) in rows:
                 werr = f"{(pw - mw) / mw:>+6.0%}" if mw == mw and pw == pw and mw > 0 else f"{'-':>6}"
