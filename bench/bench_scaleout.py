@@ -174,19 +174,26 @@ def measure_ray(ray, loaded, engine: str, n: int = 300) -> dict:
                              pool_config(None, {"engine": engine, "shadow_rate": 0.0}))
     loop = asyncio.new_event_loop()
 
-    def per_chunk(n_chars: int, k: int = 12) -> tuple[float, float]:
+    def per_chunk(n_chars: int, seconds: float, settle_s: float = 1.0) -> tuple[float, float]:
         """(the driver's CPU, every thread of this process; the rest of the machine's) per chunk
         task of ``n_chars``, from launch to its IDs in hand, as the pool runs one (the references
         awaited on an event loop, two at a time): the launch, the argument's put (seal, pin), the
-        result's fetch; the task's process (its encode) and Ray's daemons."""
+        result's fetch; the task's process (its encode) and Ray's daemons. In steady state: the
+        pairs run ``settle_s`` before the window and through it, so work Ray defers past a task
+        (its events' and metrics' flushes, once a second) falls inside as much as it leaves
+        (bursts of 24 tasks in 0.2 s found 2.6-5.3 ms of node CPU a chunk; under the validation's
+        load a text's chunks cost their node 1.3-2x that, 2026-12-02)."""
         call = Call(ENCODE_PIECES, PiecesArgs([corpus("english", n_chars)]), None)
 
-        async def pair():
-            return await asyncio.gather(*(launcher(call) for _ in range(2)))
-        loop.run_until_complete(pair())
+        async def pairs(until: float) -> int:
+            k = 0
+            while time.perf_counter() < until:
+                await asyncio.gather(*(launcher(call) for _ in range(2)))
+                k += 2
+            return k
+        loop.run_until_complete(pairs(time.perf_counter() + settle_s))
         c0, m0, t0 = time.process_time(), _machine_busy_ms(), time.perf_counter()
-        for _ in range(k // 2):
-            loop.run_until_complete(pair())
+        k = loop.run_until_complete(pairs(t0 + seconds))
         driver = (time.process_time() - c0) * 1e3
         others = _machine_busy_ms() - m0 - driver - idle_ms_per_s * (time.perf_counter() - t0)
         return driver / k, max(0.0, others) / k
@@ -194,16 +201,11 @@ def measure_ray(ray, loaded, engine: str, n: int = 300) -> dict:
     # same bytes but pays the fixed part again (measured 2026-12-02: a 1M text's driver CPU 3.8 ms
     # as one chunk, 7.9 ms as two).
     m0 = _machine_busy_ms()
-    time.sleep(1.0)
-    idle_ms_per_s = _machine_busy_ms() - m0  # the machine's CPU with nothing launched (other jobs, Ray)
-    deadline = time.perf_counter() + 20.0  # chunk processes start and load the tokenizer: seconds
-    while time.perf_counter() < deadline:
-        t = time.perf_counter()
-        per_chunk(250_000, 2)
-        if time.perf_counter() - t < 0.1:
-            break
+    time.sleep(2.0)
+    idle_ms_per_s = (_machine_busy_ms() - m0) / 2.0  # the machine's CPU with nothing launched (other jobs, Ray)
+    per_chunk(250_000, 0.1, settle_s=3.0)  # chunk processes start and load the tokenizer: seconds
     (small, small_node), (large, large_node) = (
-        [statistics.median(xs) for xs in zip(*(per_chunk(m, 24) for _ in range(5)))] for m in (250_000, 1_000_000))
+        [statistics.median(xs) for xs in zip(*(per_chunk(m, 2.0) for _ in range(3)))] for m in (250_000, 1_000_000))
     loop.close()
     per_mchar = max(0.0, (large - small) / 0.75)
     node_per_mchar = max(0.0, (large_node - small_node) / 0.75)
