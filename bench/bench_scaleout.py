@@ -200,10 +200,17 @@ def measure_ray(ray, loaded, engine: str, n: int = 300) -> dict:
     # Fitted as fixed + per character from two sizes: splitting a text into more chunks moves the
     # same bytes but pays the fixed part again (measured 2026-12-02: a 1M text's driver CPU 3.8 ms
     # as one chunk, 7.9 ms as two).
+    idle_ms_per_s = 0.0
+    per_chunk(250_000, 0.1, settle_s=3.0)  # chunk processes start and load the tokenizer: seconds
+    # The machine's CPU with nothing launched (other jobs, Ray's daemons), measured once the chunk
+    # processes are warm and what the tasks above left behind has settled: measured right after
+    # them, the worker processes Ray was still starting and stopping counted as idle, and a chunk's
+    # node CPU came out at 2.9 ms + 7.2 ms per million characters against 5.5-6 + 9-12 measured
+    # per process (2026-12-03)
+    time.sleep(1.0)
     m0 = _machine_busy_ms()
     time.sleep(2.0)
-    idle_ms_per_s = (_machine_busy_ms() - m0) / 2.0  # the machine's CPU with nothing launched (other jobs, Ray)
-    per_chunk(250_000, 0.1, settle_s=3.0)  # chunk processes start and load the tokenizer: seconds
+    idle_ms_per_s = (_machine_busy_ms() - m0) / 2.0
     (small, small_node), (large, large_node) = (
         [statistics.median(xs) for xs in zip(*(per_chunk(m, 2.0) for _ in range(3)))] for m in (250_000, 1_000_000))
     loop.close()
