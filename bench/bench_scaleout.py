@@ -180,9 +180,7 @@ def measure_ray(ray, loaded, engine: str, n: int = 300) -> dict:
         awaited on an event loop, two at a time): the launch, the argument's put (seal, pin), the
         result's fetch; the task's process (its encode) and Ray's daemons. In steady state: the
         pairs run ``settle_s`` before the window and through it, so work Ray defers past a task
-        (its events' and metrics' flushes, once a second) falls inside as much as it leaves
-        (bursts of 24 tasks in 0.2 s found 2.6-5.3 ms of node CPU a chunk; under the validation's
-        load a text's chunks cost their node 1.3-2x that, 2026-12-02)."""
+        (its events' and metrics' flushes, once a second) falls inside as much as it leaves."""
         call = Call(ENCODE_PIECES, PiecesArgs([corpus("english", n_chars)]), None)
 
         async def pairs(until: float) -> int:
@@ -445,8 +443,8 @@ def validate(path: str, costs: Costs, engine: str, quick: bool) -> list[tuple]:
     others: list[float] = []
     lone_p99: list[str] = []
     for w in (1, 2):
-        # sessions grow about 30M characters over the loops: the store's default cap (128 MB a
-        # worker) would evict one midway and end its caller with SessionNotFound
+        # the sessions grow by tens of millions of characters over the loops: the store's default
+        # cap (128 MB a worker) evicted one midway in a probe, ending its caller with SessionNotFound
         with TokenizerPool(path, num_workers=w, max_inflight_tasks=w, placement=False, engine=engine,
                            shadow_rate=0.0, request_timeout_s=120, max_session_bytes=1 << 31) as pool:
             # what this process spends per second with the pool open and idle (Ray's own threads),

@@ -14,6 +14,8 @@ resource saturates first and how throughput grows with cores and nodes:
 * a driver's loop also **stalls** once per session turn, for a draw from a lone call's measured
   excess over its mean (``Costs.loop_stall``): its GIL held without a core, so the process's other
   calls queue behind it (the tail a lone call shows, amplified by the queueing);
+* a stateless text's first chunk to run waits, after its encode, a draw from a lone text's
+  measured excess over its mean (``Costs.text_stall``): its task slot held, no core;
 * a **session worker** (one per core by default) runs one call at a time on a core of its node;
 * **chunk tasks** (the dispatcher's shared slots) run on cores of the nodes, spread round robin;
 * a **NIC** per node and direction carries what crosses nodes (texts out, IDs back) at

@@ -257,6 +257,23 @@ def test_a_simulated_tail_holds_its_rare_stalls_whatever_the_seed():
     assert sum(slow) / len(slow) == pytest.approx(1 / 200, rel=0.1)
 
 
+def test_a_text_stall_holds_its_chunks_slot_not_a_core():
+    # One task slot, two callers, 1M texts of one chunk encoding in 2 ms: 500 texts/s. A 10 ms stall
+    # per text (a lone text's excess: Ray slow to answer) keeps the slot 12 ms a text, so the two
+    # callers share 83 texts/s, and the cores are busy only for the encodes (2 of every 12 ms).
+    costs = Costs(**{**FREE.__dict__, "encode_ms_per_mchar": 2.0})
+    cl = Cluster(nodes=1, cores_per_node=2, task_slots=1)
+    rates = []
+    for c in (costs, Costs(**{**costs.__dict__, "text_stall": (10.0,)})):
+        sim = Simulation(cl, c)
+        sim.closed_texts(2, 1_000_000)
+        res = sim.run(3_100.0, 100.0)
+        rates.append(res.throughput("text"))
+    assert rates[0] == pytest.approx(500, rel=0.02)
+    assert rates[1] == pytest.approx(1000 / 12, rel=0.02)
+    assert res.utilization["node cores (busiest node)"] == pytest.approx(2 / 12 / 2, rel=0.05)
+
+
 def test_a_loop_stall_holds_the_callers_loop_not_a_core():
     # 4 workers, 4 callers, 1 ms turns: 3,000 turns/s (two of the 4 sessions share a rendezvous home). A 3 ms stall of the caller's loop per turn (its
     # GIL held by a preempted thread) makes the loop the bottleneck: one stall at a time, 333 turns/s,
