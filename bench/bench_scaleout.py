@@ -165,8 +165,8 @@ def measure_ray(ray, loaded, engine: str, n: int = 300) -> dict:
     task_wall = _median(lambda: ray.get(task.remote(0)), n // 2)
 
     # The pool's own chunk task (its launcher and options, the tokenizer's configuration by
-    # reference, the fast engine in the task's process), fed real text: a stand-in task that
-    # returned zeros cost its node 3-5 ms a chunk, the real one 2x that per text (2026-12-02).
+    # reference, the fast engine in the task's process), fed real text, where a stand-in task
+    # returning zeros used to stand for it (2026-12-02).
     from delta_ray.actors.calls import ENCODE_PIECES, Call, PiecesArgs
     from delta_ray.actors.chunk_task import ChunkLauncher
     from delta_ray.core.config import pool_config
@@ -174,13 +174,14 @@ def measure_ray(ray, loaded, engine: str, n: int = 300) -> dict:
                              pool_config(None, {"engine": engine, "shadow_rate": 0.0}))
     loop = asyncio.new_event_loop()
 
-    def per_chunk(n_chars: int, seconds: float, settle_s: float = 1.0) -> tuple[float, float]:
+    def per_chunk(n_chars: int, seconds: float, idle_ms_per_s: float, settle_s: float = 1.0) -> tuple[float, float]:
         """(the driver's CPU, every thread of this process; the rest of the machine's) per chunk
         task of ``n_chars``, from launch to its IDs in hand, as the pool runs one (the references
         awaited on an event loop, two at a time): the launch, the argument's put (seal, pin), the
-        result's fetch; the task's process (its encode) and Ray's daemons. In steady state: the
-        pairs run ``settle_s`` before the window and through it, so work Ray defers past a task
-        (its events' and metrics' flushes, once a second) falls inside as much as it leaves."""
+        result's fetch; the task's process (its encode) and Ray's daemons, less the machine's
+        ``idle_ms_per_s``. In steady state: the pairs run ``settle_s`` before the window and
+        through it, so work Ray defers past a task (its events' and metrics' flushes, once a
+        second) falls inside as much as it leaves."""
         call = Call(ENCODE_PIECES, PiecesArgs([corpus("english", n_chars)]), None)
 
         async def pairs(until: float) -> int:
@@ -198,8 +199,7 @@ def measure_ray(ray, loaded, engine: str, n: int = 300) -> dict:
     # Fitted as fixed + per character from two sizes: splitting a text into more chunks moves the
     # same bytes but pays the fixed part again (measured 2026-12-02: a 1M text's driver CPU 3.8 ms
     # as one chunk, 7.9 ms as two).
-    idle_ms_per_s = 0.0
-    per_chunk(250_000, 0.1, settle_s=3.0)  # chunk processes start and load the tokenizer: seconds
+    per_chunk(250_000, 0.1, 0.0, settle_s=3.0)  # chunk processes start and load the tokenizer: seconds
     # The machine's CPU with nothing launched (other jobs, Ray's daemons), measured once the chunk
     # processes are warm and what the tasks above left behind has settled: measured right after
     # them, the worker processes Ray was still starting and stopping counted as idle, and a chunk's
@@ -210,7 +210,7 @@ def measure_ray(ray, loaded, engine: str, n: int = 300) -> dict:
     time.sleep(2.0)
     idle_ms_per_s = (_machine_busy_ms() - m0) / 2.0
     (small, small_node), (large, large_node) = (
-        [statistics.median(xs) for xs in zip(*(per_chunk(m, 2.0) for _ in range(3)))] for m in (250_000, 1_000_000))
+        [statistics.median(xs) for xs in zip(*(per_chunk(m, 2.0, idle_ms_per_s) for _ in range(3)))] for m in (250_000, 1_000_000))
     loop.close()
     per_mchar = max(0.0, (large - small) / 0.75)
     node_per_mchar = max(0.0, (large_node - small_node) / 0.75)
@@ -384,7 +384,7 @@ def _closed_loop(callers: int, seconds: float, fn, pids=()) -> Loop:
     calls = [x for ys in lat for x in ys]
     n = len(calls)
     cpu = (time.process_time() - c0) * 1e3 / n
-    others = (theirs() - w0) / n if pids != () else float("nan")
+    others = (theirs() - w0) / n if pids is None or pids else float("nan")
     halves = [[ms for start, ms in calls if (start < t0 + seconds / 2) == first] for first in (True, False)]
     return Loop(n / wall, float(np.percentile([ms for _, ms in calls], 99)), cpu, others,
                 tuple(float(np.percentile(h, 99)) for h in halves))
@@ -431,6 +431,20 @@ def validate(path: str, costs: Costs, engine: str, quick: bool) -> list[tuple]:
     from tokenizers import Tokenizer
 
     from delta_ray import TokenizerPool
+    reference = Tokenizer.from_file(path)
+
+    def check(got, text: str, add_special_tokens: bool = True) -> None:
+        want = reference.encode(text, add_special_tokens=add_special_tokens).ids
+        assert np.array_equal(got.to_numpy(), np.asarray(want, np.int32)), "pool differs from the reference"
+
+    def sessions(n: int):
+        def load(sim: Simulation) -> None:
+            sim.add_sessions(n, (100_000, 100_000))
+            sim.closed_turns(n)
+        return load
+
+    def texts(n: int):
+        return lambda sim: sim.closed_texts(n, 1_000_000)
     rows = []
     src = corpus("code", 3_000_000)
     text1m = corpus("english", 1_000_000)
@@ -470,13 +484,9 @@ def validate(path: str, costs: Costs, engine: str, quick: bool) -> list[tuple]:
             pids = [s["pid"] for s in pool.worker_stats().values()]
             lone = _lone_calls(lambda: turn(0), lone_secs)  # the simulation's loop stalls come from these
             m_turn = _closed_loop(callers, secs, turn, pids)
-            got = pool.extend("v0", "")
-            want = Tokenizer.from_file(path).encode("".join(sent)).ids
-            assert np.array_equal(got.to_numpy(), np.asarray(want, np.int32)), "pool differs from the reference"
+            check(pool.extend("v0", ""), "".join(sent))
             encode_text = lambda: pool.encode(text1m, add_special_tokens=False)  # noqa: E731
-            first = encode_text()
-            want = Tokenizer.from_file(path).encode(text1m, add_special_tokens=False).ids
-            assert np.array_equal(first.to_numpy(), np.asarray(want, np.int32)), "pool differs from the reference"
+            check(encode_text(), text1m, add_special_tokens=False)
             lone_text = _lone_calls(encode_text, text_secs / 2)  # ... and the texts' stalls from these
             m_text = _closed_loop(2, text_secs, lambda i: encode_text(), pids=None)
             # the rest of the machine per text, less what it does with the pool idle (as simulated)
@@ -486,19 +496,14 @@ def validate(path: str, costs: Costs, engine: str, quick: bool) -> list[tuple]:
         cl = Cluster(nodes=1, cores_per_node=2, workers=w, task_slots=w)
         # the costs' sum for one caller (stalls aside) against a lone request's measured mean
         flat = dataclasses.replace(costs, loop_stall=(), text_stall=())
-        sum_turn = 1e3 / _simulate(cl, flat, lambda sim: (sim.add_sessions(1, (100_000, 100_000)), sim.closed_turns(1)),
-                                   "turn", 2_000, 500).rate
-        sum_text = 1e3 / _simulate(cl, flat, lambda sim: sim.closed_texts(1, 1_000_000), "text", 4_000, 500).rate
+        sum_turn = 1e3 / _simulate(cl, flat, sessions(1), "turn", 2_000, 500).rate
+        sum_text = 1e3 / _simulate(cl, flat, texts(1), "text", 4_000, 500).rate
         lone_p99 += [f"{w} worker(s): a turn {statistics.fmean(lone):.2f} ms mean (costs' sum {sum_turn:.2f}), "
                      f"{np.percentile(lone, 99):.2f} P99; a 1M text {statistics.fmean(lone_text):.1f} ms mean "
                      f"(costs' sum {sum_text:.1f}), {np.percentile(lone_text, 99):.1f} P99"]
         backgrounds.append(background)
-
-        def sessions(sim: Simulation) -> None:
-            sim.add_sessions(callers, (100_000, 100_000))
-            sim.closed_turns(callers)
-        p_turn = _simulate(cl, costs, sessions, "turn", secs * 1e3, 1_000)
-        p_text = _simulate(cl, costs, lambda sim: sim.closed_texts(2, 1_000_000), "text", text_secs * 1e3, 2_000)
+        p_turn = _simulate(cl, costs, sessions(callers), "turn", secs * 1e3, 1_000)
+        p_text = _simulate(cl, costs, texts(2), "text", text_secs * 1e3, 2_000)
         rows.append((w, "session turns, 4 callers", m_turn, p_turn))
         rows.append((w, "stateless 1M, 2 callers", m_text, p_text))
     global BACKGROUND

@@ -2,11 +2,11 @@
 the real scheduler (rendezvous homes, in-flight limits). Simulated time only; no wall-clock asserts."""
 from __future__ import annotations
 
+import random
+
 import pytest
 
 from delta_ray.scheduler import home_worker
-import random
-
 from delta_ray.scheduler.simulation import Cluster, Costs, Deck, Resource, Simulation, spread_of, stall_of, sweep
 
 # Everything free except what a test sets: results then follow from arithmetic.
