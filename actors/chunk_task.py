@@ -37,30 +37,37 @@ def _lower_priority(nice: int) -> None:
     _niced = True
 
 
+def _fetch(config: tuple) -> Callable[[], bytes]:
+    """What fetches the configuration's bytes from ``config``, a 1-tuple holding their object
+    reference: Ray resolves a task's top-level references before it runs, nested ones only when
+    asked, so a process that already holds the tokenizer never reads the 11 MB."""
+    return lambda: ray.get(config[0])
+
+
 @ray.remote(max_retries=3)
-def encode_chunks(config_bytes: bytes, digest: str, pieces: list[str], config: TokenizerConfig,
+def encode_chunks(config: tuple, digest: str, pieces: list[str], options: TokenizerConfig,
                   nice: int = 0) -> list[np.ndarray]:
     """IDs of each piece (reference-exact, add_special_tokens=False) from a cached tokenizer."""
     _lower_priority(nice)
-    return get_tokenizer(config_bytes, digest, config).run_pieces(pieces)
+    return get_tokenizer(_fetch(config), digest, options).run_pieces(pieces)
 
 
 @ray.remote(max_retries=3)
-def encode_whole(config_bytes: bytes, digest: str, text: str, add_special_tokens: bool, config: TokenizerConfig,
+def encode_whole(config: tuple, digest: str, text: str, add_special_tokens: bool, options: TokenizerConfig,
                  nice: int = 0) -> np.ndarray:
     """A stateless text's IDs, post-processed: an unadmitted configuration's whole-text plan."""
     _lower_priority(nice)
-    return get_tokenizer(config_bytes, digest, config).encode_ids(text, add_special_tokens=add_special_tokens)
+    return get_tokenizer(_fetch(config), digest, options).encode_ids(text, add_special_tokens=add_special_tokens)
 
 
 @ray.remote(max_retries=0)
-def warm_chunk_process(config_bytes: bytes, digest: str, config: TokenizerConfig, nice: int, hold_s: float) -> int:
+def warm_chunk_process(config: tuple, digest: str, options: TokenizerConfig, nice: int, hold_s: float) -> int:
     """Load the tokenizer in a chunk-task process and hold it ``hold_s`` seconds, so that n warm-up
     tasks occupy n distinct processes at once instead of reusing the first one."""
     import time
 
     _lower_priority(nice)
-    get_tokenizer(config_bytes, digest, config).run_pieces(["warm up"])
+    get_tokenizer(_fetch(config), digest, options).run_pieces(["warm up"])
     time.sleep(hold_s)
     return os.getpid()
 
@@ -70,7 +77,7 @@ class ChunkLauncher:
     tasks: what :class:`~delta_ray.actors.transport.RayTransport` runs for ``wid=None``."""
 
     def __init__(self, config_ref, digest: str, config: PoolConfig):
-        self._config_ref, self._digest, self._config = config_ref, digest, config
+        self._config_ref, self._digest, self._config = (config_ref,), digest, config  # boxed: see _fetch
         self._options = {"num_cpus": config.task_cpus, "scheduling_strategy": "SPREAD",
                          "runtime_env": {"env_vars": CHUNK_ENV}}
 
