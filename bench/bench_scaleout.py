@@ -456,6 +456,7 @@ def validate(path: str, costs: Costs, engine: str, quick: bool) -> list[tuple]:
     backgrounds: list[float] = []
     others: list[float] = []
     lone_p99: list[str] = []
+    demand: list[str] = []
     for w in (1, 2):
         # the sessions grow by tens of millions of characters over the loops: the store's default
         # cap (128 MB a worker) evicted one midway in a probe, ending its caller with SessionNotFound
@@ -482,12 +483,19 @@ def validate(path: str, costs: Costs, engine: str, quick: bool) -> list[tuple]:
                 pos[i] = p + TURN
             turn(0)
             pids = [s["pid"] for s in pool.worker_stats().values()]
+            w0, c0 = sum(map(_proc_cpu_ms, pids)), time.process_time()
             lone = _lone_calls(lambda: turn(0), lone_secs)  # the simulation's loop stalls come from these
+            # ... and a lone turn's CPU demand: its worker's, the driver's (Ray's threads included)
+            turn_cpu = ((sum(map(_proc_cpu_ms, pids)) - w0) / len(lone), (time.process_time() - c0) * 1e3 / len(lone))
             m_turn = _closed_loop(callers, secs, turn, pids)
             check(pool.extend("v0", ""), "".join(sent))
             encode_text = lambda: pool.encode(text1m, add_special_tokens=False)  # noqa: E731
             check(encode_text(), text1m, add_special_tokens=False)
+            c0, m0, t0 = time.process_time(), _machine_busy_ms(), time.perf_counter()
             lone_text = _lone_calls(encode_text, text_secs / 2)  # ... and the texts' stalls from these
+            driver_ms = (time.process_time() - c0) * 1e3  # ... and a lone text's: the rest of the machine's, the driver's
+            text_cpu = ((_machine_busy_ms() - m0 - driver_ms - others[-1] * (time.perf_counter() - t0)) / len(lone_text),
+                        driver_ms / len(lone_text))
             m_text = _closed_loop(2, text_secs, lambda i: encode_text(), pids=None)
             # the rest of the machine per text, less what it does with the pool idle (as simulated)
             m_text = m_text._replace(workers_cpu=m_text.workers_cpu - others[-1] / m_text.rate)
@@ -496,8 +504,12 @@ def validate(path: str, costs: Costs, engine: str, quick: bool) -> list[tuple]:
         cl = Cluster(nodes=1, cores_per_node=2, workers=w, task_slots=w)
         # the costs' sum for one caller (stalls aside) against a lone request's measured mean
         flat = dataclasses.replace(costs, loop_stall=(), text_stall=())
-        sum_turn = 1e3 / _simulate(cl, flat, sessions(1), "turn", 2_000, 500).rate
-        sum_text = 1e3 / _simulate(cl, flat, texts(1), "text", 4_000, 500).rate
+        one_turn = _simulate(cl, flat, sessions(1), "turn", 2_000, 500)
+        one_text = _simulate(cl, flat, texts(1), "text", 4_000, 500)
+        sum_turn, sum_text = 1e3 / one_turn.rate, 1e3 / one_text.rate
+        demand += [f"{w} worker(s): a turn's worker {turn_cpu[0]:.3f} ms (simulated {one_turn.workers_cpu:.3f}), "
+                   f"driver {turn_cpu[1]:.3f} ({one_turn.driver_cpu:.3f}); a 1M text's rest of the machine "
+                   f"{text_cpu[0]:.2f} ({one_text.workers_cpu:.2f}), driver {text_cpu[1]:.2f} ({one_text.driver_cpu:.2f})"]
         lone_p99 += [f"{w} worker(s): a turn {statistics.fmean(lone):.2f} ms mean (costs' sum {sum_turn:.2f}), "
                      f"{np.percentile(lone, 99):.2f} P99; a 1M text {statistics.fmean(lone_text):.1f} ms mean "
                      f"(costs' sum {sum_text:.1f}), {np.percentile(lone_text, 99):.1f} P99"]
@@ -511,6 +523,7 @@ def validate(path: str, costs: Costs, engine: str, quick: bool) -> list[tuple]:
     print("lone requests (1 caller), timed before each loop: " + "; ".join(lone_p99)
           + ". Their excess over their mean is simulated as stalls: of the caller's loop (Costs.loop_stall) "
           "and of one chunk of each text (Costs.text_stall)")
+    print("lone requests' CPU demand in ms (each process's, measured; the simulated in brackets): " + "; ".join(demand))
     print(f"a driver with an idle pool spends {', '.join(f'{b:.0f}' for b in backgrounds)} ms of CPU per second "
           "(Ray's threads; simulated as background work of its loop); the rest of the machine meanwhile "
           f"{', '.join(f'{o:.0f}' for o in others)} ms per second (Ray's daemons and other jobs; simulated as "
