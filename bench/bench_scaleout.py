@@ -164,6 +164,24 @@ def measure_ray(ray, loaded, engine: str, n: int = 300) -> dict:
     ray.get(refs)
     task_wall = _median(lambda: ray.get(task.remote(0)), n // 2)
 
+    # A chunk task's configuration side by side: resolved into the task as an argument (before
+    # 2026-12-03) and boxed, fetched only on a cache miss (now): the node's CPU per task, in rounds.
+    config_ref = ray.put(loaded.config_bytes)
+
+    @ray.remote(num_cpus=0)
+    def takes(config, piece):
+        return len(piece)
+    piece = "x" * 250_000
+    ray.get([takes.remote((config_ref,), piece) for _ in range(4)])
+
+    def node_ms(arg, k: int = 40) -> float:
+        c0, m0 = time.process_time(), _machine_busy_ms()
+        for _ in range(k):
+            ray.get(takes.remote(arg, piece))
+        return (_machine_busy_ms() - m0 - (time.process_time() - c0) * 1e3) / k
+    resolved, boxed = ([statistics.median(xs) for xs in zip(*((node_ms(config_ref), node_ms((config_ref,)))
+                                                             for _ in range(5)))])
+
     # The pool's own chunk task (its launcher and options, the tokenizer's configuration by
     # reference, the fast engine in the task's process), fed real text, where a stand-in task
     # returning zeros used to stand for it (2026-12-02).
@@ -215,7 +233,7 @@ def measure_ray(ray, loaded, engine: str, n: int = 300) -> dict:
     per_mchar = max(0.0, (large - small) / 0.75)
     node_per_mchar = max(0.0, (large_node - small_node) / 0.75)
     # the simulation charges ray_call_ms per launch, so chunk_ms is what a chunk costs beyond it
-    return {"ray_call_cpu_ms": call_cpu, "ray_call_wall_ms": call_wall, "task_launch_cpu_ms": launch_cpu,
+    return {"config_resolved_node_ms": resolved, "config_boxed_node_ms": boxed, "ray_call_cpu_ms": call_cpu, "ray_call_wall_ms": call_wall, "task_launch_cpu_ms": launch_cpu,
             "task_wall_ms": task_wall, "put_ms_per_mchar": per_mchar,
             "chunk_ms": max(0.0, small - per_mchar / 4 - call_cpu),
             # the CPU a chunk task costs the rest of its node: per character (its encode), and
