@@ -21,11 +21,12 @@ from delta_ray.verify.fast_engine import FastEngineUnavailable
 
 MAX_ENTRIES = 2  # configurations per process (each holds its engines: ~100-300 MB)
 
-_CACHE: OrderedDict[tuple, TokenizerCore] = OrderedDict()
 # The configuration's bytes, or what fetches them: a chunk task receives its configuration's object
 # reference unresolved and fetches the bytes only when its process lacks the tokenizer (resolving
 # the 11 MB argument for every task cost 1.0-2.5 ms of a node's CPU per task, 2026-12-03).
 ConfigSource = Union[bytes, Callable[[], bytes]]
+
+_CACHE: OrderedDict[tuple, TokenizerCore] = OrderedDict()
 _LOCK = threading.Lock()
 
 

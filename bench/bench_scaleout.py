@@ -233,7 +233,8 @@ def measure_ray(ray, loaded, engine: str, n: int = 300) -> dict:
     per_mchar = max(0.0, (large - small) / 0.75)
     node_per_mchar = max(0.0, (large_node - small_node) / 0.75)
     # the simulation charges ray_call_ms per launch, so chunk_ms is what a chunk costs beyond it
-    return {"config_resolved_node_ms": resolved, "config_boxed_node_ms": boxed, "ray_call_cpu_ms": call_cpu, "ray_call_wall_ms": call_wall, "task_launch_cpu_ms": launch_cpu,
+    return {"config_resolved_node_ms": resolved, "config_boxed_node_ms": boxed,
+            "ray_call_cpu_ms": call_cpu, "ray_call_wall_ms": call_wall, "task_launch_cpu_ms": launch_cpu,
             "task_wall_ms": task_wall, "put_ms_per_mchar": per_mchar,
             "chunk_ms": max(0.0, small - per_mchar / 4 - call_cpu),
             # the CPU a chunk task costs the rest of its node: per character (its encode), and
