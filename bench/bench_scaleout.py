@@ -175,10 +175,10 @@ def measure_ray(ray, loaded, engine: str, n: int = 300) -> dict:
     ray.get([takes.remote((config_ref,), piece) for _ in range(4)])
 
     def node_ms(arg, k: int = 40) -> float:
-        c0, m0 = time.process_time(), _machine_busy_ms()
+        meter = _CpuMeter()
         for _ in range(k):
             ray.get(takes.remote(arg, piece))
-        return (_machine_busy_ms() - m0 - (time.process_time() - c0) * 1e3) / k
+        return meter.read()[1] / k
     resolved, boxed = ([statistics.median(xs) for xs in zip(*((node_ms(config_ref), node_ms((config_ref,)))
                                                              for _ in range(5)))])
 
@@ -188,7 +188,7 @@ def measure_ray(ray, loaded, engine: str, n: int = 300) -> dict:
     from delta_ray.actors.calls import ENCODE_PIECES, Call, PiecesArgs
     from delta_ray.actors.chunk_task import ChunkLauncher
     from delta_ray.core.config import pool_config
-    launcher = ChunkLauncher(ray.put(loaded.config_bytes), loaded.digest,
+    launcher = ChunkLauncher(config_ref, loaded.digest,
                              pool_config(None, {"engine": engine, "shadow_rate": 0.0}))
     loop = asyncio.new_event_loop()
 
@@ -209,10 +209,9 @@ def measure_ray(ray, loaded, engine: str, n: int = 300) -> dict:
                 k += 2
             return k
         loop.run_until_complete(pairs(time.perf_counter() + settle_s))
-        c0, m0, t0 = time.process_time(), _machine_busy_ms(), time.perf_counter()
-        k = loop.run_until_complete(pairs(t0 + seconds))
-        driver = (time.process_time() - c0) * 1e3
-        others = _machine_busy_ms() - m0 - driver - idle_ms_per_s * (time.perf_counter() - t0)
+        meter = _CpuMeter()
+        k = loop.run_until_complete(pairs(meter.t0 + seconds))
+        driver, others = meter.read(idle_ms_per_s)
         return driver / k, max(0.0, others) / k
     # Fitted as fixed + per character from two sizes: splitting a text into more chunks moves the
     # same bytes but pays the fixed part again (measured 2026-12-02: a 1M text's driver CPU 3.8 ms
@@ -362,6 +361,18 @@ def _machine_busy_ms() -> float:
     return (sum(fields[:8]) - idle) * 1e3 / os.sysconf("SC_CLK_TCK")
 
 
+class _CpuMeter:
+    """CPU since it was made, in ms: this process's (every thread) and the rest of the machine's,
+    less ``idle_ms_per_s`` of the latter for each second elapsed."""
+
+    def __init__(self):
+        self.c0, self.m0, self.t0 = time.process_time(), _machine_busy_ms(), time.perf_counter()
+
+    def read(self, idle_ms_per_s: float = 0.0) -> tuple[float, float]:
+        mine = (time.process_time() - self.c0) * 1e3
+        return mine, _machine_busy_ms() - self.m0 - mine - idle_ms_per_s * (time.perf_counter() - self.t0)
+
+
 class Loop(NamedTuple):
     """A closed loop's outcome, measured or simulated: requests/s, P99 ms, the driver's and the
     workers' CPU ms per request, and the P99 of each half (measured: its own repeatability;
@@ -483,10 +494,10 @@ def validate(path: str, costs: Costs, engine: str, quick: bool) -> list[tuple]:
                            shadow_rate=0.0, request_timeout_s=120, max_session_bytes=1 << 31) as pool:
             # what this process spends per second with the pool open and idle (Ray's own threads),
             # and what everything else on the machine does meanwhile (Ray's daemons, other jobs)
-            c0, m0 = time.process_time(), _machine_busy_ms()
+            meter = _CpuMeter()
             time.sleep(3.0)
-            background = (time.process_time() - c0) * 1e3 / 3.0
-            others.append(max(0.0, (_machine_busy_ms() - m0) / 3.0 - background))
+            background, rest = (ms / 3.0 for ms in meter.read())
+            others.append(max(0.0, rest))
             for i in range(callers):
                 pool.encode(src[:100_000], session=f"v{i}")
             pos = [i * 400_000 for i in range(callers)]
@@ -510,11 +521,10 @@ def validate(path: str, costs: Costs, engine: str, quick: bool) -> list[tuple]:
             check(pool.extend("v0", ""), "".join(sent))
             encode_text = lambda: pool.encode(text1m, add_special_tokens=False)  # noqa: E731
             check(encode_text(), text1m, add_special_tokens=False)
-            c0, m0, t0 = time.process_time(), _machine_busy_ms(), time.perf_counter()
+            meter = _CpuMeter()
             lone_text = _lone_calls(encode_text, text_secs / 2)  # ... and the texts' stalls from these
-            driver_ms = (time.process_time() - c0) * 1e3  # ... and a lone text's: the rest of the machine's, the driver's
-            text_cpu = ((_machine_busy_ms() - m0 - driver_ms - others[-1] * (time.perf_counter() - t0)) / len(lone_text),
-                        driver_ms / len(lone_text))
+            driver_ms, rest_ms = meter.read(others[-1])  # ... and a lone text's: the rest of the machine's, the driver's
+            text_cpu = (rest_ms / len(lone_text), driver_ms / len(lone_text))
             m_text = _closed_loop(2, text_secs, lambda i: encode_text(), pids=None)
             # the rest of the machine per text, less what it does with the pool idle (as simulated)
             m_text = m_text._replace(workers_cpu=m_text.workers_cpu - others[-1] / m_text.rate)
