@@ -192,14 +192,16 @@ def measure_ray(ray, loaded, engine: str, n: int = 300) -> dict:
                              pool_config(None, {"engine": engine, "shadow_rate": 0.0}))
     loop = asyncio.new_event_loop()
 
-    def per_chunk(n_chars: int, seconds: float, idle_ms_per_s: float, settle_s: float = 1.0) -> tuple[float, float]:
-        """(the driver's CPU, every thread of this process; the rest of the machine's) per chunk
-        task of ``n_chars``, from launch to its IDs in hand, as the pool runs one (the references
-        awaited on an event loop, two at a time): the launch, the argument's put (seal, pin), the
-        result's fetch; the task's process (its encode) and Ray's daemons, less the machine's
-        ``idle_ms_per_s``. In steady state: the pairs run ``settle_s`` before the window and
-        through it, so work Ray defers past a task (its events' and metrics' flushes, once a
-        second) falls inside as much as it leaves."""
+    def per_chunk(n_chars: int, seconds: float, idle_ms_per_s: tuple[float, float, float],
+                  settle_s: float = 1.0) -> tuple[float, float, float]:
+        """(the driver's CPU, every thread of this process; the task's process's; Ray's daemons')
+        per chunk task of ``n_chars``, from launch to its IDs in hand, as the pool runs one (the
+        references awaited on an event loop, two at a time): the launch, the argument's put (seal,
+        pin), the result's fetch; the encode and its (de)serialization; the lease and the object
+        store's bookkeeping; each less its processes' ``idle_ms_per_s``.
+        In steady state: the pairs run ``settle_s`` before the window and through it, so work Ray
+        defers past a task (its events' and metrics' flushes, once a second) falls inside as much
+        as it leaves."""
         call = Call(ENCODE_PIECES, PiecesArgs([corpus("english", n_chars)]), None)
 
         async def pairs(until: float) -> int:
@@ -209,37 +211,43 @@ def measure_ray(ray, loaded, engine: str, n: int = 300) -> dict:
                 k += 2
             return k
         loop.run_until_complete(pairs(time.perf_counter() + settle_s))
-        meter = _CpuMeter()
+        meter = _CpuMeter(split=True)
         k = loop.run_until_complete(pairs(meter.t0 + seconds))
-        driver, others = meter.read(idle_ms_per_s)
-        return driver / k, max(0.0, others) / k
+        driver, tasks, daemons, _ = meter.read_split(idle_ms_per_s)
+        return driver / k, max(0.0, tasks) / k, max(0.0, daemons) / k
     # Fitted as fixed + per character from two sizes: splitting a text into more chunks moves the
     # same bytes but pays the fixed part again (measured 2026-12-02: a 1M text's driver CPU 3.8 ms
     # as one chunk, 7.9 ms as two).
-    per_chunk(250_000, 0.1, 0.0, settle_s=3.0)  # chunk processes start and load the tokenizer: seconds
-    # The machine's CPU with nothing launched (other jobs, Ray's daemons), measured once the chunk
-    # processes are warm and what the tasks above left behind has settled: measured right after
-    # them, the worker processes Ray was still starting and stopping counted as idle, and a chunk's
-    # node CPU came out at 2.9 ms + 7.2 ms per million characters against 5.5-6 + 9-12 measured
-    # per process (2026-12-03)
+    per_chunk(250_000, 0.1, (0.0, 0.0, 0.0), settle_s=3.0)  # chunk processes start, load the tokenizer
+    # Each kind's CPU with nothing launched (idle task processes, Ray's daemons), measured once the
+    # chunk processes are warm and what the tasks above left behind has settled: measured right
+    # after them, the worker processes Ray was still starting and stopping counted as idle. Per
+    # kind, since the machine's idle share moved 70-330 ms/s with the dashboard agent's bursts,
+    # and taken whole from a chunk's, it left Ray's daemons 0-0.6 ms a chunk where the raylet
+    # alone spends 3.7-5 ms (per process, 2026-12-03).
     time.sleep(1.0)
-    m0 = _machine_busy_ms()
+    meter = _CpuMeter(split=True)
     time.sleep(2.0)
-    idle_ms_per_s = (_machine_busy_ms() - m0) / 2.0
-    (small, small_node), (large, large_node) = (
+    _, *idle = meter.read_split()
+    idle_ms_per_s = tuple(ms / 2.0 for ms in idle)
+    (small, small_task, small_daemons), (large, large_task, large_daemons) = (
         [statistics.median(xs) for xs in zip(*(per_chunk(m, 2.0, idle_ms_per_s) for _ in range(3)))] for m in (250_000, 1_000_000))
     loop.close()
     per_mchar = max(0.0, (large - small) / 0.75)
-    node_per_mchar = max(0.0, (large_node - small_node) / 0.75)
+    task_per_mchar = max(0.0, (large_task - small_task) / 0.75)
     # the simulation charges ray_call_ms per launch, so chunk_ms is what a chunk costs beyond it
     return {"config_resolved_node_ms": resolved, "config_boxed_node_ms": boxed,
             "ray_call_cpu_ms": call_cpu, "ray_call_wall_ms": call_wall, "task_launch_cpu_ms": launch_cpu,
             "task_wall_ms": task_wall, "put_ms_per_mchar": per_mchar,
             "chunk_ms": max(0.0, small - per_mchar / 4 - call_cpu),
-            # the CPU a chunk task costs the rest of its node: per character (its encode), and
-            # fixed (its process's (de)serialization, Ray's scheduling and the object store's pins)
-            "task_encode_ms_per_mchar": node_per_mchar,
-            "chunk_node_ms": max(0.0, small_node - node_per_mchar / 4)}
+            # the CPU a chunk task costs the rest of its node: in its process per character (its
+            # encode) and fixed ((de)serialization); in Ray's daemons, a fixed share per task (the
+            # lease, the object store's pins), the same at both sizes within the noise
+            "task_encode_ms_per_mchar": task_per_mchar,
+            "chunk_node_ms": max(0.0, small_task - task_per_mchar / 4),
+            "chunk_daemon_ms": (small_daemons + large_daemons) / 2,
+            "chunk_task_250k_ms": small_task, "chunk_task_1m_ms": large_task,
+            "chunk_daemons_250k_ms": small_daemons, "chunk_daemons_1m_ms": large_daemons}
 
 
 def orchestrator_costs(local, secs: float, baseline: bool = False, tag: str = "") -> dict:
@@ -317,17 +325,18 @@ def measure_costs(loaded, engine: str, ray=None, quick: bool = False) -> tuple[C
     if ray is not None:
         raw.update(measure_ray(ray, loaded, engine))
     else:  # NOTES.md, 2026-11-30: an actor call ~0.6 ms, a task ~1.1 ms, a 1M-character argument ~4 ms;
-        # the pool's chunk task as measure_ray found it on 2026-12-02 (driver 3.2-3.7 ms beyond the
-        # launch; its node 4.3-5.3 ms fixed and 5.4-7.0 ms per million characters)
+        # the pool's chunk task as measure_ray found it on 2026-12-02/03 (driver 3.2-3.7 ms beyond
+        # the launch; its process 0.7-3 ms fixed and 6.4-8.5 ms per million characters; Ray's
+        # daemons 3.1-4.1 ms)
         raw.update({"ray_call_cpu_ms": 0.25, "ray_call_wall_ms": 0.6, "task_launch_cpu_ms": 0.3,
-                    "task_wall_ms": 1.1, "put_ms_per_mchar": 4.0, "chunk_ms": 3.5, "chunk_node_ms": 4.8,
-                    "task_encode_ms_per_mchar": 6.2})
+                    "task_wall_ms": 1.1, "put_ms_per_mchar": 4.0, "chunk_ms": 3.5, "chunk_node_ms": 1.5,
+                    "task_encode_ms_per_mchar": 7.5, "chunk_daemon_ms": 3.3})
     costs = Costs(
         handoff_ms=raw["handoff_ms"],
         channel_client_ms=raw["channel_client_ms"],
         ray_call_ms=raw["ray_call_cpu_ms"],
         put_ms_per_mchar=raw["put_ms_per_mchar"], chunk_ms=raw.get("chunk_ms", 0.0),
-        chunk_node_ms=raw.get("chunk_node_ms", 0.0),
+        chunk_node_ms=raw.get("chunk_node_ms", 0.0), chunk_daemon_ms=raw.get("chunk_daemon_ms", 0.0),
         plan_ms_per_mchar=raw["plan_ms_per_mchar"], assemble_ms_per_mchar=raw["assemble_ms_per_mchar"],
         channel_rtt_ms=max(0.0, raw["channel_wall_ms"] - raw["channel_client_ms"] - raw["channel_server_ms"]),
         ray_rtt_ms=max(0.0, raw["task_wall_ms"] - raw["task_launch_cpu_ms"]),
@@ -361,16 +370,59 @@ def _machine_busy_ms() -> float:
     return (sum(fields[:8]) - idle) * 1e3 / os.sysconf("SC_CLK_TCK")
 
 
+# Processes by their names (Linux keeps a name's first 15 bytes in /proc/<pid>/stat): a chunk task's
+# process names itself by the task it runs, and ray::IDLE between tasks; Ray's daemons that work per
+# task (the raylet, which holds the object store, and the GCS). The dashboard agent is left with
+# the other jobs: its metrics export comes in bursts of up to 200 ms/s whatever the pool does.
+TASK_PROCESSES = ("ray::IDLE", "ray::encode_chu", "ray::encode_who")
+DAEMONS = ("raylet", "gcs_server")
+
+
+def _cpu_by_process() -> dict[int, tuple[bool, float]]:
+    """Each chunk task's process and Ray daemon on this machine: pid -> (a daemon?, CPU so far in ms)."""
+    out = {}
+    for pid in os.listdir("/proc"):
+        if not pid.isdigit():
+            continue
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                stat = f.read()
+        except OSError:  # it ended meanwhile
+            continue
+        head, tail = stat.rsplit(")", 1)
+        name = head.split("(", 1)[1]
+        if name in TASK_PROCESSES or name in DAEMONS:
+            fields = tail.split()
+            out[int(pid)] = (name in DAEMONS, (int(fields[11]) + int(fields[12])) * 1e3 / os.sysconf("SC_CLK_TCK"))
+    return out
+
+
 class _CpuMeter:
     """CPU since it was made, in ms: this process's (every thread) and the rest of the machine's,
-    less ``idle_ms_per_s`` of the latter for each second elapsed."""
+    less ``idle_ms_per_s`` of the latter for each second elapsed; with ``split``, the rest as the
+    chunk tasks' processes', Ray's daemons' and the remainder's (other jobs)."""
 
-    def __init__(self):
+    def __init__(self, split: bool = False):
+        self.p0 = _cpu_by_process() if split else {}
         self.c0, self.m0, self.t0 = time.process_time(), _machine_busy_ms(), time.perf_counter()
 
     def read(self, idle_ms_per_s: float = 0.0) -> tuple[float, float]:
         mine = (time.process_time() - self.c0) * 1e3
         return mine, _machine_busy_ms() - self.m0 - mine - idle_ms_per_s * (time.perf_counter() - self.t0)
+
+    def read_split(self, idle_ms_per_s: tuple[float, float, float] = (0.0, 0.0, 0.0)) -> tuple[float, ...]:
+        """(this process's, the chunk tasks' processes', Ray's daemons', the rest's) CPU in ms, each
+        of the last three less its ``idle_ms_per_s`` for each second elapsed. Per process: Ray ends
+        idle task processes beyond its pool's size, and a sum over the living lost the seconds of
+        CPU each had spent (its tokenizer's load), a chunk's process then 18 ms at 1M against 9.5
+        through the pool (2026-12-03)."""
+        secs = time.perf_counter() - self.t0
+        mine, rest = self.read()
+        by_kind = [0.0, 0.0]  # tasks, daemons
+        for pid, (daemon, ms) in _cpu_by_process().items():
+            by_kind[daemon] += ms - self.p0.get(pid, (daemon, 0.0))[1]
+        tasks, daemons = by_kind
+        return (mine, *(ms - idle * secs for ms, idle in zip((tasks, daemons, rest - tasks - daemons), idle_ms_per_s)))
 
 
 class Loop(NamedTuple):
@@ -494,10 +546,10 @@ def validate(path: str, costs: Costs, engine: str, quick: bool) -> list[tuple]:
                            shadow_rate=0.0, request_timeout_s=120, max_session_bytes=1 << 31) as pool:
             # what this process spends per second with the pool open and idle (Ray's own threads),
             # and what everything else on the machine does meanwhile (Ray's daemons, other jobs)
-            meter = _CpuMeter()
+            meter = _CpuMeter(split=True)
             time.sleep(3.0)
-            background, rest = (ms / 3.0 for ms in meter.read())
-            others.append(max(0.0, rest))
+            background, *idle = (ms / 3.0 for ms in meter.read_split())
+            others.append(max(0.0, sum(idle)))
             for i in range(callers):
                 pool.encode(src[:100_000], session=f"v{i}")
             pos = [i * 400_000 for i in range(callers)]
@@ -521,10 +573,11 @@ def validate(path: str, costs: Costs, engine: str, quick: bool) -> list[tuple]:
             check(pool.extend("v0", ""), "".join(sent))
             encode_text = lambda: pool.encode(text1m, add_special_tokens=False)  # noqa: E731
             check(encode_text(), text1m, add_special_tokens=False)
-            meter = _CpuMeter()
+            meter = _CpuMeter(split=True)
             lone_text = _lone_calls(encode_text, text_secs / 2)  # ... and the texts' stalls from these
-            driver_ms, rest_ms = meter.read(others[-1])  # ... and a lone text's: the rest of the machine's, the driver's
-            text_cpu = (rest_ms / len(lone_text), driver_ms / len(lone_text))
+            # ... and a lone text's CPU demand: the driver's, the chunk tasks' processes', Ray's
+            # daemons', the rest of the machine's, each beyond its share with the pool idle
+            text_cpu = [ms / len(lone_text) for ms in meter.read_split(tuple(idle))]
             m_text = _closed_loop(2, text_secs, lambda i: encode_text(), pids=None)
             # the rest of the machine per text, less what it does with the pool idle (as simulated)
             m_text = m_text._replace(workers_cpu=m_text.workers_cpu - others[-1] / m_text.rate)
@@ -536,17 +589,31 @@ def validate(path: str, costs: Costs, engine: str, quick: bool) -> list[tuple]:
         one_turn = _simulate(cl, flat, sessions(1), "turn", 2_000, 500)
         one_text = _simulate(cl, flat, texts(1), "text", 4_000, 500)
         sum_turn, sum_text = 1e3 / one_turn.rate, 1e3 / one_text.rate
+        daemons = Simulation(cl, costs).chunk_count(1_000_000) * costs.chunk_daemon_ms
         demand += [f"{w} worker(s): a turn's worker {turn_cpu[0]:.3f} ms (simulated {one_turn.workers_cpu:.3f}), "
-                   f"driver {turn_cpu[1]:.3f} ({one_turn.driver_cpu:.3f}); a 1M text's rest of the machine "
-                   f"{text_cpu[0]:.2f} ({one_text.workers_cpu:.2f}), driver {text_cpu[1]:.2f} ({one_text.driver_cpu:.2f})"]
+                   f"driver {turn_cpu[1]:.3f} ({one_turn.driver_cpu:.3f}); a 1M text's driver {text_cpu[0]:.2f} "
+                   f"({one_text.driver_cpu:.2f}), chunk tasks' processes {text_cpu[1]:.2f} "
+                   f"({one_text.workers_cpu - daemons:.2f}), Ray's daemons {text_cpu[2]:.2f} ({daemons:.2f}), "
+                   f"other processes {text_cpu[3]:.2f} (0)"]
         lone_p99 += [f"{w} worker(s): a turn {statistics.fmean(lone):.2f} ms mean (costs' sum {sum_turn:.2f}), "
                      f"{np.percentile(lone, 99):.2f} P99; a 1M text {statistics.fmean(lone_text):.1f} ms mean "
                      f"(costs' sum {sum_text:.1f}), {np.percentile(lone_text, 99):.1f} P99"]
         backgrounds.append(background)
         p_turn = _simulate(cl, costs, sessions(callers), "turn", secs * 1e3, 1_000)
         p_text = _simulate(cl, costs, texts(2), "text", text_secs * 1e3, 2_000)
+        # the same with a text's CPU demand per process as the lone texts measured it: the driver's
+        # and the chunk tasks' processes' on the text's path, Ray's daemons' beside it
+        k = Simulation(cl, costs).chunk_count(1_000_000)
+        lone_costs = dataclasses.replace(
+            costs, chunk_ms=max(0.0, costs.chunk_ms + (text_cpu[0] - one_text.driver_cpu) / k),
+            chunk_node_ms=max(0.0, costs.chunk_node_ms + (text_cpu[1] - (one_text.workers_cpu - daemons)) / k),
+            chunk_daemon_ms=max(0.0, text_cpu[2] / k))
+        q_text = _simulate(cl, lone_costs, texts(2), "text", text_secs * 1e3, 2_000)
+        sum_lone = 1e3 / _simulate(cl, dataclasses.replace(lone_costs, text_stall=()), texts(1), "text", 4_000, 500).rate
+        lone_p99[-1] += f" (with the lone texts' demand {sum_lone:.1f})"
         rows.append((w, "session turns, 4 callers", m_turn, p_turn))
         rows.append((w, "stateless 1M, 2 callers", m_text, p_text))
+        rows.append((w, "  ... lone texts' demand", m_text, q_text))
     global BACKGROUND
     BACKGROUND = backgrounds[-1]
     print("lone requests (1 caller), timed before each loop: " + "; ".join(lone_p99)

@@ -288,3 +288,29 @@ def test_a_loop_stall_holds_the_callers_loop_not_a_core():
     assert res.percentile("turn", 50) > 3 * 3.0  # queued behind the other callers' stalls
     assert sim.gil[0].busy_ms() - sim.stalled_ms == pytest.approx(0.0, abs=3.0)
     assert res.utilization["node cores (busiest node)"] < 0.1  # the turns' 1 ms on 4 cores, 333 a second
+
+
+def test_a_chunks_daemon_work_takes_cores_beside_it_not_its_path():
+    # Two cores, one task slot, 1M texts of one chunk encoding in 2 ms. A lone text takes 2 ms with
+    # or without 2 ms of Ray's daemons per chunk (the spare core runs them). With four task slots
+    # and four callers (texts left whole) the cores are the bottleneck: 4 ms of work per text on 2
+    # cores halves the throughput the encodes alone allow (1,000 texts/s to 500).
+    costs = Costs(**{**FREE.__dict__, "encode_ms_per_mchar": 2.0})
+    daemons = Costs(**{**costs.__dict__, "chunk_daemon_ms": 2.0})
+    lone = []
+    for c in (costs, daemons):
+        sim = Simulation(Cluster(nodes=1, cores_per_node=2, task_slots=1), c)
+        sim.closed_texts(1, 1_000_000)
+        lone.append(sim.run(1_100.0, 100.0).percentile("text", 50))
+    assert lone == [pytest.approx(2.0), pytest.approx(2.0)]
+    rates = []
+    for c in (costs, daemons):
+        sim = Simulation(Cluster(nodes=1, cores_per_node=2, task_slots=4, cut_threshold=2_000_000), c)
+        sim.closed_texts(4, 1_000_000)
+        rates.append(sim.run(3_100.0, 100.0).throughput("text"))
+    assert rates[0] == pytest.approx(1000, rel=0.02)
+    assert rates[1] == pytest.approx(500, rel=0.02)
+    # and a session turn, no chunk task, takes no daemon's work
+    turns = [closed_turns(Cluster(nodes=1, cores_per_node=1, workers=1), c, 2, 1_100.0)[1].throughput("turn")
+             for c in (costs, daemons)]
+    assert turns[0] == pytest.approx(1000, rel=0.02) and turns[1] == turns[0]
