@@ -7,12 +7,13 @@ the next burst would pay a cold process start and a tokenizer load (hundreds of 
 request path. A local Ray started here raises the limit; on a cluster, set the same value with
 ``RAY_num_workers_soft_limit`` before ``ray start`` (see cluster.yaml).
 
-A local Ray started here also runs without metrics collection. With it on, the node's agent
+A local Ray started here for a pool, a job or the demo also runs without metrics collection. With it on, the node's agent
 aggregates what every worker process reports in a burst of up to a core for about a second every ten
 seconds under load: on 2 cores, two callers' 1M texts through a pool had a P99 of 57-65 ms with it
 and 43-50 ms without, throughput the same or up to 13% higher (2026-12-03, four rounds each way;
 ``bench/bench_ray_metrics.py`` runs both side by side). The dashboard, where those metrics
 would show, is off here anyway; whoever wants Ray's metrics starts Ray themselves, and the pool joins it.
+``delta-ray serve`` keeps them on: a service's metrics go to Ray's Prometheus export (README).
 """
 from __future__ import annotations
 
@@ -31,12 +32,13 @@ def soft_limit(num_cpus: int) -> int:
     return 2 * num_cpus + 4
 
 
-def local_init_kwargs(num_cpus: Optional[int] = None, env: Optional[dict] = None) -> dict:
-    """``ray.init`` keyword arguments for a fresh local instance (never for joining a cluster)."""
+def local_init_kwargs(num_cpus: Optional[int] = None, env: Optional[dict] = None, *, metrics: bool = False) -> dict:
+    """``ray.init`` keyword arguments for a fresh local instance (never for joining a cluster);
+    ``metrics`` keeps Ray's metrics collection on, for a service whose metrics are scraped."""
     cpus = num_cpus or os.cpu_count() or 1
     kw = {"include_dashboard": False, "log_to_driver": False, "configure_logging": False,
           "runtime_env": {"env_vars": {**WORKER_ENV, **(env or {})}},
-          "_system_config": {"num_workers_soft_limit": soft_limit(cpus), "enable_metrics_collection": False}}
+          "_system_config": {"num_workers_soft_limit": soft_limit(cpus), "enable_metrics_collection": metrics}}
     if num_cpus is not None:
         kw["num_cpus"] = num_cpus
     return kw

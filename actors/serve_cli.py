@@ -52,7 +52,7 @@ def run(args: argparse.Namespace) -> int:
         if os.environ.get("RAY_ADDRESS"):
             ray.init(address=os.environ["RAY_ADDRESS"])
         else:
-            ray.init(**local_init_kwargs())
+            ray.init(**local_init_kwargs(metrics=True))  # the service's metrics are scraped (README)
     serve.start(http_options={"host": args.host, "port": args.port})
     app = serve_app(tok, num_workers=args.workers, model_name=args.model_name or args.tokenizer,
                     tokenizer_config=cfg, max_body_bytes=args.max_body_bytes or DEFAULT_MAX_BODY_BYTES,

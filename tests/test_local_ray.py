@@ -14,6 +14,8 @@ def test_a_local_ray_runs_without_metrics_collection_or_dashboard():
     kw = local_init_kwargs()
     assert kw["_system_config"]["enable_metrics_collection"] is False
     assert kw["include_dashboard"] is False
+    # a service's metrics go to Ray's Prometheus export: `delta-ray serve` keeps them
+    assert local_init_kwargs(metrics=True)["_system_config"]["enable_metrics_collection"] is True
 
 
 def test_a_callers_environment_reaches_the_workers_beside_the_thread_limits():
