@@ -505,6 +505,21 @@ def _simulate(cl: Cluster, costs: Costs, load, kind: str, ms: float, warmup_ms: 
                 (p99s[0], p99s[-1]))
 
 
+def _lone_demand(costs: Costs, cl: Cluster, one_turn: Loop, one_text: Loop, turn_cpu, text_cpu) -> Costs:
+    """``costs`` with each request's CPU per process set to a lone request's, measured: a turn's
+    (worker, driver) and a text's (driver, chunk tasks' processes, Ray's daemons), beside the
+    one-caller simulation's ``one_turn`` and ``one_text``. Each difference goes to the fixed term
+    per call or per chunk; the daemons' share stays beside the text's path, the rest on it."""
+    k = Simulation(cl, costs).chunk_count(1_000_000)
+    daemons = k * costs.chunk_daemon_ms
+    return dataclasses.replace(
+        costs, worker_call_ms=max(0.0, costs.worker_call_ms + turn_cpu[0] - one_turn.workers_cpu),
+        handoff_ms=max(0.0, costs.handoff_ms + turn_cpu[1] - one_turn.driver_cpu),
+        chunk_ms=max(0.0, costs.chunk_ms + (text_cpu[0] - one_text.driver_cpu) / k),
+        chunk_node_ms=max(0.0, costs.chunk_node_ms + (text_cpu[1] - (one_text.workers_cpu - daemons)) / k),
+        chunk_daemon_ms=max(0.0, text_cpu[2] / k))
+
+
 def validate(path: str, costs: Costs, engine: str, quick: bool) -> list[tuple]:
     """The real pool's closed loops and the simulation's, side by side, on 1 and 2 workers. Each
     loop's rare stalls come from lone requests timed just before it, every sample kept (a P99 of
@@ -601,17 +616,16 @@ def validate(path: str, costs: Costs, engine: str, quick: bool) -> list[tuple]:
         backgrounds.append(background)
         p_turn = _simulate(cl, costs, sessions(callers), "turn", secs * 1e3, 1_000)
         p_text = _simulate(cl, costs, texts(2), "text", text_secs * 1e3, 2_000)
-        # the same with a text's CPU demand per process as the lone texts measured it: the driver's
-        # and the chunk tasks' processes' on the text's path, Ray's daemons' beside it
-        k = Simulation(cl, costs).chunk_count(1_000_000)
-        lone_costs = dataclasses.replace(
-            costs, chunk_ms=max(0.0, costs.chunk_ms + (text_cpu[0] - one_text.driver_cpu) / k),
-            chunk_node_ms=max(0.0, costs.chunk_node_ms + (text_cpu[1] - (one_text.workers_cpu - daemons)) / k),
-            chunk_daemon_ms=max(0.0, text_cpu[2] / k))
+        # the same with each request's CPU demand per process as the lone requests measured it,
+        # seconds before the loop, where the costs above were measured minutes before it
+        lone_costs = _lone_demand(costs, cl, one_turn, one_text, turn_cpu, text_cpu)
+        q_turn = _simulate(cl, lone_costs, sessions(callers), "turn", secs * 1e3, 1_000)
         q_text = _simulate(cl, lone_costs, texts(2), "text", text_secs * 1e3, 2_000)
-        sum_lone = 1e3 / _simulate(cl, dataclasses.replace(lone_costs, text_stall=()), texts(1), "text", 4_000, 500).rate
-        lone_p99[-1] += f" (with the lone texts' demand {sum_lone:.1f})"
+        flat = dataclasses.replace(lone_costs, loop_stall=(), text_stall=())
+        lone_p99[-1] += (f" (with the lone requests' demand: a turn {1e3 / _simulate(cl, flat, sessions(1), 'turn', 2_000, 500).rate:.2f}, "
+                         f"a text {1e3 / _simulate(cl, flat, texts(1), 'text', 4_000, 500).rate:.1f})")
         rows.append((w, "session turns, 4 callers", m_turn, p_turn))
+        rows.append((w, "  ... lone turns' demand", m_turn, q_turn))
         rows.append((w, "stateless 1M, 2 callers", m_text, p_text))
         rows.append((w, "  ... lone texts' demand", m_text, q_text))
     global BACKGROUND
