@@ -27,28 +27,13 @@ sys.path.insert(0, os.path.dirname(__file__))
 AGENT = "ray::DashboardA"  # the node agent's process name, as /proc/<pid>/stat keeps it (15 bytes)
 
 
-def _agent_cpu_ms() -> float:
-    """CPU time so far of the node's agent processes on this machine, in ms."""
-    total = 0.0
-    for pid in filter(str.isdigit, os.listdir("/proc")):
-        try:
-            with open(f"/proc/{pid}/stat") as f:
-                head, tail = f.read().rsplit(")", 1)
-        except OSError:
-            continue
-        if head.split("(", 1)[1] == AGENT:
-            fields = tail.split()
-            total += (int(fields[11]) + int(fields[12])) * 1e3 / os.sysconf("SC_CLK_TCK")
-    return total
-
-
 def one_way(metrics: bool, seconds: float) -> dict:
     """The loop on a fresh local Ray started with delta-ray's settings, metrics collection as given."""
     import numpy as np
     import ray
     from tokenizers import Tokenizer
 
-    from bench_scaleout import _closed_loop
+    from bench_scaleout import _closed_loop, cpu_by_process
     from delta_ray import TokenizerPool
     from delta_ray.actors.local_ray import local_init_kwargs
     from delta_ray.apps.bundled import bundled_tokenizer_path
@@ -65,9 +50,11 @@ def one_way(metrics: bool, seconds: float) -> dict:
             want = np.asarray(Tokenizer.from_file(path).encode(text, add_special_tokens=False).ids, np.int32)
             for _ in range(10):
                 assert np.array_equal(pool.encode(text, add_special_tokens=False).to_numpy(), want)
-            a0, t0 = _agent_cpu_ms(), time.perf_counter()
+            def agent_ms() -> float:
+                return sum(ms for _, ms in cpu_by_process((AGENT,)).values())
+            a0, t0 = agent_ms(), time.perf_counter()
             loop = _closed_loop(2, seconds, lambda i: pool.encode(text, add_special_tokens=False), pids=())
-            agent = (_agent_cpu_ms() - a0) / (time.perf_counter() - t0)
+            agent = (agent_ms() - a0) / (time.perf_counter() - t0)
             assert np.array_equal(pool.encode(text, add_special_tokens=False).to_numpy(), want)
         return {"rate": loop.rate, "p99": loop.p99, "halves": list(loop.p99_range), "agent_ms_per_s": agent}
     finally:

@@ -372,28 +372,26 @@ def _machine_busy_ms() -> float:
 
 # Processes by their names (Linux keeps a name's first 15 bytes in /proc/<pid>/stat): a chunk task's
 # process names itself by the task it runs, and ray::IDLE between tasks; Ray's daemons that work per
-# task (the raylet, which holds the object store, and the GCS). The dashboard agent is left with
-# the other jobs: its metrics export comes in bursts of up to 200 ms/s whatever the pool does.
+# task (the raylet, which holds the object store, and the GCS). The node agent is left with the
+# other jobs: its work does not follow the tasks (its metrics collection, which took a core for a
+# second every ten under load, is off in a local Ray delta-ray starts: actors/local_ray.py).
 TASK_PROCESSES = ("ray::IDLE", "ray::encode_chu", "ray::encode_who")
 DAEMONS = ("raylet", "gcs_server")
 
 
-def _cpu_by_process() -> dict[int, tuple[bool, float]]:
-    """Each chunk task's process and Ray daemon on this machine: pid -> (a daemon?, CPU so far in ms)."""
+def cpu_by_process(names) -> dict[int, tuple[str, float]]:
+    """Every process on this machine named one of ``names``: pid -> (its name, CPU so far in ms)."""
     out = {}
-    for pid in os.listdir("/proc"):
-        if not pid.isdigit():
-            continue
+    for pid in filter(str.isdigit, os.listdir("/proc")):
         try:
             with open(f"/proc/{pid}/stat") as f:
-                stat = f.read()
+                head, tail = f.read().rsplit(")", 1)
         except OSError:  # it ended meanwhile
             continue
-        head, tail = stat.rsplit(")", 1)
         name = head.split("(", 1)[1]
-        if name in TASK_PROCESSES or name in DAEMONS:
+        if name in names:
             fields = tail.split()
-            out[int(pid)] = (name in DAEMONS, (int(fields[11]) + int(fields[12])) * 1e3 / os.sysconf("SC_CLK_TCK"))
+            out[int(pid)] = (name, (int(fields[11]) + int(fields[12])) * 1e3 / os.sysconf("SC_CLK_TCK"))
     return out
 
 
@@ -403,7 +401,7 @@ class _CpuMeter:
     chunk tasks' processes', Ray's daemons' and the remainder's (other jobs)."""
 
     def __init__(self, split: bool = False):
-        self.p0 = _cpu_by_process() if split else {}
+        self.p0 = cpu_by_process(TASK_PROCESSES + DAEMONS) if split else {}
         self.c0, self.m0, self.t0 = time.process_time(), _machine_busy_ms(), time.perf_counter()
 
     def read(self, idle_ms_per_s: float = 0.0) -> tuple[float, float]:
@@ -419,8 +417,8 @@ class _CpuMeter:
         secs = time.perf_counter() - self.t0
         mine, rest = self.read()
         by_kind = [0.0, 0.0]  # tasks, daemons
-        for pid, (daemon, ms) in _cpu_by_process().items():
-            by_kind[daemon] += ms - self.p0.get(pid, (daemon, 0.0))[1]
+        for pid, (name, ms) in cpu_by_process(TASK_PROCESSES + DAEMONS).items():
+            by_kind[name in DAEMONS] += ms - self.p0.get(pid, (name, 0.0))[1]
         tasks, daemons = by_kind
         return (mine, *(ms - idle * secs for ms, idle in zip((tasks, daemons, rest - tasks - daemons), idle_ms_per_s)))
 
