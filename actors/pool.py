@@ -33,6 +33,7 @@ from delta_ray.core.config import PoolConfig, pool_config
 from delta_ray.core.errors import PoolAuthError, PoolClosed, PoolStartupError
 from delta_ray.core.loading import TokenizerLike, load_tokenizer
 from delta_ray.scheduler.policies import make_policy
+from delta_ray.scheduler.routing import worker_name
 from delta_ray.tokenizer_core import TokenizerCore, check_text
 
 from . import worker_channel
@@ -141,7 +142,7 @@ class TokenizerPool:
         config_ref = ray.put(loaded.config_bytes)
         workers = {}
         for i in range(cfg.num_workers):
-            wid = f"w{i:03d}"
+            wid = worker_name(i)
             # Workers are not named actors: a process finds them only through the registry, with the secret.
             opts = {"num_cpus": cfg.worker_cpus, "scheduling_strategy": "SPREAD",
                     "runtime_env": {"env_vars": {"RAYON_NUM_THREADS": "1", "FASTOKENS_BPE_THREADS": "1"}}}

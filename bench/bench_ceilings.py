@@ -44,7 +44,7 @@ from delta_ray.apps.bundled import bundled_tokenizer_path  # noqa: E402
 from delta_ray.core.config import PoolConfig, TokenizerConfig  # noqa: E402
 from delta_ray.core.loading import load_tokenizer  # noqa: E402
 from delta_ray.apps.sample_text import corpus  # noqa: E402
-from delta_ray.scheduler import content_key, home_worker  # noqa: E402
+from delta_ray.scheduler import content_key, home_worker, worker_name  # noqa: E402
 from delta_ray.tokenizer_core import TokenizerCore, check_text  # noqa: E402
 
 SECRET = b"s" * 32
@@ -135,7 +135,7 @@ def make_orchestrator(local: TokenizerCore, n_workers: int, loop, *, inflight_ta
     tok = local.config
     cfg = PoolConfig(tokenizer=tok, placement=False, max_inflight_tasks=inflight_tasks,
                      num_workers=n_workers).resolved(n_workers)
-    ids = [f"w{i:03d}" for i in range(n_workers)]
+    ids = [worker_name(i) for i in range(n_workers)]
     orch = PoolOrchestrator(local, transport, ids, cfg, loop, SECRET, record=RECORD)
     if baseline:  # the same orchestrator on the other revision's dispatcher and routing
         orch.calls.dispatcher = BASELINE.Dispatcher(cfg.policy, workers=ids, max_inflight_tasks=cfg.max_inflight_tasks,

@@ -534,7 +534,7 @@ def validate(path: str, costs: Costs, engine: str, quick: bool) -> list[tuple]:
 
     def sessions(n: int):
         def load(sim: Simulation) -> None:
-            sim.add_sessions(n, (100_000, 100_000))
+            sim.add_sessions(n, (100_000, 100_000), keys=[f"v{i}" for i in range(n)])  # the pool's callers' keys
             sim.closed_turns(n)
         return load
 

@@ -20,6 +20,7 @@ from .queues import TaskQueue as TaskQueue
 from .queues import better_queue as better_queue
 from .routing import content_key as content_key
 from .routing import home_worker as home_worker
+from .routing import worker_name as worker_name
 from .tasks import Task as Task
 from .tasks import TaskKind as TaskKind
 
@@ -43,4 +44,5 @@ __all__ = [
     "home_worker",
     "make_policy",
     "nonascii_share",
+    "worker_name",
 ]

@@ -37,6 +37,12 @@ def _mix32(h: int) -> int:
     return h
 
 
+def worker_name(i: int) -> str:
+    """The id of a pool's ``i``-th worker: routing weighs ids, so the pool and anything that must
+    agree with it on a session's home (the scale-out simulation) name workers alike."""
+    return f"w{i:03d}"
+
+
 def key_hash(key: str) -> int:
     """CRC-32 of the key's UTF-8 bytes (the routing hash a client or load balancer can reproduce)."""
     return zlib.crc32(_utf8(key))

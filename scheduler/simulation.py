@@ -37,6 +37,7 @@ from typing import Callable, Optional
 
 from .clock import FakeClock
 from .dispatcher import Dispatcher
+from .routing import worker_name
 from .sim_costs import Costs, spread_of, stall_of  # noqa: F401  (re-exported)
 
 TURN_CHARS = 1300
@@ -190,7 +191,7 @@ class Simulation:
         self.nic_out = [Resource(self, f"node{n} NIC out", 1) for n in range(c.nodes)]
         self.nic_in = [Resource(self, f"node{n} NIC in", 1) for n in range(c.nodes)]
         self.gil = [Resource(self, f"driver{d} loop", 1) for d in range(c.drivers)]
-        self.worker_ids = [f"w{i:04d}" for i in range(c.n_workers)]
+        self.worker_ids = [worker_name(i) for i in range(c.n_workers)]  # as a pool names them
         self.worker_node = {w: i % c.nodes for i, w in enumerate(self.worker_ids)}
         self.worker_lock = {w: Resource(self, f"worker {w}", 1) for w in self.worker_ids}
         self.driver_node = [d % c.nodes for d in range(c.drivers)]
@@ -315,11 +316,14 @@ class Simulation:
             launch(wid, task)
 
     # -- session turns --------------------------------------------------------------------------------
-    def add_sessions(self, n: int, context: tuple[int, int] = (100_000, 1_000_000)) -> None:
-        """``n`` sessions already initialized, contexts uniform in ``context``; callers spread over drivers."""
+    def add_sessions(self, n: int, context: tuple[int, int] = (100_000, 1_000_000),
+                     keys: Optional[list[str]] = None) -> None:
+        """``n`` sessions already initialized, contexts uniform in ``context``; callers spread over
+        drivers. ``keys`` names them as a real pool's callers do, so they share its homes."""
         base = len(self.sessions)
         for i in range(n):
-            s = _Session(f"session-{base + i}", self.rng.randint(*context), (base + i) % self.cluster.drivers)
+            key = keys[i] if keys else f"session-{base + i}"
+            s = _Session(key, self.rng.randint(*context), (base + i) % self.cluster.drivers)
             self.sessions.append(s)
 
     def turn(self, s: _Session, on_done: Optional[Callable[[], None]] = None) -> None:
