@@ -317,9 +317,9 @@ def test_a_chunks_daemon_work_takes_cores_beside_it_not_its_path():
 
 
 def test_simulated_sessions_keyed_like_a_pools_callers_share_its_homes():
-    # The validation's four callers ("v0".."v3") split 2-2 over a real pool's two workers; workers
-    # named otherwise than the pool names them split the same keys 3-1, and the simulated P99 came
-    # out 21-41% over the measured.
+    # The validation's four callers ("v0".."v3") split 2-2 over a real pool's two workers; with
+    # workers named otherwise than the pool names them the simulation split the same keys 3-1,
+    # queueing three callers on one worker where the pool queued two.
     sim = Simulation(Cluster(nodes=1, cores_per_node=2, workers=2, task_slots=2), FREE)
     keys = [f"v{i}" for i in range(4)]
     sim.add_sessions(4, (100_000, 100_000), keys=keys)
