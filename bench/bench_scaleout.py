@@ -357,11 +357,18 @@ def measure_costs(loaded, engine: str, ray=None, quick: bool = False) -> tuple[C
 
 
 # -- 2. validation against the real pool ---------------------------------------------------------------
-def _proc_cpu_ms(pid: int) -> float:
-    """CPU time (user + system) of process ``pid`` so far, in ms (Linux /proc)."""
+def _proc_stat(pid) -> tuple[str, float]:
+    """Process ``pid``'s name (its first 15 bytes) and CPU time (user + system) so far, in ms
+    (Linux /proc)."""
     with open(f"/proc/{pid}/stat") as f:
-        fields = f.read().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) * 1e3 / os.sysconf("SC_CLK_TCK")
+        head, tail = f.read().rsplit(")", 1)
+    fields = tail.split()
+    return head.split("(", 1)[1], (int(fields[11]) + int(fields[12])) * 1e3 / os.sysconf("SC_CLK_TCK")
+
+
+def _proc_cpu_ms(pid: int) -> float:
+    """CPU time (user + system) of process ``pid`` so far, in ms."""
+    return _proc_stat(pid)[1]
 
 
 def _machine_busy_ms() -> float:
@@ -386,14 +393,11 @@ def cpu_by_process(names) -> dict[int, tuple[str, float]]:
     out = {}
     for pid in filter(str.isdigit, os.listdir("/proc")):
         try:
-            with open(f"/proc/{pid}/stat") as f:
-                head, tail = f.read().rsplit(")", 1)
+            name, ms = _proc_stat(pid)
         except OSError:  # it ended meanwhile
             continue
-        name = head.split("(", 1)[1]
         if name in names:
-            fields = tail.split()
-            out[int(pid)] = (name, (int(fields[11]) + int(fields[12])) * 1e3 / os.sysconf("SC_CLK_TCK"))
+            out[int(pid)] = (name, ms)
     return out
 
 
@@ -505,12 +509,11 @@ def _simulate(cl: Cluster, costs: Costs, load, kind: str, ms: float, warmup_ms: 
                 (p99s[0], p99s[-1]))
 
 
-def _lone_demand(costs: Costs, cl: Cluster, one_turn: Loop, one_text: Loop, turn_cpu, text_cpu) -> Costs:
+def _lone_demand(costs: Costs, k: int, one_turn: Loop, one_text: Loop, turn_cpu, text_cpu) -> Costs:
     """``costs`` with each request's CPU per process set to a lone request's, measured: a turn's
-    (worker, driver) and a text's (driver, chunk tasks' processes, Ray's daemons), beside the
-    one-caller simulation's ``one_turn`` and ``one_text``. Each difference goes to the fixed term
-    per call or per chunk; the daemons' share stays beside the text's path, the rest on it."""
-    k = Simulation(cl, costs).chunk_count(1_000_000)
+    (worker, driver) and a text's of ``k`` chunks (driver, chunk tasks' processes, Ray's daemons),
+    beside the one-caller simulation's ``one_turn`` and ``one_text``. Each difference goes to the
+    fixed term per call or per chunk; the daemons' share stays beside the text's path, the rest on it."""
     daemons = k * costs.chunk_daemon_ms
     return dataclasses.replace(
         costs, worker_call_ms=max(0.0, costs.worker_call_ms + turn_cpu[0] - one_turn.workers_cpu),
@@ -604,7 +607,8 @@ def validate(path: str, costs: Costs, engine: str, quick: bool) -> list[tuple]:
         one_turn = _simulate(cl, flat, sessions(1), "turn", 2_000, 500)
         one_text = _simulate(cl, flat, texts(1), "text", 4_000, 500)
         sum_turn, sum_text = 1e3 / one_turn.rate, 1e3 / one_text.rate
-        daemons = Simulation(cl, costs).chunk_count(1_000_000) * costs.chunk_daemon_ms
+        k = Simulation(cl, costs).chunk_count(1_000_000)  # chunks of a 1M text
+        daemons = k * costs.chunk_daemon_ms
         demand += [f"{w} worker(s): a turn's worker {turn_cpu[0]:.3f} ms (simulated {one_turn.workers_cpu:.3f}), "
                    f"driver {turn_cpu[1]:.3f} ({one_turn.driver_cpu:.3f}); a 1M text's driver {text_cpu[0]:.2f} "
                    f"({one_text.driver_cpu:.2f}), chunk tasks' processes {text_cpu[1]:.2f} "
@@ -618,7 +622,7 @@ def validate(path: str, costs: Costs, engine: str, quick: bool) -> list[tuple]:
         p_text = _simulate(cl, costs, texts(2), "text", text_secs * 1e3, 2_000)
         # the same with each request's CPU demand per process as the lone requests measured it,
         # seconds before the loop, where the costs above were measured minutes before it
-        lone_costs = _lone_demand(costs, cl, one_turn, one_text, turn_cpu, text_cpu)
+        lone_costs = _lone_demand(costs, k, one_turn, one_text, turn_cpu, text_cpu)
         q_turn = _simulate(cl, lone_costs, sessions(callers), "turn", secs * 1e3, 1_000)
         q_text = _simulate(cl, lone_costs, texts(2), "text", text_secs * 1e3, 2_000)
         flat = dataclasses.replace(lone_costs, loop_stall=(), text_stall=())
