@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import dataclasses
 import multiprocessing as mp
 import os
@@ -50,7 +51,8 @@ from delta_ray.apps.bundled import bundled_tokenizer_path  # noqa: E402
 from delta_ray.core.config import TokenizerConfig  # noqa: E402
 from delta_ray.core.loading import load_tokenizer  # noqa: E402
 from delta_ray.apps.sample_text import corpus  # noqa: E402
-from delta_ray.scheduler.simulation import Cluster, Costs, Simulation, spread_of, stall_of, sweep  # noqa: E402
+from delta_ray.scheduler.simulation import (Cluster, Costs, Simulation, spread_of, stall_of, stalls_of,  # noqa: E402
+                                            sweep)
 from delta_ray.tokenizer_core import TokenizerCore  # noqa: E402
 
 TURN = 1300
@@ -476,6 +478,25 @@ def _closed_loop(callers: int, seconds: float, fn, pids=()) -> Loop:
                 tuple(float(np.percentile(h, 99)) for h in halves))
 
 
+@contextlib.contextmanager
+def _round_trips(kind: str = "session"):
+    """The round trips (ms, dispatch to answer) of the pool's ``kind`` tasks meanwhile, in order, as
+    its CallRunner records them for Ray's metrics: a lone turn's time inside and outside its worker."""
+    from delta_ray.actors import metrics
+    out: list[float] = []
+    record = metrics.record_times
+
+    def recorded(k: str, wait_ms: float, service_ms: float) -> None:
+        if k == kind:
+            out.append(service_ms)
+        record(k, wait_ms, service_ms)
+    metrics.record_times = recorded
+    try:
+        yield out
+    finally:
+        metrics.record_times = record
+
+
 def _lone_calls(fn, seconds: float) -> list[float]:
     """Milliseconds of each ``fn()`` called back to back by one thread for ``seconds``."""
     out, end = [], time.perf_counter() + seconds
@@ -496,8 +517,8 @@ def _simulate(cl: Cluster, costs: Costs, load, kind: str, ms: float, warmup_ms: 
         load(sim)
         res = sim.run(warmup_ms + ms, warmup_ms)
         n = res.completed[kind]
-        if kind == "turn":
-            workers = sum(r.busy_ms() for r in sim.worker_lock.values()) / n
+        if kind == "turn":  # the encodes' CPU: the locks are held longer (a core's wait, a trip stall)
+            workers = sim.worker_cpu_ms / n
         else:  # the cores' work beyond the driver's steps and the other jobs' slices: chunk tasks
             workers = (sum(r.busy_ms() for r in sim.cpu) - sim.gil[0].busy_ms()
                        - costs.node_background_ms_per_s * ms / 1e3) / n
@@ -584,7 +605,8 @@ def validate(path: str, costs: Costs, engine: str, quick: bool) -> list[tuple]:
             turn(0)
             pids = [s["pid"] for s in pool.worker_stats().values()]
             w0, c0 = sum(map(_proc_cpu_ms, pids)), time.process_time()
-            lone = _lone_calls(lambda: turn(0), lone_secs)  # the simulation's loop stalls come from these
+            with _round_trips() as trips:  # the simulation's turn stalls come from these
+                lone = _lone_calls(lambda: turn(0), lone_secs)
             # ... and a lone turn's CPU demand: its worker's, the driver's (Ray's threads included)
             turn_cpu = ((sum(map(_proc_cpu_ms, pids)) - w0) / len(lone), (time.process_time() - c0) * 1e3 / len(lone))
             m_turn = _closed_loop(callers, secs, turn, pids)
@@ -600,10 +622,11 @@ def validate(path: str, costs: Costs, engine: str, quick: bool) -> list[tuple]:
             # the rest of the machine per text, less what it does with the pool idle (as simulated)
             m_text = m_text._replace(workers_cpu=m_text.workers_cpu - others[-1] / m_text.rate)
         costs = dataclasses.replace(costs, driver_background_ms_per_s=background, node_background_ms_per_s=others[-1],
-                                    loop_stall=stall_of(lone), text_stall=stall_of(lone_text))
+                                    text_stall=stall_of(lone_text))
+        costs = dataclasses.replace(costs, **dict(zip(("loop_stall", "trip_stall"), stalls_of(lone, trips))))
         cl = Cluster(nodes=1, cores_per_node=2, workers=w, task_slots=w)
         # the costs' sum for one caller (stalls aside) against a lone request's measured mean
-        flat = dataclasses.replace(costs, loop_stall=(), text_stall=())
+        flat = dataclasses.replace(costs, loop_stall=(), trip_stall=(), text_stall=())
         one_turn = _simulate(cl, flat, sessions(1), "turn", 2_000, 500)
         one_text = _simulate(cl, flat, texts(1), "text", 4_000, 500)
         sum_turn, sum_text = 1e3 / one_turn.rate, 1e3 / one_text.rate
@@ -615,7 +638,8 @@ def validate(path: str, costs: Costs, engine: str, quick: bool) -> list[tuple]:
                    f"({one_text.workers_cpu - daemons:.2f}), Ray's daemons {text_cpu[2]:.2f} ({daemons:.2f}), "
                    f"other processes {text_cpu[3]:.2f} (0)"]
         lone_p99 += [f"{w} worker(s): a turn {statistics.fmean(lone):.2f} ms mean (costs' sum {sum_turn:.2f}), "
-                     f"{np.percentile(lone, 99):.2f} P99; a 1M text {statistics.fmean(lone_text):.1f} ms mean "
+                     f"{np.percentile(lone, 99):.2f} P99, {sum(costs.trip_stall) / max(1e-9, sum(costs.loop_stall) + sum(costs.trip_stall)):.0%} "
+                     f"of its excess in the round trip; a 1M text {statistics.fmean(lone_text):.1f} ms mean "
                      f"(costs' sum {sum_text:.1f}), {np.percentile(lone_text, 99):.1f} P99"]
         backgrounds.append(background)
         p_turn = _simulate(cl, costs, sessions(callers), "turn", secs * 1e3, 1_000)
@@ -625,7 +649,7 @@ def validate(path: str, costs: Costs, engine: str, quick: bool) -> list[tuple]:
         lone_costs = _lone_demand(costs, k, one_turn, one_text, turn_cpu, text_cpu)
         q_turn = _simulate(cl, lone_costs, sessions(callers), "turn", secs * 1e3, 1_000)
         q_text = _simulate(cl, lone_costs, texts(2), "text", text_secs * 1e3, 2_000)
-        flat = dataclasses.replace(lone_costs, loop_stall=(), text_stall=())
+        flat = dataclasses.replace(lone_costs, loop_stall=(), trip_stall=(), text_stall=())
         lone_p99[-1] += (f" (with the lone requests' demand: a turn {1e3 / _simulate(cl, flat, sessions(1), 'turn', 2_000, 500).rate:.2f}, "
                          f"a text {1e3 / _simulate(cl, flat, texts(1), 'text', 4_000, 500).rate:.1f})")
         rows.append((w, "session turns, 4 callers", m_turn, p_turn))
@@ -636,7 +660,8 @@ def validate(path: str, costs: Costs, engine: str, quick: bool) -> list[tuple]:
     BACKGROUND = backgrounds[-1]
     print("lone requests (1 caller), timed before each loop: " + "; ".join(lone_p99)
           + ". Their excess over their mean is simulated as stalls: of the caller's loop (Costs.loop_stall) "
-          "and of one chunk of each text (Costs.text_stall)")
+          "and of one chunk of each text (Costs.text_stall); a turn's excess inside its round trip holds its worker "
+          "instead (Costs.trip_stall)")
     print("lone requests' CPU demand in ms (each process's, measured; the simulated in brackets): " + "; ".join(demand))
     print(f"a driver with an idle pool spends {', '.join(f'{b:.0f}' for b in backgrounds)} ms of CPU per second "
           "(Ray's threads; simulated as background work of its loop); the rest of the machine meanwhile "

@@ -11,9 +11,10 @@ resource saturates first and how throughput grows with cores and nodes:
   holds its GIL and a core of its node for each orchestrator step: accepting a call (hand-off,
   request side), launching a task on a worker (the side channel on its node, a Ray actor call or
   task elsewhere, the arguments' put), taking an answer (splice, assembly), and the hand-back;
-* a driver's loop also **stalls** once per session turn, for a draw from a lone call's measured
-  excess over its mean (``Costs.loop_stall``): its GIL held without a core, so the process's other
-  calls queue behind it (the tail a lone call shows, amplified by the queueing);
+* a session turn **stalls** twice, by amounts drawn together from one lone call's measured excess
+  over its mean: the part outside its round trip holds its caller's loop (``Costs.loop_stall``: the
+  GIL without a core, the process's other calls queue behind it), the part inside holds its worker
+  after the encode (``Costs.trip_stall``: no core, that worker's calls queue behind it);
 * a stateless text's first chunk to run waits, after its encode, a draw from a lone text's
   measured excess over its mean (``Costs.text_stall``): its task slot held, no core;
 * a **session worker** (one per core by default) runs one call at a time on a core of its node;
@@ -38,7 +39,7 @@ from typing import Callable, Optional
 from .clock import FakeClock
 from .dispatcher import Dispatcher
 from .routing import worker_name
-from .sim_costs import Costs, spread_of, stall_of  # noqa: F401  (re-exported)
+from .sim_costs import Costs, Deck, spread_of, stall_of, stalls_of  # noqa: F401  (re-exported)
 
 TURN_CHARS = 1300
 
@@ -70,28 +71,6 @@ class Cluster:
     @property
     def n_task_slots(self) -> int:
         return self.task_slots if self.task_slots is not None else self.cores
-
-
-class Deck:
-    """A measured sample's values drawn each exactly once per pass, in a new random order each pass.
-
-    A run then holds the sample's rare large values as often as they were measured, rather than
-    a count left to chance: with draws at random, one 6 s validation run's simulated P99 moved
-    4.2-7.9 ms with the seed alone (2026-12-02), its tail set by how many of a few stalls it drew.
-    """
-
-    def __init__(self, values: tuple[float, ...], rng: random.Random):
-        self.values, self.rng = values, rng
-        self._left: list[float] = []
-
-    def __bool__(self) -> bool:
-        return bool(self.values)
-
-    def draw(self) -> float:
-        if not self._left:
-            self._left = list(self.values)
-            self.rng.shuffle(self._left)
-        return self._left.pop()
 
 
 class Resource:
@@ -200,12 +179,16 @@ class Simulation:
                                        max_inflight_tasks=max(0, c.n_task_slots // c.drivers) or 1,
                                        workers_take_shared=False) for _ in range(c.drivers)]
         self._spread = itertools.count()
-        self._turn_spread, self._loop_stall = Deck(costs.spread, self.rng), Deck(costs.loop_stall, self.rng)
+        self._turn_spread = Deck(costs.spread, self.rng)
+        # a turn's loop and trip stalls come from one lone call: drawn together, by its index
+        self._turn_stall = Deck(tuple(range(max(len(costs.loop_stall), len(costs.trip_stall)))), self.rng)
         self._text_stall = Deck(costs.text_stall, self.rng)
         self.completed: dict[str, int] = {}
         self.latencies: dict[str, list[float]] = {}
         self._measure_from = 0.0
         self.stalled_ms = 0.0  # the loops' stalls (Costs.loop_stall) in the measured window: not CPU
+        self.worker_cpu_ms = 0.0  # the workers' encodes in the measured window (a worker's lock
+        # is held longer: while its encode waits for a core, and for its trip stall)
         self.sessions: list[_Session] = []
         for d in range(c.drivers):  # a calling process's own background work (Ray's threads)
             self._slices([self.gil[d], self.cpu[self.driver_node[d]]], costs.driver_background_ms_per_s)
@@ -252,7 +235,7 @@ class Simulation:
 
     def _start_measuring(self) -> None:
         self._measure_from = self.now
-        self.completed, self.latencies, self.stalled_ms = {}, {}, 0.0
+        self.completed, self.latencies, self.stalled_ms, self.worker_cpu_ms = {}, {}, 0.0, 0.0
         for r in [*self.cpu, *self.nic_out, *self.nic_in, *self.gil, *self.worker_lock.values()]:
             r.reset_accounting()
 
@@ -272,12 +255,8 @@ class Simulation:
         self.latencies.setdefault(kind, []).append(self.now - t0)
 
     # -- holding resources --------------------------------------------------------------------------
-    def hold(self, resources: list[Resource], ms: float, then: Callable[[], None], *, varies: bool = False) -> None:
-        """Acquire ``resources`` in order, hold them all for ``ms`` (times a factor drawn from
-        ``costs.spread`` when ``varies``, a :class:`Deck`), release, then call ``then``."""
-        if varies and self._turn_spread:
-            ms *= self._turn_spread.draw()
-
+    def hold(self, resources: list[Resource], ms: float, then: Callable[[], None]) -> None:
+        """Acquire ``resources`` in order, hold them all for ``ms``, release, then call ``then``."""
         def step(i: int) -> None:
             if i < len(resources):
                 resources[i].acquire(lambda: step(i + 1))
@@ -355,10 +334,17 @@ class Simulation:
             def sent() -> None:
                 self.transfer(self.driver_node[d], node, TURN_CHARS, lambda: self.after(rtt / 2, at_worker))
 
-            def at_worker() -> None:
-                self.hold([self.worker_lock[wid], self.cpu[node]], c.worker_call_ms + c.turn_ms(s.context),
-                          lambda: self.transfer(node, self.driver_node[d], 4 * TURN_CHARS / 4,
-                                                lambda: self.after(rtt / 2, answered)), varies=True)
+            def at_worker() -> None:  # the worker held for the encode on a core, then its trip stall
+                lock = self.worker_lock[wid]
+
+                def answer() -> None:
+                    lock.release()
+                    self.transfer(node, self.driver_node[d], 4 * TURN_CHARS / 4, lambda: self.after(rtt / 2, answered))
+                spread = self._turn_spread.draw() if self._turn_spread else 1.0  # Costs.spread
+                ms = (c.worker_call_ms + c.turn_ms(s.context)) * spread
+                if self.now >= self._measure_from:
+                    self.worker_cpu_ms += ms
+                lock.acquire(lambda: self.hold([self.cpu[node]], ms, lambda: self.after(trip, answer)))
 
             def answered() -> None:  # CallRunner._on_done: the merge, then the slot freed and refilled,
                 self.driver_step(d, orch / 2, lambda: freed(task))  # then the caller's thread woken
@@ -379,13 +365,20 @@ class Simulation:
             if on_done is not None:
                 on_done()
 
-        stall = self._loop_stall.draw() if self._loop_stall else 0.0
+        stall, trip = self._turn_stalls()
         if stall > 0:  # the caller's loop held, no core used (Costs.loop_stall), then the hand-off
             if self.now >= self._measure_from:
                 self.stalled_ms += stall
             self.hold([self.gil[d]], stall, lambda: self.driver_step(d, c.handoff_ms / 2 + orch / 2, accepted))
         else:
             self.driver_step(d, c.handoff_ms / 2 + orch / 2, accepted)
+
+    def _turn_stalls(self) -> tuple[float, float]:
+        """A turn's stalls (ms): of its caller's loop and of its worker, drawn from one lone call."""
+        if not self._turn_stall:
+            return 0.0, 0.0
+        i, c = self._turn_stall.draw(), self.costs
+        return (c.loop_stall[i] if i < len(c.loop_stall) else 0.0, c.trip_stall[i] if i < len(c.trip_stall) else 0.0)
 
     def chat(self, rate_per_s: float, until_ms: float) -> None:
         """Poisson turn arrivals at ``rate_per_s`` over the sessions (uniformly) until ``until_ms``."""

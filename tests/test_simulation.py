@@ -7,7 +7,8 @@ import random
 import pytest
 
 from delta_ray.scheduler import home_worker, worker_name
-from delta_ray.scheduler.simulation import Cluster, Costs, Deck, Resource, Simulation, spread_of, stall_of, sweep
+from delta_ray.scheduler.simulation import (Cluster, Costs, Deck, Resource, Simulation, spread_of, stall_of,
+                                            stalls_of, sweep)
 
 # Everything free except what a test sets: results then follow from arithmetic.
 FREE = Costs(handoff_ms=0.0, orch_session_ms=0.0, orch_chunk_ms=0.0, channel_client_ms=0.0, ray_call_ms=0.0,
@@ -288,6 +289,45 @@ def test_a_loop_stall_holds_the_callers_loop_not_a_core():
     assert res.percentile("turn", 50) > 3 * 3.0  # queued behind the other callers' stalls
     assert sim.gil[0].busy_ms() - sim.stalled_ms == pytest.approx(0.0, abs=3.0)
     assert res.utilization["node cores (busiest node)"] < 0.1  # the turns' 1 ms on 4 cores, 333 a second
+
+
+def test_a_trip_stall_holds_its_worker_not_the_loop_nor_a_core():
+    # 2 workers on 4 cores, 4 callers split 2-2 over them ("v0".."v3"), 1 ms turns: 2,000 turns/s.
+    # A 3 ms stall in each call's round trip (the worker slow to answer) holds that worker 4 ms a
+    # turn: 250 turns/s each, 500 in all, where the same stall on the caller's loop serializes all
+    # four callers (333/s). Neither is CPU: the cores see only the encodes, the loop nothing.
+    cl = Cluster(nodes=1, cores_per_node=4, workers=2, task_slots=2)
+
+    def run(costs):
+        sim = Simulation(cl, costs)
+        sim.add_sessions(4, (100_000, 100_000), keys=[f"v{i}" for i in range(4)])
+        sim.closed_turns(4)
+        return sim, sim.run(3_100.0, 100.0)
+    _, free = run(FREE)
+    assert free.throughput("turn") == pytest.approx(2000, rel=0.02)
+    sim, res = run(Costs(**{**FREE.__dict__, "trip_stall": (3.0,)}))
+    assert res.throughput("turn") == pytest.approx(500, rel=0.02)
+    assert res.bottleneck()[0] == "session worker (busiest)"
+    assert sim.gil[0].busy_ms() == pytest.approx(0.0, abs=1e-6)
+    encodes = res.completed["turn"] * 1.0
+    assert sum(r.busy_ms() for r in sim.worker_lock.values()) == pytest.approx(4 * encodes, rel=0.02)
+    assert sim.worker_cpu_ms == pytest.approx(encodes, rel=0.02)
+    assert sim.cpu[0].busy_ms() == pytest.approx(encodes, rel=0.02)
+    _, on_loop = run(Costs(**{**FREE.__dict__, "loop_stall": (3.0,)}))
+    assert on_loop.throughput("turn") == pytest.approx(1000 / 3, rel=0.02)
+
+
+def test_a_turns_loop_and_trip_stalls_come_from_one_lone_call():
+    # Lone calls of 1, 1, 1 and 9 ms whose round trips took 0.5, 0.5, 0.5 and 6.5: the slow call's
+    # excess splits 4.5 ms at its worker and 1.5 in the loop, drawn together (one slow call, not two).
+    loop, trip = stalls_of([1.0, 1.0, 1.0, 9.0], [0.5, 0.5, 0.5, 6.5])
+    assert loop == (0.0, 0.0, 0.0, 1.5) and trip == (0.0, 0.0, 0.0, 4.5)
+    with pytest.raises(ValueError, match="paired"):
+        stalls_of([1.0], [])
+    sim = Simulation(Cluster(), Costs(**{**FREE.__dict__, "loop_stall": loop, "trip_stall": trip}))
+    drawn = [sim._turn_stalls() for _ in range(400)]
+    assert sorted(set(drawn)) == [(0.0, 0.0), (1.5, 4.5)]
+    assert drawn.count((1.5, 4.5)) == 100
 
 
 def test_a_chunks_daemon_work_takes_cores_beside_it_not_its_path():
