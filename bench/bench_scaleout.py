@@ -433,13 +433,28 @@ class _CpuMeter:
 
 class Loop(NamedTuple):
     """A closed loop's outcome, measured or simulated: requests/s, P99 ms, the driver's and the
-    workers' CPU ms per request, and the P99 of each half (measured: its own repeatability;
-    simulated: the lowest and highest over seeds)."""
+    workers' CPU ms per request, a range of P99s (measured: its rounds' or its halves', its own
+    repeatability; simulated: the lowest and highest over seeds), and its requests' latencies."""
     rate: float
     p99: float
     driver_cpu: float
     workers_cpu: float
     p99_range: tuple[float, float]
+    latencies: tuple[float, ...] = ()
+
+
+def _pooled(rounds: list[Loop]) -> Loop:
+    """Rounds of one closed loop as one: their requests together (the rate over their summed time,
+    the P99 over all their latencies, CPU per request weighted by their counts); its range, the
+    rounds' lowest and highest P99."""
+    lat = [ms for r in rounds for ms in r.latencies]
+    n, wall = len(lat), sum(len(r.latencies) / r.rate for r in rounds)
+
+    def per_request(field: str) -> float:
+        return sum(getattr(r, field) * len(r.latencies) for r in rounds) / n
+    p99s = [r.p99 for r in rounds]
+    return Loop(n / wall, float(np.percentile(lat, 99)), per_request("driver_cpu"), per_request("workers_cpu"),
+                (min(p99s), max(p99s)), tuple(lat))
 
 
 def _closed_loop(callers: int, seconds: float, fn, pids=()) -> Loop:
@@ -475,7 +490,7 @@ def _closed_loop(callers: int, seconds: float, fn, pids=()) -> Loop:
     others = (theirs() - w0) / n if pids is None or pids else float("nan")
     halves = [[ms for start, ms in calls if (start < t0 + seconds / 2) == first] for first in (True, False)]
     return Loop(n / wall, float(np.percentile([ms for _, ms in calls], 99)), cpu, others,
-                tuple(float(np.percentile(h, 99)) for h in halves))
+                tuple(float(np.percentile(h, 99)) for h in halves), tuple(ms for _, ms in calls))
 
 
 @contextlib.contextmanager
@@ -509,21 +524,26 @@ def _lone_calls(fn, seconds: float) -> list[float]:
 SEEDS = 3  # simulated runs per closed loop: its P99 is their median, its throughput their mean
 
 
-def _simulate(cl: Cluster, costs: Costs, load, kind: str, ms: float, warmup_ms: float) -> Loop:
-    """The simulation of one closed loop (``load(sim)`` adds its callers) over ``SEEDS`` seeds."""
+def _simulate(cl: Cluster, costs: Costs | list[Costs], load, kind: str, ms: float, warmup_ms: float) -> Loop:
+    """The simulation of one closed loop (``load(sim)`` adds its callers) over ``SEEDS`` seeds; with
+    a list of costs, one round of ``ms`` on each (each round's measured demand and stalls), pooled."""
     runs = []
     for seed in range(SEEDS):
-        sim = Simulation(cl, costs, seed=seed)
-        load(sim)
-        res = sim.run(warmup_ms + ms, warmup_ms)
-        n = res.completed[kind]
-        if kind == "turn":  # the encodes' CPU: the locks are held longer (a core's wait, a trip stall)
-            workers = sim.worker_cpu_ms / n
-        else:  # the cores' work beyond the driver's steps and the other jobs' slices: chunk tasks
-            workers = (sum(r.busy_ms() for r in sim.cpu) - sim.gil[0].busy_ms()
-                       - costs.node_background_ms_per_s * ms / 1e3) / n
-        runs.append(Loop(res.throughput(kind), res.percentile(kind, 99),
-                         (sim.gil[0].busy_ms() - sim.stalled_ms) / n, workers, (0.0, 0.0)))
+        rounds = []
+        for c in costs if isinstance(costs, list) else [costs]:
+            sim = Simulation(cl, c, seed=seed)
+            load(sim)
+            res = sim.run(warmup_ms + ms, warmup_ms)
+            n = res.completed[kind]
+            if kind == "turn":  # the encodes' CPU: the locks are held longer (a core's wait, a trip stall)
+                workers = sim.worker_cpu_ms / n
+            else:  # the cores' work beyond the driver's steps and the other jobs' slices: chunk tasks
+                workers = (sum(r.busy_ms() for r in sim.cpu) - sim.gil[0].busy_ms()
+                           - c.node_background_ms_per_s * ms / 1e3) / n
+            rounds.append(Loop(res.throughput(kind), res.percentile(kind, 99),
+                               (sim.gil[0].busy_ms() - sim.stalled_ms) / n, workers, (0.0, 0.0),
+                               tuple(res.latencies[kind])))
+        runs.append(_pooled(rounds))
     p99s = sorted(r.p99 for r in runs)
     return Loop(statistics.fmean(r.rate for r in runs), statistics.median(p99s),
                 statistics.fmean(r.driver_cpu for r in runs), statistics.fmean(r.workers_cpu for r in runs),
@@ -546,9 +566,9 @@ def _lone_demand(costs: Costs, k: int, one_turn: Loop, one_text: Loop, turn_cpu,
 
 def validate(path: str, costs: Costs, engine: str, quick: bool) -> list[tuple]:
     """The real pool's closed loops and the simulation's, side by side, on 1 and 2 workers. Each
-    loop's rare stalls come from lone requests timed just before it, every sample kept (a P99 of
-    four callers sits in a lone call's top 0.25%); each loop runs long enough to hold a few dozen of
-    them (6 s runs moved 3.4-6.4 ms between rounds, 2026-12-02)."""
+    loop runs in rounds, and each round's rare stalls come from lone requests timed just before it,
+    every sample kept (a P99 of four callers sits in a lone call's top 0.25%); the rounds pooled
+    hold a few dozen of them (6 s runs moved 3.4-6.4 ms between rounds, 2026-12-02)."""
     from tokenizers import Tokenizer
 
     from delta_ray import TokenizerPool
@@ -573,6 +593,9 @@ def validate(path: str, costs: Costs, engine: str, quick: bool) -> list[tuple]:
     # a 1M text takes 30x a turn: its loops run twice as long, and still hold about 1,400 texts
     # (a P99 of 700 is their 7th slowest: one 12 s run's halves measured 46 and 72 ms, 2026-12-02)
     text_secs = 2 * secs
+    # each loop runs in rounds, each after its own lone requests: the machine's speed drifts 15-20%
+    # within minutes, and a loop measured a minute after its lone requests met another machine
+    rounds = 2 if quick else 3
     callers = 4
     backgrounds: list[float] = []
     others: list[float] = []
@@ -604,64 +627,72 @@ def validate(path: str, costs: Costs, engine: str, quick: bool) -> list[tuple]:
                 pos[i] = p + TURN
             turn(0)
             pids = [s["pid"] for s in pool.worker_stats().values()]
-            w0, c0 = sum(map(_proc_cpu_ms, pids)), time.process_time()
-            with _round_trips() as trips:  # the simulation's turn stalls come from these
-                lone = _lone_calls(lambda: turn(0), lone_secs)
-            # ... and a lone turn's CPU demand: its worker's, the driver's (Ray's threads included)
-            turn_cpu = ((sum(map(_proc_cpu_ms, pids)) - w0) / len(lone), (time.process_time() - c0) * 1e3 / len(lone))
-            m_turn = _closed_loop(callers, secs, turn, pids)
+            turn_rounds = []  # (lone turns' ms, their round trips' ms, their CPU demand, the loop)
+            for _ in range(rounds):
+                w0, c0 = sum(map(_proc_cpu_ms, pids)), time.process_time()
+                with _round_trips() as trips:  # the simulation's turn stalls come from these
+                    lone = _lone_calls(lambda: turn(0), lone_secs / rounds)
+                # ... and a lone turn's CPU demand: its worker's, the driver's (Ray's threads included)
+                turn_cpu = ((sum(map(_proc_cpu_ms, pids)) - w0) / len(lone), (time.process_time() - c0) * 1e3 / len(lone))
+                turn_rounds.append((lone, list(trips), turn_cpu, _closed_loop(callers, secs / rounds, turn, pids)))
             check(pool.extend("v0", ""), "".join(sent))
             encode_text = lambda: pool.encode(text1m, add_special_tokens=False)  # noqa: E731
             check(encode_text(), text1m, add_special_tokens=False)
-            meter = _CpuMeter(split=True)
-            lone_text = _lone_calls(encode_text, text_secs / 2)  # ... and the texts' stalls from these
-            # ... and a lone text's CPU demand: the driver's, the chunk tasks' processes', Ray's
-            # daemons', the rest of the machine's, each beyond its share with the pool idle
-            text_cpu = [ms / len(lone_text) for ms in meter.read_split(tuple(idle))]
-            m_text = _closed_loop(2, text_secs, lambda i: encode_text(), pids=None)
-            # the rest of the machine per text, less what it does with the pool idle (as simulated)
-            m_text = m_text._replace(workers_cpu=m_text.workers_cpu - others[-1] / m_text.rate)
-        costs = dataclasses.replace(costs, driver_background_ms_per_s=background, node_background_ms_per_s=others[-1],
-                                    text_stall=stall_of(lone_text))
-        costs = dataclasses.replace(costs, **dict(zip(("loop_stall", "trip_stall"), stalls_of(lone, trips))))
+            text_rounds = []  # (lone texts' ms, their CPU demand, the loop)
+            for _ in range(rounds):
+                meter = _CpuMeter(split=True)
+                lone_text = _lone_calls(encode_text, text_secs / 2 / rounds)  # ... and the texts' stalls from these
+                # ... and a lone text's CPU demand: the driver's, the chunk tasks' processes', Ray's
+                # daemons', the rest of the machine's, each beyond its share with the pool idle
+                text_cpu = [ms / len(lone_text) for ms in meter.read_split(tuple(idle))]
+                m = _closed_loop(2, text_secs / rounds, lambda i: encode_text(), pids=None)
+                # the rest of the machine per text, less what it does with the pool idle (as simulated)
+                text_rounds.append((lone_text, text_cpu, m._replace(workers_cpu=m.workers_cpu - others[-1] / m.rate)))
+            check(encode_text(), text1m, add_special_tokens=False)
+        costs = dataclasses.replace(costs, driver_background_ms_per_s=background, node_background_ms_per_s=others[-1])
         cl = Cluster(nodes=1, cores_per_node=2, workers=w, task_slots=w)
         # the costs' sum for one caller (stalls aside) against a lone request's measured mean
-        flat = dataclasses.replace(costs, loop_stall=(), trip_stall=(), text_stall=())
-        one_turn = _simulate(cl, flat, sessions(1), "turn", 2_000, 500)
-        one_text = _simulate(cl, flat, texts(1), "text", 4_000, 500)
-        sum_turn, sum_text = 1e3 / one_turn.rate, 1e3 / one_text.rate
+        one_turn = _simulate(cl, costs, sessions(1), "turn", 2_000, 500)
+        one_text = _simulate(cl, costs, texts(1), "text", 4_000, 500)
         k = Simulation(cl, costs).chunk_count(1_000_000)  # chunks of a 1M text
+        # each round's stalls from its own lone requests, and (second rows) its CPU demand from them
+        # too, where the costs above were measured minutes before
+        each = [dataclasses.replace(costs, text_stall=stall_of(lone_text),
+                                    **dict(zip(("loop_stall", "trip_stall"), stalls_of(lone, trips))))
+                for (lone, trips, _, _), (lone_text, _, _) in zip(turn_rounds, text_rounds)]
+        each_lone = [_lone_demand(c, k, one_turn, one_text, t[2], x[1]) for c, t, x in zip(each, turn_rounds, text_rounds)]
+        m_turn, m_text = _pooled([t[3] for t in turn_rounds]), _pooled([x[2] for x in text_rounds])
+        rows.append((w, "session turns, 4 callers", m_turn, _simulate(cl, each, sessions(callers), "turn", secs / rounds * 1e3, 1_000)))
+        rows.append((w, "  ... lone turns' demand", m_turn, _simulate(cl, each_lone, sessions(callers), "turn", secs / rounds * 1e3, 1_000)))
+        rows.append((w, "stateless 1M, 2 callers", m_text, _simulate(cl, each, texts(2), "text", text_secs / rounds * 1e3, 2_000)))
+        rows.append((w, "  ... lone texts' demand", m_text, _simulate(cl, each_lone, texts(2), "text", text_secs / rounds * 1e3, 2_000)))
+        # what the rounds' lone requests showed, together
+        lone = [ms for t in turn_rounds for ms in t[0]]
+        lone_text = [ms for x in text_rounds for ms in x[0]]
+        turn_cpu = [statistics.fmean(t[2][i] for t in turn_rounds) for i in range(2)]
+        text_cpu = [statistics.fmean(x[1][i] for x in text_rounds) for i in range(4)]
+        loop_part, trip_part = (sum(sum(getattr(c, f)) for c in each) for f in ("loop_stall", "trip_stall"))
         daemons = k * costs.chunk_daemon_ms
         demand += [f"{w} worker(s): a turn's worker {turn_cpu[0]:.3f} ms (simulated {one_turn.workers_cpu:.3f}), "
                    f"driver {turn_cpu[1]:.3f} ({one_turn.driver_cpu:.3f}); a 1M text's driver {text_cpu[0]:.2f} "
                    f"({one_text.driver_cpu:.2f}), chunk tasks' processes {text_cpu[1]:.2f} "
                    f"({one_text.workers_cpu - daemons:.2f}), Ray's daemons {text_cpu[2]:.2f} ({daemons:.2f}), "
                    f"other processes {text_cpu[3]:.2f} (0)"]
-        lone_p99 += [f"{w} worker(s): a turn {statistics.fmean(lone):.2f} ms mean (costs' sum {sum_turn:.2f}), "
-                     f"{np.percentile(lone, 99):.2f} P99, {sum(costs.trip_stall) / max(1e-9, sum(costs.loop_stall) + sum(costs.trip_stall)):.0%} "
-                     f"of its excess in the round trip; a 1M text {statistics.fmean(lone_text):.1f} ms mean "
-                     f"(costs' sum {sum_text:.1f}), {np.percentile(lone_text, 99):.1f} P99"]
+        mean_lone = _lone_demand(costs, k, one_turn, one_text, turn_cpu, text_cpu)
+        lone_p99 += [f"{w} worker(s): a turn {statistics.fmean(lone):.2f} ms mean (costs' sum {1e3 / one_turn.rate:.2f}; "
+                     f"with the lone turns' demand {1e3 / _simulate(cl, mean_lone, sessions(1), 'turn', 2_000, 500).rate:.2f}), "
+                     f"{np.percentile(lone, 99):.2f} P99, {trip_part / max(1e-9, loop_part + trip_part):.0%} of its excess "
+                     f"in the round trip; a 1M text {statistics.fmean(lone_text):.1f} ms mean (costs' sum "
+                     f"{1e3 / one_text.rate:.1f}; with the lone texts' demand "
+                     f"{1e3 / _simulate(cl, mean_lone, texts(1), 'text', 4_000, 500).rate:.1f}), "
+                     f"{np.percentile(lone_text, 99):.1f} P99"]
         backgrounds.append(background)
-        p_turn = _simulate(cl, costs, sessions(callers), "turn", secs * 1e3, 1_000)
-        p_text = _simulate(cl, costs, texts(2), "text", text_secs * 1e3, 2_000)
-        # the same with each request's CPU demand per process as the lone requests measured it,
-        # seconds before the loop, where the costs above were measured minutes before it
-        lone_costs = _lone_demand(costs, k, one_turn, one_text, turn_cpu, text_cpu)
-        q_turn = _simulate(cl, lone_costs, sessions(callers), "turn", secs * 1e3, 1_000)
-        q_text = _simulate(cl, lone_costs, texts(2), "text", text_secs * 1e3, 2_000)
-        flat = dataclasses.replace(lone_costs, loop_stall=(), trip_stall=(), text_stall=())
-        lone_p99[-1] += (f" (with the lone requests' demand: a turn {1e3 / _simulate(cl, flat, sessions(1), 'turn', 2_000, 500).rate:.2f}, "
-                         f"a text {1e3 / _simulate(cl, flat, texts(1), 'text', 4_000, 500).rate:.1f})")
-        rows.append((w, "session turns, 4 callers", m_turn, p_turn))
-        rows.append((w, "  ... lone turns' demand", m_turn, q_turn))
-        rows.append((w, "stateless 1M, 2 callers", m_text, p_text))
-        rows.append((w, "  ... lone texts' demand", m_text, q_text))
     global BACKGROUND
     BACKGROUND = backgrounds[-1]
-    print("lone requests (1 caller), timed before each loop: " + "; ".join(lone_p99)
+    print(f"lone requests (1 caller), timed before each of the loop's {rounds} rounds: " + "; ".join(lone_p99)
           + ". Their excess over their mean is simulated as stalls: of the caller's loop (Costs.loop_stall) "
           "and of one chunk of each text (Costs.text_stall); a turn's excess inside its round trip holds its worker "
-          "instead (Costs.trip_stall)")
+          "instead (Costs.trip_stall). Each round is simulated with its own")
     print("lone requests' CPU demand in ms (each process's, measured; the simulated in brackets): " + "; ".join(demand))
     print(f"a driver with an idle pool spends {', '.join(f'{b:.0f}' for b in backgrounds)} ms of CPU per second "
           "(Ray's threads; simulated as background work of its loop); the rest of the machine meanwhile "
@@ -762,7 +793,7 @@ def main() -> int:
         if ray is not None and not args.no_validate:
             print("\n## Validation: the real TokenizerPool on local Ray vs the simulation (closed loops)")
             print(f"{'workers':>8}  {'load':<28}{'measured/s':>11}{'sim/s':>9}{'err':>6}"
-                  f"{'P99 ms':>9}{'sim P99':>9}{'err':>6}   measured P99 by half; sim P99 over {SEEDS} seeds")
+                  f"{'P99 ms':>9}{'sim P99':>9}{'err':>6}   measured P99 by round; sim P99 over {SEEDS} seeds")
             rows = validate(path, costs, args.engine, args.quick)
             for w, label, m, p in rows:
                 print(f"{w:>8}  {label:<28}{m.rate:>11.1f}{p.rate:>9.1f}{(p.rate - m.rate) / m.rate:>+6.0%}"
@@ -774,7 +805,8 @@ def main() -> int:
                   "the calling process (driver) and the workers (sessions) or the rest of the machine beyond its "
                   "idle share (texts: chunk tasks, Ray's daemons); 1 / demand is the path's ceiling")
             print(f"{'workers':>8}  {'load':<28}{'driver':>9}{'sim':>9}{'err':>6}{'workers':>9}{'sim':>9}{'err':>6}")
-            for w, label, (_, _, mc, mw, _), (_, _, pc, pw, _) in rows:
+            for w, label, m, p in rows:
+                mc, mw, pc, pw = m.driver_cpu, m.workers_cpu, p.driver_cpu, p.workers_cpu
                 werr = f"{(pw - mw) / mw:>+6.0%}" if mw == mw and pw == pw and mw > 0 else f"{'-':>6}"
                 wcol = f"{mw:>9.3f}{pw:>9.3f}" if mw == mw and pw == pw else f"{'-':>9}{'-':>9}"
                 print(f"{w:>8}  {label:<28}{mc:>9.3f}{pc:>9.3f}{(pc - mc) / mc:>+6.0%}{wcol}{werr}")
