@@ -43,11 +43,12 @@ class Costs:
     # A worker turn's variation: its cost times a factor drawn from these (its samples over their mean;
     # the turn's only: drawn on chunk encodes too, a heavy tail made stateless P99 3x the measured).
     spread: tuple[float, ...] = ()
-    # A lone session call's excess over its mean latency, as quantiles of the measured samples
-    # (:func:`stall_of`), drawn per turn and spent holding its caller's loop (the GIL) but no core:
-    # the loop's thread preempted while it holds the GIL, or the loop's own irregular work; the
-    # process's other calls queue behind it. What a lone call shows of it, the simulation amplifies
-    # with the queueing (design §13). Not CPU: not counted as the driver's CPU.
+    # A lone session call's excess over its mean latency outside its round trip to the worker, one
+    # value per measured call (:func:`stalls_of`; the whole latency's with :func:`stall_of`), drawn
+    # per turn and spent holding its caller's loop (the GIL) but no core: the loop's thread
+    # preempted while it holds the GIL, or the loop's own irregular work; the process's other calls
+    # queue behind it. What a lone call shows of it, the simulation amplifies with the queueing
+    # (design §13). Not CPU: not counted as the driver's CPU.
     loop_stall: tuple[float, ...] = ()
     # The same call's round trip (dispatch to answer, as the pool's CallRunner times it): its excess
     # over its mean, paired with ``loop_stall`` (sample i of each from one lone call, drawn together,
