@@ -11,9 +11,10 @@ This machine has 2 cores, so a pool on 64 cores cannot be measured here. This be
 2. validates the simulation (``scheduler/simulation.py``: the real dispatcher, policies and
    rendezvous routing on a fake clock, with those service times) against the real
    ``TokenizerPool`` on local Ray with 1 and 2 workers (closed loops of session turns and of
-   stateless 1M-character texts): measured and predicted throughput and P99 side by side, predicted
-   both from the costs above and from each request's CPU per process as lone requests measured it
-   seconds before the loop (the machine's speed drifts in between);
+   stateless 1M-character texts, each in rounds): measured and predicted throughput and P99 side by
+   side, predicted both from the costs above and from each request's CPU per process as lone
+   requests measured it seconds before each round (the machine's speed drifts in between), with
+   the stalls those lone requests showed;
 3. runs the simulation at 16, 64 and 256 cores on 1, 4 and 16 nodes for chat sessions (100K-1M
    characters of context, +1.3K a turn, Poisson arrivals), long stateless texts (1-3M characters)
    and a mixed load (1% of requests are long texts), and prints each throughput curve and the first
