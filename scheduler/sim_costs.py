@@ -54,7 +54,7 @@ class Costs:
     # over its mean, paired with ``loop_stall`` (sample i of each from one lone call, drawn together,
     # :func:`stalls_of`) and spent holding the call's worker after its encode, no core: the worker's
     # process or the channel slow to answer. Only that worker's callers queue behind it; with the
-    # whole excess on the loop, 2 workers' simulated P99 ran 46-61% over the pool's (2026-12-02).
+    # whole excess on the loop, 2 workers' simulated P99 ran 46-61% over the pool's (2026-12-03).
     trip_stall: tuple[float, ...] = ()
     # A lone stateless text's excess over its mean latency (:func:`stall_of`), drawn per text and
     # spent inside one of its chunks: the chunk's slot held, no core (Ray's scheduling, the task's
