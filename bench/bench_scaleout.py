@@ -52,7 +52,7 @@ from delta_ray.apps.bundled import bundled_tokenizer_path  # noqa: E402
 from delta_ray.core.config import TokenizerConfig  # noqa: E402
 from delta_ray.core.loading import load_tokenizer  # noqa: E402
 from delta_ray.apps.sample_text import corpus  # noqa: E402
-from delta_ray.scheduler.simulation import (Cluster, Costs, Simulation, spread_of, stall_of, stalls_of,  # noqa: E402
+from delta_ray.scheduler.simulation import (Cluster, Costs, Simulation, spread_of, stalls_of,  # noqa: E402
                                             sweep)
 from delta_ray.tokenizer_core import TokenizerCore  # noqa: E402
 
@@ -513,13 +513,17 @@ def _round_trips(kind: str = "session"):
         metrics.record_times = record
 
 
-def _lone_calls(fn, seconds: float) -> list[float]:
-    """Milliseconds of each ``fn()`` called back to back by one thread for ``seconds``."""
-    out, end = [], time.perf_counter() + seconds
+def _lone_calls(fn, seconds: float, trips: tuple[float, ...] | list[float] = ()) -> tuple[list[float], list[float]]:
+    """Milliseconds of each ``fn()`` called back to back by one thread for ``seconds``, and the
+    longest of the round trips :func:`_round_trips` recorded into ``trips`` during each (a text's
+    chunks run side by side: its longest chunk is the part of it spent away from the caller)."""
+    out, longest, end = [], [], time.perf_counter() + seconds
     while (t0 := time.perf_counter()) < end:
+        n = len(trips)
         fn()
         out.append((time.perf_counter() - t0) * 1e3)
-    return out
+        longest.append(max(trips[n:], default=0.0))
+    return out, longest
 
 
 SEEDS = 3  # simulated runs per closed loop: its P99 is their median, its throughput their mean
@@ -631,24 +635,25 @@ def validate(path: str, costs: Costs, engine: str, quick: bool) -> list[tuple]:
             turn_rounds = []  # (lone turns' ms, their round trips' ms, their CPU demand, the loop)
             for _ in range(rounds):
                 w0, c0 = sum(map(_proc_cpu_ms, pids)), time.process_time()
-                with _round_trips() as trips:  # the simulation's turn stalls come from these
-                    lone = _lone_calls(lambda: turn(0), lone_secs / rounds)
+                with _round_trips() as recorded:  # the simulation's turn stalls come from these
+                    lone, trips = _lone_calls(lambda: turn(0), lone_secs / rounds, recorded)
                 # ... and a lone turn's CPU demand: its worker's, the driver's (Ray's threads included)
                 turn_cpu = ((sum(map(_proc_cpu_ms, pids)) - w0) / len(lone), (time.process_time() - c0) * 1e3 / len(lone))
-                turn_rounds.append((lone, list(trips), turn_cpu, _closed_loop(callers, secs / rounds, turn, pids)))
+                turn_rounds.append((lone, trips, turn_cpu, _closed_loop(callers, secs / rounds, turn, pids)))
             check(pool.extend("v0", ""), "".join(sent))
             encode_text = lambda: pool.encode(text1m, add_special_tokens=False)  # noqa: E731
             check(encode_text(), text1m, add_special_tokens=False)
-            text_rounds = []  # (lone texts' ms, their CPU demand, the loop)
+            text_rounds = []  # (lone texts' ms, their longest chunks' round trips, their CPU demand, the loop)
             for _ in range(rounds):
                 meter = _CpuMeter(split=True)
-                lone_text = _lone_calls(encode_text, text_secs / 2 / rounds)  # ... and the texts' stalls from these
+                with _round_trips("chunk") as recorded:  # ... and the texts' stalls from these
+                    lone_text, text_trips = _lone_calls(encode_text, text_secs / 2 / rounds, recorded)
                 # ... and a lone text's CPU demand: the driver's, the chunk tasks' processes', Ray's
                 # daemons', the rest of the machine's, each beyond its share with the pool idle
                 text_cpu = [ms / len(lone_text) for ms in meter.read_split(tuple(idle))]
                 m = _closed_loop(2, text_secs / rounds, lambda i: encode_text(), pids=None)
                 # the rest of the machine per text, less what it does with the pool idle (as simulated)
-                text_rounds.append((lone_text, text_cpu, m._replace(workers_cpu=m.workers_cpu - others[-1] / m.rate)))
+                text_rounds.append((lone_text, text_trips, text_cpu, m._replace(workers_cpu=m.workers_cpu - others[-1] / m.rate)))
             check(encode_text(), text1m, add_special_tokens=False)
         costs = dataclasses.replace(costs, driver_background_ms_per_s=background, node_background_ms_per_s=others[-1])
         cl = Cluster(nodes=1, cores_per_node=2, workers=w, task_slots=w)
@@ -658,11 +663,11 @@ def validate(path: str, costs: Costs, engine: str, quick: bool) -> list[tuple]:
         k = Simulation(cl, costs).chunk_count(1_000_000)  # chunks of a 1M text
         # each round's stalls from its own lone requests, and (second rows) its CPU demand from them
         # too, where the costs above were measured minutes before
-        each = [dataclasses.replace(costs, text_stall=stall_of(lone_text),
-                                    **dict(zip(("loop_stall", "trip_stall"), stalls_of(lone, trips))))
-                for (lone, trips, _, _), (lone_text, _, _) in zip(turn_rounds, text_rounds)]
-        each_lone = [_lone_demand(c, k, one_turn, one_text, t[2], x[1]) for c, t, x in zip(each, turn_rounds, text_rounds)]
-        m_turn, m_text = _pooled([t[3] for t in turn_rounds]), _pooled([x[2] for x in text_rounds])
+        each = [dataclasses.replace(costs, **dict(zip(("loop_stall", "trip_stall"), stalls_of(lone, trips))),
+                                    **dict(zip(("text_loop_stall", "text_stall"), stalls_of(lone_text, text_trips))))
+                for (lone, trips, _, _), (lone_text, text_trips, _, _) in zip(turn_rounds, text_rounds)]
+        each_lone = [_lone_demand(c, k, one_turn, one_text, t[2], x[2]) for c, t, x in zip(each, turn_rounds, text_rounds)]
+        m_turn, m_text = _pooled([t[3] for t in turn_rounds]), _pooled([x[3] for x in text_rounds])
         rows.append((w, "session turns, 4 callers", m_turn, _simulate(cl, each, sessions(callers), "turn", secs / rounds * 1e3, 1_000)))
         rows.append((w, "  ... lone turns' demand", m_turn, _simulate(cl, each_lone, sessions(callers), "turn", secs / rounds * 1e3, 1_000)))
         rows.append((w, "stateless 1M, 2 callers", m_text, _simulate(cl, each, texts(2), "text", text_secs / rounds * 1e3, 2_000)))
@@ -671,8 +676,9 @@ def validate(path: str, costs: Costs, engine: str, quick: bool) -> list[tuple]:
         lone = [ms for t in turn_rounds for ms in t[0]]
         lone_text = [ms for x in text_rounds for ms in x[0]]
         turn_cpu = [statistics.fmean(t[2][i] for t in turn_rounds) for i in range(2)]
-        text_cpu = [statistics.fmean(x[1][i] for x in text_rounds) for i in range(4)]
-        loop_part, trip_part = (sum(sum(getattr(c, f)) for c in each) for f in ("loop_stall", "trip_stall"))
+        text_cpu = [statistics.fmean(x[2][i] for x in text_rounds) for i in range(4)]
+        loop_part, trip_part, text_part, chunk_part = (sum(sum(getattr(c, f)) for c in each) for f in (
+            "loop_stall", "trip_stall", "text_loop_stall", "text_stall"))
         daemons = k * costs.chunk_daemon_ms
         demand += [f"{w} worker(s): a turn's worker {turn_cpu[0]:.3f} ms (simulated {one_turn.workers_cpu:.3f}), "
                    f"driver {turn_cpu[1]:.3f} ({one_turn.driver_cpu:.3f}); a 1M text's driver {text_cpu[0]:.2f} "
@@ -686,14 +692,16 @@ def validate(path: str, costs: Costs, engine: str, quick: bool) -> list[tuple]:
                      f"in the round trip; a 1M text {statistics.fmean(lone_text):.1f} ms mean (costs' sum "
                      f"{1e3 / one_text.rate:.1f}; with the lone texts' demand "
                      f"{1e3 / _simulate(cl, mean_lone, texts(1), 'text', 4_000, 500).rate:.1f}), "
-                     f"{np.percentile(lone_text, 99):.1f} P99"]
+                     f"{np.percentile(lone_text, 99):.1f} P99, {chunk_part / max(1e-9, text_part + chunk_part):.0%} "
+                     f"of its excess in its longest chunk's round trip"]
         backgrounds.append(background)
     global BACKGROUND
     BACKGROUND = backgrounds[-1]
     print(f"lone requests (1 caller), timed before each of the loop's {rounds} rounds: " + "; ".join(lone_p99)
-          + ". Their excess over their mean is simulated as stalls: of the caller's loop (Costs.loop_stall) "
-          "and of one chunk of each text (Costs.text_stall); a turn's excess inside its round trip holds its worker "
-          "instead (Costs.trip_stall). Each round is simulated with its own")
+          + ". Their excess over their mean is simulated as stalls of the caller's loop "
+          "(Costs.loop_stall, Costs.text_loop_stall), but a turn's excess inside its round trip holds its worker "
+          "(Costs.trip_stall) and a text's inside its longest chunk's round trip that chunk's slot (Costs.text_stall). "
+          "Each round is simulated with its own")
     print("lone requests' CPU demand in ms (each process's, measured; the simulated in brackets): " + "; ".join(demand))
     print(f"a driver with an idle pool spends {', '.join(f'{b:.0f}' for b in backgrounds)} ms of CPU per second "
           "(Ray's threads; simulated as background work of its loop); the rest of the machine meanwhile "

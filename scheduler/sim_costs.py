@@ -56,10 +56,15 @@ class Costs:
     # process or the channel slow to answer. Only that worker's callers queue behind it; with the
     # whole excess on the loop, 2 workers' simulated P99 ran 46-61% over the pool's (2026-12-03).
     trip_stall: tuple[float, ...] = ()
-    # A lone stateless text's excess over its mean latency (:func:`stall_of`), drawn per text and
-    # spent inside one of its chunks: the chunk's slot held, no core (Ray's scheduling, the task's
-    # process or the object store slow to answer); the text's other callers queue for the slot.
+    # A lone stateless text's excess over its mean inside its longest chunk's round trip (the whole
+    # latency's with :func:`stall_of`), drawn per text and spent inside one of its chunks: the
+    # chunk's slot held, no core (Ray's scheduling, the task's process or the object store slow to
+    # answer); the text's other callers queue for the slot.
     text_stall: tuple[float, ...] = ()
+    # A lone text's excess outside its chunks' round trips (the longest one's), paired with
+    # ``text_stall`` as ``loop_stall`` is with ``trip_stall`` (:func:`stalls_of`): spent holding its
+    # caller's loop, no core, before its plan (the calling process's own bursts: GC, its threads).
+    text_loop_stall: tuple[float, ...] = ()
 
     def orch_session(self, workers: int) -> float:
         return self.orch_session_ms + self.orch_session_ms_per_worker * workers

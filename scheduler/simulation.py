@@ -15,8 +15,8 @@ resource saturates first and how throughput grows with cores and nodes:
   over its mean: the part outside its round trip holds its caller's loop (``Costs.loop_stall``: the
   GIL without a core, the process's other calls queue behind it), the part inside holds its worker
   after the encode (``Costs.trip_stall``: no core, that worker's calls queue behind it);
-* a stateless text's first chunk to run waits, after its encode, a draw from a lone text's
-  measured excess over its mean (``Costs.text_stall``): its task slot held, no core;
+* a stateless text stalls likewise: its loop (``Costs.text_loop_stall``) before its plan, and its
+  first chunk to run after its encode (``Costs.text_stall``: its task slot held, no core);
 * a **session worker** (one per core by default) runs one call at a time on a core of its node;
 * **chunk tasks** (the dispatcher's shared slots) run on cores of the nodes, spread round robin;
 * a **NIC** per node and direction carries what crosses nodes (texts out, IDs back) at
@@ -180,9 +180,10 @@ class Simulation:
                                        workers_take_shared=False) for _ in range(c.drivers)]
         self._spread = itertools.count()
         self._turn_spread = Deck(costs.spread, self.rng)
-        # a turn's loop and trip stalls come from one lone call: drawn together, by its index
+        # a request's two stalls (its loop's, its worker's or chunk's) come from one lone request:
+        # drawn together, by its index
         self._turn_stall = Deck(tuple(range(max(len(costs.loop_stall), len(costs.trip_stall)))), self.rng)
-        self._text_stall = Deck(costs.text_stall, self.rng)
+        self._text_stall = Deck(tuple(range(max(len(costs.text_loop_stall), len(costs.text_stall)))), self.rng)
         self.completed: dict[str, int] = {}
         self.latencies: dict[str, list[float]] = {}
         self._measure_from = 0.0
@@ -365,20 +366,24 @@ class Simulation:
             if on_done is not None:
                 on_done()
 
-        stall, trip = self._turn_stalls()
-        if stall > 0:  # the caller's loop held, no core used (Costs.loop_stall), then the hand-off
-            if self.now >= self._measure_from:
-                self.stalled_ms += stall
-            self.hold([self.gil[d]], stall, lambda: self.driver_step(d, c.handoff_ms / 2 + orch / 2, accepted))
-        else:
-            self.driver_step(d, c.handoff_ms / 2 + orch / 2, accepted)
+        stall, trip = self._stalls()  # the caller's loop held (Costs.loop_stall), then the hand-off
+        self._stall_loop(d, stall, lambda: self.driver_step(d, c.handoff_ms / 2 + orch / 2, accepted))
 
-    def _turn_stalls(self) -> tuple[float, float]:
-        """A turn's stalls (ms): of its caller's loop and of its worker, drawn from one lone call."""
-        if not self._turn_stall:
-            return 0.0, 0.0
-        i, c = self._turn_stall.draw(), self.costs
-        return (c.loop_stall[i] if i < len(c.loop_stall) else 0.0, c.trip_stall[i] if i < len(c.trip_stall) else 0.0)
+    def _stalls(self, text: bool = False) -> tuple[float, float]:
+        """A turn's or a text's stalls (ms): of its caller's loop, and of its worker or one of its
+        chunks, drawn from one lone request."""
+        deck, c = (self._text_stall if text else self._turn_stall), self.costs
+        loop, inside = (c.text_loop_stall, c.text_stall) if text else (c.loop_stall, c.trip_stall)
+        i = deck.draw() if deck else len(loop) + len(inside)
+        return (loop[i] if i < len(loop) else 0.0, inside[i] if i < len(inside) else 0.0)
+
+    def _stall_loop(self, d: int, ms: float, then: Callable[[], None]) -> None:
+        """Hold driver ``d``'s loop for ``ms`` without a core (a stall, not CPU), then ``then``."""
+        if ms <= 0:
+            return then()
+        if self.now >= self._measure_from:
+            self.stalled_ms += ms
+        self.hold([self.gil[d]], ms, then)
 
     def chat(self, rate_per_s: float, until_ms: float) -> None:
         """Poisson turn arrivals at ``rate_per_s`` over the sessions (uniformly) until ``until_ms``."""
@@ -418,7 +423,8 @@ class Simulation:
         left = [k]
         orch = c.orch_chunk(self.cluster.n_workers)
         launched: dict[int, float] = {}
-        stall = [self._text_stall.draw() if self._text_stall else 0.0]  # spent in its first chunk
+        loop_stall, inside = self._stalls(text=True)
+        stall = [inside]  # spent in its first chunk
 
         def planned() -> None:
             for _ in range(k):
@@ -456,7 +462,8 @@ class Simulation:
             if on_done is not None:
                 on_done()
 
-        self.driver_step(d, c.handoff_ms / 2 + c.plan_ms_per_mchar * n_chars / 1e6, planned)
+        self._stall_loop(d, loop_stall, lambda: self.driver_step(
+            d, c.handoff_ms / 2 + c.plan_ms_per_mchar * n_chars / 1e6, planned))
 
     def stateless(self, rate_per_s: float, until_ms: float, size: tuple[int, int] = (1_000_000, 3_000_000)) -> None:
         """Poisson arrivals of stateless texts of uniform size in ``size``, callers spread over drivers."""

@@ -275,6 +275,27 @@ def test_a_text_stall_holds_its_chunks_slot_not_a_core():
     assert res.utilization["node cores (busiest node)"] == pytest.approx(2 / 12 / 2, rel=0.05)
 
 
+def test_a_texts_loop_stall_holds_its_callers_loop_not_its_chunks_slot():
+    # Two task slots, two callers, 1M texts in two chunks of 1 ms: 1,000 texts/s. A lone text's
+    # 10 ms excess outside its chunks (the calling process's own burst) holds the caller's loop:
+    # one at a time, 100 texts/s; the same excess inside a chunk holds its slot: 12 slot-ms a
+    # text on 2 slots, 167 texts/s. The loop's stall is not CPU.
+    costs = Costs(**{**FREE.__dict__, "encode_ms_per_mchar": 2.0})
+    cl = Cluster(nodes=1, cores_per_node=4, task_slots=2)
+    rates = []
+    for extra in ({}, {"text_loop_stall": (10.0,)}, {"text_stall": (10.0,)}):
+        sim = Simulation(cl, Costs(**{**costs.__dict__, **extra}))
+        sim.closed_texts(2, 1_000_000)
+        res = sim.run(3_100.0, 100.0)
+        rates.append(res.throughput("text"))
+        if extra.get("text_loop_stall"):
+            assert res.bottleneck()[0] == "driver loop (GIL)"
+            assert sim.gil[0].busy_ms() - sim.stalled_ms == pytest.approx(0.0, abs=1e-6)
+    assert rates[0] == pytest.approx(1000, rel=0.02)
+    assert rates[1] == pytest.approx(100, rel=0.02)
+    assert rates[2] == pytest.approx(1000 / 6, rel=0.02)
+
+
 def test_a_loop_stall_holds_the_callers_loop_not_a_core():
     # 4 workers, 4 callers, 1 ms turns: 3,000 turns/s (two of the 4 sessions share a rendezvous home). A 3 ms stall of the caller's loop per turn (its
     # GIL held by a preempted thread) makes the loop the bottleneck: one stall at a time, 333 turns/s,
@@ -325,7 +346,7 @@ def test_a_turns_loop_and_trip_stalls_come_from_one_lone_call():
     with pytest.raises(ValueError, match="paired"):
         stalls_of([1.0], [])
     sim = Simulation(Cluster(), Costs(**{**FREE.__dict__, "loop_stall": loop, "trip_stall": trip}))
-    drawn = [sim._turn_stalls() for _ in range(400)]
+    drawn = [sim._stalls() for _ in range(400)]
     assert sorted(set(drawn)) == [(0.0, 0.0), (1.5, 4.5)]
     assert drawn.count((1.5, 4.5)) == 100
 
