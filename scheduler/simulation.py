@@ -187,7 +187,7 @@ class Simulation:
         self.completed: dict[str, int] = {}
         self.latencies: dict[str, list[float]] = {}
         self._measure_from = 0.0
-        self.stalled_ms = 0.0  # the loops' stalls (Costs.loop_stall) in the measured window: not CPU
+        self.stalled_ms = 0.0  # the loops' stalls (Costs.loop_stall, text_loop_stall) measured: not CPU
         self.worker_cpu_ms = 0.0  # the workers' encodes in the measured window (a worker's lock
         # is held longer: while its encode waits for a core, and for its trip stall)
         self.sessions: list[_Session] = []
