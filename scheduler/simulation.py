@@ -370,11 +370,12 @@ class Simulation:
         self._stall_loop(d, stall, lambda: self.driver_step(d, c.handoff_ms / 2 + orch / 2, accepted))
 
     def _stalls(self, text: bool = False) -> tuple[float, float]:
-        """A turn's or a text's stalls (ms): of its caller's loop, and of its worker or one of its
-        chunks, drawn from one lone request."""
+        """A turn's or a text's stalls (ms), from one lone request: its loop's, its worker's or chunk's."""
         deck, c = (self._text_stall if text else self._turn_stall), self.costs
+        if not deck:
+            return 0.0, 0.0
         loop, inside = (c.text_loop_stall, c.text_stall) if text else (c.loop_stall, c.trip_stall)
-        i = deck.draw() if deck else len(loop) + len(inside)
+        i = deck.draw()
         return (loop[i] if i < len(loop) else 0.0, inside[i] if i < len(inside) else 0.0)
 
     def _stall_loop(self, d: int, ms: float, then: Callable[[], None]) -> None:
