@@ -22,7 +22,8 @@ resource saturates first and how throughput grows with cores and nodes:
 * a **NIC** per node and direction carries what crosses nodes (texts out, IDs back) at
   ``net_mb_per_ms``.
 
-Cores are FIFO servers shared by a node's workers, tasks, driver and other jobs. Utilization is busy
+A node's cores are time-shared (:class:`SharedCores`) by its workers, tasks, driver and other jobs;
+a loop, a worker's lock and a NIC are FIFO servers (:class:`Resource`). Utilization is busy
 server-time over capacity; the first to saturate is the busiest when the offered load exceeds what
 the pool completes. Ray-free and stdlib-only, like ``scheduler/``.
 """
@@ -40,6 +41,7 @@ from .clock import FakeClock
 from .dispatcher import Dispatcher
 from .routing import worker_name
 from .sim_costs import Costs, Deck, spread_of, stall_of, stalls_of  # noqa: F401  (re-exported)
+from .sim_resources import Resource, SharedCores  # noqa: F401  (re-exported)
 
 TURN_CHARS = 1300
 
@@ -71,50 +73,6 @@ class Cluster:
     @property
     def n_task_slots(self) -> int:
         return self.task_slots if self.task_slots is not None else self.cores
-
-
-class Resource:
-    """``servers`` identical servers with one FIFO queue; tracks busy server-time."""
-
-    def __init__(self, sim: "Simulation", name: str, servers: int):
-        self.sim, self.name, self.servers = sim, name, servers
-        self.busy = 0
-        self._queue: deque[Callable[[], None]] = deque()
-        self._area = 0.0
-        self._since = 0.0
-
-    def _account(self) -> None:
-        now = self.sim.now
-        self._area += self.busy * (now - self._since)
-        self._since = now
-
-    def acquire(self, granted: Callable[[], None]) -> None:
-        if self.busy < self.servers:
-            self._account()
-            self.busy += 1
-            granted()
-        else:
-            self._queue.append(granted)
-
-    def release(self) -> None:
-        if self._queue:
-            self._queue.popleft()()  # the server passes straight to the next in line
-        else:
-            self._account()
-            self.busy -= 1
-
-    def utilization(self, start: float, end: float) -> float:
-        self._account()
-        return self._area / max(1e-9, (end - start) * self.servers)
-
-    def busy_ms(self) -> float:
-        """Server-milliseconds of work done since the accounting was last reset."""
-        self._account()
-        return self._area
-
-    def reset_accounting(self) -> None:
-        self._account()
-        self._area = 0.0
 
 
 @dataclass
@@ -166,7 +124,7 @@ class Simulation:
         self._events: list = []
         self._seq = itertools.count()
         c = cluster
-        self.cpu = [Resource(self, f"node{n} cores", c.cores_per_node) for n in range(c.nodes)]
+        self.cpu = [SharedCores(self, f"node{n} cores", c.cores_per_node) for n in range(c.nodes)]
         self.nic_out = [Resource(self, f"node{n} NIC out", 1) for n in range(c.nodes)]
         self.nic_in = [Resource(self, f"node{n} NIC in", 1) for n in range(c.nodes)]
         self.gil = [Resource(self, f"driver{d} loop", 1) for d in range(c.drivers)]
@@ -257,27 +215,31 @@ class Simulation:
 
     # -- holding resources --------------------------------------------------------------------------
     def hold(self, resources: list[Resource], ms: float, then: Callable[[], None]) -> None:
-        """Acquire ``resources`` in order, hold them all for ``ms``, release, then call ``then``."""
+        """Acquire ``resources`` in order, hold them all for ``ms`` (``ms`` of work on a node's cores
+        among them, stretched by what else runs there), release, then call ``then``."""
+        queued = [r for r in resources if not isinstance(r, SharedCores)]
+        cores = [r for r in resources if isinstance(r, SharedCores)]
+
         def step(i: int) -> None:
-            if i < len(resources):
-                resources[i].acquire(lambda: step(i + 1))
+            if i < len(queued):
+                queued[i].acquire(lambda: step(i + 1))
                 return
 
             def finish() -> None:
-                for r in resources:
+                for r in queued:
                     r.release()
                 then()
-            self.after(ms, finish)
+            if cores:
+                cores[0].run(ms, finish)
+            else:
+                self.after(ms, finish)
         step(0)
 
-    def beside(self, resources: list[Resource], ms: float) -> None:
-        """Hold ``resources`` for ``ms`` in all, 0.5 ms slices back to back, each queued anew: work of
-        other processes' threads that shares the cores with a request but is not on its path (the
-        OS time-shares them: a lone chunk does not wait for the raylet's bookkeeping of it)."""
-        if ms <= 1e-9:  # what float subtraction leaves of a whole number of slices
-            return
-        step = min(0.5, ms)
-        self.hold(resources, step, lambda: self.beside(resources, ms - step))
+    def beside(self, cores: SharedCores, ms: float) -> None:
+        """``ms`` of other processes' threads on ``cores``, beside a request but not on its path (the
+        raylet's bookkeeping of a chunk): it slows what runs there but nothing waits for it."""
+        if ms > 0:
+            cores.run(ms, lambda: None)
 
     def driver_step(self, d: int, ms: float, then: Callable[[], None]) -> None:
         self.hold([self.gil[d], self.cpu[self.driver_node[d]]], ms, then)
@@ -437,7 +399,7 @@ class Simulation:
             node = next(self._spread) % self.cluster.nodes  # SPREAD
 
             def sent() -> None:
-                self.beside([self.cpu[node]], c.chunk_daemon_ms)
+                self.beside(self.cpu[node], c.chunk_daemon_ms)
                 self.transfer(self.driver_node[d], node, piece, lambda: self.after(c.ray_rtt_ms / 2, run))
 
             def run() -> None:

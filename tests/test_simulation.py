@@ -7,8 +7,8 @@ import random
 import pytest
 
 from delta_ray.scheduler import home_worker, worker_name
-from delta_ray.scheduler.simulation import (Cluster, Costs, Deck, Resource, Simulation, spread_of, stall_of,
-                                            stalls_of, sweep)
+from delta_ray.scheduler.simulation import (Cluster, Costs, Deck, Resource, SharedCores, Simulation, spread_of,
+                                            stall_of, stalls_of, sweep)
 
 # Everything free except what a test sets: results then follow from arithmetic.
 FREE = Costs(handoff_ms=0.0, orch_session_ms=0.0, orch_chunk_ms=0.0, channel_client_ms=0.0, ray_call_ms=0.0,
@@ -33,6 +33,40 @@ def test_resource_is_fifo_and_counts_busy_time():
     sim.run(100.0)
     assert order == [(0, 2.0), (1, 4.0), (2, 6.0)]
     assert r.utilization(0.0, 12.0) == pytest.approx(0.5)
+
+
+def test_cores_are_time_shared_among_what_is_runnable():
+    # One core: a 5 ms job from 0 and a 0.1 ms one from 1 ms share it half and half while both run,
+    # so the short one ends at 1.2 ms (first come first served: 5.1) and stretches the long one to
+    # 5.1. Two cores, three 2 ms jobs: each runs at 2/3 of a core, all end at 3 ms, both cores busy.
+    sim = Simulation(Cluster(), FREE)
+    one = SharedCores(sim, "one", 1)
+    ends = {}
+    one.run(5.0, lambda: ends.setdefault("long", sim.now))
+    sim.after(1.0, lambda: one.run(0.1, lambda: ends.setdefault("short", sim.now)))
+    sim.run(100.0)
+    assert ends == {"short": pytest.approx(1.2), "long": pytest.approx(5.1)}
+    assert one.busy_ms() == pytest.approx(5.1)
+    sim = Simulation(Cluster(), FREE)
+    two, done = SharedCores(sim, "two", 2), []
+    for _ in range(3):
+        two.run(2.0, lambda: done.append(sim.now))
+    sim.run(100.0)
+    assert done == [pytest.approx(3.0)] * 3 and two.utilization(0.0, 3.0) == pytest.approx(1.0)
+    with pytest.raises(TypeError):
+        two.acquire(lambda: None)
+
+
+def test_a_turn_shares_its_core_with_a_chunk_encode_rather_than_wait_for_it():
+    # One core: a 10 ms chunk encode from 0 and a 1 ms turn arriving at 1 ms. The OS shares the core,
+    # so the turn takes 2 ms (first come first served held it 10) and the text 11.
+    costs = Costs(**{**FREE.__dict__, "encode_ms_per_mchar": 10.0})
+    sim = Simulation(Cluster(nodes=1, cores_per_node=1, workers=1, task_slots=1), costs)
+    sim.add_sessions(1, (100_000, 100_000))
+    sim.text(1_000_000)
+    sim.after(1.0, lambda: sim.turn(sim.sessions[0]))
+    res = sim.run(100.0)
+    assert res.latencies["turn"] == [pytest.approx(2.0)] and res.latencies["text"] == [pytest.approx(11.0)]
 
 
 def test_one_worker_closed_loop_runs_at_its_service_rate():
