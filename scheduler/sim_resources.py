@@ -8,16 +8,22 @@ from __future__ import annotations
 import heapq
 import itertools
 from collections import deque
-from typing import TYPE_CHECKING, Callable
+from typing import Callable, Protocol
 
-if TYPE_CHECKING:
-    from .simulation import Simulation
+
+class Timeline(Protocol):
+    """What a resource needs of its simulation: the time, and a way to be called back later."""
+
+    @property
+    def now(self) -> float: ...
+
+    def after(self, ms: float, fn: Callable[[], None]) -> None: ...
 
 
 class Resource:
     """``servers`` identical servers with one FIFO queue; tracks busy server-time."""
 
-    def __init__(self, sim: "Simulation", name: str, servers: int):
+    def __init__(self, sim: Timeline, name: str, servers: int):
         self.sim, self.name, self.servers = sim, name, servers
         self.busy = 0
         self._queue: deque[Callable[[], None]] = deque()
@@ -67,7 +73,7 @@ class SharedCores(Resource):
     All jobs advance at one rate, so a job ends when the cores' shared *virtual* time (work done per
     job) reaches its start's plus its work: one heap of those ends, O(log n) per arrival or end."""
 
-    def __init__(self, sim: "Simulation", name: str, servers: int):
+    def __init__(self, sim: Timeline, name: str, servers: int):
         super().__init__(sim, name, servers)
         self._ends: list = []  # (virtual end, seq, then)
         self._virtual = 0.0
