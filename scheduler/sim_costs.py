@@ -44,11 +44,10 @@ class Costs:
     # the turn's only: drawn on chunk encodes too, a heavy tail made stateless P99 3x the measured).
     spread: tuple[float, ...] = ()
     # A lone session call's excess over its mean latency outside its round trip to the worker, one
-    # value per measured call (:func:`stalls_of`; the whole latency's with :func:`stall_of`), drawn
-    # per turn and spent holding its caller's loop (the GIL) but no core: the loop's thread
-    # preempted while it holds the GIL, or the loop's own irregular work; the process's other calls
-    # queue behind it. What a lone call shows of it, the simulation amplifies with the queueing
-    # (design §13). Not CPU: not counted as the driver's CPU.
+    # value per measured call (:func:`stalls_of`), drawn per turn and spent holding its caller's
+    # loop (the GIL) but no core: the loop's thread preempted while it holds the GIL, or the loop's
+    # own irregular work; the process's other calls queue behind it. What a lone call shows of it,
+    # the simulation amplifies with the queueing (design §13). Not CPU: not counted as the driver's.
     loop_stall: tuple[float, ...] = ()
     # The same call's round trip (dispatch to answer, as the pool's CallRunner times it): its excess
     # over its mean, paired with ``loop_stall`` (sample i of each from one lone call, drawn together,
@@ -56,10 +55,9 @@ class Costs:
     # process or the channel slow to answer. Only that worker's callers queue behind it; with the
     # whole excess on the loop, 2 workers' simulated P99 ran 46-61% over the pool's (2026-12-03).
     trip_stall: tuple[float, ...] = ()
-    # A lone stateless text's excess over its mean inside its longest chunk's round trip (the whole
-    # latency's with :func:`stall_of`), drawn per text and spent inside one of its chunks: the
-    # chunk's slot held, no core (Ray's scheduling, the task's process or the object store slow to
-    # answer); the text's other callers queue for the slot.
+    # A lone stateless text's excess over its mean inside its longest chunk's round trip, drawn per
+    # text and spent inside one of its chunks: the chunk's slot held, no core (Ray's scheduling, the
+    # task's process or the object store slow to answer); the text's other callers queue for the slot.
     text_stall: tuple[float, ...] = ()
     # A lone text's excess outside its chunks' round trips (the longest one's), paired with
     # ``text_stall`` as ``loop_stall`` is with ``trip_stall`` (:func:`stalls_of`): spent holding its
@@ -97,25 +95,10 @@ def stalls_of(totals: list[float], trips: list[float]) -> tuple[tuple[float, ...
     worker, and one slow in the caller's loop stalls the loop."""
     if len(totals) != len(trips):
         raise ValueError(f"{len(totals)} latencies but {len(trips)} round trips: they must be paired")
-    def excess(xs: list[float]) -> tuple[float, ...]:  # in the calls' order, unlike stall_of's
+    def excess(xs: list[float]) -> tuple[float, ...]:  # in the calls' order: pairs stay paired
         mean = sum(xs) / len(xs) if xs else 0.0
         return tuple(max(0.0, x - mean) for x in xs)
     return excess([t - r for t, r in zip(totals, trips)]), excess(trips)
-
-
-def stall_of(samples: list[float], points: int | None = None) -> tuple[float, ...]:
-    """``Costs.loop_stall`` or ``Costs.text_stall`` from a lone request's measured latencies (ms):
-    each sample's excess over their mean (0 for samples under it), since the simulation's steps are
-    means; every sample by default (``points`` quantiles otherwise). The loaded pool's P99 lies where
-    a few rare excesses fall (four callers share each stall of their loop): 400 quantiles left one
-    point for the top 0.25% and the simulated P99 jumped 5 to 16 ms with the seed (2026-12-02)."""
-    xs = sorted(samples)
-    if not xs:
-        return ()
-    mean = sum(xs) / len(xs)
-    if points is None:
-        return tuple(max(0.0, x - mean) for x in xs)
-    return tuple(max(0.0, xs[min(len(xs) - 1, int((i + 0.5) * len(xs) / points))] - mean) for i in range(points))
 
 
 class Deck:

@@ -40,7 +40,7 @@ from typing import Callable, Optional
 from .clock import FakeClock
 from .dispatcher import Dispatcher
 from .routing import worker_name
-from .sim_costs import Costs, Deck, spread_of, stall_of, stalls_of  # noqa: F401  (re-exported)
+from .sim_costs import Costs, Deck, spread_of, stalls_of  # noqa: F401  (re-exported)
 from .sim_resources import Resource, SharedCores  # noqa: F401  (re-exported)
 
 TURN_CHARS = 1300

@@ -8,7 +8,7 @@ import pytest
 
 from delta_ray.scheduler import home_worker, worker_name
 from delta_ray.scheduler.simulation import (Cluster, Costs, Deck, Resource, SharedCores, Simulation, spread_of,
-                                            stall_of, stalls_of, sweep)
+                                            stalls_of, sweep)
 
 # Everything free except what a test sets: results then follow from arithmetic.
 FREE = Costs(handoff_ms=0.0, orch_session_ms=0.0, orch_chunk_ms=0.0, channel_client_ms=0.0, ray_call_ms=0.0,
@@ -257,11 +257,13 @@ def test_a_turns_cost_is_flat_outside_the_measured_contexts():
 
 
 def test_a_lone_calls_excess_is_its_stall_over_the_mean():
-    # Steps are means, so a lone call's samples add only their excess over the mean (2 ms here).
-    stall = stall_of([1.0, 1.0, 1.0, 5.0], points=4)
-    assert stall == (0.0, 0.0, 0.0, 3.0)
-    assert stall_of([5.0, 1.0, 1.0, 1.0]) == (0.0, 0.0, 0.0, 3.0)  # every sample by default
-    assert stall_of([]) == ()
+    # Steps are means, so a lone call's samples add only their excess over the mean (2 ms here), in
+    # the calls' order (each pairs with its own round trip); unpaired samples are refused.
+    loop, trip = stalls_of([5.0, 1.0, 1.0, 1.0], [0.0, 0.0, 0.0, 0.0])
+    assert loop == (3.0, 0.0, 0.0, 0.0) and trip == (0.0, 0.0, 0.0, 0.0)
+    assert stalls_of([], []) == ((), ())
+    with pytest.raises(ValueError):
+        stalls_of([1.0, 2.0], [0.5])
 
 
 def test_a_deck_draws_each_measured_value_once_per_pass():
