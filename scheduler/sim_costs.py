@@ -32,7 +32,7 @@ class Costs:
     encode_ms_per_mchar: float = 10.0  # a stateless chunk's encode, per million characters
     chunk_node_ms: float = 0.0  # per chunk, its task process's CPU beyond the encode: on its path
     # per chunk, Ray's daemons' CPU on its node (the raylet with its object store, the GCS): their
-    # threads run beside the chunk, off its path, in 0.5 ms slices
+    # threads run beside the chunk on its node's time-shared cores, off its path
     chunk_daemon_ms: float = 0.0
     # network, per node and direction (not measurable on one machine: 10 Gbit/s assumed)
     net_mb_per_ms: float = 1.25

@@ -219,6 +219,8 @@ class Simulation:
         among them, stretched by what else runs there), release, then call ``then``."""
         queued = [r for r in resources if not isinstance(r, SharedCores)]
         cores = [r for r in resources if isinstance(r, SharedCores)]
+        if len(cores) > 1:  # one thread runs on one node
+            raise ValueError(f"one step runs on one node's cores, not {len(cores)} nodes'")
 
         def step(i: int) -> None:
             if i < len(queued):

@@ -55,6 +55,8 @@ def test_cores_are_time_shared_among_what_is_runnable():
     assert done == [pytest.approx(3.0)] * 3 and two.utilization(0.0, 3.0) == pytest.approx(1.0)
     with pytest.raises(TypeError):
         two.acquire(lambda: None)
+    with pytest.raises(ValueError):  # a step's thread runs on one node
+        sim.hold([two, SharedCores(sim, "other node", 2)], 1.0, lambda: None)
 
 
 def test_a_turn_shares_its_core_with_a_chunk_encode_rather_than_wait_for_it():
