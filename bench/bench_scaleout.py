@@ -435,13 +435,15 @@ class _CpuMeter:
 class Loop(NamedTuple):
     """A closed loop's outcome, measured or simulated: requests/s, P99 ms, the driver's and the
     workers' CPU ms per request, a range of P99s (measured: its rounds' or its halves', its own
-    repeatability; simulated: the lowest and highest over seeds), and its requests' latencies."""
+    repeatability; simulated: the lowest and highest over seeds), its requests' latencies, and its
+    chunks' (wait for a slot, round trip) in ms, as the pool's CallRunner records them."""
     rate: float
     p99: float
     driver_cpu: float
     workers_cpu: float
     p99_range: tuple[float, float]
     latencies: tuple[float, ...] = ()
+    chunks: tuple[tuple[float, float], ...] = ()
 
 
 def _pooled(rounds: list[Loop]) -> Loop:
@@ -455,7 +457,7 @@ def _pooled(rounds: list[Loop]) -> Loop:
         return sum(getattr(r, field) * len(r.latencies) for r in rounds) / n
     p99s = [r.p99 for r in rounds]
     return Loop(n / wall, float(np.percentile(lat, 99)), per_request("driver_cpu"), per_request("workers_cpu"),
-                (min(p99s), max(p99s)), tuple(lat))
+                (min(p99s), max(p99s)), tuple(lat), tuple(c for r in rounds for c in r.chunks))
 
 
 def _closed_loop(callers: int, seconds: float, fn, pids=()) -> Loop:
@@ -495,9 +497,10 @@ def _closed_loop(callers: int, seconds: float, fn, pids=()) -> Loop:
 
 
 @contextlib.contextmanager
-def _round_trips(kind: str = "session"):
+def _round_trips(kind: str = "session", waits: list[float] | None = None):
     """The round trips (ms, dispatch to answer) of the pool's ``kind`` tasks meanwhile, in order, as
-    its CallRunner records them for Ray's metrics: a lone turn's time inside and outside its worker."""
+    its CallRunner records them for Ray's metrics: a lone turn's time inside and outside its worker;
+    their waits for a slot (submit to dispatch) into ``waits`` too, when given."""
     from delta_ray.actors import metrics
     out: list[float] = []
     record = metrics.record_times
@@ -505,6 +508,8 @@ def _round_trips(kind: str = "session"):
     def recorded(k: str, wait_ms: float, service_ms: float) -> None:
         if k == kind:
             out.append(service_ms)
+            if waits is not None:
+                waits.append(wait_ms)
         record(k, wait_ms, service_ms)
     metrics.record_times = recorded
     try:
@@ -547,12 +552,12 @@ def _simulate(cl: Cluster, costs: Costs | list[Costs], load, kind: str, ms: floa
                            - c.node_background_ms_per_s * ms / 1e3) / n
             rounds.append(Loop(res.throughput(kind), res.percentile(kind, 99),
                                (sim.gil[0].busy_ms() - sim.stalled_ms) / n, workers, (0.0, 0.0),
-                               tuple(res.latencies[kind])))
+                               tuple(res.latencies[kind]), tuple(sim.chunk_times)))
         runs.append(_pooled(rounds))
     p99s = sorted(r.p99 for r in runs)
     return Loop(statistics.fmean(r.rate for r in runs), statistics.median(p99s),
                 statistics.fmean(r.driver_cpu for r in runs), statistics.fmean(r.workers_cpu for r in runs),
-                (p99s[0], p99s[-1]))
+                (p99s[0], p99s[-1]), chunks=tuple(c for r in runs for c in r.chunks))
 
 
 def _lone_demand(costs: Costs, k: int, one_turn: Loop, one_text: Loop, turn_cpu, text_cpu) -> Costs:
@@ -651,7 +656,10 @@ def validate(path: str, costs: Costs, engine: str, quick: bool) -> list[tuple]:
                 # ... and a lone text's CPU demand: the driver's, the chunk tasks' processes', Ray's
                 # daemons', the rest of the machine's, each beyond its share with the pool idle
                 text_cpu = [ms / len(lone_text) for ms in meter.read_split(tuple(idle))]
-                m = _closed_loop(2, text_secs / rounds, lambda i: encode_text(), pids=None)
+                waits: list[float] = []
+                with _round_trips("chunk", waits) as trips:  # where a loaded text's time goes
+                    m = _closed_loop(2, text_secs / rounds, lambda i: encode_text(), pids=None)
+                m = m._replace(chunks=tuple(zip(waits, trips)))
                 # the rest of the machine per text, less what it does with the pool idle (as simulated)
                 text_rounds.append((lone_text, text_trips, text_cpu, m._replace(workers_cpu=m.workers_cpu - others[-1] / m.rate)))
             check(encode_text(), text1m, add_special_tokens=False)
@@ -810,6 +818,13 @@ def main() -> int:
                       f"   {m.p99_range[0]:.2f}, {m.p99_range[1]:.2f}; {p.p99_range[0]:.2f}-{p.p99_range[1]:.2f}")
             print(f"load average now {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores: wall-clock throughput and P99 "
                   "only compare on a quiet machine")
+            print("\n## Where the stateless loops' time goes: each chunk's wait for a task slot and its round trip "
+                  "(dispatch to answer) in ms, P50 / P99, as the pool's CallRunner records them; measured vs simulated")
+            print(f"{'workers':>8}  {'load':<28}{'wait':>15}{'sim':>15}{'round trip':>15}{'sim':>15}")
+            for w, label, m, p in rows:
+                if m.chunks and p.chunks:
+                    cols = [np.percentile([c[i] for c in x.chunks], (50, 99)) for i in (0, 1) for x in (m, p)]
+                    print(f"{w:>8}  {label:<28}" + "".join(f"{a:>8.1f} /{b:>5.1f}" for a, b in cols))
             print("\n## Validation by CPU demand per request (ms), which other jobs on the machine do not change: "
                   "the calling process (driver) and the workers (sessions) or the rest of the machine beyond its "
                   "idle share (texts: chunk tasks, Ray's daemons); 1 / demand is the path's ceiling")

@@ -148,6 +148,8 @@ class Simulation:
         self.stalled_ms = 0.0  # the loops' stalls (Costs.loop_stall, text_loop_stall) measured: not CPU
         self.worker_cpu_ms = 0.0  # the workers' encodes in the measured window (a worker's lock
         # is held longer: while its encode waits for a core, and for its trip stall)
+        self.chunk_times: list[tuple[float, float]] = []  # each chunk's (wait, round trip) in ms, as
+        # the pool's CallRunner records them for Ray's metrics: submit to launch, launch to answer
         self.sessions: list[_Session] = []
         for d in range(c.drivers):  # a calling process's own background work (Ray's threads)
             self._slices([self.gil[d], self.cpu[self.driver_node[d]]], costs.driver_background_ms_per_s)
@@ -195,6 +197,7 @@ class Simulation:
     def _start_measuring(self) -> None:
         self._measure_from = self.now
         self.completed, self.latencies, self.stalled_ms, self.worker_cpu_ms = {}, {}, 0.0, 0.0
+        self.chunk_times = []
         for r in [*self.cpu, *self.nic_out, *self.nic_in, *self.gil, *self.worker_lock.values()]:
             r.reset_accounting()
 
@@ -416,7 +419,10 @@ class Simulation:
             self.driver_step(d, c.ray_call_ms + c.put_ms_per_mchar * piece / 1e6 + orch / 2, sent)
 
         def chunk_done(task) -> None:
-            disp.complete(task.id, self.now - launched.pop(task.id))
+            ms = self.now - launched.pop(task.id)
+            disp.complete(task.id, ms)
+            if self.now >= self._measure_from:
+                self.chunk_times.append((self.now - ms - task.arrival_ms, ms))
             self._pump(d)
             left[0] -= 1
             if left[0] == 0:

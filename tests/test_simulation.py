@@ -164,6 +164,17 @@ def test_chunks_of_a_text_run_in_parallel_up_to_the_task_slots():
         assert res.completed == {"text": 1} and res.latencies["text"][0] == pytest.approx(want)
 
 
+def test_a_chunks_wait_and_round_trip_are_recorded_as_the_pool_records_them():
+    # One slot, two 1M texts at once, 10 ms an encode: the first chunk runs at once, the second waits
+    # for the slot 10 ms and then runs 10 (CallRunner's wait and service, as Ray's metrics get them).
+    costs = Costs(**{**FREE.__dict__, "encode_ms_per_mchar": 10.0})
+    sim = Simulation(Cluster(nodes=1, cores_per_node=2, workers=1, task_slots=1), costs)
+    sim.text(1_000_000)
+    sim.text(1_000_000)
+    sim.run(100.0)
+    assert sim.chunk_times == [(pytest.approx(0.0), pytest.approx(10.0)), (pytest.approx(10.0), pytest.approx(10.0))]
+
+
 def test_crossing_nodes_uses_the_network():
     costs = Costs(**{**FREE.__dict__, "encode_ms_per_mchar": 0.0, "net_mb_per_ms": 1.0})
     one = Simulation(Cluster(nodes=1, cores_per_node=4, task_slots=4), costs)
