@@ -657,9 +657,9 @@ def validate(path: str, costs: Costs, engine: str, quick: bool) -> list[tuple]:
                 # daemons', the rest of the machine's, each beyond its share with the pool idle
                 text_cpu = [ms / len(lone_text) for ms in meter.read_split(tuple(idle))]
                 waits: list[float] = []
-                with _round_trips("chunk", waits) as trips:  # where a loaded text's time goes
+                with _round_trips("chunk", waits) as loaded_trips:  # where a loaded text's time goes
                     m = _closed_loop(2, text_secs / rounds, lambda i: encode_text(), pids=None)
-                m = m._replace(chunks=tuple(zip(waits, trips)))
+                m = m._replace(chunks=tuple(zip(waits, loaded_trips)))
                 # the rest of the machine per text, less what it does with the pool idle (as simulated)
                 text_rounds.append((lone_text, text_trips, text_cpu, m._replace(workers_cpu=m.workers_cpu - others[-1] / m.rate)))
             check(encode_text(), text1m, add_special_tokens=False)

@@ -419,10 +419,10 @@ class Simulation:
             self.driver_step(d, c.ray_call_ms + c.put_ms_per_mchar * piece / 1e6 + orch / 2, sent)
 
         def chunk_done(task) -> None:
-            ms = self.now - launched.pop(task.id)
-            disp.complete(task.id, ms)
+            at = launched.pop(task.id)
+            disp.complete(task.id, self.now - at)
             if self.now >= self._measure_from:
-                self.chunk_times.append((self.now - ms - task.arrival_ms, ms))
+                self.chunk_times.append((at - task.arrival_ms, self.now - at))
             self._pump(d)
             left[0] -= 1
             if left[0] == 0:
