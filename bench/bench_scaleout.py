@@ -147,6 +147,11 @@ def measure_channel(n: int = 2000, loaded=None, engine: str = "fast") -> tuple[f
     return cpu / n * 1e3, server / n * 1e3, wall / n * 1e3
 
 
+def _off_loop(calling_thread_ms: float, process_ms: float) -> float:
+    """The share of a process's CPU not on its calling thread (Ray's own threads), in [0, 1]."""
+    return min(1.0, max(0.0, 1 - calling_thread_ms / process_ms)) if process_ms > 0 else 0.0
+
+
 def measure_ray(ray, loaded, engine: str, n: int = 300) -> dict:
     @ray.remote(num_cpus=0)
     class Echo:
@@ -161,7 +166,9 @@ def measure_ray(ray, loaded, engine: str, n: int = 300) -> dict:
     text = ("The quick brown fox jumps over the lazy dog. " * 30)[:TURN]
     ray.get(a.extend.remote("w", text, None, None))
     ray.get([task.remote(0) for _ in range(8)])
+    th0 = time.thread_time()
     call_cpu, _ = _cpu_per_call(lambda: ray.get(a.extend.remote("s", text, 7, 7)), n)
+    call_thread = (time.thread_time() - th0) / n * 1e3  # the calling thread's part: the rest ran on Ray's
     call_wall = _median(lambda: ray.get(a.extend.remote("s", text, 7, 7)), n)  # medians: robust to load
     c0, t0 = time.process_time(), time.perf_counter()
     refs = [task.remote(0) for _ in range(n)]
@@ -198,8 +205,9 @@ def measure_ray(ray, loaded, engine: str, n: int = 300) -> dict:
     loop = asyncio.new_event_loop()
 
     def per_chunk(n_chars: int, seconds: float, idle_ms_per_s: tuple[float, float, float],
-                  settle_s: float = 1.0) -> tuple[float, float, float]:
-        """(the driver's CPU, every thread of this process; the task's process's; Ray's daemons')
+                  settle_s: float = 1.0) -> tuple[float, float, float, float]:
+        """(the driver's CPU, every thread of this process; its loop's thread's alone; the task's
+        process's; Ray's daemons')
         per chunk task of ``n_chars``, from launch to its IDs in hand, as the pool runs one (the
         references awaited on an event loop, two at a time): the launch, the argument's put (seal,
         pin), the result's fetch; the encode and its (de)serialization; the lease and the object
@@ -216,10 +224,11 @@ def measure_ray(ray, loaded, engine: str, n: int = 300) -> dict:
                 k += 2
             return k
         loop.run_until_complete(pairs(time.perf_counter() + settle_s))
-        meter = _CpuMeter(split=True)
+        meter, th0 = _CpuMeter(split=True), time.thread_time()
         k = loop.run_until_complete(pairs(meter.t0 + seconds))
+        on_loop = (time.thread_time() - th0) * 1e3
         driver, tasks, daemons, _ = meter.read_split(idle_ms_per_s)
-        return driver / k, max(0.0, tasks) / k, max(0.0, daemons) / k
+        return driver / k, on_loop / k, max(0.0, tasks) / k, max(0.0, daemons) / k
     # Fitted as fixed + per character from two sizes: splitting a text into more chunks moves the
     # same bytes but pays the fixed part again (measured 2026-12-02: a 1M text's driver CPU 3.8 ms
     # as one chunk, 7.9 ms as two).
@@ -235,7 +244,7 @@ def measure_ray(ray, loaded, engine: str, n: int = 300) -> dict:
     time.sleep(2.0)
     _, *idle = meter.read_split()
     idle_ms_per_s = tuple(ms / 2.0 for ms in idle)
-    (small, small_task, small_daemons), (large, large_task, large_daemons) = (
+    (small, small_loop, small_task, small_daemons), (large, large_loop, large_task, large_daemons) = (
         [statistics.median(xs) for xs in zip(*(per_chunk(m, 2.0, idle_ms_per_s) for _ in range(3)))] for m in (250_000, 1_000_000))
     loop.close()
     per_mchar = max(0.0, (large - small) / 0.75)
@@ -245,6 +254,9 @@ def measure_ray(ray, loaded, engine: str, n: int = 300) -> dict:
             "ray_call_cpu_ms": call_cpu, "ray_call_wall_ms": call_wall, "task_launch_cpu_ms": launch_cpu,
             "task_wall_ms": task_wall, "put_ms_per_mchar": per_mchar,
             "chunk_ms": max(0.0, small - per_mchar / 4 - call_cpu),
+            # the driver's CPU on Ray's own threads (not the loop's): an actor call's, a chunk's
+            "ray_call_threads_share": _off_loop(call_thread, call_cpu),
+            "chunk_threads_share": _off_loop(small_loop + large_loop, small + large),
             # the CPU a chunk task costs the rest of its node: in its process per character (its
             # encode) and fixed ((de)serialization); in Ray's daemons, a fixed share per task (the
             # lease, the object store's pins), the same at both sizes within the noise
@@ -335,12 +347,15 @@ def measure_costs(loaded, engine: str, ray=None, quick: bool = False) -> tuple[C
         # daemons 3.1-4.1 ms)
         raw.update({"ray_call_cpu_ms": 0.25, "ray_call_wall_ms": 0.6, "task_launch_cpu_ms": 0.3,
                     "task_wall_ms": 1.1, "put_ms_per_mchar": 4.0, "chunk_ms": 3.5, "chunk_node_ms": 1.5,
-                    "task_encode_ms_per_mchar": 7.5, "chunk_daemon_ms": 3.3})
+                    "task_encode_ms_per_mchar": 7.5, "chunk_daemon_ms": 3.3,
+                    "ray_call_threads_share": 0.46, "chunk_threads_share": 0.55})
     costs = Costs(
         handoff_ms=raw["handoff_ms"],
         channel_client_ms=raw["channel_client_ms"],
         ray_call_ms=raw["ray_call_cpu_ms"],
         put_ms_per_mchar=raw["put_ms_per_mchar"], chunk_ms=raw.get("chunk_ms", 0.0),
+        ray_call_threads_share=raw.get("ray_call_threads_share", 0.0),
+        chunk_threads_share=raw.get("chunk_threads_share", 0.0),
         chunk_node_ms=raw.get("chunk_node_ms", 0.0), chunk_daemon_ms=raw.get("chunk_daemon_ms", 0.0),
         plan_ms_per_mchar=raw["plan_ms_per_mchar"], assemble_ms_per_mchar=raw["assemble_ms_per_mchar"],
         channel_rtt_ms=max(0.0, raw["channel_wall_ms"] - raw["channel_client_ms"] - raw["channel_server_ms"]),
@@ -545,13 +560,13 @@ def _simulate(cl: Cluster, costs: Costs | list[Costs], load, kind: str, ms: floa
             load(sim)
             res = sim.run(warmup_ms + ms, warmup_ms)
             n = res.completed[kind]
+            # the driver's CPU: its loop's steps (its stalls hold the loop but no core) and Ray's threads
+            driver = sim.gil[0].busy_ms() - sim.stalled_ms + sim.driver_threads_ms
             if kind == "turn":  # the encodes' CPU: the locks are held longer (a core's wait, a trip stall)
                 workers = sim.worker_cpu_ms / n
-            else:  # the cores' work beyond the driver's steps and the other jobs' slices: chunk tasks
-                workers = (sum(r.busy_ms() for r in sim.cpu) - sim.gil[0].busy_ms()
-                           - c.node_background_ms_per_s * ms / 1e3) / n
-            rounds.append(Loop(res.throughput(kind), res.percentile(kind, 99),
-                               (sim.gil[0].busy_ms() - sim.stalled_ms) / n, workers, (0.0, 0.0),
+            else:  # the cores' work beyond the driver's and the other jobs' slices: chunk tasks
+                workers = (sum(r.busy_ms() for r in sim.cpu) - driver - c.node_background_ms_per_s * ms / 1e3) / n
+            rounds.append(Loop(res.throughput(kind), res.percentile(kind, 99), driver / n, workers, (0.0, 0.0),
                                tuple(res.latencies[kind]), tuple(sim.chunk_times)))
         runs.append(_pooled(rounds))
     p99s = sorted(r.p99 for r in runs)

@@ -11,6 +11,9 @@ resource saturates first and how throughput grows with cores and nodes:
   holds its GIL and a core of its node for each orchestrator step: accepting a call (hand-off,
   request side), launching a task on a worker (the side channel on its node, a Ray actor call or
   task elsewhere, the arguments' put), taking an answer (splice, assembly), and the hand-back;
+* a Ray call's CPU in the driver is split: a measured share of it (``Costs.ray_call_threads_share``,
+  ``chunk_threads_share``) runs on Ray's own threads of the calling process (its core worker's io
+  thread, gRPC's pollers), on a core of its node but not on its loop;
 * a session turn **stalls** twice, by amounts drawn together from one lone call's measured excess
   over its mean: the part outside its round trip holds its caller's loop (``Costs.loop_stall``: the
   GIL without a core, the process's other calls queue behind it), the part inside holds its worker
@@ -146,6 +149,7 @@ class Simulation:
         self.latencies: dict[str, list[float]] = {}
         self._measure_from = 0.0
         self.stalled_ms = 0.0  # the loops' stalls (Costs.loop_stall, text_loop_stall) measured: not CPU
+        self.driver_threads_ms = 0.0  # the drivers' CPU on Ray's threads (off their loops), measured
         self.worker_cpu_ms = 0.0  # the workers' encodes in the measured window (a worker's lock
         # is held longer: while its encode waits for a core, and for its trip stall)
         self.chunk_times: list[tuple[float, float]] = []  # each chunk's (wait, round trip) in ms, as
@@ -197,6 +201,7 @@ class Simulation:
     def _start_measuring(self) -> None:
         self._measure_from = self.now
         self.completed, self.latencies, self.stalled_ms, self.worker_cpu_ms = {}, {}, 0.0, 0.0
+        self.driver_threads_ms = 0.0
         self.chunk_times = []
         for r in [*self.cpu, *self.nic_out, *self.nic_in, *self.gil, *self.worker_lock.values()]:
             r.reset_accounting()
@@ -249,6 +254,15 @@ class Simulation:
     def driver_step(self, d: int, ms: float, then: Callable[[], None]) -> None:
         self.hold([self.gil[d], self.cpu[self.driver_node[d]]], ms, then)
 
+    def driver_threads(self, d: int, ms: float, then: Callable[[], None]) -> None:
+        """``ms`` of driver ``d``'s CPU on Ray's own threads (a call's submission and its answer's
+        receipt in the core worker, gRPC): on the request's path and a core of the driver's node,
+        but not its loop, so the process's other calls go on meanwhile."""
+        if ms <= 0:
+            return then()
+        self.driver_threads_ms += ms
+        self.hold([self.cpu[self.driver_node[d]]], ms, then)
+
     def transfer(self, src: int, dst: int, n_bytes: float, then: Callable[[], None]) -> None:
         """Bytes from node ``src`` to ``dst``: nothing on one node (shared memory is in the costs)."""
         if src == dst or n_bytes <= 0:
@@ -296,7 +310,8 @@ class Simulation:
             started[0] = self.now
             node = self.worker_node[wid]
             local = node == self.driver_node[d]
-            client = c.channel_client_ms if local else c.ray_call_ms
+            client = c.channel_client_ms if local else (1 - c.ray_call_threads_share) * c.ray_call_ms
+            threads = 0.0 if local else c.ray_call_threads_share * c.ray_call_ms
             rtt = c.channel_rtt_ms if local else c.ray_rtt_ms
 
             def sent() -> None:
@@ -316,7 +331,7 @@ class Simulation:
 
             def answered() -> None:  # CallRunner._on_done: the merge, then the slot freed and refilled,
                 self.driver_step(d, orch / 2, lambda: freed(task))  # then the caller's thread woken
-            self.driver_step(d, client, sent)
+            self.driver_step(d, client, lambda: self.driver_threads(d, threads, sent))
 
         def freed(task) -> None:
             disp.complete(task.id, self.now - started[0])
@@ -390,6 +405,8 @@ class Simulation:
         piece = n_chars / k
         left = [k]
         orch = c.orch_chunk(self.cluster.n_workers)
+        out_ms = c.ray_call_ms + c.put_ms_per_mchar * piece / 1e6  # the launch and the argument's put
+        share = c.chunk_threads_share  # of a chunk's driver CPU, on Ray's threads
         launched: dict[int, float] = {}
         loop_stall, inside = self._stalls(text=True)
         stall = [inside]  # spent in its first chunk
@@ -414,9 +431,10 @@ class Simulation:
                               node, self.driver_node[d], piece,  # ~4 bytes per 4 chars
                               lambda: self.after(c.ray_rtt_ms / 2, answered))))
 
-            def answered() -> None:
-                self.driver_step(d, orch / 2 + c.chunk_ms, lambda: chunk_done(task))
-            self.driver_step(d, c.ray_call_ms + c.put_ms_per_mchar * piece / 1e6 + orch / 2, sent)
+            def answered() -> None:  # the answer received on Ray's threads, then taken on the loop
+                self.driver_threads(d, share * c.chunk_ms, lambda: self.driver_step(
+                    d, orch / 2 + (1 - share) * c.chunk_ms, lambda: chunk_done(task)))
+            self.driver_step(d, (1 - share) * out_ms + orch / 2, lambda: self.driver_threads(d, share * out_ms, sent))
 
         def chunk_done(task) -> None:
             at = launched.pop(task.id)
