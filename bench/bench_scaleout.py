@@ -205,9 +205,9 @@ def measure_ray(ray, loaded, engine: str, n: int = 300) -> dict:
     loop = asyncio.new_event_loop()
 
     def per_chunk(n_chars: int, seconds: float, idle_ms_per_s: tuple[float, float, float],
-                  settle_s: float = 1.0) -> tuple[float, float, float, float]:
-        """(the driver's CPU, every thread of this process; its loop's thread's alone; the task's
-        process's; Ray's daemons')
+                  settle_s: float = 1.0) -> tuple[float, float, float, float, float]:
+        """(the driver's CPU, every thread of this process; its loop's thread's in the launch call
+        and in all; the task's process's; Ray's daemons')
         per chunk task of ``n_chars``, from launch to its IDs in hand, as the pool runs one (the
         references awaited on an event loop, two at a time): the launch, the argument's put (seal,
         pin), the result's fetch; the encode and its (de)serialization; the lease and the object
@@ -217,18 +217,26 @@ def measure_ray(ray, loaded, engine: str, n: int = 300) -> dict:
         as it leaves."""
         call = Call(ENCODE_PIECES, PiecesArgs([corpus("english", n_chars)]), None)
 
+        launching = [0.0]
+
+        def launch():  # the synchronous launch call: the arguments serialized, the text put
+            t = time.thread_time()
+            ref = launcher(call)
+            launching[0] += time.thread_time() - t
+            return ref
+
         async def pairs(until: float) -> int:
             k = 0
             while time.perf_counter() < until:
-                await asyncio.gather(*(launcher(call) for _ in range(2)))
+                await asyncio.gather(*(launch() for _ in range(2)))
                 k += 2
             return k
         loop.run_until_complete(pairs(time.perf_counter() + settle_s))
-        meter, th0 = _CpuMeter(split=True), time.thread_time()
+        meter, th0, launching[0] = _CpuMeter(split=True), time.thread_time(), 0.0
         k = loop.run_until_complete(pairs(meter.t0 + seconds))
         on_loop = (time.thread_time() - th0) * 1e3
         driver, tasks, daemons, _ = meter.read_split(idle_ms_per_s)
-        return driver / k, on_loop / k, max(0.0, tasks) / k, max(0.0, daemons) / k
+        return driver / k, launching[0] * 1e3 / k, on_loop / k, max(0.0, tasks) / k, max(0.0, daemons) / k
     # Fitted as fixed + per character from two sizes: splitting a text into more chunks moves the
     # same bytes but pays the fixed part again (measured 2026-12-02: a 1M text's driver CPU 3.8 ms
     # as one chunk, 7.9 ms as two).
@@ -244,7 +252,8 @@ def measure_ray(ray, loaded, engine: str, n: int = 300) -> dict:
     time.sleep(2.0)
     _, *idle = meter.read_split()
     idle_ms_per_s = tuple(ms / 2.0 for ms in idle)
-    (small, small_loop, small_task, small_daemons), (large, large_loop, large_task, large_daemons) = (
+    (small, small_launch, small_loop, small_task, small_daemons), (large, large_launch, large_loop, large_task,
+                                                                     large_daemons) = (
         [statistics.median(xs) for xs in zip(*(per_chunk(m, 2.0, idle_ms_per_s) for _ in range(3)))] for m in (250_000, 1_000_000))
     loop.close()
     per_mchar = max(0.0, (large - small) / 0.75)
@@ -254,9 +263,13 @@ def measure_ray(ray, loaded, engine: str, n: int = 300) -> dict:
             "ray_call_cpu_ms": call_cpu, "ray_call_wall_ms": call_wall, "task_launch_cpu_ms": launch_cpu,
             "task_wall_ms": task_wall, "put_ms_per_mchar": per_mchar,
             "chunk_ms": max(0.0, small - per_mchar / 4 - call_cpu),
-            # the driver's CPU on Ray's own threads (not the loop's): an actor call's, a chunk's
+            # the driver's CPU on Ray's own threads, not the calling thread: of an actor call's; of
+            # a chunk's beyond its launch call (the launch runs on the loop, 1.5-1.8 ms of its 5-6,
+            # the answer's receipt mostly on Ray's io thread: 0.45 ms on the loop, 2026-12-03)
             "ray_call_threads_share": _off_loop(call_thread, call_cpu),
-            "chunk_threads_share": _off_loop(small_loop + large_loop, small + large),
+            "chunk_threads_share": _off_loop(small_loop + large_loop - small_launch - large_launch,
+                                             small + large - small_launch - large_launch),
+            "chunk_launch_loop_ms": (small_launch + large_launch) / 2,
             # the CPU a chunk task costs the rest of its node: in its process per character (its
             # encode) and fixed ((de)serialization); in Ray's daemons, a fixed share per task (the
             # lease, the object store's pins), the same at both sizes within the noise
@@ -348,7 +361,7 @@ def measure_costs(loaded, engine: str, ray=None, quick: bool = False) -> tuple[C
         raw.update({"ray_call_cpu_ms": 0.25, "ray_call_wall_ms": 0.6, "task_launch_cpu_ms": 0.3,
                     "task_wall_ms": 1.1, "put_ms_per_mchar": 4.0, "chunk_ms": 3.5, "chunk_node_ms": 1.5,
                     "task_encode_ms_per_mchar": 7.5, "chunk_daemon_ms": 3.3,
-                    "ray_call_threads_share": 0.46, "chunk_threads_share": 0.55})
+                    "ray_call_threads_share": 0.46, "chunk_threads_share": 0.9})
     costs = Costs(
         handoff_ms=raw["handoff_ms"],
         channel_client_ms=raw["channel_client_ms"],

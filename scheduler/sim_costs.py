@@ -21,11 +21,11 @@ class Costs:
     ray_call_ms: float = 0.25  # a Ray actor call or task launch, the driver's CPU
     put_ms_per_mchar: float = 4.0  # a chunk's text into the object store and its IDs back, per Mchar
     chunk_ms: float = 0.0  # per chunk task beyond its launch: the argument's seal and pin, the result's fetch
-    # Of the driver's CPU for a Ray call (``ray_call_ms``) and for a chunk task (its launch, put and
-    # ``chunk_ms``), the share on Ray's own threads of the calling process (its core worker's io
-    # thread, gRPC's pollers): a core, not the loop. Measured 0.46 and 0.55 (2026-12-03); all of it
-    # on the loop made the simulated loop twice as busy as the pool's and a 1M text's 2 chunks 12%
-    # slower than measured.
+    # Of the driver's CPU for a Ray actor call (``ray_call_ms``), and of a chunk's beyond its launch
+    # call (``chunk_ms``: its answer's receipt), the share on Ray's own threads of the calling
+    # process (its core worker's io thread, gRPC's pollers): a core, not the loop. Measured about
+    # 0.46 and 0.9 (2026-12-03: a chunk's launch call holds the loop 1.5-1.8 ms of its 5-6, its
+    # answer 0.45). All of it on the loop made the simulated loop twice as busy as the pool's.
     ray_call_threads_share: float = 0.0
     chunk_threads_share: float = 0.0
     plan_ms_per_mchar: float = 2.0  # planning the cuts of a stateless text

@@ -11,9 +11,9 @@ resource saturates first and how throughput grows with cores and nodes:
   holds its GIL and a core of its node for each orchestrator step: accepting a call (hand-off,
   request side), launching a task on a worker (the side channel on its node, a Ray actor call or
   task elsewhere, the arguments' put), taking an answer (splice, assembly), and the hand-back;
-* a Ray call's CPU in the driver is split: a measured share of it (``Costs.ray_call_threads_share``,
-  ``chunk_threads_share``) runs on Ray's own threads of the calling process (its core worker's io
-  thread, gRPC's pollers), on a core of its node but not on its loop;
+* of a Ray actor call's CPU in the driver, and of a chunk's beyond its launch call, a measured share
+  (``Costs.ray_call_threads_share``, ``chunk_threads_share``) runs on Ray's own threads of the
+  calling process (its core worker's io thread, gRPC's pollers): a core of its node, not its loop;
 * a session turn **stalls** twice, by amounts drawn together from one lone call's measured excess
   over its mean: the part outside its round trip holds its caller's loop (``Costs.loop_stall``: the
   GIL without a core, the process's other calls queue behind it), the part inside holds its worker
@@ -405,8 +405,7 @@ class Simulation:
         piece = n_chars / k
         left = [k]
         orch = c.orch_chunk(self.cluster.n_workers)
-        out_ms = c.ray_call_ms + c.put_ms_per_mchar * piece / 1e6  # the launch and the argument's put
-        share = c.chunk_threads_share  # of a chunk's driver CPU, on Ray's threads
+        share = c.chunk_threads_share  # of a chunk's driver CPU beyond its launch, on Ray's threads
         launched: dict[int, float] = {}
         loop_stall, inside = self._stalls(text=True)
         stall = [inside]  # spent in its first chunk
@@ -434,7 +433,7 @@ class Simulation:
             def answered() -> None:  # the answer received on Ray's threads, then taken on the loop
                 self.driver_threads(d, share * c.chunk_ms, lambda: self.driver_step(
                     d, orch / 2 + (1 - share) * c.chunk_ms, lambda: chunk_done(task)))
-            self.driver_step(d, (1 - share) * out_ms + orch / 2, lambda: self.driver_threads(d, share * out_ms, sent))
+            self.driver_step(d, c.ray_call_ms + c.put_ms_per_mchar * piece / 1e6 + orch / 2, sent)
 
         def chunk_done(task) -> None:
             at = launched.pop(task.id)

@@ -444,22 +444,22 @@ def test_simulated_sessions_keyed_like_a_pools_callers_share_its_homes():
 
 
 def test_a_ray_calls_share_on_rays_threads_holds_a_core_not_the_loop():
-    # Two callers of 1M texts in two chunks on two slots, 8 cores; each chunk costs the driver 4 ms
-    # (1 to launch, 3 to take its answer). All on the loop: 8 ms of loop a text, 125 texts/s. With
-    # 3/4 of it on Ray's threads the loop holds 2 ms a text and the threads' 6 ms run beside it on
-    # other cores: the driver's CPU per text is the same 8 ms, and the slots, each held 4 ms a
-    # chunk, bound the rate (250 texts/s), not the loop (42% busy).
-    base = Costs(**{**FREE.__dict__, "ray_call_ms": 1.0, "chunk_ms": 3.0})
+    # Two callers of 1M texts in two chunks on two slots, 8 cores; each chunk costs the driver 8 ms:
+    # its launch call 1 ms on the loop, then 7 to take its answer. All on the loop: 16 ms of loop a
+    # text, 62.5 texts/s. With the answer's 7 ms on Ray's threads, the loop holds 2 ms a text and
+    # the threads' 14 run beside it on other cores: the driver's CPU per text is the same 16 ms, and
+    # the slots, each held 8 ms a chunk, bound the rate (125 texts/s), not the loop (25% busy).
+    base = Costs(**{**FREE.__dict__, "ray_call_ms": 1.0, "chunk_ms": 7.0})
     cl = Cluster(nodes=1, cores_per_node=8, task_slots=2)
-    for share, rate, loop in ((0.0, (123, 125), (0.98, 1.0)), (0.75, (200, 250), (0.4, 0.5))):
+    for share, rate, loop in ((0.0, (61, 62.5), (0.98, 1.0)), (1.0, (120, 125), (0.23, 0.26))):
         sim = Simulation(cl, Costs(**{**base.__dict__, "chunk_threads_share": share}))
         sim.closed_texts(2, 1_000_000)
         res = sim.run(2_100.0, 100.0)
         n = res.completed["text"]
         assert rate[0] <= res.throughput("text") <= rate[1]
         assert loop[0] <= res.utilization["driver loop (GIL)"] <= loop[1]
-        assert sim.gil[0].busy_ms() / n == pytest.approx(8.0 * (1 - share), rel=0.02)
-        assert sim.driver_threads_ms / n == pytest.approx(8.0 * share, rel=0.02)
+        assert sim.gil[0].busy_ms() / n == pytest.approx(2 * (1 + 7 * (1 - share)), rel=0.02)
+        assert sim.driver_threads_ms / n == pytest.approx(2 * 7 * share, rel=0.02)
     # A turn's actor call to a worker on another node: the same split of its 2 ms.
     cl = Cluster(nodes=2, cores_per_node=2, workers=2)
     node = Simulation(cl, FREE).worker_node
