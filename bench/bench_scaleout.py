@@ -269,6 +269,7 @@ def measure_ray(ray, loaded, engine: str, n: int = 300) -> dict:
             "ray_call_threads_share": _off_loop(call_thread, call_cpu),
             "chunk_threads_share": _off_loop(small_loop + large_loop - small_launch - large_launch,
                                              small + large - small_launch - large_launch),
+            # printed beside ray_call_cpu_ms + put, which the simulation holds the loop for at launch
             "chunk_launch_loop_ms": (small_launch + large_launch) / 2,
             # the CPU a chunk task costs the rest of its node: in its process per character (its
             # encode) and fixed ((de)serialization); in Ray's daemons, a fixed share per task (the
