@@ -32,6 +32,13 @@ class Costs:
     assemble_ms_per_mchar: float = 2.0  # concatenating and wrapping a stateless text's IDs
     channel_rtt_ms: float = 0.05  # this and the next: latency only (no resource held)
     ray_rtt_ms: float = 0.5
+    # CPU to wake a thread that was asleep: the loop's (charged to a driver step that finds it idle)
+    # and a worker's (to a turn that finds it idle). A lone turn wakes both each time; a loaded one
+    # finds them busy: the driver of 4 callers switched 1.8 times a turn against a lone turn's 5, and
+    # spent 0.36-0.39 ms against 0.44-0.57 (2026-12-03). Filled in from a lone turn's CPU beyond the
+    # costs' sum; as a cost per call instead, 2 workers' simulated turns ran 16-38% short.
+    loop_wake_ms: float = 0.0
+    worker_wake_ms: float = 0.0
     # worker CPU
     worker_call_ms: float = 0.05  # a worker's fixed cost per call (frames, lock, bookkeeping)
     turn_ms_100k: float = 0.3  # a 1.3K turn on a 100K-character session

@@ -29,6 +29,7 @@ class Resource:
         self._queue: deque[Callable[[], None]] = deque()
         self._area = 0.0
         self._since = 0.0
+        self._idle_since = 0.0
 
     def _account(self) -> None:
         now = self.sim.now
@@ -49,6 +50,13 @@ class Resource:
         else:
             self._account()
             self.busy -= 1
+            self._idle_since = self.sim.now
+
+    def waking(self, caller: bool = False) -> bool:
+        """Whether a step starting now wakes this server's thread from sleep: it is idle, and either
+        the step comes from another thread (a caller's request) or the server has been idle since
+        an earlier instant (not its own next step, chained straight after the last)."""
+        return self.busy == 0 and not self._queue and (caller or self.sim.now > self._idle_since)
 
     def utilization(self, start: float, end: float) -> float:
         self._account()

@@ -150,6 +150,7 @@ class Simulation:
         self._measure_from = 0.0
         self.stalled_ms = 0.0  # the loops' stalls (Costs.loop_stall, text_loop_stall) measured: not CPU
         self.driver_threads_ms = 0.0  # the drivers' CPU on Ray's threads (off their loops), measured
+        self.wakes = {"loop": 0, "worker": 0}  # steps that woke an idle loop or worker, measured
         self.worker_cpu_ms = 0.0  # the workers' encodes in the measured window (a worker's lock
         # is held longer: while its encode waits for a core, and for its trip stall)
         self.chunk_times: list[tuple[float, float]] = []  # each chunk's (wait, round trip) in ms, as
@@ -201,7 +202,7 @@ class Simulation:
     def _start_measuring(self) -> None:
         self._measure_from = self.now
         self.completed, self.latencies, self.stalled_ms, self.worker_cpu_ms = {}, {}, 0.0, 0.0
-        self.driver_threads_ms = 0.0
+        self.driver_threads_ms, self.wakes = 0.0, {"loop": 0, "worker": 0}
         self.chunk_times = []
         for r in [*self.cpu, *self.nic_out, *self.nic_in, *self.gil, *self.worker_lock.values()]:
             r.reset_accounting()
@@ -251,7 +252,16 @@ class Simulation:
         if ms > 0:
             cores.run(ms, lambda: None)
 
+    def _woke(self, r: Resource, kind: str, ms: float, caller: bool = False) -> float:
+        """``ms`` (Costs.loop_wake_ms, worker_wake_ms) if a step starting now wakes ``r``, else 0."""
+        if not r.waking(caller):
+            return 0.0
+        if self.now >= self._measure_from:
+            self.wakes[kind] += 1
+        return ms
+
     def driver_step(self, d: int, ms: float, then: Callable[[], None]) -> None:
+        ms += self._woke(self.gil[d], "loop", self.costs.loop_wake_ms)
         self.hold([self.gil[d], self.cpu[self.driver_node[d]]], ms, then)
 
     def driver_threads(self, d: int, ms: float, then: Callable[[], None]) -> None:
@@ -324,7 +334,7 @@ class Simulation:
                     lock.release()
                     self.transfer(node, self.driver_node[d], 4 * TURN_CHARS / 4, lambda: self.after(rtt / 2, answered))
                 spread = self._turn_spread.draw() if self._turn_spread else 1.0  # Costs.spread
-                ms = (c.worker_call_ms + c.turn_ms(s.context)) * spread
+                ms = (c.worker_call_ms + c.turn_ms(s.context)) * spread + self._woke(lock, "worker", c.worker_wake_ms)
                 if self.now >= self._measure_from:
                     self.worker_cpu_ms += ms
                 lock.acquire(lambda: self.hold([self.cpu[node]], ms, lambda: self.after(trip, answer)))
@@ -349,7 +359,7 @@ class Simulation:
                 on_done()
 
         stall, trip = self._stalls()  # the caller's loop held (Costs.loop_stall), then the hand-off
-        self._stall_loop(d, stall, lambda: self.driver_step(d, c.handoff_ms / 2 + orch / 2, accepted))
+        self._accept(d, stall, c.handoff_ms / 2 + orch / 2, accepted)
 
     def _stalls(self, text: bool = False) -> tuple[float, float]:
         """A turn's or a text's stalls (ms), from one lone request: its loop's, its worker's or chunk's."""
@@ -360,13 +370,14 @@ class Simulation:
         i = deck.draw()
         return (loop[i] if i < len(loop) else 0.0, inside[i] if i < len(inside) else 0.0)
 
-    def _stall_loop(self, d: int, ms: float, then: Callable[[], None]) -> None:
-        """Hold driver ``d``'s loop for ``ms`` without a core (a stall, not CPU), then ``then``."""
-        if ms <= 0:
-            return then()
-        if self.now >= self._measure_from:
-            self.stalled_ms += ms
-        self.hold([self.gil[d]], ms, then)
+    def _accept(self, d: int, stall: float, ms: float, then: Callable[[], None]) -> None:
+        """A caller's request at driver ``d``: its loop held ``stall`` without a core (not CPU), then
+        a step of ``ms`` on it, plus its wake-up (``Costs.loop_wake_ms``) if the request found it idle."""
+        ms += self._woke(self.gil[d], "loop", self.costs.loop_wake_ms, caller=True)
+        if stall > 0 and self.now >= self._measure_from:
+            self.stalled_ms += stall
+        step = lambda: self.hold([self.gil[d], self.cpu[self.driver_node[d]]], ms, then)  # noqa: E731
+        self.hold([self.gil[d]], stall, step) if stall > 0 else step()
 
     def chat(self, rate_per_s: float, until_ms: float) -> None:
         """Poisson turn arrivals at ``rate_per_s`` over the sessions (uniformly) until ``until_ms``."""
@@ -450,8 +461,7 @@ class Simulation:
             if on_done is not None:
                 on_done()
 
-        self._stall_loop(d, loop_stall, lambda: self.driver_step(
-            d, c.handoff_ms / 2 + c.plan_ms_per_mchar * n_chars / 1e6, planned))
+        self._accept(d, loop_stall, c.handoff_ms / 2 + c.plan_ms_per_mchar * n_chars / 1e6, planned)
 
     def stateless(self, rate_per_s: float, until_ms: float, size: tuple[int, int] = (1_000_000, 3_000_000)) -> None:
         """Poisson arrivals of stateless texts of uniform size in ``size``, callers spread over drivers."""

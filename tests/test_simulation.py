@@ -472,3 +472,22 @@ def test_a_ray_calls_share_on_rays_threads_holds_a_core_not_the_loop():
         n = res.completed["turn"]
         assert sim.gil[0].busy_ms() / n == pytest.approx(2.0 * (1 - share), rel=0.02)
         assert sim.driver_threads_ms / n == pytest.approx(2.0 * share, rel=0.02)
+
+
+def test_a_wake_up_is_paid_by_a_step_that_finds_its_thread_asleep_not_by_every_call():
+    # The loop spends 1 ms a turn (0.5 taking it, 0.5 handing it back), a worker 0.2 ms; waking the
+    # idle loop costs 0.5 ms, an idle worker 0.3. A lone turn finds both asleep: the loop woken by
+    # the caller's request and by the worker's answer: 2 ms of loop and 0.5 of worker a turn, one at a
+    # time, 400 turns/s. Four callers on 2 workers
+    # keep the loop busy: no wake-up, 1 ms a turn, 1,000 turns/s (charged per call: 2 ms, 500/s).
+    costs = Costs(**{**FREE.__dict__, "handoff_ms": 1.0, "turn_ms_100k": 0.2, "turn_ms_1m": 0.2,
+                     "loop_wake_ms": 0.5, "worker_wake_ms": 0.3})
+    cl = Cluster(nodes=1, cores_per_node=8, workers=2)
+    for callers, loop, wakes, rate in ((1, 2.0, 2.0, (398, 401)), (4, 1.0, 0.0, (990, 1001))):
+        sim, res = closed_turns(cl, costs, callers, 2_100.0)
+        n = res.completed["turn"]
+        assert rate[0] <= res.throughput("turn") <= rate[1]
+        assert sim.gil[0].busy_ms() / n == pytest.approx(loop, rel=0.02)
+        assert sim.wakes["loop"] / n == pytest.approx(wakes, abs=0.01)
+        assert sim.wakes["worker"] / n == pytest.approx(1.0, abs=0.01)  # each worker idle when its turn comes
+        assert sim.worker_cpu_ms / n == pytest.approx(0.5, rel=0.02)
