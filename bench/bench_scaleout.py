@@ -52,6 +52,7 @@ from delta_ray.apps.bundled import bundled_tokenizer_path  # noqa: E402
 from delta_ray.core.config import TokenizerConfig  # noqa: E402
 from delta_ray.core.loading import load_tokenizer  # noqa: E402
 from delta_ray.apps.sample_text import corpus  # noqa: E402
+from delta_ray.scheduler.sim_costs import excess  # noqa: E402
 from delta_ray.scheduler.simulation import (Cluster, Costs, Simulation, spread_of, stalls_of,  # noqa: E402
                                             sweep)
 from delta_ray.tokenizer_core import TokenizerCore  # noqa: E402
@@ -547,17 +548,19 @@ def _round_trips(kind: str = "session", waits: list[float] | None = None):
         metrics.record_times = record
 
 
-def _lone_calls(fn, seconds: float, trips: tuple[float, ...] | list[float] = ()) -> tuple[list[float], list[float]]:
-    """Milliseconds of each ``fn()`` called back to back by one thread for ``seconds``, and the
-    longest of the round trips :func:`_round_trips` recorded into ``trips`` during each (a text's
-    chunks run side by side: its longest chunk is the part of it spent away from the caller)."""
-    out, longest, end = [], [], time.perf_counter() + seconds
+def _lone_calls(fn, seconds: float, trips: tuple[float, ...] | list[float] = ()) -> tuple[list[float], ...]:
+    """Milliseconds of each ``fn()`` called back to back by one thread for ``seconds``, the longest of
+    the round trips :func:`_round_trips` recorded into ``trips`` during each (a text's chunks run side
+    by side: its longest chunk is the part of it spent away from the caller), and the others' mean."""
+    out, longest, rest, end = [], [], [], time.perf_counter() + seconds
     while (t0 := time.perf_counter()) < end:
         n = len(trips)
         fn()
         out.append((time.perf_counter() - t0) * 1e3)
-        longest.append(max(trips[n:], default=0.0))
-    return out, longest
+        mine = sorted(trips[n:])
+        longest.append(mine[-1] if mine else 0.0)
+        rest.append(statistics.fmean(mine[:-1]) if len(mine) > 1 else 0.0)
+    return out, longest, rest
 
 
 SEEDS = 3  # simulated runs per closed loop: its P99 is their median, its throughput their mean
@@ -679,18 +682,19 @@ def validate(path: str, costs: Costs, engine: str, quick: bool) -> list[tuple]:
             for _ in range(rounds):
                 w0, c0 = sum(map(_proc_cpu_ms, pids)), time.process_time()
                 with _round_trips() as recorded:  # the simulation's turn stalls come from these
-                    lone, trips = _lone_calls(lambda: turn(0), lone_secs / rounds, recorded)
+                    lone, trips, _ = _lone_calls(lambda: turn(0), lone_secs / rounds, recorded)
                 # ... and a lone turn's CPU demand: its worker's, the driver's (Ray's threads included)
                 turn_cpu = ((sum(map(_proc_cpu_ms, pids)) - w0) / len(lone), (time.process_time() - c0) * 1e3 / len(lone))
                 turn_rounds.append((lone, trips, turn_cpu, _closed_loop(callers, secs / rounds, turn, pids)))
             check(pool.extend("v0", ""), "".join(sent))
             encode_text = lambda: pool.encode(text1m, add_special_tokens=False)  # noqa: E731
             check(encode_text(), text1m, add_special_tokens=False)
-            text_rounds = []  # (lone texts' ms, their longest chunks' round trips, their CPU demand, the loop)
+            text_rounds = []  # (lone texts' ms, their longest chunks' round trips, their CPU demand, the loop,
+            # their other chunks' mean round trips)
             for _ in range(rounds):
                 meter = _CpuMeter(split=True)
                 with _round_trips("chunk") as recorded:  # ... and the texts' stalls from these
-                    lone_text, text_trips = _lone_calls(encode_text, text_secs / 2 / rounds, recorded)
+                    lone_text, text_trips, text_rest = _lone_calls(encode_text, text_secs / 2 / rounds, recorded)
                 # ... and a lone text's CPU demand: the driver's, the chunk tasks' processes', Ray's
                 # daemons', the rest of the machine's, each beyond its share with the pool idle
                 text_cpu = [ms / len(lone_text) for ms in meter.read_split(tuple(idle))]
@@ -699,7 +703,8 @@ def validate(path: str, costs: Costs, engine: str, quick: bool) -> list[tuple]:
                     m = _closed_loop(2, text_secs / rounds, lambda i: encode_text(), pids=None)
                 m = m._replace(chunks=tuple(zip(waits, loaded_trips)))
                 # the rest of the machine per text, less what it does with the pool idle (as simulated)
-                text_rounds.append((lone_text, text_trips, text_cpu, m._replace(workers_cpu=m.workers_cpu - others[-1] / m.rate)))
+                text_rounds.append((lone_text, text_trips, text_cpu, m._replace(workers_cpu=m.workers_cpu - others[-1] / m.rate),
+                                    text_rest))
             check(encode_text(), text1m, add_special_tokens=False)
         costs = dataclasses.replace(costs, driver_background_ms_per_s=background, node_background_ms_per_s=others[-1])
         cl = Cluster(nodes=1, cores_per_node=2, workers=w, task_slots=w)
@@ -716,8 +721,9 @@ def validate(path: str, costs: Costs, engine: str, quick: bool) -> list[tuple]:
         # each round's stalls from its own lone requests, and (second rows) its CPU demand from them
         # too, where the costs above were measured minutes before
         each = [dataclasses.replace(costs, **dict(zip(("loop_stall", "trip_stall"), stalls_of(lone, trips))),
-                                    **dict(zip(("text_loop_stall", "text_stall"), stalls_of(lone_text, text_trips))))
-                for (lone, trips, _, _), (lone_text, text_trips, _, _) in zip(turn_rounds, text_rounds)]
+                                    **dict(zip(("text_loop_stall", "text_stall"), stalls_of(lone_text, text_trips))),
+                                    text_stall_rest=excess(rest))
+                for (lone, trips, _, _), (lone_text, text_trips, _, _, rest) in zip(turn_rounds, text_rounds)]
         each_lone = [_lone_demand(c, k, one, t[2], x[2]) for c, t, x in zip(each, turn_rounds, text_rounds)]
         m_turn, m_text = _pooled([t[3] for t in turn_rounds]), _pooled([x[3] for x in text_rounds])
         rows.append((w, "session turns, 4 callers", m_turn, _simulate(cl, each, sessions(callers), "turn", secs / rounds * 1e3, 1_000)))
@@ -754,7 +760,8 @@ def validate(path: str, costs: Costs, engine: str, quick: bool) -> list[tuple]:
     print(f"lone requests (1 caller), timed before each of the loop's {rounds} rounds: " + "; ".join(lone_p99)
           + ". Their excess over their mean is simulated as stalls of the caller's loop "
           "(Costs.loop_stall, Costs.text_loop_stall), but a turn's excess inside its round trip holds its worker "
-          "(Costs.trip_stall) and a text's inside its longest chunk's round trip that chunk's slot (Costs.text_stall). "
+          "(Costs.trip_stall) and a text's inside its longest chunk's round trip that chunk's slot (Costs.text_stall), "
+          "its other chunks' (their mean round trip's excess) each of theirs (Costs.text_stall_rest). "
           "Each round is simulated with its own")
     print("lone requests' CPU demand in ms (each process's, measured; the simulated in brackets): " + "; ".join(demand))
     print(f"a driver with an idle pool spends {', '.join(f'{b:.0f}' for b in backgrounds)} ms of CPU per second "

@@ -32,11 +32,13 @@ class Costs:
     assemble_ms_per_mchar: float = 2.0  # concatenating and wrapping a stateless text's IDs
     channel_rtt_ms: float = 0.05  # this and the next: latency only (no resource held)
     ray_rtt_ms: float = 0.5
-    # CPU to wake a thread that was asleep: the loop's (charged to a driver step that finds it idle)
-    # and a worker's (to a turn that finds it idle). A lone turn wakes both each time; a loaded one
-    # finds them busy: the driver of 4 callers switched 1.8 times a turn against a lone turn's 5, and
-    # spent 0.36-0.39 ms against 0.44-0.57 (2026-12-03). Filled in from a lone turn's CPU beyond the
-    # costs' sum; as a cost per call instead, 2 workers' simulated turns ran 16-38% short.
+    # CPU a step pays to wake a thread that slept: the loop's (a driver step that finds it idle: a
+    # caller's request, or an answer after an idle wait) and a worker's (a turn that finds it idle).
+    # On this VM a vCPU with nothing to run halts at once (cpuidle haltpoll, guest_halt_poll_ns 0)
+    # and a thread woken onto it runs slower: two SCHED_IDLE spinners keeping both vCPUs from halting
+    # cut a lone turn's driver CPU 0.64 -> 0.47 ms and its worker's 0.38 -> 0.24, a loaded turn's
+    # levels (2026-12-03). Filled in from a lone turn's CPU beyond the costs' sum; a loop kept busy
+    # pays none. As a cost per call instead, 2 workers' simulated turns ran 16-38% short.
     loop_wake_ms: float = 0.0
     worker_wake_ms: float = 0.0
     # worker CPU
@@ -73,6 +75,11 @@ class Costs:
     # text and spent inside one of its chunks: the chunk's slot held, no core (Ray's scheduling, the
     # task's process or the object store slow to answer); the text's other callers queue for the slot.
     text_stall: tuple[float, ...] = ()
+    # The same lone text's other chunks' round trip (their mean): its excess over its own mean,
+    # paired with ``text_stall`` by index and spent inside each of the text's other chunks likewise.
+    # A lone text's two chunks' round trips correlate (0.79; in its slowest 5% the shorter one's
+    # excess was 0.59 of the longer's, 2026-12-03): one stall per text left 2 workers' P99 short.
+    text_stall_rest: tuple[float, ...] = ()
     # A lone text's excess outside its chunks' round trips (the longest one's), paired with
     # ``text_stall`` as ``loop_stall`` is with ``trip_stall`` (:func:`stalls_of`): spent holding its
     # caller's loop, no core, before its plan (the calling process's own bursts: GC, its threads).
@@ -109,10 +116,13 @@ def stalls_of(totals: list[float], trips: list[float]) -> tuple[tuple[float, ...
     worker, and one slow in the caller's loop stalls the loop."""
     if len(totals) != len(trips):
         raise ValueError(f"{len(totals)} latencies but {len(trips)} round trips: they must be paired")
-    def excess(xs: list[float]) -> tuple[float, ...]:  # in the calls' order: pairs stay paired
-        mean = sum(xs) / len(xs) if xs else 0.0
-        return tuple(max(0.0, x - mean) for x in xs)
     return excess([t - r for t, r in zip(totals, trips)]), excess(trips)
+
+
+def excess(xs: list[float]) -> tuple[float, ...]:
+    """Each sample's excess over the samples' mean (0 below it), in their order: pairs stay paired."""
+    mean = sum(xs) / len(xs) if xs else 0.0
+    return tuple(max(0.0, x - mean) for x in xs)
 
 
 class Deck:

@@ -14,12 +14,14 @@ resource saturates first and how throughput grows with cores and nodes:
 * of a Ray actor call's CPU in the driver, and of a chunk's beyond its launch call, a measured share
   (``Costs.ray_call_threads_share``, ``chunk_threads_share``) runs on Ray's own threads of the
   calling process (its core worker's io thread, gRPC's pollers): a core of its node, not its loop;
+* a step that wakes a thread from sleep (an idle loop, an idle worker) pays the wake-up's CPU
+  (``Costs.loop_wake_ms``, ``worker_wake_ms``): a lone request at every step, a busy loop never;
 * a session turn **stalls** twice, by amounts drawn together from one lone call's measured excess
   over its mean: the part outside its round trip holds its caller's loop (``Costs.loop_stall``: the
   GIL without a core, the process's other calls queue behind it), the part inside holds its worker
   after the encode (``Costs.trip_stall``: no core, that worker's calls queue behind it);
-* a stateless text stalls likewise: its loop (``Costs.text_loop_stall``) before its plan, and its
-  first chunk to run after its encode (``Costs.text_stall``: its task slot held, no core);
+* a stateless text stalls likewise: its loop (``Costs.text_loop_stall``) before its plan, its first
+  chunk to run (``Costs.text_stall``: its slot held after the encode, no core), its others (``text_stall_rest``);
 * a **session worker** (one per core by default) runs one call at a time on a core of its node;
 * **chunk tasks** (the dispatcher's shared slots) run on cores of the nodes, spread round robin;
 * a **NIC** per node and direction carries what crosses nodes (texts out, IDs back) at
@@ -358,17 +360,18 @@ class Simulation:
             if on_done is not None:
                 on_done()
 
-        stall, trip = self._stalls()  # the caller's loop held (Costs.loop_stall), then the hand-off
+        stall, trip, _ = self._stalls()  # the caller's loop held (Costs.loop_stall), then the hand-off
         self._accept(d, stall, c.handoff_ms / 2 + orch / 2, accepted)
 
-    def _stalls(self, text: bool = False) -> tuple[float, float]:
-        """A turn's or a text's stalls (ms), from one lone request: its loop's, its worker's or chunk's."""
+    def _stalls(self, text: bool = False) -> tuple[float, ...]:
+        """A turn's or a text's stalls (ms), from one lone request: its loop's, its worker's or first
+        chunk's, its other chunks' each."""
         deck, c = (self._text_stall if text else self._turn_stall), self.costs
         if not deck:
-            return 0.0, 0.0
-        loop, inside = (c.text_loop_stall, c.text_stall) if text else (c.loop_stall, c.trip_stall)
+            return 0.0, 0.0, 0.0
         i = deck.draw()
-        return (loop[i] if i < len(loop) else 0.0, inside[i] if i < len(inside) else 0.0)
+        return tuple(xs[i] if i < len(xs) else 0.0 for xs in (
+            (c.text_loop_stall, c.text_stall, c.text_stall_rest) if text else (c.loop_stall, c.trip_stall, ())))
 
     def _accept(self, d: int, stall: float, ms: float, then: Callable[[], None]) -> None:
         """A caller's request at driver ``d``: its loop held ``stall`` without a core (not CPU), then
@@ -418,8 +421,8 @@ class Simulation:
         orch = c.orch_chunk(self.cluster.n_workers)
         share = c.chunk_threads_share  # of a chunk's driver CPU beyond its launch, on Ray's threads
         launched: dict[int, float] = {}
-        loop_stall, inside = self._stalls(text=True)
-        stall = [inside]  # spent in its first chunk
+        loop_stall, inside, rest = self._stalls(text=True)
+        stall = [inside]  # spent in its first chunk, ``rest`` in each other
 
         def planned() -> None:
             for _ in range(k):
@@ -435,7 +438,7 @@ class Simulation:
                 self.transfer(self.driver_node[d], node, piece, lambda: self.after(c.ray_rtt_ms / 2, run))
 
             def run() -> None:
-                extra, stall[0] = stall[0], 0.0
+                extra, stall[0] = stall[0], rest
                 self.hold([self.cpu[node]], c.chunk_node_ms + c.encode_ms_per_mchar * piece / 1e6,
                           lambda: self.after(extra, lambda: self.transfer(
                               node, self.driver_node[d], piece,  # ~4 bytes per 4 chars

@@ -396,8 +396,8 @@ def test_a_turns_loop_and_trip_stalls_come_from_one_lone_call():
         stalls_of([1.0], [])
     sim = Simulation(Cluster(), Costs(**{**FREE.__dict__, "loop_stall": loop, "trip_stall": trip}))
     drawn = [sim._stalls() for _ in range(400)]
-    assert sorted(set(drawn)) == [(0.0, 0.0), (1.5, 4.5)]
-    assert drawn.count((1.5, 4.5)) == 100
+    assert sorted(set(drawn)) == [(0.0, 0.0, 0.0), (1.5, 4.5, 0.0)]
+    assert drawn.count((1.5, 4.5, 0.0)) == 100
 
 
 def test_a_chunks_daemon_work_takes_cores_beside_it_not_its_path():
@@ -491,3 +491,17 @@ def test_a_wake_up_is_paid_by_a_step_that_finds_its_thread_asleep_not_by_every_c
         assert sim.wakes["loop"] / n == pytest.approx(wakes, abs=0.01)
         assert sim.wakes["worker"] / n == pytest.approx(1.0, abs=0.01)  # each worker idle when its turn comes
         assert sim.worker_cpu_ms / n == pytest.approx(0.5, rel=0.02)
+
+
+def test_a_texts_other_chunks_stall_each_by_their_own_measured_excess():
+    # One caller, 1M texts in two chunks of 1 ms on two slots: 2 ms of chunk round trips a text, and
+    # its latency 1 ms (side by side). A lone text whose longest chunk ran 10 ms over and whose other
+    # ran 6 ms over stalls its chunks by 10 and 6: its latency 11 ms, its chunks' round trips 11 and
+    # 7. With the longest chunk's excess alone the other chunk would return at 1 ms (one slow chunk
+    # of two: the pool's chunks' P99 at 2 workers ran 10-38% short).
+    costs = Costs(**{**FREE.__dict__, "encode_ms_per_mchar": 2.0, "text_stall": (10.0,), "text_stall_rest": (6.0,)})
+    sim = Simulation(Cluster(nodes=1, cores_per_node=2, task_slots=2), costs)
+    sim.closed_texts(1, 1_000_000)
+    res = sim.run(1_200.0, 100.0)
+    assert res.percentile("text", 50) == pytest.approx(11.0, rel=0.01)
+    assert sorted({round(trip, 6) for _, trip in sim.chunk_times}) == [7.0, 11.0]
