@@ -13,8 +13,9 @@ This machine has 2 cores, so a pool on 64 cores cannot be measured here. This be
    ``TokenizerPool`` on local Ray with 1 and 2 workers (closed loops of session turns and of
    stateless 1M-character texts, each in rounds): measured and predicted throughput and P99 side by
    side, predicted both from the costs above and from each request's CPU per process as lone
-   requests measured it seconds before each round (the machine's speed drifts in between), with
-   the stalls those lone requests showed;
+   requests measured it seconds before each round (the machine's speed drifts in between; a lone
+   turn's CPU beyond the costs' sum charged per wake of a sleeping loop or worker), with the
+   stalls those lone requests showed;
 3. runs the simulation at 16, 64 and 256 cores on 1, 4 and 16 nodes for chat sessions (100K-1M
    characters of context, +1.3K a turn, Poisson arrivals), long stateless texts (1-3M characters)
    and a mixed load (1% of requests are long texts), and prints each throughput curve and the first
