@@ -256,11 +256,9 @@ class Simulation:
 
     def _woke(self, r: Resource, kind: str, ms: float, caller: bool = False) -> float:
         """``ms`` (Costs.loop_wake_ms, worker_wake_ms) if a step starting now wakes ``r``, else 0."""
-        if not r.waking(caller):
-            return 0.0
-        if self.now >= self._measure_from:
-            self.wakes[kind] += 1
-        return ms
+        woke = r.waking(caller)
+        self.wakes[kind] += woke and self.now >= self._measure_from
+        return ms if woke else 0.0
 
     def driver_step(self, d: int, ms: float, then: Callable[[], None]) -> None:
         ms += self._woke(self.gil[d], "loop", self.costs.loop_wake_ms)
@@ -377,10 +375,12 @@ class Simulation:
         """A caller's request at driver ``d``: its loop held ``stall`` without a core (not CPU), then
         a step of ``ms`` on it, plus its wake-up (``Costs.loop_wake_ms``) if the request found it idle."""
         ms += self._woke(self.gil[d], "loop", self.costs.loop_wake_ms, caller=True)
-        if stall > 0 and self.now >= self._measure_from:
-            self.stalled_ms += stall
         step = lambda: self.hold([self.gil[d], self.cpu[self.driver_node[d]]], ms, then)  # noqa: E731
-        self.hold([self.gil[d]], stall, step) if stall > 0 else step()
+        if stall <= 0:
+            return step()
+        if self.now >= self._measure_from:
+            self.stalled_ms += stall
+        self.hold([self.gil[d]], stall, step)
 
     def chat(self, rate_per_s: float, until_ms: float) -> None:
         """Poisson turn arrivals at ``rate_per_s`` over the sessions (uniformly) until ``until_ms``."""
