@@ -593,26 +593,27 @@ def _simulate(cl: Cluster, costs: Costs | list[Costs], load, kind: str, ms: floa
                 (p99s[0], p99s[-1]), chunks=tuple(c for r in runs for c in r.chunks))
 
 
-def _lone_demand(costs: Costs, k: int, one, turn_cpu, text_cpu) -> Costs:
+def _lone_demand(costs: Costs, k: int, one_turn, one_text, turn_cpu, text_cpu) -> Costs:
     """``costs`` with each request's CPU per process set to a lone request's, measured: a turn's
     (worker, driver) and a text's of ``k`` chunks (driver, chunk tasks' processes, Ray's daemons).
-    ``one(costs)`` simulates one caller: its turn's and text's :class:`Loop` and a turn's wakes of an
-    idle loop and worker. A lone turn's CPU beyond the costs' sum is waking its sleeping threads
-    (``Costs.loop_wake_ms``, ``worker_wake_ms``: charged per wake, so a loaded turn that finds them
-    busy does not pay it), a shortfall comes off the fixed term per call; a text's difference goes
-    to its fixed term per chunk, the daemons' share beside the text's path, the rest on it."""
-    one_turn, _, (loop_wakes, worker_wakes) = one(costs)
-    driver, worker = turn_cpu[1] - one_turn.driver_cpu, turn_cpu[0] - one_turn.workers_cpu
+    ``one_turn(costs)`` and ``one_text(costs)`` simulate one caller: its turn's :class:`Loop` with the
+    turn's wakes of an idle loop and worker, and its text's :class:`Loop`. A lone turn's CPU beyond
+    the costs' sum is waking its sleeping threads (``Costs.loop_wake_ms``, ``worker_wake_ms``:
+    charged per wake, so a loaded turn that finds them busy does not pay it), a shortfall comes off
+    the fixed term per call; a text's difference goes to its fixed term per chunk, the daemons'
+    share beside the text's path, the rest on it."""
+    turn, (loop_wakes, worker_wakes) = one_turn(costs)
+    driver, worker = turn_cpu[1] - turn.driver_cpu, turn_cpu[0] - turn.workers_cpu
     costs = dataclasses.replace(
         costs, loop_wake_ms=max(0.0, driver) / max(1e-9, loop_wakes),
         worker_wake_ms=max(0.0, worker) / max(1e-9, worker_wakes),
         handoff_ms=max(0.0, costs.handoff_ms + min(0.0, driver)),
         worker_call_ms=max(0.0, costs.worker_call_ms + min(0.0, worker)))
-    _, one_text, _ = one(costs)  # the text's steps wake the loop too
+    text = one_text(costs)  # the text's steps wake the loop too
     daemons = k * costs.chunk_daemon_ms
     return dataclasses.replace(
-        costs, chunk_ms=max(0.0, costs.chunk_ms + (text_cpu[0] - one_text.driver_cpu) / k),
-        chunk_node_ms=max(0.0, costs.chunk_node_ms + (text_cpu[1] - (one_text.workers_cpu - daemons)) / k),
+        costs, chunk_ms=max(0.0, costs.chunk_ms + (text_cpu[0] - text.driver_cpu) / k),
+        chunk_node_ms=max(0.0, costs.chunk_node_ms + (text_cpu[1] - (text.workers_cpu - daemons)) / k),
         chunk_daemon_ms=max(0.0, text_cpu[2] / k))
 
 
@@ -712,20 +713,22 @@ def validate(path: str, costs: Costs, engine: str, quick: bool) -> list[tuple]:
         # the costs' sum for one caller (stalls aside) against a lone request's measured mean
         k = Simulation(cl, costs).chunk_count(1_000_000)  # chunks of a 1M text
 
-        def one(c: Costs):  # one caller's simulated turn and text, and a turn's wakes of loop and worker
+        def sim_turn(c: Costs):  # one caller's simulated turn, and its wakes of the loop and its worker
             sim = Simulation(cl, c)
             sessions(1)(sim)
             n = sim.run(2_500, 500).completed["turn"]
-            return (_simulate(cl, c, sessions(1), "turn", 2_000, 500), _simulate(cl, c, texts(1), "text", 4_000, 500),
-                    (sim.wakes["loop"] / n, sim.wakes["worker"] / n))
-        one_turn, one_text, wakes = one(costs)
+            return _simulate(cl, c, sessions(1), "turn", 2_000, 500), (sim.wakes["loop"] / n, sim.wakes["worker"] / n)
+
+        def sim_text(c: Costs):  # one caller's simulated text
+            return _simulate(cl, c, texts(1), "text", 4_000, 500)
+        (one_turn, wakes), one_text = sim_turn(costs), sim_text(costs)
         # each round's stalls from its own lone requests, and (second rows) its CPU demand from them
         # too, where the costs above were measured minutes before
         each = [dataclasses.replace(costs, **dict(zip(("loop_stall", "trip_stall"), stalls_of(lone, trips))),
                                     **dict(zip(("text_loop_stall", "text_stall"), stalls_of(lone_text, text_trips))),
                                     text_stall_rest=excess(rest))
                 for (lone, trips, _, _), (lone_text, text_trips, _, _, rest) in zip(turn_rounds, text_rounds)]
-        each_lone = [_lone_demand(c, k, one, t[2], x[2]) for c, t, x in zip(each, turn_rounds, text_rounds)]
+        each_lone = [_lone_demand(c, k, sim_turn, sim_text, t[2], x[2]) for c, t, x in zip(each, turn_rounds, text_rounds)]
         m_turn, m_text = _pooled([t[3] for t in turn_rounds]), _pooled([x[3] for x in text_rounds])
         rows.append((w, "session turns, 4 callers", m_turn, _simulate(cl, each, sessions(callers), "turn", secs / rounds * 1e3, 1_000)))
         rows.append((w, "  ... lone turns' demand", m_turn, _simulate(cl, each_lone, sessions(callers), "turn", secs / rounds * 1e3, 1_000)))
@@ -739,7 +742,7 @@ def validate(path: str, costs: Costs, engine: str, quick: bool) -> list[tuple]:
         loop_part, trip_part, text_part, chunk_part = (sum(sum(getattr(c, f)) for c in each) for f in (
             "loop_stall", "trip_stall", "text_loop_stall", "text_stall"))
         daemons = k * costs.chunk_daemon_ms
-        mean_lone = _lone_demand(costs, k, one, turn_cpu, text_cpu)
+        mean_lone = _lone_demand(costs, k, sim_turn, sim_text, turn_cpu, text_cpu)
         demand += [f"{w} worker(s): a turn's worker {turn_cpu[0]:.3f} ms (simulated {one_turn.workers_cpu:.3f}), "
                    f"driver {turn_cpu[1]:.3f} ({one_turn.driver_cpu:.3f}); a 1M text's driver {text_cpu[0]:.2f} "
                    f"({one_text.driver_cpu:.2f}), chunk tasks' processes {text_cpu[1]:.2f} "

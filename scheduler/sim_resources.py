@@ -56,7 +56,7 @@ class Resource:
         """Whether a step starting now wakes this server's thread from sleep: it is idle, and either
         the step comes from another thread (a caller's request) or the server has been idle since
         an earlier instant (not its own next step, chained straight after the last)."""
-        return self.busy == 0 and not self._queue and (caller or self.sim.now > self._idle_since)
+        return self.busy == 0 and (caller or self.sim.now > self._idle_since)  # idle: its queue is empty
 
     def utilization(self, start: float, end: float) -> float:
         self._account()
