@@ -9,6 +9,7 @@ import numpy as np
 import ray
 
 from delta_ray.core.config import PoolConfig, TokenizerConfig
+from delta_ray.tokenizer_core import TokenizerCore
 
 from .calls import ENCODE_PIECES, ENCODE_WHOLE, Call
 
@@ -37,6 +38,12 @@ def _lower_priority(nice: int) -> None:
     _niced = True
 
 
+def _tokenizer(config: tuple, digest: str, options: TokenizerConfig) -> TokenizerCore:
+    """This process's tokenizer for ``options``; a chunk process (its own runtime env) freezes its
+    heap after a build, so its full garbage collections do not stall the chunks it runs."""
+    return get_tokenizer(_fetch(config), digest, options, settle=os.environ.get("DELTA_RAY_CHUNK_PROCESS") == "1")
+
+
 def _fetch(config: tuple) -> Callable[[], bytes]:
     """What fetches the configuration's bytes from ``config``, a 1-tuple holding their object
     reference: Ray resolves a task's top-level references before it runs, nested ones only when
@@ -49,7 +56,7 @@ def encode_chunks(config: tuple, digest: str, pieces: list[str], options: Tokeni
                   nice: int = 0) -> list[np.ndarray]:
     """IDs of each piece (reference-exact, add_special_tokens=False) from a cached tokenizer."""
     _lower_priority(nice)
-    return get_tokenizer(_fetch(config), digest, options).run_pieces(pieces)
+    return _tokenizer(config, digest, options).run_pieces(pieces)
 
 
 @ray.remote(max_retries=3)
@@ -57,7 +64,7 @@ def encode_whole(config: tuple, digest: str, text: str, add_special_tokens: bool
                  nice: int = 0) -> np.ndarray:
     """A stateless text's IDs, post-processed: an unadmitted configuration's whole-text plan."""
     _lower_priority(nice)
-    return get_tokenizer(_fetch(config), digest, options).encode_ids(text, add_special_tokens=add_special_tokens)
+    return _tokenizer(config, digest, options).encode_ids(text, add_special_tokens=add_special_tokens)
 
 
 @ray.remote(max_retries=0)
@@ -67,7 +74,7 @@ def warm_chunk_process(config: tuple, digest: str, options: TokenizerConfig, nic
     import time
 
     _lower_priority(nice)
-    get_tokenizer(_fetch(config), digest, options).run_pieces(["warm up"])
+    _tokenizer(config, digest, options).run_pieces(["warm up"])
     time.sleep(hold_s)
     return os.getpid()
 

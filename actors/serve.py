@@ -91,6 +91,8 @@ class TokenizerService:
             max_model_len=config.max_model_len, require_tenant=config.require_tenant,
             pool_min_chars=config.pool_min_chars, overflow_inflight=config.overflow_inflight or 2 * (threads or 2),
             max_detokenize_tokens=config.max_detokenize_tokens, replica_id=replica_id)
+        from delta_ray.core.heap import freeze_heap
+        freeze_heap()  # a replica's process is ours: its full collections skip what set-up built
 
     def __del__(self):
         try:

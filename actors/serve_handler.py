@@ -102,8 +102,9 @@ class RequestHandler:
         self.replica_id = replica_id
         self._record = record  # actors/metrics.py, or a stand-in in tests
         self.inflight = 0
-        self.vocab_size = vocab_size(loaded.tokenizer, loaded.config)
-        self.id_to_token = id_to_token_fn(loaded.tokenizer, loaded.config)
+        config = loaded.config  # parsed once here, not kept (LoadedTokenizer.config)
+        self.vocab_size = vocab_size(loaded.tokenizer, config)
+        self.id_to_token = id_to_token_fn(loaded.tokenizer, config)
         self._locks = _KeyLocks()
         # Keys the session_version digests: a version is valid only on the replica that issued it
         # (another replica, or this one restarted, holds other states) and reveals nothing about

@@ -15,6 +15,7 @@ from collections import OrderedDict
 from typing import Callable, Union
 
 from delta_ray.core.config import TokenizerConfig
+from delta_ray.core.heap import freeze_heap
 from delta_ray.core.loading import LoadedTokenizer
 from delta_ray.tokenizer_core import TokenizerCore
 from delta_ray.verify.fast_engine import FastEngineUnavailable
@@ -52,11 +53,13 @@ def build_tokenizer(config_bytes: bytes, digest: str, config: TokenizerConfig, *
 
 
 def get_tokenizer(config_bytes: ConfigSource, digest: str, config: TokenizerConfig, *, lazy: bool = False,
-                  fallback: bool = False) -> TokenizerCore:
+                  fallback: bool = False, settle: bool = False) -> TokenizerCore:
     """The process's TokenizerCore for these bytes and options (built on first use, see
     :func:`build_tokenizer`; then the most recently used entry). ``config_bytes`` may be a function
     that fetches them: called only when no entry of this process holds ``digest``'s bytes, whose
-    SHA-256 the build then checks as always."""
+    SHA-256 the build then checks as always. ``settle``: after a build, freeze the process's heap
+    (:func:`~delta_ray.core.heap.freeze_heap`), in a process delta-ray owns (a pool worker, a
+    chunk-task process): its full garbage collections then skip the tokenizer and Ray."""
     key = (digest, config, fallback)
     with _LOCK:
         core = _CACHE.get(key)
@@ -68,6 +71,8 @@ def get_tokenizer(config_bytes: ConfigSource, digest: str, config: TokenizerConf
             while len(_CACHE) >= MAX_ENTRIES:
                 _CACHE.popitem(last=False)  # the least recently used
             _CACHE[key] = core
+            if settle:
+                freeze_heap()
         else:
             _CACHE.move_to_end(key)
         return core

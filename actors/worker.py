@@ -97,7 +97,7 @@ class TokenizerWorker(WorkerService):
     """Ray actor: a :class:`WorkerService` plus its authenticated same-node side channel."""
 
     def __init__(self, config_bytes: bytes, digest: str, config: TokenizerConfig, secret: bytes):
-        super().__init__(get_tokenizer(config_bytes, digest, config), secret)
+        super().__init__(get_tokenizer(config_bytes, digest, config, settle=True), secret)
         self._dt.shadow.add_listener(metrics.record_shadow)  # comparisons and mismatches as metrics
         self._channel = (worker_channel.ChannelServer(self._channel_call, secret, methods=CHANNEL_METHODS)
                          if worker_channel.supported() else None)

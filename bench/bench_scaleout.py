@@ -51,6 +51,7 @@ from delta_ray.actors.loop_thread import LoopThread  # noqa: E402
 from delta_ray.core.assembly import concat_ids, to_arrow  # noqa: E402
 from delta_ray.apps.bundled import bundled_tokenizer_path  # noqa: E402
 from delta_ray.core.config import TokenizerConfig  # noqa: E402
+from delta_ray.core.heap import freeze_heap  # noqa: E402
 from delta_ray.core.loading import load_tokenizer  # noqa: E402
 from delta_ray.apps.sample_text import corpus  # noqa: E402
 from delta_ray.scheduler.sim_costs import excess  # noqa: E402
@@ -679,6 +680,9 @@ def validate(path: str, costs: Costs, engine: str, quick: bool) -> list[tuple]:
                     sent.append(delta)
                 pos[i] = p + TURN
             turn(0)
+            # as a process that calls a pool should once set up (README): its full garbage
+            # collections then skip Ray's and the pool's objects (60-125 ms of the GIL each here)
+            freeze_heap()
             pids = [s["pid"] for s in pool.worker_stats().values()]
             turn_rounds = []  # (lone turns' ms, their round trips' ms, their CPU demand, the loop)
             for _ in range(rounds):

@@ -25,20 +25,18 @@ class DigestMismatch(DeltaRayError, ValueError):
 class LoadedTokenizer:
     """A reference tokenizer with the exact configuration bytes it was built from.
 
-    ``tokenizer`` (the reference ``tokenizers.Tokenizer``) and ``config`` (the parsed JSON) may be
-    built lazily, on first use: a Ray Data worker whose fast engine is admitted (cached) never needs
-    the reference unless a guarded text, a fallback or the shadow check asks for it, and building it
-    costs about a CPU-second per process (:meth:`from_bytes` with ``lazy=True``). The bytes are
-    fixed (their SHA-256 checked first), so a lazy build gives the same reference an eager one does.
+    ``tokenizer`` (the reference ``tokenizers.Tokenizer``) may be built lazily, on first use: a Ray
+    Data worker whose fast engine is admitted (cached) never needs the reference unless a guarded
+    text, a fallback or the shadow check asks for it, and building it costs about a CPU-second per
+    process (:meth:`from_bytes` with ``lazy=True``). The bytes are fixed (their SHA-256 checked
+    first), so a lazy build gives the same reference an eager one does.
     """
 
-    def __init__(self, tokenizer: Tokenizer | None, config_bytes: bytes, digest: str, source: str,
-                 config: dict[str, Any] | None = None):
+    def __init__(self, tokenizer: Tokenizer | None, config_bytes: bytes, digest: str, source: str):
         self._tokenizer = tokenizer
         self.config_bytes = config_bytes
         self.digest = digest
         self.source = source
-        self._config = config
         self._lock = threading.Lock()
 
     def __getstate__(self) -> dict:  # picklable like the dataclass it was (the lock stays behind)
@@ -73,11 +71,11 @@ class LoadedTokenizer:
 
     @property
     def config(self) -> dict[str, Any]:
-        """The parsed tokenizer.json (parsed on first use)."""
-        cfg = self._config
-        if cfg is None:
-            cfg = self._config = json.loads(self.config_bytes)
-        return cfg
+        """The parsed tokenizer.json, parsed anew at each use and never kept: its BPE merges are
+        about 150K two-item lists, and every full garbage collection of a process that kept them
+        traced them all with the GIL held (100-270 ms each in a pool's driver, stalling all its
+        calls, 2026-12-03). Admission and a Serve replica's set-up read it once each."""
+        return json.loads(self.config_bytes)
 
     @classmethod
     def from_bytes(cls, data: bytes, expected_digest: str | None = None, source: str = "<bytes>", *,
@@ -89,8 +87,7 @@ class LoadedTokenizer:
             raise DigestMismatch(f"tokenizer configuration SHA-256 {digest} != expected {expected_digest}")
         if lazy:
             return cls(None, bytes(data), digest, source)
-        text = data.decode("utf-8")
-        return cls(check_encodes(tokenizer_from_str(text)), data, digest, source, json.loads(text))
+        return cls(check_encodes(tokenizer_from_str(data.decode("utf-8"))), data, digest, source)
 
 
 def load_tokenizer(tokenizer: TokenizerLike, *, lazy: bool = False) -> LoadedTokenizer:

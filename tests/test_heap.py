@@ -1,0 +1,79 @@
+"""Full garbage collections skip what a process built at set-up: ``freeze_heap`` freezes it, a
+second call frees what became garbage meanwhile, a loaded tokenizer keeps no parsed JSON, and a
+pool's own processes freeze after building their tokenizer (Ray-free)."""
+import gc
+import json
+import weakref
+
+import pytest
+
+from delta_ray import freeze_heap
+from delta_ray.actors import chunk_task, tokenizer_cache
+from delta_ray.apps.bundled import DEFAULT_TOKENIZER, bundled_tokenizer_path
+from delta_ray.core.config import TokenizerConfig
+from delta_ray.core.loading import load_tokenizer
+
+
+@pytest.fixture
+def thawed():
+    gc.unfreeze()
+    yield
+    gc.unfreeze()  # the rest of the suite runs with the collector as it found it
+
+
+class Node:
+    def __init__(self):
+        self.other = self  # a cycle: only the collector frees it
+
+
+def test_frozen_objects_leave_the_collected_generations(thawed):
+    before = len(gc.get_objects())
+    assert freeze_heap() > 0
+    assert len(gc.get_objects()) < before / 10  # what a full collection traces now
+
+
+def test_a_second_freeze_frees_cyclic_garbage_frozen_by_the_first(thawed):
+    node = Node()
+    alive = weakref.ref(node)
+    freeze_heap()
+    del node  # garbage now, but frozen: no collection looks at it
+    gc.collect()
+    assert alive() is not None
+    freeze_heap()  # unfreezes first (a closed pool, an evicted tokenizer), then collects
+    assert alive() is None
+
+
+def test_a_loaded_tokenizer_keeps_no_parsed_configuration():
+    # its ~150K BPE merges (two-item lists) were traced by every full collection of a pool's
+    # driver, 100+ ms with the GIL held
+    loaded = load_tokenizer(bundled_tokenizer_path(DEFAULT_TOKENIZER))
+    gc.collect()
+    tracked = len(gc.get_objects())
+    config = loaded.config
+    assert config == json.loads(loaded.config_bytes) and len(config["model"]["merges"]) > 100_000
+    assert loaded.config is not config  # parsed anew, not kept
+    del config
+    gc.collect()
+    assert len(gc.get_objects()) < tracked + 1_000
+
+
+OPTIONS = TokenizerConfig(engine="reference", shadow_rate=0.0)
+
+
+@pytest.mark.parametrize("chunk_process", [True, False])
+def test_a_chunk_process_freezes_its_heap_after_a_build(monkeypatch, thawed, chunk_process):
+    loaded = load_tokenizer(bundled_tokenizer_path(DEFAULT_TOKENIZER))
+    tokenizer_cache.clear()
+    monkeypatch.setattr(chunk_task, "_fetch", lambda config: lambda: loaded.config_bytes)
+    if chunk_process:
+        monkeypatch.setenv("DELTA_RAY_CHUNK_PROCESS", "1")
+    else:  # a process other tasks share (Ray Data's, a user's) is left as it is
+        monkeypatch.delenv("DELTA_RAY_CHUNK_PROCESS", raising=False)
+    try:
+        core = chunk_task._tokenizer((None,), loaded.digest, OPTIONS)
+        assert (gc.get_freeze_count() > 0) == chunk_process
+        freezes = gc.get_freeze_count()
+        assert chunk_task._tokenizer((None,), loaded.digest, OPTIONS) is core  # held: no build, no freeze
+        assert gc.get_freeze_count() == freezes
+    finally:
+        tokenizer_cache.clear()
