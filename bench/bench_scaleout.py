@@ -15,13 +15,14 @@ This machine has 2 cores, so a pool on 64 cores cannot be measured here. This be
    side, predicted both from the costs above and from each request's CPU per process as lone
    requests measured it seconds before each round (the machine's speed drifts in between; a lone
    turn's CPU beyond the costs' sum charged per wake of a sleeping loop or worker), with the
-   stalls those lone requests showed;
+   stalls those lone requests showed; a round is rerun while the VM's steal exceeds 2.5% of its cores
+   (:data:`STEAL_LIMIT`);
 3. runs the simulation at 16, 64 and 256 cores on 1, 4 and 16 nodes for chat sessions (100K-1M
    characters of context, +1.3K a turn, Poisson arrivals), long stateless texts (1-3M characters)
    and a mixed load (1% of requests are long texts), and prints each throughput curve and the first
    component to saturate.
 
-    .venv/bin/python bench/bench_scaleout.py [--engine fast] [--quick] [--no-ray]
+    .venv/bin/python bench/bench_scaleout.py [--engine fast] [--quick] [--no-ray] [--keep-cores-awake]
 
 The network between nodes cannot be measured on one machine: 10 Gbit/s per node and direction is
 assumed (``Costs.net_mb_per_ms``), and a cross-node call costs what a Ray actor call costs here.
@@ -35,6 +36,7 @@ import dataclasses
 import multiprocessing as mp
 import os
 import statistics
+import struct
 import sys
 import threading
 import time
@@ -406,12 +408,27 @@ def _proc_cpu_ms(pid: int) -> float:
     return _proc_stat(pid)[1]
 
 
-def _machine_busy_ms() -> float:
-    """CPU time every process on this machine has used so far (all cores), in ms (Linux /proc/stat)."""
+def _cpu_ticks() -> list[int]:
+    """This machine's CPU time so far by state, all cores, in clock ticks (Linux /proc/stat: user,
+    nice, system, idle, iowait, irq, softirq, steal)."""
     with open("/proc/stat") as f:
-        fields = [int(x) for x in f.readline().split()[1:]]
-    idle = fields[3] + (fields[4] if len(fields) > 4 else 0)  # idle + iowait
-    return (sum(fields[:8]) - idle) * 1e3 / os.sysconf("SC_CLK_TCK")
+        return ([int(x) for x in f.readline().split()[1:9]] + [0] * 8)[:8]
+
+
+def _machine_busy_ms() -> float:
+    """CPU time every process on this machine has used so far (all cores), in ms: idle, iowait and
+    steal aside (time this VM's cores were runnable but the host did not run them: no process here
+    ran then)."""
+    user, nice, system, _, _, irq, softirq, _ = _cpu_ticks()
+    return (user + nice + system + irq + softirq) * 1e3 / os.sysconf("SC_CLK_TCK")
+
+
+def _stolen_ms() -> float:
+    """Steal so far (all cores), in ms: the time this VM's cores were runnable but the host ran
+    something else, mostly here a halted core's wait to run again once woken (:func:`_cores_kept_awake`).
+    It came and went for minutes at a time with the host's load, up to 40% of both cores, and a closed
+    loop's P99 rose with it (2 callers' texts: 56-65 ms at 1-5%, 89-133 ms at 16-28%, 2026-12-03)."""
+    return _cpu_ticks()[7] * 1e3 / os.sysconf("SC_CLK_TCK")
 
 
 # Processes by their names (Linux keeps a name's first 15 bytes in /proc/<pid>/stat): a chunk task's
@@ -565,6 +582,59 @@ def _lone_calls(fn, seconds: float, trips: tuple[float, ...] | list[float] = ())
     return out, longest, rest
 
 
+# a validation round is rerun while the host takes more than this share of the machine's cores
+# (steal) during it, at most STEAL_TRIES times, and the run with the least steal is kept: the
+# simulation has no host, and steal slows every process here at once, in bursts of up to a whole
+# core for 100 ms. Fed to the simulation as other jobs' slices, a round's steal made its texts' rate
+# 22% short and left its turns' 14-45% long (one run). Quiet rounds here saw 0-2% (2026-12-03).
+STEAL_LIMIT = 0.025
+STEAL_TRIES = 3
+
+
+def _least_stolen(run, tries: int = STEAL_TRIES) -> tuple[object, float, int]:
+    """``run()``'s outcome with the least steal, that steal in ms per second, and the times it ran:
+    rerun while the steal during it was over :data:`STEAL_LIMIT` of the machine's cores."""
+    best: tuple[object, float] | None = None
+    for ran in range(1, tries + 1):
+        s0, t0 = _stolen_ms(), time.perf_counter()
+        out = run()
+        steal = (_stolen_ms() - s0) / (time.perf_counter() - t0)
+        if best is None or steal < best[1]:
+            best = (out, steal)
+        if steal <= STEAL_LIMIT * 1e3 * (os.cpu_count() or 1):
+            break
+    return best[0], best[1], ran
+
+
+def _timed_steal(fn) -> tuple[object, float]:
+    """``fn()``'s outcome and the steal meanwhile, in ms per second."""
+    s0, t0 = _stolen_ms(), time.perf_counter()
+    out = fn()
+    return out, (_stolen_ms() - s0) / (time.perf_counter() - t0)
+
+
+@contextlib.contextmanager
+def _cores_kept_awake():
+    """Hold a CPU latency request of 0 us (Linux PM QoS, ``/dev/cpu_dma_latency``, as pyperf's
+    ``system tune`` and tuned's latency-performance profile do) while open: idle cores then poll
+    instead of halting. Yields whether it is held (the file needs root).
+
+    On this VM (cpuidle driver haltpoll, ``guest_halt_poll_ns`` 0) a halted vCPU that another
+    thread wakes waits for the host to run it again, and the host counts that wait as steal. Four
+    callers' session turns on 2 workers alternated plain and held, 6 s rounds: 1,128-1,533 turns/s
+    with 280-686 ms/s of steal, against 2,196-2,357 with 35-70 (2026-12-03). Not the default: the
+    simulation's wake-up costs are fitted to halting cores, and users' machines halt; held, its
+    1-worker turns ran 26% short in the one run tried (design §13)."""
+    try:
+        f = open("/dev/cpu_dma_latency", "wb", buffering=0)
+    except OSError:
+        yield False
+        return
+    with f:
+        f.write(struct.pack("i", 0))
+        yield True
+
+
 SEEDS = 3  # simulated runs per closed loop: its P99 is their median, its throughput their mean
 
 
@@ -684,20 +754,22 @@ def validate(path: str, costs: Costs, engine: str, quick: bool) -> list[tuple]:
             # collections then skip Ray's and the pool's objects (60-125 ms of the GIL each here)
             freeze_heap()
             pids = [s["pid"] for s in pool.worker_stats().values()]
-            turn_rounds = []  # (lone turns' ms, their round trips' ms, their CPU demand, the loop)
-            for _ in range(rounds):
+
+            def turn_round():  # (lone turns' ms, their round trips' ms, their CPU demand, the loop, its steal)
                 w0, c0 = sum(map(_proc_cpu_ms, pids)), time.process_time()
                 with _round_trips() as recorded:  # the simulation's turn stalls come from these
                     lone, trips, _ = _lone_calls(lambda: turn(0), lone_secs / rounds, recorded)
                 # ... and a lone turn's CPU demand: its worker's, the driver's (Ray's threads included)
                 turn_cpu = ((sum(map(_proc_cpu_ms, pids)) - w0) / len(lone), (time.process_time() - c0) * 1e3 / len(lone))
-                turn_rounds.append((lone, trips, turn_cpu, _closed_loop(callers, secs / rounds, turn, pids)))
+                return (lone, trips, turn_cpu, *_timed_steal(lambda: _closed_loop(callers, secs / rounds, turn, pids)))
+            turn_rounds = [_least_stolen(turn_round) for _ in range(rounds)]
+            turn_rounds, turn_ran = [r[0] for r in turn_rounds], [r[2] for r in turn_rounds]
             check(pool.extend("v0", ""), "".join(sent))
             encode_text = lambda: pool.encode(text1m, add_special_tokens=False)  # noqa: E731
             check(encode_text(), text1m, add_special_tokens=False)
-            text_rounds = []  # (lone texts' ms, their longest chunks' round trips, their CPU demand, the loop,
-            # their other chunks' mean round trips)
-            for _ in range(rounds):
+
+            def text_round():  # (lone texts' ms, their longest chunks' round trips, their CPU demand,
+                # the loop, their other chunks' mean round trips, the loop's steal)
                 meter = _CpuMeter(split=True)
                 with _round_trips("chunk") as recorded:  # ... and the texts' stalls from these
                     lone_text, text_trips, text_rest = _lone_calls(encode_text, text_secs / 2 / rounds, recorded)
@@ -706,11 +778,13 @@ def validate(path: str, costs: Costs, engine: str, quick: bool) -> list[tuple]:
                 text_cpu = [ms / len(lone_text) for ms in meter.read_split(tuple(idle))]
                 waits: list[float] = []
                 with _round_trips("chunk", waits) as loaded_trips:  # where a loaded text's time goes
-                    m = _closed_loop(2, text_secs / rounds, lambda i: encode_text(), pids=None)
+                    m, steal = _timed_steal(lambda: _closed_loop(2, text_secs / rounds, lambda i: encode_text(), pids=None))
                 m = m._replace(chunks=tuple(zip(waits, loaded_trips)))
                 # the rest of the machine per text, less what it does with the pool idle (as simulated)
-                text_rounds.append((lone_text, text_trips, text_cpu, m._replace(workers_cpu=m.workers_cpu - others[-1] / m.rate),
-                                    text_rest))
+                return (lone_text, text_trips, text_cpu, m._replace(workers_cpu=m.workers_cpu - others[-1] / m.rate),
+                        text_rest, steal)
+            text_rounds = [_least_stolen(text_round) for _ in range(rounds)]
+            text_rounds, text_ran = [r[0] for r in text_rounds], [r[2] for r in text_rounds]
             check(encode_text(), text1m, add_special_tokens=False)
         costs = dataclasses.replace(costs, driver_background_ms_per_s=background, node_background_ms_per_s=others[-1])
         cl = Cluster(nodes=1, cores_per_node=2, workers=w, task_slots=w)
@@ -731,13 +805,22 @@ def validate(path: str, costs: Costs, engine: str, quick: bool) -> list[tuple]:
         each = [dataclasses.replace(costs, **dict(zip(("loop_stall", "trip_stall"), stalls_of(lone, trips))),
                                     **dict(zip(("text_loop_stall", "text_stall"), stalls_of(lone_text, text_trips))),
                                     text_stall_rest=excess(rest))
-                for (lone, trips, _, _), (lone_text, text_trips, _, _, rest) in zip(turn_rounds, text_rounds)]
+                for (lone, trips, *_), (lone_text, text_trips, _, _, rest, _) in zip(turn_rounds, text_rounds)]
         each_lone = [_lone_demand(c, k, sim_turn, sim_text, t[2], x[2]) for c, t, x in zip(each, turn_rounds, text_rounds)]
         m_turn, m_text = _pooled([t[3] for t in turn_rounds]), _pooled([x[3] for x in text_rounds])
-        rows.append((w, "session turns, 4 callers", m_turn, _simulate(cl, each, sessions(callers), "turn", secs / rounds * 1e3, 1_000)))
-        rows.append((w, "  ... lone turns' demand", m_turn, _simulate(cl, each_lone, sessions(callers), "turn", secs / rounds * 1e3, 1_000)))
-        rows.append((w, "stateless 1M, 2 callers", m_text, _simulate(cl, each, texts(2), "text", text_secs / rounds * 1e3, 2_000)))
-        rows.append((w, "  ... lone texts' demand", m_text, _simulate(cl, each_lone, texts(2), "text", text_secs / rounds * 1e3, 2_000)))
+        turn_steal, text_steal = [t[4] for t in turn_rounds], [x[5] for x in text_rounds]
+
+        def note(steal: list[float], ran: list[int]) -> str:
+            return f"steal {', '.join(f'{ms:.0f}' for ms in steal)} ms/s, {sum(ran) - len(ran)} rerun"
+        turn_note, text_note = note(turn_steal, turn_ran), note(text_steal, text_ran)
+        rows.append((w, "session turns, 4 callers", m_turn,
+                     _simulate(cl, each, sessions(callers), "turn", secs / rounds * 1e3, 1_000), turn_note))
+        rows.append((w, "  ... lone turns' demand", m_turn,
+                     _simulate(cl, each_lone, sessions(callers), "turn", secs / rounds * 1e3, 1_000), turn_note))
+        rows.append((w, "stateless 1M, 2 callers", m_text,
+                     _simulate(cl, each, texts(2), "text", text_secs / rounds * 1e3, 2_000), text_note))
+        rows.append((w, "  ... lone texts' demand", m_text,
+                     _simulate(cl, each_lone, texts(2), "text", text_secs / rounds * 1e3, 2_000), text_note))
         # what the rounds' lone requests showed, together
         lone = [ms for t in turn_rounds for ms in t[0]]
         lone_text = [ms for x in text_rounds for ms in x[0]]
@@ -776,6 +859,9 @@ def validate(path: str, costs: Costs, engine: str, quick: bool) -> list[tuple]:
           "(Ray's threads; simulated as background work of its loop); the rest of the machine meanwhile "
           f"{', '.join(f'{o:.0f}' for o in others)} ms per second (Ray's daemons and other jobs; simulated as "
           "slices of the node's cores)")
+    print(f"each round (its lone requests and its loop) was rerun while the host took over {STEAL_LIMIT:.1%} of "
+          f"the cores (steal), at most {STEAL_TRIES} times, the run with the least kept (the rows' last column: "
+          "each kept loop's steal, not simulated)")
     return rows
 
 
@@ -842,6 +928,8 @@ def main() -> int:
     ap.add_argument("--drivers", default="1", help="caller processes attached to the pool, e.g. 1,16")
     ap.add_argument("--no-validate", action="store_true", help="measure Ray's costs but skip the validation")
     ap.add_argument("--no-grid", action="store_true", help="stop after the validation")
+    ap.add_argument("--keep-cores-awake", action="store_true",
+                    help="hold a CPU latency request of 0 us while measuring: idle cores poll, not halt (root)")
     ap.add_argument("--kinds", default="chat,stateless,mixed", help="workloads of the grid")
     ap.add_argument("--ab", default=None, metavar="REV",
                     help="also simulate chat sessions with the orchestrator's costs on scheduler/ as of REV")
@@ -853,6 +941,11 @@ def main() -> int:
     print(f"# bench_scaleout: {args.tokenizer}, engine {args.engine}, {os.cpu_count()} cores here, "
           f"load {os.getloadavg()[0]:.2f}")
     ray = None
+    awake = contextlib.ExitStack()
+    if not args.no_ray and args.keep_cores_awake:
+        held = awake.enter_context(_cores_kept_awake())
+        print("idle cores kept from halting (a CPU latency request of 0 us) while Ray runs: "
+              + ("held" if held else "not held (/dev/cpu_dma_latency needs root)"))
     if not args.no_ray:
         import ray as ray_mod
         from delta_ray.actors.local_ray import local_init_kwargs
@@ -871,18 +964,19 @@ def main() -> int:
         if ray is not None and not args.no_validate:
             print("\n## Validation: the real TokenizerPool on local Ray vs the simulation (closed loops)")
             print(f"{'workers':>8}  {'load':<28}{'measured/s':>11}{'sim/s':>9}{'err':>6}"
-                  f"{'P99 ms':>9}{'sim P99':>9}{'err':>6}   measured P99 by round; sim P99 over {SEEDS} seeds")
+                  f"{'P99 ms':>9}{'sim P99':>9}{'err':>6}   measured P99 by round; sim P99 over {SEEDS} seeds; "
+                  "the loops' steal")
             rows = validate(path, costs, args.engine, args.quick)
-            for w, label, m, p in rows:
+            for w, label, m, p, note in rows:
                 print(f"{w:>8}  {label:<28}{m.rate:>11.1f}{p.rate:>9.1f}{(p.rate - m.rate) / m.rate:>+6.0%}"
                       f"{m.p99:>9.2f}{p.p99:>9.2f}{(p.p99 - m.p99) / m.p99:>+6.0%}"
-                      f"   {m.p99_range[0]:.2f}, {m.p99_range[1]:.2f}; {p.p99_range[0]:.2f}-{p.p99_range[1]:.2f}")
+                      f"   {m.p99_range[0]:.2f}, {m.p99_range[1]:.2f}; {p.p99_range[0]:.2f}-{p.p99_range[1]:.2f}; {note}")
             print(f"load average now {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores: wall-clock throughput and P99 "
                   "only compare on a quiet machine")
             print("\n## Where the stateless loops' time goes: each chunk's wait for a task slot and its round trip "
                   "(dispatch to answer) in ms, P50 / P99, as the pool's CallRunner records them; measured vs simulated")
             print(f"{'workers':>8}  {'load':<28}{'wait':>15}{'sim':>15}{'round trip':>15}{'sim':>15}")
-            for w, label, m, p in rows:
+            for w, label, m, p, _ in rows:
                 if m.chunks and p.chunks:
                     cols = [np.percentile([c[i] for c in x.chunks], (50, 99)) for i in (0, 1) for x in (m, p)]
                     print(f"{w:>8}  {label:<28}" + "".join(f"{a:>8.1f} /{b:>5.1f}" for a, b in cols))
@@ -890,7 +984,7 @@ def main() -> int:
                   "the calling process (driver) and the workers (sessions) or the rest of the machine beyond its "
                   "idle share (texts: chunk tasks, Ray's daemons); 1 / demand is the path's ceiling")
             print(f"{'workers':>8}  {'load':<28}{'driver':>9}{'sim':>9}{'err':>6}{'workers':>9}{'sim':>9}{'err':>6}")
-            for w, label, m, p in rows:
+            for w, label, m, p, _ in rows:
                 mc, mw, pc, pw = m.driver_cpu, m.workers_cpu, p.driver_cpu, p.workers_cpu
                 werr = f"{(pw - mw) / mw:>+6.0%}" if mw == mw and pw == pw and mw > 0 else f"{'-':>6}"
                 wcol = f"{mw:>9.3f}{pw:>9.3f}" if mw == mw and pw == pw else f"{'-':>9}{'-':>9}"
@@ -898,6 +992,7 @@ def main() -> int:
     finally:
         if ray is not None:
             ray.shutdown()
+        awake.close()
     if args.no_grid:
         return 0
     costs = dataclasses.replace(costs, driver_background_ms_per_s=BACKGROUND)
