@@ -596,9 +596,7 @@ def _least_stolen(run, tries: int = STEAL_TRIES) -> tuple[object, float, int]:
     rerun while the steal during it was over :data:`STEAL_LIMIT` of the machine's cores."""
     best: tuple[object, float] | None = None
     for ran in range(1, tries + 1):
-        s0, t0 = _stolen_ms(), time.perf_counter()
-        out = run()
-        steal = (_stolen_ms() - s0) / (time.perf_counter() - t0)
+        out, steal = _timed_steal(run)
         if best is None or steal < best[1]:
             best = (out, steal)
         if steal <= STEAL_LIMIT * 1e3 * (os.cpu_count() or 1):
