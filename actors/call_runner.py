@@ -21,6 +21,7 @@ import time
 from typing import Any, Callable
 
 from delta_ray.core.config import PoolConfig
+from delta_ray.core.keys import describe
 from delta_ray.core.session_store import SessionNotFound
 from delta_ray.scheduler import Dispatcher, nonascii_share
 
@@ -158,7 +159,7 @@ class CallRunner:
             await self.transport.call(wid, Call(DROP_SESSION, DropArgs(call.key), call.key))
         except Exception:  # noqa: BLE001 - died since: its sessions are gone anyway
             pass
-        return SessionNotFound(f"session {call.key!r}: the connection to its worker was lost mid-extend; "
+        return SessionNotFound(f"{describe(call.key)}: the connection to its worker was lost mid-extend; "
                                "send the whole text with encode(text, session=...)")
 
     def _free_hung(self, task, req: _Request) -> None:

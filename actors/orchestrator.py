@@ -24,20 +24,20 @@ import pyarrow as pa
 from delta_ray.core import constants as C
 from delta_ray.core.assembly import COPY_POOL, concat_ids, one_chunk, to_arrow
 from delta_ray.core.config import PoolConfig
+from delta_ray.core.keys import ContentDigest, content_key, describe, session_key
 from delta_ray.core.plan import CHUNKED, REFERENCE, SESSION, Router
 from delta_ray.core.repair import finish_repair
 from delta_ray.core.planner import chunk_count
 from delta_ray.core.session_store import SessionNotFound, merge_text_parts, rope_is_prefix, splice_arrow
 from delta_ray.core.state_seal import seal_state
 from delta_ray.tokenizer_core import TokenizerCore
-from delta_ray.scheduler import Dispatcher, PlacementModel, content_key
+from delta_ray.scheduler import Dispatcher, PlacementModel
 
 from . import metrics
 from .call_runner import CallRunner
 from .calls import (ENCODE_PIECES, ENCODE_SESSION, ENCODE_WHOLE, EXTEND, INSTALL, Call, ExtendArgs, InstallArgs,
                     PiecesArgs, SessionArgs, WholeArgs)
 from .session_table import SessionTable, key_id
-from .tenant_keys import content_session_key
 from .transport import WorkerTransport
 
 log = logging.getLogger("delta_ray.pool")
@@ -74,6 +74,9 @@ class PoolOrchestrator:
                  record: Any = metrics, clock=None):
         self.local = local
         self.secret = secret
+        # Keyless texts' content keys, keyed by the pool's secret: only its authenticated callers
+        # can compute the key of a text, and every one of them finds the same worker state.
+        self._content_digest = ContentDigest.derived(secret, b"delta-ray pool content keys")
         self._record = record
         self.admitted = bool(local.admission)
         # Keyless texts under the cut threshold are sticky by content on a worker (inside their
@@ -134,28 +137,36 @@ class PoolOrchestrator:
         self.count("placed_here")
         return out
 
+    def home_of(self, session: str, tenant: str | None = None) -> str:
+        """The worker the session ``session`` of ``tenant`` lives on now."""
+        return self.dispatcher.home_of(session_key(session, tenant))
+
     async def encode(self, text: str, session: str | None, add: bool, *,
                      tenant: str | None = None) -> pa.Int32Array | pa.ChunkedArray:
-        """A text's IDs: its session (a ChunkedArray), or keyless (an Int32Array: chunked, whole, or
-        sticky by content inside ``tenant``)."""
+        """A text's IDs: the session ``session``'s inside ``tenant`` (a ChunkedArray), or keyless
+        (an Int32Array: chunked, whole, or sticky by content inside ``tenant``). Every state on the
+        workers is stored under a key of :mod:`delta_ray.core.keys`, one namespace per kind."""
         path = self.router.route(text, session)
         if path is SESSION:
-            return await self._session(session, text, add)
+            return await self._session(session_key(session, tenant), text, add)
         if path is CHUNKED:
             return await self._stateless_chunked(text, add)
         if path is REFERENCE:
             return to_arrow(await self._whole(text, add))
-        # The content key carries the tenant (the one injective namespace Serve's replicas use too):
-        # a keyless prompt never finds another tenant's state on a worker, so timing reveals nothing.
+        # The content key carries the tenant and is never a session's key (core/keys.py): a keyless
+        # prompt never finds another tenant's state on a worker, and no session name reaches it.
         # A keyless answer is one array like every stateless one (a copy of a text under the cut
         # threshold's IDs: microseconds against the call's hop).
-        ids = await self._session(content_session_key(content_key(text), tenant), text, add)
+        ids = await self._session(content_key(self._content_digest.of(text), tenant), text, add)
         # concat_arrays, not combine_chunks: pyarrow 26's combine_chunks ignores its memory_pool
         return pa.concat_arrays(ids.chunks, memory_pool=COPY_POOL) if ids.num_chunks else ids.combine_chunks()
 
-    async def extend(self, key: str, delta: str, add: bool) -> pa.ChunkedArray:
+    async def extend(self, session: str, delta: str, add: bool, *, tenant: str | None = None) -> pa.ChunkedArray:
+        """The session's stored text plus ``delta``, on the worker that holds it."""
+        key = session_key(session, tenant)
+
         def no_fallback():
-            raise SessionNotFound(f"session {key!r} timed out on its worker: send the whole text "
+            raise SessionNotFound(f"{describe(key)} timed out on its worker: send the whole text "
                                   "with encode(text, session=...)")
         async with _KeyLock(self._session_locks, key):
             if not self.admitted:
@@ -171,10 +182,12 @@ class PoolOrchestrator:
             self.count("extend")
             return self.local.template.when(add).chunked_arrays(ids)  # _splice's chunks: Arrow, none empty
 
-    async def extend_tail(self, key: str, delta: str, add: bool) -> tuple[int, int, np.ndarray]:
+    async def extend_tail(self, session: str, delta: str, add: bool, *,
+                          tenant: str | None = None) -> tuple[int, int, np.ndarray]:
         """Extend, answering only what changed: (start, count, IDs from start on)."""
-        ids = await self.extend(key, delta, add)
-        k = self.sessions.set(key, "start", None) or 0  # read once: the next answer sets it again
+        ids = await self.extend(session, delta, add, tenant=tenant)
+        # read once: the next answer sets it again
+        k = self.sessions.set(session_key(session, tenant), "start", None) or 0
         start = self.local.template.when(add).start(k)
         return start, len(ids), ids.slice(start).to_numpy()  # copies the tail only
 
@@ -232,7 +245,7 @@ class PoolOrchestrator:
         rec = self.sessions.get(key)
         sent = rec.text if rec is not None else None
         if sent is None:
-            raise SessionNotFound(f"session {key!r} is not held (unknown or evicted): "
+            raise SessionNotFound(f"{describe(key)} is not held (unknown or evicted): "
                                   "send the whole text with encode(text, session=...)")
         parts = merge_text_parts(sent[1] + (delta,))
         ids = await self._whole("".join(parts), add)
@@ -304,7 +317,7 @@ class PoolOrchestrator:
             self.sessions.answered(key, self.dispatcher.home_of(key), res.state.version, res.state.id_parts, 0)
             self.sessions.sent(key, res.state.version, (text,))
         except Exception:  # the next request re-initializes on whichever worker is home then
-            log.warning("installing session %r failed; it will re-initialize", key, exc_info=True)
+            log.warning("installing %s failed; it will re-initialize", describe(key), exc_info=True)
             self._forget(key)
         return res.state.id_parts
 
@@ -333,7 +346,7 @@ class PoolOrchestrator:
             parts, chunks = splice_arrow(known[1], known[2], k, tail) if k else splice_arrow((), (), 0, tail)
         except ValueError as exc:  # never the IDs it answered: this pool cannot splice them
             self._forget(key)
-            raise SessionNotFound(f"session {key!r}: its worker's answer does not match the IDs this "
+            raise SessionNotFound(f"{describe(key)}: its worker's answer does not match the IDs this "
                                   f"pool holds ({exc}); send the whole text with encode(text, session=...)"
                                   ) from None
         # IDs before k are the ones this pool returned last time (start)

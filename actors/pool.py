@@ -34,7 +34,8 @@ from delta_ray.core.errors import PoolAuthError, PoolClosed, PoolStartupError
 from delta_ray.core.loading import TokenizerLike, load_tokenizer
 from delta_ray.scheduler.policies import make_policy
 from delta_ray.scheduler.routing import worker_name
-from delta_ray.tokenizer_core import TokenizerCore, check_text
+from delta_ray.core.arguments import check_flag, check_tenant, check_text
+from delta_ray.tokenizer_core import TokenizerCore
 
 from . import worker_channel
 from .chunk_task import ChunkLauncher, warm_distinct
@@ -249,9 +250,9 @@ class TokenizerPool:
     def request_timeout_s(self) -> float:
         return self.config.request_timeout_s
 
-    def home_of(self, session: str) -> str:
+    def home_of(self, session: str, tenant: str | None = None) -> str:
         """The worker a session's requests go to now."""
-        return self._orch.dispatcher.home_of(session)
+        return self._orch.home_of(check_text(session, "session"), check_tenant(tenant))
 
     # Each operation has one body (its ``_..._request``: checks, then where it runs); the sync and
     # async methods differ only in how they wait for it (``_run`` / ``_run_async``).
@@ -268,9 +269,10 @@ class TokenizerPool:
         """Reference IDs of ``text`` (a session reuses what its worker already encoded).
 
         With ``session`` a ``pyarrow.ChunkedArray`` (zero-copy views of the session's ID parts, as
-        in process), without it a ``pyarrow.Int32Array``. ``tenant`` namespaces what a keyless
-        text reuses by content on the workers (a service serving several tenants passes it, so no
-        tenant's timing reveals another's text)."""
+        in process), without it a ``pyarrow.Int32Array``. ``tenant`` namespaces the session and what
+        a keyless text reuses by content on the workers (a service serving several tenants passes
+        it, so no tenant reads another's session or learns another's text from timing); extend a
+        tenant's session with the same ``tenant``."""
         return self._run(self._encode_request(text, session, add_special_tokens, tenant))
 
     @overload
@@ -286,28 +288,30 @@ class TokenizerPool:
         """:meth:`encode` for a caller on an event loop."""
         return await self._run_async(self._encode_request(text, session, add_special_tokens, tenant))
 
-    def extend(self, session: str, delta: str, *, add_special_tokens: bool = True) -> pa.ChunkedArray:
+    def extend(self, session: str, delta: str, *, add_special_tokens: bool = True,
+               tenant: str | None = None) -> pa.ChunkedArray:
         """IDs of the session's stored text plus ``delta``; SessionNotFound if its worker lacks it."""
-        return self._run(self._extend_request(session, delta, add_special_tokens, tail=False))
+        return self._run(self._extend_request(session, delta, add_special_tokens, tenant, tail=False))
 
-    async def extend_async(self, session: str, delta: str, *, add_special_tokens: bool = True) -> pa.ChunkedArray:
+    async def extend_async(self, session: str, delta: str, *, add_special_tokens: bool = True,
+                           tenant: str | None = None) -> pa.ChunkedArray:
         """:meth:`extend` for a caller on an event loop."""
-        return await self._run_async(self._extend_request(session, delta, add_special_tokens, tail=False))
+        return await self._run_async(self._extend_request(session, delta, add_special_tokens, tenant, tail=False))
 
-    async def extend_tail_async(self, session: str, delta: str, *,
-                                add_special_tokens: bool = True) -> tuple[int, int, np.ndarray]:
+    async def extend_tail_async(self, session: str, delta: str, *, add_special_tokens: bool = True,
+                                tenant: str | None = None) -> tuple[int, int, np.ndarray]:
         """``extend`` answering only the IDs that changed: ``(start, count, tail)``, where the
         session's IDs are the caller's previous answer cut to ``start`` followed by ``tail`` (an
         append over HTTP receives kilobytes, not the transcript's IDs)."""
-        return await self._run_async(self._extend_request(session, delta, add_special_tokens, tail=True))
+        return await self._run_async(self._extend_request(session, delta, add_special_tokens, tenant, tail=True))
 
     def encode_batch(self, texts: Sequence[str], *, add_special_tokens: bool = True) -> list[pa.Int32Array]:
         """Reference IDs of many stateless texts, spread over the workers and tasks."""
-        return self._run(self._orch.encode_batch(self._check_batch(texts), add_special_tokens))
+        return self._run(self._orch.encode_batch(self._check_batch(texts), check_flag(add_special_tokens)))
 
     async def encode_batch_async(self, texts: Sequence[str], *, add_special_tokens: bool = True) -> list[pa.Int32Array]:
         """:meth:`encode_batch` for a caller on an event loop."""
-        return await self._run_async(self._orch.encode_batch(self._check_batch(texts), add_special_tokens))
+        return await self._run_async(self._orch.encode_batch(self._check_batch(texts), check_flag(add_special_tokens)))
 
     def decode(self, ids, *, skip_special_tokens: bool = True) -> str:
         return self._orch.local.decode(ids, skip_special_tokens=skip_special_tokens)
@@ -357,16 +361,17 @@ class TokenizerPool:
         """What :meth:`encode` runs: a call here (a text the caller should encode itself), or a
         coroutine for the pool's loop."""
         check_text(text)
+        add, tenant = check_flag(add), check_tenant(tenant)
         if session is not None:
             check_text(session, "session")
-        if session is None and self._orch.runs_here(text):
+        elif self._orch.runs_here(text):
             return functools.partial(self._orch.encode_here, text, add)
         return self._orch.encode(text, session, add, tenant=tenant)
 
-    def _extend_request(self, session, delta, add: bool, *, tail: bool):
-        check_text(session, "session")
-        check_text(delta, "delta")
-        return (self._orch.extend_tail if tail else self._orch.extend)(session, delta, add)
+    def _extend_request(self, session, delta, add: bool, tenant, *, tail: bool):
+        check_text(session, "session"), check_text(delta, "delta")
+        return (self._orch.extend_tail if tail else self._orch.extend)(session, delta, check_flag(add),
+                                                                       tenant=check_tenant(tenant))
 
     def _run(self, request):
         """Wait for a request in this thread: a call here runs here, a coroutine on the pool's loop."""

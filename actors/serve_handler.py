@@ -26,16 +26,15 @@ import numpy as np
 
 from delta_ray.apps.chat_template import ChatTemplateError
 from delta_ray.core.assembly import ids_to_numpy
+from delta_ray.core.keys import ContentDigest, content_key, session_key
 from delta_ray.core.loading import LoadedTokenizer
 from delta_ray.core.reference_api import id_to_token_fn, vocab_size  # the 0.x API or tokenizer.json (1.x)
-from delta_ray.scheduler import content_key
 from delta_ray.core.session_store import SessionNotFound
 
 from . import metrics
 from .http_api import (BadRequest, TokenizeRequest, detokenize_size, dumps_json, loads_json, parse_detokenize,
                        parse_tokenize)
 from .serve_config import DEFAULT_MAX_BODY_BYTES, DEFAULT_MAX_DETOKENIZE_TOKENS
-from .tenant_keys import content_session_key, session_key
 
 log = logging.getLogger("delta_ray.serve")
 
@@ -110,6 +109,7 @@ class RequestHandler:
         # (another replica, or this one restarted, holds other states) and reveals nothing about
         # this process (not its state counter, not other sessions).
         self._version_key = os.urandom(32)
+        self._content_digest = ContentDigest()  # this replica's own: keyless texts are reused where they land
 
     # -- the handle API (model composition): the same JSON bodies as HTTP ------------------------------
     async def tokenize(self, body: dict) -> dict:
@@ -194,7 +194,7 @@ class RequestHandler:
             return await self._append_request(req)
         text = await self._text(req)
         add = bool(req.add_special_tokens)
-        key = session_key(req.session, req.tenant)
+        key = None if req.session is None else session_key(req.session, req.tenant)
         where, version = "", None
         if key is None and self.pool is not None and (len(text) >= self.pool_min_chars
                                                       or self.inflight > self.overflow_inflight):
@@ -208,7 +208,7 @@ class RequestHandler:
             if key is None and not self.delta.router.is_small(text):
                 # Keyless long prompts are reused by content, always inside the caller's tenant,
                 # so one tenant's timing can never reveal another's text.
-                key, content = content_session_key(content_key(text), req.tenant), True
+                key, content = content_key(self._content_digest.of(text), req.tenant), True
             if key is None:
                 tokens = await asyncio.to_thread(self._stateless, text, add) if len(text) > OFF_LOOP_CHARS \
                     else self._stateless(text, add)
@@ -265,7 +265,7 @@ class RequestHandler:
         return None if state is None else self._version(key, state.version, add)
 
     async def _append_request(self, req: TokenizeRequest) -> "tuple[dict, str]":
-        key = session_key(req.session, req.tenant)
+        key = session_key(req.session, req.tenant)  # an append names its session (parse_tokenize checks)
         big = len(req.append) > OFF_LOOP_CHARS or self._locks.busy(key)
         try:
             start, count, tail, version = await self._off_loop_if(

@@ -1,39 +1,15 @@
-"""Tenant-namespaced keys: the one injective map from (tenant, name) to the key state is stored under.
+"""The routing header of a tenant's session: what Ray Serve's session router hashes.
 
-Every path that keeps state for a request (a Serve replica's sessions, its keyless content reuse,
-the pool's content-sticky sessions on its workers) names that state with these functions, so two
-tenants never share a key and one tenant's timing can never reveal another's text. Ray-free.
+The keys state is stored under are made by :mod:`delta_ray.core.keys` on every path; this is only
+their digest for a header. Ray-free.
 """
 from __future__ import annotations
 
 import hashlib
 
+from delta_ray.core.keys import session_key
+
 ROUTING_PREFIX = "r1:"  # routing header values made by :func:`routing_key` (versioned, so it may change)
-
-
-def _ns(tenant: str | None) -> str:
-    """The tenant part of a key, length-prefixed so no (tenant, name) pair can spell another's."""
-    return "t-" if tenant is None else f"t{len(tenant)}:{tenant}"
-
-
-def session_key(session: str | None, tenant: str | None) -> str | None:
-    """Namespace a session by tenant, injectively: distinct (tenant, session) pairs never share a key.
-
-    Without a tenant (``cache_salt``) the session id is a name shared by every caller of the
-    service: anyone who knows or guesses it reads the same state.
-    """
-    if session is None:
-        return None
-    return f"{_ns(tenant)}|s:{session}"
-
-
-def content_session_key(digest: str, tenant: str | None) -> str:
-    """The key under which a keyless prompt is reused by content, inside its tenant's namespace.
-
-    ``digest`` is :func:`delta_ray.scheduler.content_key` of the text. Content keys (``|c:``) and
-    session keys (``|s:``) of any tenants never meet.
-    """
-    return f"{_ns(tenant)}|c:{digest}"
 
 
 def routing_key(session: str | None, tenant: str | None) -> str | None:
@@ -44,9 +20,9 @@ def routing_key(session: str | None, tenant: str | None) -> str | None:
     always a valid header value. It is not keyed by a server secret (clients compute it), so a
     ``cache_salt`` an observer could guess is still guessable from it: use random salts.
     """
-    key = session_key(session, tenant)
-    if key is None:
+    if session is None:
         return None
+    key = session_key(session, tenant)
     digest = hashlib.blake2b(key.encode("utf-8", "surrogatepass"), digest_size=16,
                              person=b"delta-ray-route").hexdigest()
     return ROUTING_PREFIX + digest

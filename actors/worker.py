@@ -15,6 +15,7 @@ import numpy as np
 import ray
 
 from delta_ray.core.config import TokenizerConfig
+from delta_ray.core.keys import describe
 from delta_ray.core.session_store import SessionState
 from delta_ray.tokenizer_core import TokenizerCore
 
@@ -62,7 +63,7 @@ class WorkerService:
         """Adopt a state the pool computed (chunked initialization); refused unless its seal verifies."""
         from delta_ray.core.state_seal import verify_state
         if not verify_state(self._secret, key, state, seal):
-            raise PermissionError(f"refused to install session {key!r}: the state is not sealed by this pool")
+            raise PermissionError(f"refused to install {describe(key)}: the state is not sealed by this pool")
         self._dt.install_session(key, state)
         return True
 

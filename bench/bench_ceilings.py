@@ -14,7 +14,7 @@ measures is the part's own ceiling:
 3. one Serve replica's request handling without the network: JSON in, parse, tenant key, a 1.3K
    append to a session held in process (the replica's own encode, fast engine), JSON out; and the
    same handler with a trivial prompt (the handler's floor);
-4. the routing decision: rendezvous ``home_worker`` over 2-1024 nodes, and ``content_key``.
+4. the routing decision: rendezvous ``home_worker`` over 2-1024 nodes, and a keyless text's content key.
 
 CPU per call is the process's CPU time (all threads) over the calls; on this 2-core machine the
 driver's Python holds one GIL, so the ceiling of (1) and (2) is 1 / CPU per call in any case.
@@ -44,8 +44,10 @@ from delta_ray.apps.bundled import bundled_tokenizer_path  # noqa: E402
 from delta_ray.core.config import PoolConfig, TokenizerConfig  # noqa: E402
 from delta_ray.core.loading import load_tokenizer  # noqa: E402
 from delta_ray.apps.sample_text import corpus  # noqa: E402
-from delta_ray.scheduler import content_key, home_worker, worker_name  # noqa: E402
-from delta_ray.tokenizer_core import TokenizerCore, check_text  # noqa: E402
+from delta_ray.core.keys import ContentDigest  # noqa: E402
+from delta_ray.scheduler import home_worker, worker_name  # noqa: E402
+from delta_ray.core.arguments import check_text  # noqa: E402
+from delta_ray.tokenizer_core import TokenizerCore  # noqa: E402
 
 SECRET = b"s" * 32
 CONTEXT_TOKENS = 25_000  # a 100K-character session
@@ -323,14 +325,15 @@ def routing(seconds: float) -> list[tuple[str, float, float, int]]:
                 return n
             out.append((f"rendezvous home_worker over {nodes} nodes{tag}",) + _cpu_wall(go))
     text = corpus("english", 100_000)
+    digest = ContentDigest()
 
     def ck() -> int:
         n, deadline = 0, time.perf_counter() + seconds
         while time.perf_counter() < deadline:
-            content_key(text)
+            digest.of(text)
             n += 1
         return n
-    out.append(("content_key of a 100K prompt (first 4 KB)",) + _cpu_wall(ck))
+    out.append(("content digest of a 100K prompt (first 4 KB)",) + _cpu_wall(ck))
     return out
 
 

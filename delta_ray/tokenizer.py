@@ -2,7 +2,9 @@
 
 Everything else a pool, a worker, Serve or a batch pipeline needs (plans, pieces, session states,
 flat batch buffers) lives on :class:`delta_ray.tokenizer_core.TokenizerCore`, reachable as ``.core`` and
-handed to those parts explicitly; this class only forwards the user's calls to it.
+handed to those parts explicitly; this class checks the user's arguments, names a session by its
+store key (:func:`delta_ray.core.keys.session_key`, never a raw name the store shares with other
+kinds of state) and forwards the call.
 """
 from __future__ import annotations
 
@@ -14,7 +16,9 @@ import pyarrow as pa
 from .core.admission import Admission
 from .core.config import TokenizerConfig
 from .core.encoder import Encoder
+from .core.keys import session_key
 from .core.loading import TokenizerLike
+from .core.arguments import check_flag, check_text
 from .tokenizer_core import TokenizerCore
 
 
@@ -34,7 +38,7 @@ class DeltaTokenizer:
     every session and content entry it produced.
     """
 
-    __slots__ = ("_core", "_encode", "_extend")
+    __slots__ = ("_core",)
 
     def __init__(self, tokenizer: TokenizerLike, config: TokenizerConfig | None = None, *,
                  encoder: Encoder | None = None, **options):
@@ -43,9 +47,6 @@ class DeltaTokenizer:
         ``max_session_bytes``, ``max_sessions``, ``engine``, ``shadow_rate``); ``encoder`` replaces
         the engine (tests)."""
         self._core = TokenizerCore(tokenizer, config, encoder=encoder, **options)
-        # Bound once: a turn pays one call into the core, not an attribute walk as well.
-        self._encode = self._core.encode
-        self._extend = self._core.extend
 
     @overload
     def encode(self, text: str, *, session: None = None, add_special_tokens: bool = True) -> pa.Int32Array: ...
@@ -62,7 +63,11 @@ class DeltaTokenizer:
         copy); a stateless call returns a ``pyarrow.Int32Array``. Both on every configuration
         (an unadmitted one's session answer is one chunk).
         """
-        return self._encode(text, session=session, add_special_tokens=add_special_tokens)
+        if add_special_tokens is not True and add_special_tokens is not False:
+            add_special_tokens = check_flag(add_special_tokens)
+        if session is not None:
+            session = session_key(check_text(session, "session"))
+        return self._core.encode(text, session=session, add_special_tokens=add_special_tokens)
 
     def extend(self, session: str, delta: str, *, add_special_tokens: bool = True) -> pa.ChunkedArray:
         """IDs of the session's stored text plus ``delta``, without resending the transcript (a
@@ -71,11 +76,14 @@ class DeltaTokenizer:
         Raises :class:`~delta_ray.SessionNotFound` when the session is unknown or was evicted:
         send the whole text with ``encode(text, session=...)`` then.
         """
-        return self._extend(session, delta, add_special_tokens=add_special_tokens)
+        if add_special_tokens is not True and add_special_tokens is not False:
+            add_special_tokens = check_flag(add_special_tokens)
+        return self._core.extend(session_key(check_text(session, "session")), delta,
+                                 add_special_tokens=add_special_tokens)
 
     def encode_batch(self, texts: Sequence[str], *, add_special_tokens: bool = True) -> list[pa.Int32Array]:
         """Reference IDs of many stateless texts, all pieces encoded in one parallel batch."""
-        return self._core.encode_batch(texts, add_special_tokens=add_special_tokens)
+        return self._core.encode_batch(texts, add_special_tokens=check_flag(add_special_tokens))
 
     def decode(self, ids, *, skip_special_tokens: bool = True) -> str:
         """The reference decode of IDs (list, numpy or Arrow)."""
@@ -87,7 +95,7 @@ class DeltaTokenizer:
 
     def drop_session(self, session: str) -> bool:
         """Forget a session; returns whether it was held."""
-        return self._core.drop_session(session)
+        return self._core.drop_session(session_key(check_text(session, "session")))
 
     @property
     def admission(self) -> Admission:

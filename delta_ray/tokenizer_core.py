@@ -17,7 +17,8 @@ import pyarrow as pa
 
 from delta_ray.core import constants as C
 from .core.admission import Admission, admit
-from .core.assembly import concat_ids, flat_from_pieces, ids_to_numpy, one_chunk, to_arrow
+from .core.arguments import check_flag, check_text
+from .core.assembly import concat_ids, decode_ids, flat_from_pieces, one_chunk, to_arrow
 from .core.config import REUSE_MODES, TokenizerConfig, tokenizer_config
 from .core.confine import ConfiningEncoder
 from .core.content_index import ContentIndex
@@ -26,6 +27,7 @@ from .core.encoder import Encoder, ReferenceEncoder
 from .verify.engines import EngineSwitch, select_engine
 from .verify.shadow import ShadowVerifier
 from .core.families import FAMILIES
+from .core.keys import content_key, describe
 from .core.loading import LoadedTokenizer, TokenizerLike, load_tokenizer
 from .core.nfc_anchors import anchor_table
 from .core.parallel_encode import LIST_PIECES_PER_THREAD, PieceThreads, ids_list
@@ -40,20 +42,7 @@ from .core.turn_path import TurnPath
 
 _INT32 = pa.int32()
 
-__all__ = ["REUSE_MODES", "TokenizerConfig", "TokenizerCore", "build_predicate", "check_text"]
-
-
-def _content_key(entry: str) -> tuple:
-    """The store key of a content entry: a tuple, so it can never equal a user's session key (a str)
-    and no session named like an entry can read, replace or extend a content state."""
-    return ("content", entry)
-
-
-def check_text(text: object, what: str = "text") -> str:
-    """``text`` if it is a str; TypeError naming ``what`` otherwise (every public entry point checks)."""
-    if not isinstance(text, str):
-        raise TypeError(f"{what} must be str, not {type(text).__name__}")
-    return text
+__all__ = ["REUSE_MODES", "TokenizerConfig", "TokenizerCore", "build_predicate"]
 
 
 def build_predicate(loaded: LoadedTokenizer, admission: Admission) -> CutPredicate:
@@ -176,7 +165,7 @@ class TokenizerCore:
         with self._session_locks[hash(session) % len(self._session_locks)]:  # _lock_for, inlined
             state = self._states().peek(session)  # a turn's put marks it recently used
             if state is None:
-                raise SessionNotFound(f"session {session!r} is not held (unknown or evicted): "
+                raise SessionNotFound(f"{describe(session)} is not held (unknown or evicted): "
                                       "send the whole text with encode(text, session=...)")
             if self._predicate is None:
                 return one_chunk(self._reference_session(session, state.text + delta, add_special_tokens))
@@ -241,9 +230,8 @@ class TokenizerCore:
 
     def decode(self, ids, *, skip_special_tokens: bool = True) -> str:
         """The reference decode of IDs (list, numpy or Arrow)."""
-        if isinstance(ids, (pa.Array, pa.ChunkedArray)):
-            ids = ids_to_numpy(ids)
-        return self._reference.tokenizer.decode([int(i) for i in np.asarray(ids).ravel()], skip_special_tokens=skip_special_tokens)
+        return self._reference.tokenizer.decode(decode_ids(ids), skip_special_tokens=check_flag(
+            skip_special_tokens, "skip_special_tokens"))
 
     def drop_session(self, session: str) -> bool:
         """Forget a session; returns whether it was held."""
@@ -273,10 +261,10 @@ class TokenizerCore:
             state = self._states().get(session)
             if delta is not None:
                 if state is None:
-                    raise SessionNotFound(f"session {session!r} is not held (unknown or evicted): "
+                    raise SessionNotFound(f"{describe(session)} is not held (unknown or evicted): "
                                           "send the whole text with encode(text, session=...)")
                 if expect_version is not None and state.version != expect_version:
-                    raise SessionNotFound(f"session {session!r} changed since the state this extend was made "
+                    raise SessionNotFound(f"{describe(session)} changed since the state this extend was made "
                                           "for (a stale or concurrent extend): send the whole text")
             done = self._turn.continue_session(session, state, text, delta)  # the compact turn (design §15)
             new, reused = done[:2] if done is not None else self._session_encode(session, text, state, delta=delta)
@@ -482,7 +470,7 @@ class TokenizerCore:
             return self._run_plan(self.plan(text))
         generation = self.engine_switch.generation
         entry = self._content.lookup(data)
-        base = self._states().get(_content_key(entry)) if entry is not None else None
+        base = self._states().get(content_key(entry)) if entry is not None else None
         lcp = common_prefix_len(base.text, text) if base is not None else 0
         if base is not None and lcp == len(text) == len(base.text):
             self.stats["content_hit"] += 1
@@ -493,7 +481,7 @@ class TokenizerCore:
         # A request that extends a stored text replaces it (the conversation grew); others add one.
         if base is None or lcp < len(base.text):
             entry = f"{next(self._entry_ids)}"
-        self._install(_content_key(entry), res.state, generation)
+        self._install(content_key(entry), res.state, generation)
         for dropped in self._content.add(entry, data):
-            self._store.pop(_content_key(dropped))
+            self._store.pop(content_key(dropped))
         return res.state.ids

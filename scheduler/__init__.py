@@ -18,7 +18,6 @@ from .policies import ShortestFirstPolicy as ShortestFirstPolicy
 from .policies import make_policy as make_policy
 from .queues import TaskQueue as TaskQueue
 from .queues import better_queue as better_queue
-from .routing import content_key as content_key
 from .routing import home_worker as home_worker
 from .routing import worker_name as worker_name
 from .tasks import Task as Task
@@ -40,7 +39,6 @@ __all__ = [
     "TaskKind",
     "TaskQueue",
     "better_queue",
-    "content_key",
     "home_worker",
     "make_policy",
     "nonascii_share",

@@ -3,12 +3,6 @@ from __future__ import annotations
 
 from typing import Final
 
-# --- routing -------------------------------------------------------------------------------------
-# A keyless request is keyed by a digest of its opening bytes: long enough that distinct prompts
-# almost never collide, short enough that hashing costs nothing next to tokenizing.
-CONTENT_KEY_BYTES: Final[int] = 4096
-CONTENT_KEY_DIGEST_SIZE: Final[int] = 16  # blake2b digest bytes -> 32 hex characters
-
 # --- service-time estimate: a + b_kind * N * (1 + NONASCII_WEIGHT * s) -----------------------------
 FIXED_COST_MS: Final[float] = 0.2  # "a": per-task overhead (call, bookkeeping) independent of length
 NONASCII_WEIGHT: Final[float] = 5.0  # non-ASCII text costs about (1 + 5) times ASCII per character

@@ -9,11 +9,9 @@ on the one that left, change home (about 1/n of them), unlike a modulo which mov
 from __future__ import annotations
 
 import functools
-import hashlib
 import zlib
 from typing import Iterable, Sequence
 
-from .constants import CONTENT_KEY_BYTES, CONTENT_KEY_DIGEST_SIZE
 
 
 def _utf8(text: str) -> bytes:
@@ -90,15 +88,3 @@ def home_worker(session_key: str, live_workers: Sequence[str]) -> str:
         if h > best_score or (h == best_score and n > best):
             best, best_score = n, h
     return best
-
-
-def content_key(text: str) -> str:
-    """Return a session key derived from a keyless text: blake2b-128 hex of its first 4,096 UTF-8 bytes.
-
-    Identical (or identically opening) keyless texts then share a home, so a repeated prompt finds
-    its cached state; 4,096 bytes bound the hashing cost on huge texts.
-    """
-    # Each character is at least one byte, so the first 4,096 characters hold the first 4,096 bytes;
-    # slicing first avoids encoding a whole megabyte text just to hash its start.
-    head = _utf8(text[:CONTENT_KEY_BYTES])[:CONTENT_KEY_BYTES]
-    return hashlib.blake2b(head, digest_size=CONTENT_KEY_DIGEST_SIZE).hexdigest()

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import pytest
 
-from delta_ray.actors.http_api import BadRequest, parse_detokenize, parse_tokenize, session_key
+from delta_ray.actors.http_api import BadRequest, parse_detokenize, parse_tokenize
 
 
 def test_prompt_and_defaults():
@@ -30,21 +30,6 @@ def test_detokenize_and_sessions():
     for bad in ({"tokens": [10]}, {"tokens": [True]}, {"tokens": "x"}, {"tokens": [1], "x": 1}):
         with pytest.raises(BadRequest):
             parse_detokenize(bad, set(), 10)
-    assert session_key("s", "a") != session_key("s", "b") != session_key("s", None)
-    assert session_key(None, "a") is None
-
-
-def test_tenant_keys_are_injective():
-    """("acme", "corp:chat1") and ("acme:corp", "chat1") were one key; no pair may spell another's."""
-    from delta_ray.actors.http_api import content_session_key
-    assert session_key("corp:chat1", "acme") != session_key("chat1", "acme:corp")
-    assert session_key("x", None) != session_key("x", "")
-    pairs = [(t, s) for t in (None, "", "a", "a:", "a|s:", "t1:a") for s in ("", "b", ":b", "|s:b", "s:b")]
-    keys = {session_key(s, t) for t, s in pairs if s}
-    assert len(keys) == len([p for p in pairs if p[1]])
-    assert content_session_key("d", "acme") != content_session_key("d", "evil")
-    assert content_session_key("d", None) != content_session_key("d", "")
-    assert not ({content_session_key("d", t) for t, _ in pairs} & keys)  # content and session never meet
 
 
 def test_nested_or_malformed_json_is_a_400():

@@ -18,6 +18,7 @@ from delta_ray.actors.orchestrator import PoolOrchestrator
 from delta_ray.actors.transport import ConnectionLost, WorkerDead
 from delta_ray.actors.worker import WorkerService
 from delta_ray.core.config import PoolConfig, TokenizerConfig
+from delta_ray.core.keys import session_key
 from delta_ray.core.loading import load_tokenizer
 from delta_ray.tokenizer_core import TokenizerCore
 
@@ -123,13 +124,13 @@ def test_dead_worker_is_retired_and_its_session_moves(loaded, references, text):
     orch, transport, loop = _orchestrator(loaded)
     run = loop.run_until_complete
     assert _ids(run(orch.encode(text, "s", True))) == ref.encode(text).ids
-    home = orch.dispatcher.home_of("s")
+    home = orch.home_of("s")
     transport.dead.add(home)
     grown = text + " after the crash"
     assert _ids(run(orch.encode(grown, "s", True))) == ref.encode(grown).ids
     assert home not in orch.dispatcher.workers and (home, False) in transport.retired
     assert orch.stats["worker_retired"] == 1
-    assert orch.dispatcher.home_of("s") != home
+    assert orch.home_of("s") != home
     # The suffix-only turn found no session on the new home, so the whole text went there.
     assert _ids(run(orch.extend("s", "!", True))) == ref.encode(grown + "!").ids
     loop.close()
@@ -140,13 +141,13 @@ def test_hung_worker_times_out_to_in_process_and_is_killed(loaded, references, t
     orch, transport, loop = _orchestrator(loaded, request_timeout_s=0.05)
     run = loop.run_until_complete
     assert _ids(run(orch.encode(text, "h", True))) == ref.encode(text).ids
-    home = orch.dispatcher.home_of("h")
+    home = orch.home_of("h")
     transport.hung.add(home)
     grown = text + " while it hangs"
     assert _ids(run(orch.encode(grown, "h", True))) == ref.encode(grown).ids  # encoded in process
     assert orch.stats["timeout_fallback"] == 1
     assert (home, True) in transport.retired and home not in orch.dispatcher.workers
-    other = orch.dispatcher.home_of("h")
+    other = orch.home_of("h")
     transport.hung.add(other)
     with pytest.raises(SessionNotFound, match="timed out"):  # an extend has no text to fall back on
         run(orch.extend("h", "!", True))
@@ -161,11 +162,11 @@ def test_connection_lost_mid_extend_refuses_instead_of_guessing(loaded, referenc
     orch, transport, loop = _orchestrator(loaded)
     run = loop.run_until_complete
     run(orch.encode(text, "c", True))
-    home = orch.dispatcher.home_of("c")
+    home = orch.home_of("c")
     transport.drop_connection.add(home)
     with pytest.raises(SessionNotFound, match="connection"):
         run(orch.extend("c", " applied or not?", True))
-    assert not transport.services[home].has_session("c")  # dropped on the worker, not half-known
+    assert not transport.services[home].has_session(session_key("c"))  # dropped on the worker, not half-known
     assert home in orch.dispatcher.workers  # alive: not retired
     assert _ids(run(orch.encode(text + " again", "c", True))) == ref.encode(text + " again").ids
     # An idempotent call whose connection dropped is simply answered (the transport re-runs it).
@@ -373,9 +374,9 @@ def test_a_timed_out_request_never_runs_late_nor_is_spliced(loaded, references, 
     import dataclasses
     ref = references["llama3.2"]
     orch, transport, loop = _orchestrator(loaded)
-    h = orch.dispatcher.home_of("q")
+    h = orch.home_of("q")
     o = next(w for w in orch.dispatcher.workers if w != h)
-    b_key = next(k for k in (f"b{i}" for i in range(1000)) if orch.dispatcher.home_of(k) == o)
+    b_key = next(k for k in (f"b{i}" for i in range(1000)) if orch.home_of(k) == o)
     b_text = real_texts["code"][:5_000]
 
     async def scenario():
@@ -402,7 +403,7 @@ def test_a_timed_out_request_never_runs_late_nor_is_spliced(loaded, references, 
     assert _ids(got_q) == ref.encode(text).ids and _ids(got_b) == ref.encode(b_text).ids
     assert orch.stats["timeout_fallback"] == 1 and o in orch.dispatcher.workers
     assert transport.calls.count((o, "encode_session")) == 1  # b's only: q's stale task never ran
-    assert not transport.services[o].has_session("q")
+    assert not transport.services[o].has_session(session_key("q"))
     rec = orch.sessions.get("q")
     assert rec is None or (rec.version is None and rec.ids is None)  # nothing spliced
     assert orch.dispatcher.queued_count() == 0 and orch.calls.waiting() == 0
@@ -416,7 +417,7 @@ def test_a_late_answer_is_not_spliced(loaded, references, text):
     time): it is dropped, not recorded as the session's state."""
     ref = references["llama3.2"]
     orch, transport, loop = _orchestrator(loaded, request_timeout_s=0.2)
-    home = orch.dispatcher.home_of("late")
+    home = orch.home_of("late")
     orig = transport.call
 
     async def slow_but_uncancellable(wid, call):
@@ -427,7 +428,7 @@ def test_a_late_answer_is_not_spliced(loaded, references, text):
     orch.calls._free_hung = lambda task, req: None  # e.g. a worker this process may not kill
     assert _ids(loop.run_until_complete(orch.encode(text, "late", True))) == ref.encode(text).ids
     loop.run_until_complete(asyncio.sleep(0.5))
-    assert orch.stats["timeout_fallback"] == 1 and transport.services[home].has_session("late")
+    assert orch.stats["timeout_fallback"] == 1 and transport.services[home].has_session(session_key("late"))
     rec = orch.sessions.get("late")
     assert rec is None or (rec.version is None and rec.ids is None)
     loop.close()
@@ -455,4 +456,34 @@ def test_an_answer_keeping_more_ids_than_held_is_refused(loaded, references, tex
     transport.call = real_call
     assert orch.sessions.get("k") is None or orch.sessions.get("k").ids is None
     assert _ids(run(orch.encode(text + " more", "k", True))) == ref.encode(text + " more").ids
+    loop.close()
+
+
+def test_a_session_named_after_a_content_key_reads_and_replaces_nothing(loaded, references, real_texts):
+    """Keyless texts were kept on the workers under "t-|c:<blake2b of the first 4 KB>" and caller-
+    chosen session names under themselves, in one string space: a session named after another
+    caller's content key extended that caller's whole last text (its secret tail included) or
+    replaced it. Now a session's key and a content key never meet, and the digest is keyed."""
+    import hashlib
+
+    from delta_ray.core.keys import ContentDigest, content_key
+
+    ref = references["llama3.2"]
+    orch, transport, loop = _orchestrator(loaded, n_workers=1)
+    run = loop.run_until_complete
+    victim = real_texts["english"][:5_000] + " My account number is 4242-1717-9999."
+    assert _ids(run(orch.encode(victim, None, True, tenant="bank"))) == ref.encode(victim).ids
+    head = victim.encode()[:4096]
+    spellings = [f"t4:bank|c:{hashlib.blake2b(head, digest_size=16).hexdigest()}",  # the old, unkeyed key
+                 content_key(ContentDigest.derived(SECRET, b"delta-ray pool content keys").of(victim), "bank")]
+    svc = transport.services["w0"]
+    for spelled in spellings:
+        for tenant in (None, "bank"):
+            with pytest.raises(SessionNotFound):
+                run(orch.extend(spelled, "", True, tenant=tenant))
+        other = "Attacker text. " * 400
+        assert _ids(run(orch.encode(other, spelled, True))) == ref.encode(other).ids
+    replays = svc._dt.stats["replay"]
+    assert _ids(run(orch.encode(victim, None, True, tenant="bank"))) == ref.encode(victim).ids
+    assert svc._dt.stats["replay"] == replays + 1  # the victim's state was left as it was
     loop.close()

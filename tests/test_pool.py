@@ -66,6 +66,51 @@ def test_extend_and_unknown_session(pool, references, real_texts):
         pool.encode("x" * 5000 + "\ud800", session="bad")
 
 
+def test_arguments_are_checked_in_delta_rays_words(pool):
+    """A non-bool flag was accepted (the string "false" added the BOS); tenant=5 failed inside len();
+    decode([-1]) was an OverflowError. Each is now a TypeError or ValueError that says what is wrong."""
+    pool.encode("hello", session="args")
+    for call in (lambda: pool.encode("hello", add_special_tokens="false"),
+                 lambda: pool.encode("x" * 30_000, add_special_tokens=0),
+                 lambda: pool.encode("hello", session="args", add_special_tokens=None),
+                 lambda: pool.extend("args", " x", add_special_tokens="no"),
+                 lambda: pool.encode_batch(["a"], add_special_tokens=1)):
+        with pytest.raises(TypeError, match="add_special_tokens must be bool"):
+            call()
+    for call in (lambda: pool.encode("hello " * 2000, tenant=5), lambda: pool.extend("args", "x", tenant=b"t")):
+        with pytest.raises(TypeError, match="tenant must be str or None"):
+            call()
+    with pytest.raises(ValueError, match="position 0 holds -1"):
+        pool.decode([-1])
+    with pytest.raises(TypeError, match="integers"):
+        pool.decode(["a"])
+
+
+def test_a_session_named_after_a_content_key_gets_nothing(pool, references, real_texts):
+    """The reproduced attack: a caller who knows the opening 4 KB of another caller's keyless text
+    (a public system prompt) named a session after its content key and extended it by "" to read
+    that caller's whole last text. Now a session's key is never a content key (and the digest is
+    keyed by the pool's secret): the extend finds nothing, and the victim's state stays exact."""
+    import hashlib
+
+    from delta_ray.core.keys import ContentDigest, content_key
+
+    ref = references["llama3.2"]
+    victim = real_texts["english"][:8_000] + "\nMy account number is 4242-1717-9999."
+    for tenant in (None, "bank"):
+        assert pool.encode(victim, tenant=tenant).to_pylist() == ref.encode(victim).ids
+        ns = "t-" if tenant is None else f"t{len(tenant)}:{tenant}"
+        old = f"{ns}|c:{hashlib.blake2b(victim.encode()[:4096], digest_size=16).hexdigest()}"
+        keyed = content_key(ContentDigest.derived(pool.secret, b"delta-ray pool content keys").of(victim), tenant)
+        for spelled in (old, keyed):
+            for as_tenant in (None, tenant):
+                with pytest.raises(SessionNotFound):
+                    pool.extend(spelled, "", tenant=as_tenant)
+            other = "Attacker text. " * 600
+            assert pool.encode(other, session=spelled).to_pylist() == ref.encode(other).ids
+        assert pool.encode(victim, tenant=tenant).to_pylist() == ref.encode(victim).ids
+
+
 def test_long_session_initialization_is_chunked(pool, references, real_texts):
     ref = references["llama3.2"]
     text = (real_texts["code"] * 2)[:120_000]

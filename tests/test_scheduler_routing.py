@@ -1,7 +1,6 @@
 """Routing: rendezvous homes over CRC-32, content keys, session vs stateless routes, chunk counts, purity."""
 from __future__ import annotations
 
-import hashlib
 import subprocess
 import sys
 import zlib
@@ -9,7 +8,7 @@ from collections import Counter
 
 import pytest
 
-from delta_ray.scheduler.routing import content_key, home_worker, rendezvous_order
+from delta_ray.scheduler.routing import home_worker, rendezvous_order
 
 WORKERS = ["w2", "w0", "w3", "w1"]
 
@@ -66,16 +65,6 @@ def test_home_worker_needs_a_live_worker():
 
 def test_home_worker_tolerates_lone_surrogates():
     assert home_worker("bad\ud800", WORKERS) in WORKERS
-
-
-def test_content_key_is_blake2b_128_of_first_4096_utf8_bytes():
-    text = "é" * 5000  # 2 bytes per char: the cut falls at char 2048
-    expected = hashlib.blake2b(text.encode("utf-8")[:4096], digest_size=16).hexdigest()
-    assert content_key(text) == expected
-    assert len(content_key(text)) == 32
-    # Only the first 4,096 bytes count.
-    assert content_key("a" * 4096 + "tail one") == content_key("a" * 4096 + "tail two")
-    assert content_key("short one") != content_key("short two")
 
 
 def test_package_reexports_its_api_and_imports_no_ray(tmp_path):

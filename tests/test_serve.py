@@ -161,14 +161,14 @@ def test_a_chunked_upload_is_refused_while_it_streams(service):
 
 def test_keyless_long_prompts_never_share_state_across_tenants(service, references):
     """A keyless non-ASCII prompt of >= 4 KB is reused only inside its tenant (no timing oracle)."""
-    from delta_ray.actors.http_api import content_session_key
-    from delta_ray.scheduler import content_key
+    from delta_ray.core.keys import ContentDigest, content_key
     base, _ = service
     text = "é" * 3000  # 3,000 characters, 6,000 UTF-8 bytes
     for tenant in ("victim", "attacker"):
         got, out = _post(f"{base}/tokenize", {"prompt": text, "cache_salt": tenant})
         assert got == 200 and out["tokens"] == references["qwen-3"].encode(text).ids
-    assert content_session_key(content_key(text), "victim") != content_session_key(content_key(text), "attacker")
+    digest = ContentDigest().of(text)
+    assert content_key(digest, "victim") != content_key(digest, "attacker")
 
 
 def test_append_over_http_sends_and_receives_only_the_change(service, references, real_texts):

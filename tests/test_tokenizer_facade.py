@@ -44,15 +44,62 @@ def test_facade_answers_equal_the_reference(tokenizer_paths):
 
 def test_a_session_named_like_a_content_entry_keeps_its_own_text(tokenizer_paths):
     """With content reuse on, content entries live in the same store as sessions: a user's session
-    named like one ("content:0") must neither be replaced by a keyless text nor extend it."""
+    named like one ("content:0", or the entry's very store key) must neither be replaced by a
+    keyless text nor extend it."""
+    from delta_ray.core.keys import content_key
     path = tokenizer_paths["qwen-3"]
     ref = tokenizers.Tokenizer.from_file(path)
     dt = DeltaTokenizer(path, reuse="content", engine="reference")
     mine = "My own conversation. " * 300
-    assert dt.encode(mine, session="content:0").to_pylist() == ref.encode(mine).ids
+    spelled = content_key("0")  # the store key of content entry 0
+    for name in ("content:0", spelled):
+        assert dt.encode(mine, session=name).to_pylist() == ref.encode(mine).ids
     other = "Somebody else's keyless prompt, long enough to be indexed by content. " * 200
     assert dt.encode(other).to_pylist() == ref.encode(other).ids  # content entry 0
-    assert dt.extend("content:0", " More.").to_pylist() == ref.encode(mine + " More.").ids
+    for name in ("content:0", spelled):
+        assert dt.extend(name, " More.").to_pylist() == ref.encode(mine + " More.").ids
+    assert dt.encode(other + " Again.").to_pylist() == ref.encode(other + " Again.").ids
+    assert dt.stats["content_hit"] == 1  # the entry was not replaced by the session's text
+
+
+@pytest.mark.parametrize("bad", ["false", "", 0, 1, None, 1.0])
+def test_add_special_tokens_must_be_a_bool(tokenizer_paths, bad):
+    """The reference raises TypeError for a non-bool flag; accepting the string "false" added the BOS."""
+    import numpy as np
+    path = tokenizer_paths["llama3.2"]
+    ref = tokenizers.Tokenizer.from_file(path)
+    with pytest.raises(TypeError):
+        ref.encode("x", add_special_tokens=bad)
+    dt = DeltaTokenizer(path)
+    dt.encode("hello", session="s")
+    for call in (lambda: dt.encode("hello", add_special_tokens=bad),
+                 lambda: dt.encode("hello", session="s", add_special_tokens=bad),
+                 lambda: dt.extend("s", " x", add_special_tokens=bad),
+                 lambda: dt.encode_batch(["a"], add_special_tokens=bad),
+                 lambda: dt.decode([1, 2], skip_special_tokens=bad)):
+        with pytest.raises(TypeError, match="must be bool"):
+            call()
+    # numpy's bool is a bool to the reference too
+    assert dt.encode("hello", add_special_tokens=np.bool_(False)).to_pylist() == \
+        ref.encode("hello", add_special_tokens=np.bool_(False)).ids
+
+
+def test_decode_says_what_is_wrong(tokenizer_paths):
+    """decode([-1]) was an OverflowError and decode(['a']) a ValueError from int(): the error now
+    names the position and what it holds; valid IDs decode as the reference does."""
+    import numpy as np
+    import pyarrow as pa
+    path = tokenizer_paths["llama3.2"]
+    ref = tokenizers.Tokenizer.from_file(path)
+    dt = DeltaTokenizer(path)
+    for bad, error, words in (([-1], ValueError, "position 0 holds -1"), ([5, 2 ** 32], ValueError, "position 1"),
+                              (["a"], TypeError, "position 0 holds a str"), ([1.0], TypeError, "float"),
+                              ("abc", TypeError, "not str"), ([[1], [2, 3]], TypeError, "flat")):
+        with pytest.raises(error, match=words):
+            dt.decode(bad)
+    ids = ref.encode("Hello, world! 123").ids
+    for form in (ids, tuple(ids), np.array(ids, np.int64), pa.array(ids, pa.int32()), []):
+        assert dt.decode(form) == ref.decode(list(form))
 
 
 @pytest.mark.parametrize("admitted", [True, False])

@@ -40,6 +40,31 @@ def ids_to_numpy(ids: pa.Array | pa.ChunkedArray) -> np.ndarray:
     return np.frombuffer(ids.buffers()[1], dtype=np.int32, count=len(ids), offset=ids.offset * 4)
 
 
+def decode_ids(ids) -> list[int]:
+    """Token IDs to decode (a list, numpy or Arrow) as the reference's list of ints, or a clear
+    error: TypeError for anything but integers, ValueError for an ID outside [0, 2**32) (the
+    reference's own errors name neither the value nor its position)."""
+    if isinstance(ids, (pa.Array, pa.ChunkedArray)):
+        ids = ids_to_numpy(ids)
+    elif isinstance(ids, (str, bytes)):
+        raise TypeError(f"token IDs must be a sequence of integers, not {type(ids).__name__}")
+    try:
+        arr = np.asarray(ids)
+    except ValueError:
+        raise TypeError("token IDs must be a flat sequence of integers") from None
+    if arr.dtype.kind not in "iub":
+        items = list(ids) if isinstance(ids, (list, tuple)) else list(arr.ravel())
+        for i, x in enumerate(items):
+            if not isinstance(x, (int, np.integer)):
+                raise TypeError(f"token IDs must be integers: position {i} holds a {type(x).__name__}")
+        arr = np.array([int(x) for x in items], dtype=object)
+    flat = arr.ravel()
+    if flat.size and (flat.min() < 0 or flat.max() >= 1 << 32):
+        i = int(np.flatnonzero((flat < 0) | (flat >= 1 << 32))[0])
+        raise ValueError(f"token IDs must be in [0, 2**32): position {i} holds {flat[i]}")
+    return flat.tolist()
+
+
 def flat_list_array(values: np.ndarray, offsets: np.ndarray) -> pa.ListArray:
     """A ``list<int32>`` array straight from a flat batch's buffers (zero-copy values)."""
     if len(offsets) and offsets[-1] > np.iinfo(np.int32).max:
