@@ -10,8 +10,6 @@ from typing import Any
 
 from delta_ray.core.errors import DeltaRayError
 
-from .tenant_keys import content_session_key, session_key  # noqa: F401 - the keys requests are stored under
-
 TOKENIZE_FIELDS = {"model", "prompt", "messages", "add_special_tokens", "add_generation_prompt",
                    "continue_final_message", "chat_template_kwargs", "tools", "return_token_strs",
                    "session_id", "cache_salt", "append", "session_version"}

@@ -3,7 +3,8 @@ from __future__ import annotations
 
 import pytest
 
-from delta_ray.actors.http_api import BadRequest, parse_detokenize, parse_tokenize, session_key
+from delta_ray.actors.http_api import BadRequest, parse_detokenize, parse_tokenize
+from delta_ray.actors.tenant_keys import session_key
 
 
 def test_prompt_and_defaults():
@@ -36,7 +37,7 @@ def test_detokenize_and_sessions():
 
 def test_tenant_keys_are_injective():
     """("acme", "corp:chat1") and ("acme:corp", "chat1") were one key; no pair may spell another's."""
-    from delta_ray.actors.http_api import content_session_key
+    from delta_ray.actors.tenant_keys import content_session_key
     assert session_key("corp:chat1", "acme") != session_key("chat1", "acme:corp")
     assert session_key("x", None) != session_key("x", "")
     pairs = [(t, s) for t in (None, "", "a", "a:", "a|s:", "t1:a") for s in ("", "b", ":b", "|s:b", "s:b")]

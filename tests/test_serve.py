@@ -161,7 +161,7 @@ def test_a_chunked_upload_is_refused_while_it_streams(service):
 
 def test_keyless_long_prompts_never_share_state_across_tenants(service, references):
     """A keyless non-ASCII prompt of >= 4 KB is reused only inside its tenant (no timing oracle)."""
-    from delta_ray.actors.http_api import content_session_key
+    from delta_ray.actors.tenant_keys import content_session_key
     from delta_ray.scheduler import content_key
     base, _ = service
     text = "é" * 3000  # 3,000 characters, 6,000 UTF-8 bytes
