@@ -21,7 +21,7 @@ import subprocess
 import sys
 import warnings
 
-ROOT = pathlib.Path(__file__).resolve().parents[1]
+ROOT = pathlib.Path(__file__).resolve().parents[2]
 FOLDERS = {"delta_ray": "delta_ray", "actors": "delta_ray.actors", "scheduler": "delta_ray.scheduler"}
 # What each part may import (module level and inside functions alike), besides itself.
 ALLOWED = {
