@@ -34,8 +34,8 @@ TK1_PY = TK1_VENV / ("Scripts" if os.name == "nt" else "bin") / "python"
 TK1_REFERENCE = "tokenizers==1.0.0rc3"
 # The quick exactness battery (tests marked ``battery`` in these files): differential tests against
 # the installed reference that need neither Ray nor a fast engine.
-TK1_TESTS = ["tests/test_reference_1x.py", "tests/test_nfc_anchors.py", "tests/test_special_tokens.py",
-             "tests/test_cut_predicate.py", "tests/test_planner.py", "tests/test_sessions.py"]
+TK1_TESTS = ["tests/core/test_reference_1x.py", "tests/core/test_nfc_anchors.py", "tests/core/test_special_tokens.py",
+             "tests/core/test_cut_predicate.py", "tests/core/test_planner.py", "tests/core/test_sessions.py"]
 
 
 def _stamp(extra: str = "") -> str:

@@ -4,8 +4,8 @@ Left alone, Ray Data aims a read at 200 blocks of at least 1 MiB (or 2 per CPU) 
 files than that, splits each read task's output to get there (with more, it groups files into
 tasks and splits nothing). A split read cannot fuse with the tasks after it (Ray's fusion rule
 refuses an upstream with a split factor), so each small block then costs a task, an object-store
-round trip and a write of its own: 24 JSONL files of 100 MB became 120 tokenize tasks and 120
-writes, 1.6x slower than one fused read-tokenize-write task per file. With fewer files than CPUs the split is what spreads the work, so it is kept then. Ray Data
+round trip and a write of its own, slower than one fused read-tokenize-write task per file. With
+fewer files than CPUs the split is what spreads the work, so it is kept then. Ray Data
 still splits a file too big for one block (``target_max_block_size``), so memory stays bounded
 either way.
 

@@ -3,17 +3,15 @@
 Ray keeps idle worker processes only up to a soft limit that defaults to the node's CPU count, and
 kills idle ones above it after about a second. A pool already holds one worker actor per core, so
 the processes that run chunk tasks sit above that limit: between two bursts Ray would kill them, and
-the next burst would pay a cold process start and a tokenizer load (hundreds of ms, measured) on the
+the next burst would pay a cold process start and a tokenizer load on the
 request path. A local Ray started here raises the limit; on a cluster, set the same value with
 ``RAY_num_workers_soft_limit`` before ``ray start`` (see cluster.yaml).
 
-A local Ray started here for a pool, a job or the demo also runs without metrics collection. With
-it on, the node's agent aggregates what every worker process reports in a burst of up to a core for
-about a second every ten seconds under load: on 2 cores, two callers' 1M texts through a pool had a
-P99 of 57-65 ms with it and 43-50 ms without, throughput the same or up to 13% higher (2026-12-03,
-four rounds each way; ``bench/bench_ray_metrics.py`` runs both side by side). The dashboard, where
-those metrics would show, is off here anyway; whoever wants Ray's metrics starts Ray themselves,
-and the pool joins it. ``delta-ray serve`` keeps them on: a service's metrics go to Ray's
+A local Ray started here for a pool, a job or the demo also runs without metrics collection: with
+it on, the node's agent takes up to a core in bursts under load, which shows in a pool's tail
+latency (``bench/bench_ray_metrics.py`` runs both side by side). The dashboard, where those
+metrics would show, is off here anyway; whoever wants Ray's metrics starts Ray themselves, and the
+pool joins it. ``delta-ray serve`` keeps them on: a service's metrics go to Ray's
 Prometheus export (README).
 """
 from __future__ import annotations

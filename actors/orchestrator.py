@@ -28,7 +28,8 @@ from delta_ray.core.keys import ContentDigest, content_key, describe, session_ke
 from delta_ray.core.plan import CHUNKED, REFERENCE, SESSION, Router
 from delta_ray.core.repair import finish_repair
 from delta_ray.core.planner import chunk_count
-from delta_ray.core.session_store import SessionNotFound, merge_text_parts, rope_is_prefix, splice_arrow
+from delta_ray.core.rope import merge_text_parts, rope_is_prefix
+from delta_ray.core.session_store import SessionNotFound, splice_arrow
 from delta_ray.core.state_seal import seal_state
 from delta_ray.tokenizer_core import TokenizerCore
 from delta_ray.scheduler import Dispatcher, PlacementModel

@@ -24,9 +24,9 @@ from ray.serve.config import RequestRouterConfig
 
 from delta_ray.core.loading import TokenizerLike, load_tokenizer
 
-from .serve_config import DEFAULT_MAX_BODY_BYTES, ServeConfig  # noqa: F401 - re-exported
+from .serve_config import DEFAULT_MAX_BODY_BYTES, ServeConfig
 from .serve_handler import RequestHandler
-from .serve_router import SESSION_HEADER, SessionRouter, routing_headers  # noqa: F401 - re-exported
+from .serve_router import SessionRouter
 
 # Serve settings read by each replica process at import (Ray 2.60; RAY_SERVE_THROUGHPUT_OPTIMIZED sets
 # the same ones cluster-wide): no hop between Serve's loop and a user-code thread per request,

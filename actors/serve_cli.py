@@ -38,7 +38,8 @@ def run(args: argparse.Namespace) -> int:
     from delta_ray.actors.local_ray import local_init_kwargs
     from delta_ray.apps.bundled import BUNDLED, bundled_tokenizer_config, bundled_tokenizer_path
 
-    from .serve import DEFAULT_MAX_BODY_BYTES, serve_app
+    from .serve import serve_app
+    from .serve_config import DEFAULT_MAX_BODY_BYTES
 
     tok, cfg = args.tokenizer, None
     if tok in BUNDLED and not os.path.exists(tok):

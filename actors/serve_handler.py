@@ -2,7 +2,7 @@
 
 ``actors/serve.py`` binds :class:`RequestHandler` to Ray Serve (the FastAPI ingress, the replica,
 the pool's start-up); everything a request means lives here, so it is tested on a plain event loop
-(tests/test_serve_handler.py) with a fake pool, like ``http_api.py``.
+(tests/serve/test_serve_handler.py) with a fake pool, like ``http_api.py``.
 
 The handler runs on the replica's event loop (``fast_replica``: user code on Serve's own loop), so
 every step whose cost grows with the request runs in a thread: parsing and serializing large

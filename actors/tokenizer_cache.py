@@ -24,7 +24,7 @@ MAX_ENTRIES = 2  # configurations per process (each holds its engines: ~100-300 
 
 # The configuration's bytes, or what fetches them: a chunk task receives its configuration's object
 # reference unresolved and fetches the bytes only when its process lacks the tokenizer (resolving
-# the 11 MB argument for every task cost 1.0-2.5 ms of a node's CPU per task, 2026-12-03).
+# a configuration of megabytes for every task would cost a node's CPU on every task).
 ConfigSource = Union[bytes, Callable[[], bytes]]
 
 _CACHE: OrderedDict[tuple, TokenizerCore] = OrderedDict()

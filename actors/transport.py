@@ -12,7 +12,7 @@ transport's failures are only these three, so the orchestrator's failure policy 
 
 ``RayTransport`` uses actor calls and chunk tasks; ``ChannelTransport`` sends the calls the
 channel may carry over the authenticated same-node side channel and everything else through Ray.
-Tests use an in-process fake (tests/test_orchestrator.py) with no Ray at all.
+Tests use an in-process fake (tests/pool/test_orchestrator.py) with no Ray at all.
 """
 from __future__ import annotations
 

@@ -111,11 +111,6 @@ class TokenizerWorker(WorkerService):
         return {"node": ray.get_runtime_context().get_node_id(), "pid": os.getpid(),
                 "address": self._channel.address if self._channel is not None else None}
 
-    def close_channel(self) -> bool:
-        if self._channel is not None:
-            self._channel.close()
-        return True
-
     def ready(self) -> dict:
         """Loaded and serving: the process id and node, for placement checks."""
         return {"pid": os.getpid(), "node": ray.get_runtime_context().get_node_id(),

@@ -1,7 +1,7 @@
 """A same-node side channel to a worker actor for session calls, beside Ray's actor calls.
 
-Why: a Ray actor call costs 1.4-2 ms here even for an empty method, more than a 1.3K-character
-session repair itself; a Unix socket round trip from the pool's event loop costs about 0.4 ms.
+Why: a Ray actor call, even to an empty method, costs more than a short session repair itself; a
+Unix socket round trip from the pool's event loop costs a fraction of it.
 
 What travels (:mod:`delta_ray.actors.channel_codec`): typed binary frames, never pickle. A frame is a 9-byte header (magic ``DRC2``, a
 kind byte, a uint32 body length), a body of typed values (None, bool, signed or unsigned 64-bit
@@ -62,8 +62,7 @@ from delta_ray.core.errors import DeltaRayError
 
 from . import channel_codec as codec
 from .channel_codec import (HEADER, KIND_ERROR, KIND_REQUEST, KIND_TUPLE, KIND_VALUE, MAX_FRAME, FrameError,
-                            RemoteError, answer_frame, decode_values, encode_values, error_frame, frame, parse_header,
-                            raise_error)  # noqa: F401 - RemoteError is re-exported
+                            answer_frame, decode_values, encode_values, error_frame, frame, parse_header, raise_error)
 
 HELLO = b"DRH2"
 _PEERCRED = struct.Struct("3i")  # struct ucred: pid, uid, gid

@@ -49,7 +49,7 @@ def key_hash(key: str) -> int:
 @functools.lru_cache(maxsize=65536)
 def _node_mix(node: str) -> int:
     """The node's half of its weight, the same for every key: computed once per node id, not once
-    per key and node (a decision over 64 nodes cost 106 us before this cache, most of it here)."""
+    per key and node (without this cache it was most of a decision over many nodes)."""
     return _mix32(zlib.crc32(_utf8(node)))
 
 

@@ -14,6 +14,7 @@ from tokenizers import Tokenizer
 from delta_ray.apps.bundled import TEST_TOKENIZERS, bundled_tokenizer_path
 
 DATA = pathlib.Path(__file__).parent / "data"
+TOOLS = pathlib.Path(__file__).parent / "tools"  # helper modules and check scripts (pyproject: pythonpath)
 
 
 os.environ.setdefault("DELTA_RAY_FAST_BACKGROUND", "0")  # no background probes in tests
@@ -21,12 +22,12 @@ os.environ.setdefault("DELTA_RAY_FAST_BACKGROUND", "0")  # no background probes 
 
 @pytest.fixture
 def run_own_process():
-    """Run a check script of tests/ in a fresh process (one that starts its own Ray, never joining
+    """Run a check script of tests/tools/ in a fresh process (one that starts its own Ray, never joining
     this session's); fail with its output's tail unless it exits 0. Returns its stdout."""
     def run(script: str, *args: str, timeout: int = 600) -> str:
         env = dict(os.environ, RAY_ENABLE_AUTO_CONNECT="0")
         env.pop("RAY_ADDRESS", None)
-        proc = subprocess.run([sys.executable, str(pathlib.Path(__file__).parent / script), *args],
+        proc = subprocess.run([sys.executable, str(TOOLS / script), *args],
                               capture_output=True, text=True, timeout=timeout, env=env)
         assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
         return proc.stdout

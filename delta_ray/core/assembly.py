@@ -12,8 +12,8 @@ _PA_INT32 = pa.int32()
 _STRIDES = (4,)  # a 1-D contiguous int32 array
 # Where a request's path copies IDs with pyarrow (a compact turn's join, a keyless prompt's answer):
 # the C allocator, not pyarrow's default pool. On Linux that pool is mimalloc, whose arena is advised
-# for transparent huge pages (smaps flag "hg"); here one compact turn in 25-100 faulted in a fresh 2 MB
-# page inside its join (thp_fault_alloc +1, 5-9 ms of kernel time: the turn's P99 130x its median).
+# for transparent huge pages (smaps flag "hg"), and an occasional compact turn faulted in a fresh 2 MB
+# page inside its join: kernel time that set the turn's tail latency.
 COPY_POOL = pa.system_memory_pool()
 
 
@@ -76,7 +76,7 @@ def to_arrow(ids: np.ndarray) -> pa.Int32Array:
     """Wrap an int32 buffer as a pyarrow array (zero-copy).
 
     ``pa.Array.from_buffers`` rather than ``pa.array``: the latter imports pandas on its first call
-    (600 ms measured, on the first request of every process).
+    (a long stall on the first request of every process).
     """
     if type(ids) is np.ndarray and ids.strides == _STRIDES and ids.dtype == _I32:
         # Every ID part of a session (the engine's buffer, its slices, a join) is already a 1-D
@@ -91,18 +91,6 @@ def one_chunk(ids: np.ndarray) -> pa.ChunkedArray:
     """One int32 buffer as a one-chunk ChunkedArray (zero-copy): a session answer's type for IDs
     made in one piece (an unadmitted configuration's reference encode)."""
     return pa.chunked_array([to_arrow(ids)], type=pa.int32())
-
-
-def list_array(rows: Sequence[np.ndarray]) -> pa.ListArray:
-    """Build a list<int32> array from per-row ID buffers via one values buffer plus offsets."""
-    lengths = np.fromiter((len(r) for r in rows), dtype=np.int64, count=len(rows))
-    ends = np.cumsum(lengths)
-    if len(ends) and ends[-1] > np.iinfo(np.int32).max:
-        raise OverflowError(f"{int(ends[-1])} IDs exceed list<int32> offsets; use smaller batches")
-    offsets = np.zeros(len(rows) + 1, dtype=np.int32)
-    offsets[1:] = ends
-    values = concat_ids(list(rows)) if rows else EMPTY
-    return pa.ListArray.from_arrays(to_arrow(offsets), to_arrow(values))
 
 
 def flat_from_pieces(arrays: Sequence[np.ndarray]) -> tuple[np.ndarray, np.ndarray]:

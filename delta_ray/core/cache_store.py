@@ -92,13 +92,6 @@ def private_dir_fd(sub: str = "", *, create: bool = True) -> Iterator[int | None
         os.close(fd)
 
 
-def private_dir(sub: str = "", *, create: bool = True) -> Path | None:
-    """``cache_root()/sub`` if it is (now) private to this user, else None (diagnostics only: the
-    records and tables of this module are read and written through :func:`private_dir_fd`)."""
-    with private_dir_fd(sub, create=create) as fd:
-        return None if fd is None else (cache_root() / sub if sub else cache_root())
-
-
 def atomic_write(path: Path | str, data: bytes, *, dir_fd: int | None = None) -> bool:
     """Write ``data`` to ``path`` through an exclusive temporary file and a rename; False on failure.
 
@@ -181,13 +174,6 @@ def load_record(kind: str, key: dict, *, sub: str = "guard",
         log.warning("discarding an invalid %s record in %s", kind, cache_root() / sub)
         return None
     return body["payload"]
-
-
-def delete_record(kind: str, key: dict, *, sub: str = "guard") -> None:
-    with private_dir_fd(sub, create=False) as dfd:
-        if dfd is not None:
-            with contextlib.suppress(OSError):
-                os.unlink(_record_name(kind, key), dir_fd=dfd)
 
 
 def cached_table(name: str, version: int, derive: Callable[[], Any], shape: tuple, dtype) -> Any:

@@ -52,10 +52,6 @@ class CutPredicate:
             self.anchors = bytes(anchors) if isinstance(anchors, (bytes, bytearray)) else \
                 np.asarray(anchors, dtype=np.uint8).tobytes()
 
-    def transition_ok(self, x: str, y: str) -> bool:
-        """Whether the family accepts a cut between characters x and y."""
-        return bool(self._acc[self._cls[ord(x)]][self._cls[ord(y)]])
-
     def check(self, text: str, b: int, open_end: bool = False) -> tuple[int, int] | None:
         """The evidence span (lo, ext) if b is a safe cut of text, else None."""
         n = len(text)

@@ -73,8 +73,8 @@ class LoadedTokenizer:
     def config(self) -> dict[str, Any]:
         """The parsed tokenizer.json, parsed anew at each use and never kept: its BPE merges are
         about 150K two-item lists, and every full garbage collection of a process that kept them
-        traced them all with the GIL held (a third of the 100-125 ms each took in a pool's driver,
-        stalling all its calls, 2026-12-03). Admission and a Serve replica's set-up read it once each."""
+        would trace them all with the GIL held, stalling a pool driver's calls. Admission and a
+        Serve replica's set-up read it once each."""
         return json.loads(self.config_bytes)
 
     @classmethod

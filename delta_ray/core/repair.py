@@ -18,8 +18,8 @@ from delta_ray.core import constants as C
 from .cut_predicate import NFC_WINDOW, CutPredicate
 from .encoder import Encoder, encode_flat
 from .planner import Cut, PlannerConfig, plan_cuts, tail_cut
-from .session_store import (CheckpointLog, SessionState, buffer_owner, merge_id_parts, merge_text_parts, owners_bytes,
-                            suffix_parts)
+from .rope import CheckpointLog, merge_id_parts, merge_text_parts, suffix_parts
+from .session_store import SessionState, buffer_owner, owners_bytes
 
 WINDOW_BACK = 2 * NFC_WINDOW + 64  # characters before a reused checkpoint the predicate may read
 

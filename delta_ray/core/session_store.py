@@ -15,8 +15,7 @@ import numpy as np
 
 from delta_ray.core import constants as C
 from .errors import DeltaRayError
-from .rope import (MERGE_IDS_BELOW, MERGE_TEXT_BELOW, YOUNG_PARTS, CheckpointLog, merge_id_parts,  # noqa: F401
-                   merge_start, merge_text_parts, prefix_parts, rope_is_prefix, suffix_parts)
+from .rope import MERGE_IDS_BELOW, CheckpointLog, merge_start, prefix_parts, rope_is_prefix, suffix_parts
 
 
 class SessionNotFound(DeltaRayError, KeyError):
@@ -299,11 +298,6 @@ class SessionState:
         if not out:
             return _I32_EMPTY
         return out[0] if len(out) == 1 else np.concatenate(out).astype(np.int32, copy=False)
-
-    def text_from(self, start: int) -> str:
-        """``text[start:]``, touching only the parts after ``start``."""
-        out = suffix_parts(self.text_parts, start, self.n_chars)
-        return out[0] if len(out) == 1 else "".join(out)
 
     def prefix_of(self, text: str) -> bool:
         """Whether this state's text is a prefix of ``text`` (memcmp per part, no copies)."""

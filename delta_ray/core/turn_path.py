@@ -1,7 +1,7 @@
-"""The compact session turn (issue 27): a continuation in as few distinct native calls as it can.
+"""The compact session turn: a continuation in as few distinct native calls as it can.
 
-After an idle every code path a call touches is cold (a server's neighbours evict the caches
-within 30 ms here), so a turn costs roughly a fixed price per distinct native entry point it
+After an idle every code path a call touches is cold (a server's neighbours soon evict the
+caches), so a turn costs roughly a fixed price per distinct native entry point it
 enters. The general turn (:func:`delta_ray.core.repair.encode_turn`) enters numpy, pyarrow, the
 five-layer encoder stack and the planner's general form; this one, for the common continuation,
 enters the engine once and pyarrow three times (one buffer, two arrays over it) and otherwise runs
@@ -30,8 +30,8 @@ from . import exit_guard
 from .assembly import COPY_POOL
 from .plan import SESSION
 from .repair import WINDOW_BACK
-from .rope import MERGE_IDS_BELOW, MERGE_TEXT_BELOW, merge_start
-from .session_store import CheckpointLog, SessionState, suffix_parts
+from .rope import MERGE_IDS_BELOW, MERGE_TEXT_BELOW, CheckpointLog, merge_start, suffix_parts
+from .session_store import SessionState
 
 _INT32 = pa.int32()
 _py_buffer = pa.py_buffer

@@ -26,28 +26,24 @@ Neither engine adds post-processor tokens on these calls, so both are compared w
 ``add_special_tokens=False``; special-token strings inside the text are still matched as added
 tokens, as the reference does.
 
-Why fastokens is the default (measured with ``bench/bench_engines.py`` and the guard probe, qwen-3,
-one thread, tokenizers 0.23.3 / fastokens 0.3.5 / gigatoken 0.10.0):
+Why fastokens is the default (``bench/bench_engines.py`` and the guard probe compare them):
 
 * exactness: the guard probe (every code point in 11 contexts, plus composition pairs) finds **no**
   code point on which fastokens disagrees with the reference, on all six bundled tokenizers;
-  gigatoken disagrees on ~4,650-4,800 per tokenizer (characters assigned in Unicode 15-17, whose
+  gigatoken disagrees on thousands per tokenizer (characters assigned in Unicode 15-17, whose
   classes its tables do not share with the reference's Oniguruma 16 / NFC 9.0), so with gigatoken
   every text holding one of them falls back to the reference;
-* speed (CPU time, one thread): both are 25-165x the reference (1-1.7 MB/s here); fastokens is
-  1.05-1.2x gigatoken on English and code (4M chars: 212 vs 194 MB/s English, 237 vs 216 MB/s
-  code) and 1.5x on short multilingual texts (10K chars: 34 vs 24 MB/s); gigatoken is ahead on long
-  multilingual texts (4M chars: 55 vs 44 MB/s);
-* concurrency: fastokens drops the GIL while it encodes (a 1 ms ticker thread stalled at most
-  1.7 ms across 300 KB encodes, 7.2 ms with gigatoken), so an event loop or a second encoder
-  thread keeps running.
+* speed (CPU time, one thread): both are far faster than the reference; fastokens is ahead on
+  English, code and short multilingual texts, gigatoken on long multilingual texts;
+* concurrency: fastokens drops the GIL while it encodes (gigatoken holds it), so an event loop or a
+  second encoder thread keeps running.
 
 Caveats: ``FASTOKENS_BPE_THREADS`` is process-wide and read once, when fastokens first builds its
 pool; set it in the environment of the worker processes (e.g. Ray ``runtime_env={"env_vars":
 {"FASTOKENS_BPE_THREADS": "1"}}``) if fastokens may run before this module is imported. Never set
 ``FASTOKENS_INPUT_CACHE`` for exactness-critical work (an older fastokens had a stale-match bug in
-a similar cache). Loading costs 1.5-3 s for fastokens and 0.5-1.3 s for gigatoken: use
-:func:`cached_fast_encoder` to load once per process.
+a similar cache). Loading an engine takes seconds: use :func:`cached_fast_encoder` to load once per
+process.
 
 An engine is only as exact as its checks: :mod:`delta_ray.verify.guard_probe` derives, per tokenizer and per
 installed versions, the code points on which the engine may disagree with the reference, and runs a
@@ -180,11 +176,6 @@ def allow_native_threads(*, in_worker: bool = False) -> bool:
     os.environ.pop("FASTOKENS_BPE_THREADS", None)
     _native_lifted = True
     return (os.cpu_count() or 1) > 1
-
-
-def native_threads_allowed() -> bool:
-    """Whether :func:`allow_native_threads` lifted this module's pin in this process."""
-    return _native_lifted
 
 
 def fast_engine_threads() -> dict[str, str]:

@@ -404,7 +404,7 @@ def guard_set_for(tokenizer_json_bytes: bytes | str | os.PathLike, backend: str 
     """The guard set of ``backend`` (a name or a loaded :class:`FastEncoder`) for this tokenizer.json.
 
     Loaded from the on-disk cache when an entry with the same key exists, else probed (every code
-    point but the surrogates; 20-40 s on 2 cores) and stored. ``code_points`` restricts the probe to
+    point but the surrogates; tens of seconds) and stored. ``code_points`` restricts the probe to
     a subset (tests, diagnostics); the subset is part of the cache key, and a guard set derived from
     a subset only covers that subset. Raises :class:`FastEngineUnavailable` when the engine cannot
     load the tokenizer.

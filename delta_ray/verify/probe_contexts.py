@@ -29,7 +29,6 @@ one decision a per-code-point probe cannot see is guarded wholesale:
 """
 from __future__ import annotations
 
-import json
 import re
 from functools import lru_cache
 
@@ -149,11 +148,3 @@ def derived_contexts(tokenizer_json: dict) -> tuple[str, ...]:
         neighbours.insert(0, contraction_witness(tokenizer_json) + "'")
     chain = "{c}" + "{c}".join(neighbours) + "{c}"
     return BASE_CONTEXTS + (chain,)
-
-
-def contexts_digest(tokenizer_json: dict) -> str:
-    """A short digest of the derived contexts and fold set (part of every verdict's key)."""
-    import hashlib
-    doc = {"contexts": derived_contexts(tokenizer_json),
-           "fold": sorted(fold_sensitive_code_points(tokenizer_json))}
-    return hashlib.sha256(json.dumps(doc, ensure_ascii=True).encode()).hexdigest()[:16]

@@ -63,8 +63,7 @@ def _options(content_reuse: bool, options: dict[str, Any]) -> dict[str, Any]:
     if not isinstance(fast_render, bool):
         raise TypeError(f"fast_render must be a bool, not {type(fast_render).__name__}")
     # One thread per call unless asked: transformers wants Python lists, and building them holds the
-    # GIL, so helper threads mostly wait for each other (bench_dropin / 2 cores, 2026-12-01: a 250K
-    # chat turn 8.1 ms with one thread against 9.9 ms with two at load 2; mixed at load 10-18).
+    # GIL, so helper threads mostly wait for each other (bench/bench_dropin.py compares).
     out = {"threads": 1, **options, "reuse": "content" if content_reuse else "none"}
     # validate now (ValueError/TypeError), not at the first encode; `encoder` replaces the engine (tests)
     tokenizer_config(None, {k: v for k, v in out.items() if k != "encoder"})

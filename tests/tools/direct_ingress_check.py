@@ -1,4 +1,4 @@
-"""Run by tests/test_serve_direct_ingress.py in a fresh process: Serve with direct ingress (Ray 2.60).
+"""Run by tests/serve/test_serve_direct_ingress.py in a fresh process: Serve with direct ingress (Ray 2.60).
 
 The flag is read when Ray starts (by the controller and the replicas), so it needs its own Ray.
 Two replicas each listen for HTTP; a client routes each session by rendezvous over the replica ids

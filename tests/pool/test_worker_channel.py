@@ -10,7 +10,8 @@ import pytest
 import numpy as np
 
 from delta_ray.actors import worker_channel
-from delta_ray.actors.worker_channel import ChannelClient, ChannelClosed, ChannelServer, RemoteError
+from delta_ray.actors.channel_codec import RemoteError
+from delta_ray.actors.worker_channel import ChannelClient, ChannelClosed, ChannelServer
 
 pytestmark = pytest.mark.skipif(not worker_channel.supported(), reason="Linux abstract sockets only")
 

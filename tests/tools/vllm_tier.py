@@ -1,6 +1,6 @@
-"""The vLLM tier (opt-in): build .venv-vllm and run tests/test_dropin_vllm.py in it.
+"""The vLLM tier (opt-in): build .venv-vllm and run tests/apps/test_dropin_vllm.py in it.
 
-    python3 tests/vllm_tier.py [pytest args...]
+    python3 tests/tools/vllm_tier.py [pytest args...]
 
 vLLM pins a CUDA torch and GPU kernels among its requirements, none of which its tokenizer and
 renderer need, so the tier installs ``vllm==0.33.0 --no-deps``, a torch (``torch==2.14.0`` from
@@ -18,7 +18,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 VENV = Path(os.environ.get("DELTA_RAY_VLLM_VENV", ROOT / ".venv-vllm"))
 VLLM = "vllm==0.33.0"
 TORCH = os.environ.get("DELTA_RAY_VLLM_TORCH", "torch==2.14.0")
@@ -61,7 +61,7 @@ def main(argv: list[str]) -> int:
         print(f"vLLM tier skipped: could not build {VENV} ({exc})")
         return 0
     env = dict(os.environ, DELTA_RAY_FAST_BACKGROUND="0")
-    return subprocess.run([str(py), "-m", "pytest", str(ROOT / "tests" / "test_dropin_vllm.py"), "-q", *argv],
+    return subprocess.run([str(py), "-m", "pytest", str(ROOT / "tests" / "apps" / "test_dropin_vllm.py"), "-q", *argv],
                           cwd=ROOT, env=env).returncode
 
 

@@ -1,4 +1,4 @@
-"""Run by tests/test_multinode.py in a fresh process: a pool across a 3-node ray.cluster_utils.Cluster."""
+"""Run by tests/pool/test_multinode.py in a fresh process: a pool across a 3-node ray.cluster_utils.Cluster."""
 import os
 import sys
 

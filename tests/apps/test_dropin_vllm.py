@@ -1,5 +1,5 @@
 """The vLLM tier: ``tokenizer_mode="delta_ray"`` through vLLM's own loader and chat renderer equals
-vLLM's default mode. Opt-in: ``python3 tests/vllm_tier.py`` builds .venv-vllm (vllm --no-deps and a
+vLLM's default mode. Opt-in: ``python3 tests/tools/vllm_tier.py`` builds .venv-vllm (vllm --no-deps and a
 torch) and runs this file there; in the default environment it is skipped."""
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import pickle
 
 import pytest
 
-pytest.importorskip("vllm", reason="the vLLM tier: run `python3 tests/vllm_tier.py` (installs vllm==0.33.0 "
+pytest.importorskip("vllm", reason="the vLLM tier: run `python3 tests/tools/vllm_tier.py` (installs vllm==0.33.0 "
                                    "--no-deps and torch into .venv-vllm)")
 
 import exactness  # noqa: E402

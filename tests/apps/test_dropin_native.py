@@ -21,7 +21,7 @@ pytest.importorskip("transformers", reason="the drop-in tests need transformers 
 pytestmark = pytest.mark.skipif(importlib.util.find_spec("fastokens") is None,
                                 reason="the fast tier's engine (fastokens) is not installed")
 
-_ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
+_ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..")
 
 # Shared by the child scripts: a fastokens engine that is wrong on every text holding U+017F (it
 # reverses that text's IDs), so a guard that is skipped shows up as a wrong answer.

@@ -261,7 +261,7 @@ def test_killed_workers_lose_nothing(ray_session, tokenizer_paths, references, r
 
 
 # Timeouts, hung and dead workers and lost connections are tested on a fake transport in
-# tests/test_orchestrator.py (milliseconds, no Ray); killing real workers stays here.
+# tests/pool/test_orchestrator.py (milliseconds, no Ray); killing real workers stays here.
 
 
 def _settled_free_cpus(timeout_s: float = 20.0) -> float:
@@ -310,7 +310,7 @@ def test_whole_transcript_turns_ship_only_the_suffix(pool, references, real_text
 
 
 # Closing force-cancels no chunk task (actors/transport.py HUNG): ray.cancel racing a task's own
-# completion once aborted this process inside Ray 2.60; tests/test_transport.py holds the rule.
+# completion once aborted this process inside Ray 2.60; tests/pool/test_transport.py holds the rule.
 def test_closing_a_pool_answers_every_caller_in_flight(pool, references, real_texts):
     """close() while threads wait on the pool: each gets its exact IDs or PoolClosed, none hangs."""
     from delta_ray.core.errors import PoolClosed

@@ -23,7 +23,7 @@ import pytest
 from delta_ray.core import exit_guard
 from delta_ray.core.cache_store import cache_root
 
-HERE = pathlib.Path(__file__).parent
+TOOLS = pathlib.Path(__file__).parents[1] / "tools"  # the child scripts
 HAS_FAST = importlib.util.find_spec("fastokens") is not None
 
 
@@ -40,7 +40,7 @@ def fresh_cache(tmp: pathlib.Path, name: str) -> pathlib.Path:
 
 def run_child(script: str, args: list[str], cache: pathlib.Path, timeout: float = 1200) -> subprocess.CompletedProcess:
     env = dict(os.environ, DELTA_RAY_CACHE=str(cache), DELTA_RAY_FAST_BACKGROUND="1")
-    return subprocess.run([sys.executable, str(HERE / script), *args], capture_output=True, text=True,
+    return subprocess.run([sys.executable, str(TOOLS / script), *args], capture_output=True, text=True,
                           timeout=timeout, env=env)
 
 
@@ -106,7 +106,7 @@ def test_exit_hook_stops_and_joins_a_thread_blocked_outside_a_checkpoint():
 @pytest.mark.slow
 def test_acceptance_runs():
     """The issue's acceptance: 50 script runs exiting after 0-15 s and 8 `delta-ray tokenize` runs,
-    each on a fresh private cache, all exit 0 with nothing on stderr (tests/exit_runs.py)."""
-    proc = subprocess.run([sys.executable, str(HERE / "exit_runs.py")], capture_output=True, text=True,
+    each on a fresh private cache, all exit 0 with nothing on stderr (tests/tools/exit_runs.py)."""
+    proc = subprocess.run([sys.executable, str(TOOLS / "exit_runs.py")], capture_output=True, text=True,
                           timeout=6 * 3600)
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-2000:]

@@ -18,8 +18,9 @@ from exactness import chat_messages
 from delta_ray.core.encoder import ReferenceEncoder
 from delta_ray.core.plan import SESSION, SESSION_WHOLE, SPLICE_CHARS_FAST, SPLICE_CHARS_REFERENCE, Router
 from delta_ray.core.repair import encode_turn
-from delta_ray.core.session_store import YOUNG_PARTS, owners_bytes
 from delta_ray.core.keys import session_key
+from delta_ray.core.rope import YOUNG_PARTS
+from delta_ray.core.session_store import owners_bytes
 
 HAS_FAST = importlib.util.find_spec("fastokens") is not None
 

@@ -1,14 +1,14 @@
 """Acceptance runs for a clean exit (issue 21, item 1): processes that exit while the fast tier is
 admitted in the background must all exit 0 with nothing on stderr.
 
-    python tests/exit_runs.py [--runs 50] [--max-delay 15] [--tokenize-runs 8] [--empty] [--stage S]
+    python tests/tools/exit_runs.py [--runs 50] [--max-delay 15] [--tokenize-runs 8] [--empty] [--stage S]
 
 Each run gets a fresh private (0700) cache holding no admission record. By default the cache is
 seeded with the per-code-point tables derived from the reference (``*.npy`` of the current cache:
 deriving them again costs each run seconds to minutes on a busy machine and is not what is tested);
 ``--empty`` seeds nothing. A script run constructs ``DeltaTokenizer(path)`` (default engine), checks
 an encode against the reference and exits after a random delay in [0, max-delay] s
-(tests/exit_check.py; with ``--stage``, counted from when the admission enters that module). A
+(tests/tools/exit_check.py; with ``--stage``, counted from when the admission enters that module). A
 tokenize run is ``delta-ray tokenize`` on a small text file. Prints each run and the counts; exits
 1 if any run failed. Used by the slow test in test_clean_exit.py.
 """

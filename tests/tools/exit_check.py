@@ -1,4 +1,4 @@
-"""Child of test_clean_exit and tests/exit_runs.py: construct a DeltaTokenizer with the default
+"""Child of test_clean_exit and tests/tools/exit_runs.py: construct a DeltaTokenizer with the default
 engine (the fast tier is then admitted in the background when nothing is cached), check one encode
 against the reference, wait and exit while the admission may be mid-call.
 
