@@ -578,7 +578,8 @@ def test_actor_class_unadmitted_config_and_digest(tokenizer_paths, real_texts):
 def test_every_cli_option_reaches_both_paths(ray_session, tokenizer_paths, tmp_path, monkeypatch):
     """One batch specification: each option of ``delta-ray tokenize`` is either a field of the
     BatchSpec both paths receive, a Ray Data pool option (passed to tokenize_dataset, refused
-    locally), or a run option; an option added without a place fails here. The --ray-data path once
+    locally), a bound of delta-ray's own reader (a BatchSpec field, refused with --ray-data), or a
+    run option; an option added without a place fails here. The --ray-data path once
     dropped --engine and --threads silently."""
     import argparse
     import dataclasses
@@ -598,12 +599,15 @@ def test_every_cli_option_reaches_both_paths(ray_session, tokenizer_paths, tmp_p
     want = BatchSpec(text_column="body", output_column="ids", count_column="n", add_special_tokens=False,
                      drop_text=True, batch_bytes=12345, engine="reference", threads=3)
     pool_flags = ["--concurrency", "2", "--num-cpus", "0.25", "--batch-size", "7"]
+    local_flags = ["--max-record-bytes", "4321"]
     run_options = {"inputs", "tokenizer", "output", "verify", "ray_data"}
     dests = {a.dest for a in parser._actions if a.dest != "help"}
     spec_dests = {"text_column", "output_column", "count_column", "no_special_tokens", "drop_text", "batch_bytes",
                   "engine", "threads"}
-    assert dests == spec_dests | set(tokenize_job.RAY_ONLY) | run_options
-    assert {f.name for f in dataclasses.fields(BatchSpec)} == (spec_dests - {"no_special_tokens"}) | {"add_special_tokens"}
+    assert set(tokenize_job.LOCAL_ONLY) == {"max_record_bytes"}
+    assert dests == spec_dests | set(tokenize_job.RAY_ONLY) | set(tokenize_job.LOCAL_ONLY) | run_options
+    assert {f.name for f in dataclasses.fields(BatchSpec)} == \
+        (spec_dests - {"no_special_tokens"}) | {"add_special_tokens"} | set(tokenize_job.LOCAL_ONLY)
 
     seen = {}
 
@@ -621,10 +625,11 @@ def test_every_cli_option_reaches_both_paths(ray_session, tokenizer_paths, tmp_p
     monkeypatch.setattr(bf, "tokenize_files", fake_files)
     monkeypatch.setattr(data_mod, "tokenize_dataset", fake_dataset)
     base = ["--tokenizer", tokenizer_paths["qwen-3"], str(src)]
-    args = parser.parse_args(base + ["--output", str(tmp_path / "a")] + spec_flags)
+    args = parser.parse_args(base + ["--output", str(tmp_path / "a")] + spec_flags + local_flags)
     assert tokenize_job.run(args) == 1
     spec, fast, kw = seen["local"]
-    assert spec == want and fast is False and kw.get("threads") is None  # threads travel in the spec
+    assert spec == dataclasses.replace(want, max_record_bytes=4321)
+    assert fast is False and kw.get("threads") is None  # threads travel in the spec
     args = parser.parse_args(base + ["--output", str(tmp_path / "b"), "--ray-data"] + spec_flags + pool_flags)
     assert tokenize_job.run(args) == 1
     spec, kw = seen["ray"]
@@ -633,3 +638,5 @@ def test_every_cli_option_reaches_both_paths(ray_session, tokenizer_paths, tmp_p
     for flag, value in zip(pool_flags[::2], pool_flags[1::2]):  # pool options without --ray-data: refused
         args = parser.parse_args(base + ["--output", str(tmp_path / "c"), flag, value])
         assert tokenize_job.run(args) == 2
+    args = parser.parse_args(base + ["--output", str(tmp_path / "d"), "--ray-data"] + local_flags)
+    assert tokenize_job.run(args) == 2  # the local reader's bound with --ray-data: refused

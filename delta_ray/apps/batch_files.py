@@ -34,7 +34,7 @@ from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Iterator
 
 import numpy as np
 import pyarrow as pa
@@ -43,7 +43,7 @@ import pyarrow.parquet as pq
 from ..core.text_columns import BatchSpec, encode_table
 from ..tokenizer import DeltaTokenizer
 from ..tokenizer_core import TokenizerCore
-from .batch_inputs import conform, input_kind, json_table, line_chunks, read_json, read_lines, units
+from .batch_inputs import conform, input_kind, json_table, line_chunks, stream_tables, units
 
 MANIFEST_FORMAT = 1
 TMP_MARK = ".delta-ray-tmp"
@@ -99,12 +99,13 @@ def is_previous_output(out_dir: str) -> bool:
 
 def check_text_column(path: str, opts: BatchSpec) -> None:
     """Refuse, before any work, an input whose text column is missing or not text (the spec's one
-    schema check; a JSONL input by its first MiB, a text input always has it)."""
+    schema check; a JSONL input by its first MiB of whole lines, a text input always has it). What
+    it reads is bounded: a first line longer than ``opts.max_record_bytes`` is refused here."""
     kind = input_kind(path)
     if kind == "parquet":
         schema = pq.ParquetFile(path).schema_arrow
     elif kind == "json":
-        chunks = line_chunks(path, 1 << 20)
+        chunks = line_chunks(path, 1 << 20, opts.max_record_bytes)
         try:
             head = next(chunks, b"")  # the first MiB of whole lines (at least one line)
         finally:
@@ -320,9 +321,34 @@ def _tokenize_files(inputs: list[str], out: Path, dt: TokenizerCore, opts: Optio
     return summary
 
 
+def _picked(batches: Iterator[pa.Array | pa.ChunkedArray], rows: list[int]) -> list:
+    """The values at ``rows`` (sorted) of a column drawn batch by batch: only they are kept."""
+    out, base, i = [], 0, 0
+    for col in batches:
+        end = base + len(col)
+        while i < len(rows) and rows[i] < end:
+            out.append(col[rows[i] - base].as_py())
+            i += 1
+        base = end
+        if i == len(rows):
+            break
+    return out
+
+
+def _texts(src: str, opts: BatchSpec) -> Iterator[pa.Array | pa.ChunkedArray]:
+    """An input's text column, streamed as the run read it (never the whole input at once)."""
+    if input_kind(src) == "parquet":
+        for batch in pq.ParquetFile(src).iter_batches(columns=[opts.text_column]):
+            yield batch.column(0)
+        return
+    for table in stream_tables(src, input_kind(src), opts):
+        yield table.column(opts.text_column)
+
+
 def verify_outputs(inputs: list[str], out_dir: str, reference, opts: BatchSpec, n: int,
                    seed: int = 0) -> tuple[int, list[str]]:
-    """Compare ``n`` random rows of the outputs with the reference; returns (checked, mismatches)."""
+    """Compare ``n`` random rows of the outputs with the reference; returns (checked, mismatches).
+    Inputs and outputs are streamed: only the sampled rows are kept."""
     rng = random.Random(seed)
     out = Path(out_dir)
     files = [(p, out / output_name(p)) for p in inputs]
@@ -334,21 +360,16 @@ def verify_outputs(inputs: list[str], out_dir: str, reference, opts: BatchSpec, 
     bad, checked = [], 0
     bounds = np.cumsum([0] + sizes)
     for (src, dst), lo, hi in zip(files, bounds[:-1], bounds[1:]):
-        rows = [r - lo for r in picks if lo <= r < hi]
+        rows = [int(r - lo) for r in picks if lo <= r < hi]
         if not rows:
             continue
-        got = pq.read_table(dst, columns=[opts.output_column]).column(opts.output_column)
-        kind = input_kind(src)
-        if kind == "parquet":
-            texts = pq.read_table(src, columns=[opts.text_column]).column(opts.text_column)
-        elif kind == "text":
-            texts = read_lines(src, opts.text_column).column(opts.text_column)
-        else:
-            texts = read_json(src).column(opts.text_column)
-        for r in rows:
-            text = texts[r].as_py()
+        got = _picked((b.column(0) for b in pq.ParquetFile(dst).iter_batches(columns=[opts.output_column])), rows)
+        texts = _picked(_texts(src, opts), rows)
+        if len(texts) < len(rows):  # the input lost rows since its output was written
+            bad.append(f"{src}: fewer rows than its output {dst.name}")
+        for r, text, ids in zip(rows, texts, got):
             want = reference.encode(text, add_special_tokens=opts.add_special_tokens).ids
             checked += 1
-            if got[r].as_py() != want:
+            if ids != want:
                 bad.append(f"{src} row {r}")
     return checked, bad
