@@ -106,23 +106,27 @@ def spec_of(args: argparse.Namespace):
         raise UsageError(str(exc)) from exc
 
 
-def _kind(path: str) -> str:
-    from delta_ray.apps.batch_inputs import COMPRESSED, input_kind
-    kind = input_kind(path)
-    if kind is None:
-        raise UsageError(f"{path}: unknown input type (expected .txt, .jsonl, .json or .parquet; "
-                         f"text and JSON may be compressed with {', '.join(COMPRESSED)})")
-    return kind
-
-
 def _check_inputs(paths: list[str]) -> dict[str, list[str]]:
+    """The inputs grouped by kind, or a UsageError: a missing file, a directory, an unknown type,
+    one file listed twice (by two spellings or a link: its documents would be written twice)."""
+    # pyarrow comes with batch_inputs: imported here, as the command runs, not when the CLI parses.
+    from delta_ray.apps.batch_inputs import COMPRESSED, DuplicateInput, check_distinct, input_kind
+
     groups: dict[str, list[str]] = {}
     for p in paths:
         if not os.path.exists(p):
             raise UsageError(f"{p}: no such input file")
         if os.path.isdir(p):
             raise UsageError(f"{p}: is a directory; pass the files (e.g. {p}/*.parquet)")
-        groups.setdefault(_kind(p), []).append(os.path.abspath(p))
+        kind = input_kind(p)
+        if kind is None:
+            raise UsageError(f"{p}: unknown input type (expected .txt, .jsonl, .json or .parquet; "
+                             f"text and JSON may be compressed with {', '.join(COMPRESSED)})")
+        groups.setdefault(kind, []).append(os.path.abspath(p))
+    try:
+        check_distinct(paths)
+    except DuplicateInput as exc:
+        raise UsageError(str(exc)) from None
     return groups
 
 

@@ -34,6 +34,24 @@ def input_kind(path: str) -> str | None:
     return kind
 
 
+class DuplicateInput(ValueError):
+    """One file listed twice among a run's inputs (by two spellings, a symlink or a hard link)."""
+
+
+def check_distinct(paths: list[str]) -> None:
+    """Refuse a file listed twice, by its ``(st_dev, st_ino)``: the same path, a symlink or a hard
+    link to it. Listed twice, every document would be written twice (under a manifest a rerun
+    trusts), or two writers would race on one output; :class:`DuplicateInput` names both spellings."""
+    seen: dict[tuple[int, int], str] = {}
+    for p in paths:
+        st = os.stat(p)
+        key = (st.st_dev, st.st_ino)
+        if key in seen:
+            raise DuplicateInput(f"{seen[key]} and {p} are the same file (listed twice, or through a link); "
+                                 "list each input once")
+        seen[key] = p
+
+
 # -- reading --------------------------------------------------------------------------------------
 class RecordTooLong(ValueError):
     """A line of a text or JSONL input longer than ``max_record_bytes`` (no newline in time)."""
