@@ -16,7 +16,9 @@ paths take one :class:`~delta_ray.core.text_columns.BatchSpec` built from the op
 the columns, ``--no-special-tokens``, ``--drop-text``, ``--batch-bytes``, ``--engine`` and
 ``--threads`` mean the same on both; ``--concurrency``, ``--num-cpus`` and ``--batch-size`` size the
 Ray Data stage and are refused without ``--ray-data``. One output directory takes one run at a time
-(a lock); a rerun skips an input only if its output file holds the rows its manifest records.
+(a lock); a rerun skips an input only if its output file still has the size and SHA-256 (and the
+rows) its manifest records. One file listed twice (the same path, or through a symlink or a hard
+link) is a usage error on both paths: its documents would be written twice.
 
 Inputs by extension: ``.txt`` is one document per line (empty lines skipped; Ray Data's
 ``read_text``), ``.jsonl``/``.json`` newline-delimited JSON objects (``read_json``), ``.parquet``
