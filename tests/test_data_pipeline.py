@@ -449,6 +449,55 @@ def test_null_text_fails_clearly(ray_session, tokenizer_paths, concurrency):
     assert "'text'" in str(info.value)
 
 
+def test_a_lone_surrogate_is_named_in_delta_rays_words(ray_session, tokenizer_paths):
+    """A str holding a lone surrogate makes Ray Data store the column as pickled Python objects:
+    the error is a ValueError naming the column and the row that holds text the reference refuses,
+    not Ray's extension type."""
+    ray = ray_session
+    from delta_ray.actors.data import tokenize_dataset
+
+    ds = ray.data.from_items([{"id": 0, "text": "fine"}, {"id": 1, "text": "bad \ud800 x"},
+                              {"id": 2, "text": "ok"}], override_num_blocks=1)
+    assert "pickled" in str(ds.schema().types[1])  # what Ray Data makes of it
+    with pytest.raises(Exception, match=r"text column 'text', row 1 of its batch: not valid Unicode "
+                                        r"\(a lone surrogate U\+D800 at character 4\)") as info:
+        tokenize_dataset(ds, tokenizer_paths["qwen-3"]).materialize()
+    # Ray Data wraps the worker's exception and keeps its text: a ValueError, in delta-ray's words
+    assert "ValueError: text column 'text', row 1 of its batch" in str(info.value)
+    assert "ArrowPythonObject" not in str(info.value) and "pickled" not in str(info.value)
+
+
+def test_pickled_text_rows_are_checked_one_by_one(tokenizer_paths, real_texts):
+    """In process, the column Ray Data pickles: valid texts get exactly the reference's IDs; a
+    surrogate, a null or a non-str is named by its row; no class is ever loaded to look."""
+    import hashlib
+    import pickle
+
+    from ray.air.util.object_extensions.arrow import ArrowPythonObjectType
+
+    def pickled(objects):  # the column as Ray Data builds it
+        kind = ArrowPythonObjectType()
+        return kind.wrap_array(pa.array([pickle.dumps(o) for o in objects], kind.storage_type))
+
+    data = open(tokenizer_paths["llama3.2"], "rb").read()
+    fn = _batch_fn(data, hashlib.sha256(data).hexdigest())
+    ref = Tokenizer.from_file(tokenizer_paths["llama3.2"])
+    texts = ["", "Hello World", real_texts["multilingual"][:3000], _repeat(real_texts["code"], 140_000)]
+    out = fn(pa.table({"id": [0, 1, 2, 3], "text": pickled(texts)}))
+    assert out.column("input_ids").to_pylist() == [ref.encode(t).ids for t in texts]
+    assert out.column("text").to_pylist() == texts
+
+    class Loud:
+        def __reduce__(self):
+            return (print, ("a class was loaded",))
+    for bad, err, message in ((["a", "b", "x\udfff"], ValueError, r"row 2 .* U\+DFFF at character 1"),
+                              (["a", None], ValueError, "null text .row 1"),
+                              ([5, "a"], TypeError, "row 0 of its batch holds another"),
+                              (["a", Loud()], TypeError, "row 1 of its batch holds another")):
+        with pytest.raises(err, match=message):
+            fn(pa.table({"text": pickled(bad)}))
+
+
 # -- delta-ray tokenize ----------------------------------------------------------------------------
 
 def _read_output(out_dir) -> pa.Table:
