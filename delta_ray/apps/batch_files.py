@@ -19,8 +19,10 @@ when complete, and then recorded in a manifest (``_delta_ray_done/<output>.json`
 size and mtime, the tokenizer's digest and the options, the rows and tokens written, the output's
 size and SHA-256; Parquet readers skip ``_`` and ``.`` names). A rerun skips an input whose manifest
 matches and whose output file still has the size and SHA-256 the manifest records (and the rows,
-read from its Parquet footer), and redoes the rest from scratch, so a run killed at any point and rerun gives exactly the output of an
-uninterrupted run; stray temporary files of a killed run are removed.
+read from its Parquet footer), and redoes the rest from scratch, so a run killed at any point and
+rerun gives exactly the output of an uninterrupted run; stray temporary files of a killed run are
+removed. An input listed twice (two spellings, a symlink or a hard link) is refused: its
+documents would be written twice.
 """
 from __future__ import annotations
 
