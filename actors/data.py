@@ -37,7 +37,9 @@ earlier default), whose actors reserve a fraction of a CPU so that reads and wri
 from __future__ import annotations
 
 import dataclasses
+import io
 import os
+import pickle
 from typing import Any, Iterator
 
 import pyarrow as pa
@@ -65,6 +67,62 @@ def _null_hint(column: str) -> str:
             f"ds.filter(expr=\"{column} IS NOT NULL\") or map_batches(...) replacing None with \"\"")
 
 
+# Ray Data stores a column Arrow refuses (a str holding a lone surrogate: not valid UTF-8) as pickled
+# Python objects of this extension type; the texts are then checked here, row by row.
+PICKLED_OBJECTS = "ray.data.arrow_pickled_object"
+
+
+def is_pickled_objects(t: pa.DataType) -> bool:
+    """Whether an Arrow type is Ray Data's column of pickled Python objects."""
+    return isinstance(t, pa.ExtensionType) and t.extension_name == PICKLED_OBJECTS
+
+
+class _PlainValues(pickle.Unpickler):
+    """Loads a str (any plain value), never a class or function: no code runs while we look."""
+
+    def find_class(self, module: str, name: str):
+        raise pickle.UnpicklingError(f"{module}.{name}")
+
+
+def _unpickled(raw: bytes | None) -> Any:
+    if raw is None:
+        return None
+    try:
+        return _PlainValues(io.BytesIO(raw)).load()
+    except Exception:  # noqa: BLE001 - an object that needs a class: not a text, whatever it is
+        return NotImplemented
+
+
+def text_strings(batch: pa.Table, column: str) -> pa.Table:
+    """``batch`` with its text column as Arrow strings when Ray Data stored it as pickled Python
+    objects (it does when a value is not valid Unicode, e.g. a lone surrogate): a ValueError
+    names the column and the row of the batch holding text the reference refuses (or a null), a
+    TypeError one holding something else than a str; valid texts are encoded as any others."""
+    idx = batch.schema.get_field_index(column)
+    if idx < 0 or not is_pickled_objects(batch.schema.field(idx).type):
+        return batch
+    texts: list[str] = []
+    for chunk in batch.column(idx).chunks:
+        for raw in chunk.storage.to_pylist():
+            row, value = len(texts), _unpickled(raw)
+            if value is None:
+                raise ValueError(f"column {column!r} has a null text (row {row} of its batch)"
+                                 f"{_null_hint(column)}")
+            if not isinstance(value, str):
+                raise TypeError(f"text column {column!r} must hold strings; row {row} of its batch holds "
+                                "another Python object")
+            try:
+                value.encode("utf-8")
+            except UnicodeEncodeError as exc:
+                raise ValueError(
+                    f"text column {column!r}, row {row} of its batch: not valid Unicode (a lone surrogate "
+                    f"U+{ord(value[exc.start]):04X} at character {exc.start}), which the reference tokenizer "
+                    "refuses; drop or repair such rows first, e.g. text.encode('utf-8', 'replace')"
+                    ".decode('utf-8')") from None
+            texts.append(value)
+    return batch.set_column(idx, column, pa.array(texts, pa.large_string()))
+
+
 class TokenizeBatch:
     """The actor-side callable: one TokenizerCore per actor, one threaded batch encode per slice."""
 
@@ -86,6 +144,7 @@ class TokenizeBatch:
         most that much, yielded one by one (Ray Data takes a generator), so the Python strings
         and engine buffers held at once stay bounded whatever the rows' sizes."""
         spec = self.spec
+        batch = text_strings(batch, spec.text_column)
         col = checked_text_column(batch, spec.text_column, null_hint=_null_hint(spec.text_column))
         if col.nbytes <= spec.batch_bytes:
             return self._encode(batch)
@@ -186,8 +245,9 @@ def _check_schema(dataset, spec: BatchSpec) -> None:
         return
     names = list(schema.names)
     types = list(schema.types)
-    if spec.text_column in names and not isinstance(types[names.index(spec.text_column)], pa.DataType):
-        return  # e.g. a pandas object column: checked per batch by the actors
+    if spec.text_column in names and (not isinstance(types[names.index(spec.text_column)], pa.DataType)
+                                      or is_pickled_objects(types[names.index(spec.text_column)])):
+        return  # e.g. a pandas object column, Ray's pickled objects: checked per batch by the workers
     arrow = pa.schema([(n, t if isinstance(t, pa.DataType) else pa.null()) for n, t in zip(names, types)])
     spec.check_schema(arrow, where="dataset")
 
@@ -249,7 +309,10 @@ def tokenize_dataset(dataset, tokenizer, spec: BatchSpec | None = None, *, batch
     with a ``ValueError`` naming the column, which the consuming call (``materialize``,
     ``write_parquet``, ...) raises wrapped as Ray Data does for any UDF error
     (``ray.exceptions.UserCodeException``, or the ``ValueError`` itself with
-    ``DataContext.raise_original_map_exception``). Filter or fill nulls first.
+    ``DataContext.raise_original_map_exception``). Filter or fill nulls first. A text that is not
+    valid Unicode (a str holding a lone surrogate: the reference refuses it), which Ray Data stores
+    in a column of pickled Python objects, fails the same way, with a ``ValueError`` naming the
+    column and the row of its batch; such a column holding only valid texts is encoded as any.
     """
     import ray.data
 

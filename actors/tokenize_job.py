@@ -2,6 +2,7 @@
 
     delta-ray tokenize --tokenizer PATH INPUT... --output DIR [--text-column text] [--engine auto]
                        [--threads N] [--verify N] [--no-special-tokens] [--drop-text] [--ray-data]
+                       [--max-record-bytes N]
 
 By default the job runs on this machine at its limit, without Ray (:mod:`delta_ray.apps.batch_files`):
 one Parquet file per input, read in parallel and encoded on every core from the engine's flat
@@ -15,12 +16,15 @@ paths take one :class:`~delta_ray.core.text_columns.BatchSpec` built from the op
 the columns, ``--no-special-tokens``, ``--drop-text``, ``--batch-bytes``, ``--engine`` and
 ``--threads`` mean the same on both; ``--concurrency``, ``--num-cpus`` and ``--batch-size`` size the
 Ray Data stage and are refused without ``--ray-data``. One output directory takes one run at a time
-(a lock); a rerun skips an input only if its output file holds the rows its manifest records.
+(a lock); a rerun skips an input only if its output file still has the size and SHA-256 (and the
+rows) its manifest records. One file listed twice (the same path, or through a symlink or a hard
+link) is a usage error on both paths: its documents would be written twice.
 
 Inputs by extension: ``.txt`` is one document per line (empty lines skipped; Ray Data's
 ``read_text``), ``.jsonl``/``.json`` newline-delimited JSON objects (``read_json``), ``.parquet``
 (``read_parquet``); ``.txt``/``.jsonl``/``.json`` may end in ``.gz``, ``.bz2`` or ``.zst`` (streamed
-in pieces of ``--batch-bytes``, never decompressed whole). The
+in pieces of ``--batch-bytes``, never decompressed whole; without ``--ray-data`` a line longer than
+``--max-record-bytes``, 64 MiB by default, is refused naming the file and the line's offset). The
 output keeps the input columns (``--drop-text`` omits the text) and adds the ``list<int32>`` IDs and
 an ``int32`` count column; ``--output`` is a new or empty local directory (on a multi-node cluster,
 one every node can write: a shared file system) or a URI Ray Data can write to; its rows keep the
@@ -35,6 +39,8 @@ import os
 import sys
 import time
 from pathlib import Path
+
+from delta_ray.core import constants as C
 
 from .data_reads import per_file_read
 
@@ -63,6 +69,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="--ray-data: rows per call (default: whole Ray Data blocks)")
     parser.add_argument("--batch-bytes", type=int, default=None,
                         help=f"most text encoded at once, in bytes (default: {8 << 20})")
+    parser.add_argument("--max-record-bytes", type=int, default=None,
+                        help=f"longest line of a text/JSONL input, in bytes after decompression (default: "
+                             f"{C.MAX_RECORD_BYTES}); a longer one is refused naming the file and offset. Not with "
+                             "--ray-data (Ray Data reads with its own readers)")
     parser.add_argument("--no-special-tokens", action="store_true",
                         help="encode with add_special_tokens=False (no BOS/template tokens)")
     parser.add_argument("--drop-text", action="store_true", help="do not copy the text column to the output")
@@ -78,6 +88,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 # Options that size the Ray Data pool: refused on the local path rather than silently ignored.
 RAY_ONLY = ("concurrency", "num_cpus", "batch_size")
+# Options of delta-ray's own reader: refused with --ray-data (whose readers are Ray Data's).
+LOCAL_ONLY = ("max_record_bytes",)
 
 
 def spec_of(args: argparse.Namespace):
@@ -87,31 +99,36 @@ def spec_of(args: argparse.Namespace):
     fields = dict(text_column=args.text_column, output_column=args.output_column,
                   count_column=args.count_column or None, add_special_tokens=not args.no_special_tokens,
                   drop_text=args.drop_text, engine=args.engine, threads=args.threads)
-    if args.batch_bytes is not None:
-        fields["batch_bytes"] = args.batch_bytes
+    for name in ("batch_bytes", "max_record_bytes"):
+        if getattr(args, name) is not None:
+            fields[name] = getattr(args, name)
     try:
         return BatchSpec(**fields)
     except (TypeError, ValueError) as exc:
         raise UsageError(str(exc)) from exc
 
 
-def _kind(path: str) -> str:
-    from delta_ray.apps.batch_inputs import COMPRESSED, input_kind
-    kind = input_kind(path)
-    if kind is None:
-        raise UsageError(f"{path}: unknown input type (expected .txt, .jsonl, .json or .parquet; "
-                         f"text and JSON may be compressed with {', '.join(COMPRESSED)})")
-    return kind
-
-
 def _check_inputs(paths: list[str]) -> dict[str, list[str]]:
+    """The inputs grouped by kind, or a UsageError: a missing file, a directory, an unknown type,
+    one file listed twice (by two spellings or a link: its documents would be written twice)."""
+    # pyarrow comes with batch_inputs: imported here, as the command runs, not when the CLI parses.
+    from delta_ray.apps.batch_inputs import COMPRESSED, DuplicateInput, check_distinct, input_kind
+
     groups: dict[str, list[str]] = {}
     for p in paths:
         if not os.path.exists(p):
             raise UsageError(f"{p}: no such input file")
         if os.path.isdir(p):
             raise UsageError(f"{p}: is a directory; pass the files (e.g. {p}/*.parquet)")
-        groups.setdefault(_kind(p), []).append(os.path.abspath(p))
+        kind = input_kind(p)
+        if kind is None:
+            raise UsageError(f"{p}: unknown input type (expected .txt, .jsonl, .json or .parquet; "
+                             f"text and JSON may be compressed with {', '.join(COMPRESSED)})")
+        groups.setdefault(kind, []).append(os.path.abspath(p))
+    try:
+        check_distinct(paths)
+    except DuplicateInput as exc:
+        raise UsageError(str(exc)) from None
     return groups
 
 
@@ -237,6 +254,11 @@ def run(args: argparse.Namespace) -> int:
             given = [f"--{o.replace('_', '-')}" for o in RAY_ONLY if getattr(args, o) is not None]
             if given:
                 raise UsageError(f"{', '.join(given)} size the Ray Data pool: use them with --ray-data")
+        else:
+            given = [f"--{o.replace('_', '-')}" for o in LOCAL_ONLY if getattr(args, o) is not None]
+            if given:
+                raise UsageError(f"{', '.join(given)} bound delta-ray's own reader: not with --ray-data "
+                                 "(Ray Data reads the inputs with its own readers)")
         if args.concurrency is not None and args.concurrency < 1:
             raise UsageError("--concurrency must be >= 1")
         if (args.batch_size is not None and args.batch_size < 1) or (args.num_cpus is not None and args.num_cpus <= 0):

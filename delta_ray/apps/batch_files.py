@@ -16,11 +16,13 @@ other's rows; the kernel drops the lock when a process dies.
 
 Atomic and resumable: an input's output is written to a hidden temporary file, renamed into place
 when complete, and then recorded in a manifest (``_delta_ray_done/<output>.json``: the input's path,
-size and mtime, the tokenizer's digest and the options, the rows and tokens written; Parquet
-readers skip ``_`` and ``.`` names). A rerun skips an input whose manifest matches and whose output
-file holds the rows the manifest records (read from its Parquet footer), and redoes the rest from
-scratch, so a run killed at any point and rerun gives exactly the output of an
-uninterrupted run; stray temporary files of a killed run are removed.
+size and mtime, the tokenizer's digest and the options, the rows and tokens written, the output's
+size and SHA-256; Parquet readers skip ``_`` and ``.`` names). A rerun skips an input whose manifest
+matches and whose output file still has the size and SHA-256 the manifest records (and the rows,
+read from its Parquet footer), and redoes the rest from scratch, so a run killed at any point and
+rerun gives exactly the output of an uninterrupted run; stray temporary files of a killed run are
+removed. An input listed twice (two spellings, a symlink or a hard link) is refused: its
+documents would be written twice.
 """
 from __future__ import annotations
 
@@ -30,11 +32,12 @@ import json
 import os
 import random
 import time
+import uuid
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Iterator
 
 import numpy as np
 import pyarrow as pa
@@ -43,9 +46,9 @@ import pyarrow.parquet as pq
 from ..core.text_columns import BatchSpec, encode_table
 from ..tokenizer import DeltaTokenizer
 from ..tokenizer_core import TokenizerCore
-from .batch_inputs import conform, input_kind, json_table, line_chunks, read_json, read_lines, units
+from .batch_inputs import check_distinct, conform, input_kind, json_table, line_chunks, stream_tables, units
 
-MANIFEST_FORMAT = 1
+MANIFEST_FORMAT = 2  # 2: the output's size and SHA-256 (a manifest without them is redone)
 TMP_MARK = ".delta-ray-tmp"
 MANIFESTS = "_delta_ray_done"  # readers of the output directory skip names starting with "_" or "."
 
@@ -87,8 +90,10 @@ def _manifest_path(out_dir: Path, name: str) -> Path:
     return out_dir / MANIFESTS / (name + ".json")
 
 
-def _tmp_path(out_dir: Path, name: str) -> Path:
-    return out_dir / f".{name}{TMP_MARK}"
+def temp_path(out_dir: Path, name: str) -> Path:
+    """A hidden temporary file for ``name`` that no other writer can share (this process's id and
+    a random part): a stray of a killed run, or a second writer, never meets this one."""
+    return out_dir / f".{name}.{os.getpid()}-{uuid.uuid4().hex[:16]}{TMP_MARK}"
 
 
 def is_previous_output(out_dir: str) -> bool:
@@ -99,12 +104,13 @@ def is_previous_output(out_dir: str) -> bool:
 
 def check_text_column(path: str, opts: BatchSpec) -> None:
     """Refuse, before any work, an input whose text column is missing or not text (the spec's one
-    schema check; a JSONL input by its first MiB, a text input always has it)."""
+    schema check; a JSONL input by its first MiB of whole lines, a text input always has it). What
+    it reads is bounded: a first line longer than ``opts.max_record_bytes`` is refused here."""
     kind = input_kind(path)
     if kind == "parquet":
         schema = pq.ParquetFile(path).schema_arrow
     elif kind == "json":
-        chunks = line_chunks(path, 1 << 20)
+        chunks = line_chunks(path, 1 << 20, opts.max_record_bytes)
         try:
             head = next(chunks, b"")  # the first MiB of whole lines (at least one line)
         finally:
@@ -116,18 +122,35 @@ def check_text_column(path: str, opts: BatchSpec) -> None:
         opts.check_schema(schema, where=path)
 
 
+def file_sha256(path: Path) -> tuple[int, str]:
+    """A file's size and SHA-256, read in 1 MiB blocks (hashlib drops the GIL on each)."""
+    h, size = hashlib.sha256(), 0
+    buf = bytearray(1 << 20)
+    view = memoryview(buf)
+    with open(path, "rb", buffering=0) as fh:
+        while n := fh.readinto(buf):
+            h.update(view[:n])
+            size += n
+    return size, h.hexdigest()
+
+
 def _done(out_dir: Path, name: str, expect: dict) -> dict | None:
     """The manifest of an input done earlier with the same input, tokenizer and options, if the
-    output file it names is there with the rows it records (read from the Parquet footer: a file
-    replaced or cut short since is redone, not skipped)."""
+    output file it names is still the file that run wrote: its size and SHA-256 as recorded (the
+    whole file: a footer digest would miss changed IDs, which are written without statistics), and
+    the rows recorded (its Parquet footer). A file replaced or cut short since is redone."""
     try:
         doc = json.loads(_manifest_path(out_dir, name).read_text())
     except (OSError, ValueError):
         return None
     if not isinstance(doc, dict) or {k: doc.get(k) for k in expect} != expect:
         return None
+    target = out_dir / name
     try:
-        rows = pq.ParquetFile(out_dir / name).metadata.num_rows
+        if target.stat().st_size != doc.get("output_size") or file_sha256(target) != \
+                (doc.get("output_size"), doc.get("output_sha256")):
+            return None
+        rows = pq.ParquetFile(target).metadata.num_rows
     except (OSError, pa.ArrowException):
         return None
     if rows != doc.get("rows"):
@@ -169,7 +192,7 @@ class _OutputFile:
 
     def __init__(self, out: Path, path: str, name: str, expect: dict, opts: Options):
         self.out, self.path, self.name, self.expect, self.opts = out, path, name, expect, opts
-        self.tmp = _tmp_path(out, name)
+        self.tmp = temp_path(out, name)
         self._writer: pq.ParquetWriter | None = None
         self._rows = self._tokens = 0
         self._failed: BaseException | None = None
@@ -213,14 +236,17 @@ class _OutputFile:
     def _publish(self) -> None:
         if self._failed is not None:
             raise self._failed
+        size = digest = None
         if self._writer is not None:
             self._writer.close()
             self._writer = None
+            size, digest = file_sha256(self.tmp)  # what this run wrote, read back from the page cache
             os.replace(self.tmp, self.out / self.name)
-        doc = {**self.expect, "rows": self._rows, "tokens": self._tokens}
+        doc = {**self.expect, "rows": self._rows, "tokens": self._tokens, "output_size": size,
+               "output_sha256": digest}
         mp = _manifest_path(self.out, self.name)
         mp.parent.mkdir(exist_ok=True)
-        tmp_doc = mp.parent / f".{mp.name}{TMP_MARK}"
+        tmp_doc = temp_path(mp.parent, mp.name)
         tmp_doc.write_text(json.dumps(doc))
         os.replace(tmp_doc, mp)
 
@@ -233,10 +259,12 @@ def tokenize_files(inputs: list[str], out_dir: str, dt: TokenizerCore | DeltaTok
 
     ``progress(text_bytes_done, text_bytes_total, tokens_done)`` is called as units complete.
     ``threads`` defaults to ``opts.threads``, else the CPUs this process may use. The output
-    directory is locked for the run (:class:`OutputLocked` if another run holds it).
+    directory is locked for the run (:class:`OutputLocked` if another run holds it). A file listed
+    twice (by two spellings or a link) is refused with a ValueError before anything is written.
     """
     if isinstance(dt, DeltaTokenizer):
         dt = dt.core
+    check_distinct(inputs)  # before the output directory is touched
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     with output_lock(out):
@@ -251,12 +279,14 @@ def _tokenize_files(inputs: list[str], out: Path, dt: TokenizerCore, opts: Optio
     todo = []
     total_bytes = 0
     for path in inputs:
-        kind = input_kind(path)
-        if kind is None:
+        if input_kind(path) is None:
             raise ValueError(f"{path}: unknown input type")
-        name = output_name(path)
-        expect = _manifest(path, dt.digest, opts)
-        doc = _done(out, name, expect)
+    names = [output_name(p) for p in inputs]
+    expects = [_manifest(p, dt.digest, opts) for p in inputs]
+    with ThreadPoolExecutor(max_workers=threads, thread_name_prefix="delta-ray-resume") as pool:
+        docs = list(pool.map(_done, [out] * len(inputs), names, expects))  # hashes the outputs in parallel
+    for path, name, expect, doc in zip(inputs, names, expects, docs):
+        kind = input_kind(path)
         summary.outputs.append(str(out / name))
         if doc is not None:
             summary.skipped += 1
@@ -320,9 +350,34 @@ def _tokenize_files(inputs: list[str], out: Path, dt: TokenizerCore, opts: Optio
     return summary
 
 
+def _picked(batches: Iterator[pa.Array | pa.ChunkedArray], rows: list[int]) -> list:
+    """The values at ``rows`` (sorted) of a column drawn batch by batch: only they are kept."""
+    out, base, i = [], 0, 0
+    for col in batches:
+        end = base + len(col)
+        while i < len(rows) and rows[i] < end:
+            out.append(col[rows[i] - base].as_py())
+            i += 1
+        base = end
+        if i == len(rows):
+            break
+    return out
+
+
+def _texts(src: str, opts: BatchSpec) -> Iterator[pa.Array | pa.ChunkedArray]:
+    """An input's text column, streamed as the run read it (never the whole input at once)."""
+    if input_kind(src) == "parquet":
+        for batch in pq.ParquetFile(src).iter_batches(columns=[opts.text_column]):
+            yield batch.column(0)
+        return
+    for table in stream_tables(src, input_kind(src), opts):
+        yield table.column(opts.text_column)
+
+
 def verify_outputs(inputs: list[str], out_dir: str, reference, opts: BatchSpec, n: int,
                    seed: int = 0) -> tuple[int, list[str]]:
-    """Compare ``n`` random rows of the outputs with the reference; returns (checked, mismatches)."""
+    """Compare ``n`` random rows of the outputs with the reference; returns (checked, mismatches).
+    Inputs and outputs are streamed: only the sampled rows are kept."""
     rng = random.Random(seed)
     out = Path(out_dir)
     files = [(p, out / output_name(p)) for p in inputs]
@@ -334,21 +389,16 @@ def verify_outputs(inputs: list[str], out_dir: str, reference, opts: BatchSpec, 
     bad, checked = [], 0
     bounds = np.cumsum([0] + sizes)
     for (src, dst), lo, hi in zip(files, bounds[:-1], bounds[1:]):
-        rows = [r - lo for r in picks if lo <= r < hi]
+        rows = [int(r - lo) for r in picks if lo <= r < hi]
         if not rows:
             continue
-        got = pq.read_table(dst, columns=[opts.output_column]).column(opts.output_column)
-        kind = input_kind(src)
-        if kind == "parquet":
-            texts = pq.read_table(src, columns=[opts.text_column]).column(opts.text_column)
-        elif kind == "text":
-            texts = read_lines(src, opts.text_column).column(opts.text_column)
-        else:
-            texts = read_json(src).column(opts.text_column)
-        for r in rows:
-            text = texts[r].as_py()
+        got = _picked((b.column(0) for b in pq.ParquetFile(dst).iter_batches(columns=[opts.output_column])), rows)
+        texts = _picked(_texts(src, opts), rows)
+        if len(texts) < len(rows):  # the input lost rows since its output was written
+            bad.append(f"{src}: fewer rows than its output {dst.name}")
+        for r, text, ids in zip(rows, texts, got):
             want = reference.encode(text, add_special_tokens=opts.add_special_tokens).ids
             checked += 1
-            if got[r].as_py() != want:
+            if ids != want:
                 bad.append(f"{src} row {r}")
     return checked, bad

@@ -2,7 +2,7 @@
 
 Parquet row groups (a large one streamed in batches of about ``batch_bytes``); text and JSONL,
 compressed or not, streamed in pieces of about ``batch_bytes`` of input cut after a newline, never
-held whole. :mod:`delta_ray.apps.batch_files` runs the units; :func:`byte_slices` also bounds what a
+held whole (one line is capped at ``max_record_bytes``, so a newline-free input is refused, not held). :mod:`delta_ray.apps.batch_files` runs the units; :func:`byte_slices` also bounds what a
 Ray Data actor encodes at once.
 """
 from __future__ import annotations
@@ -34,26 +34,93 @@ def input_kind(path: str) -> str | None:
     return kind
 
 
+class DuplicateInput(ValueError):
+    """One file listed twice among a run's inputs (by two spellings, a symlink or a hard link)."""
+
+
+def check_distinct(paths: list[str]) -> None:
+    """Refuse a file listed twice, by its ``(st_dev, st_ino)``: the same path, a symlink or a hard
+    link to it. Listed twice, every document would be written twice (under a manifest a rerun
+    trusts), or two writers would race on one output; :class:`DuplicateInput` names both spellings."""
+    seen: dict[tuple[int, int], str] = {}
+    for p in paths:
+        st = os.stat(p)
+        key = (st.st_dev, st.st_ino)
+        if key in seen:
+            raise DuplicateInput(f"{seen[key]} and {p} are the same file (listed twice, or through a link); "
+                                 "list each input once")
+        seen[key] = p
+
+
 # -- reading --------------------------------------------------------------------------------------
-def line_chunks(path: str, max_bytes: int) -> Iterator[bytes]:
+class RecordTooLong(ValueError):
+    """A line of a text or JSONL input longer than ``max_record_bytes`` (no newline in time)."""
+
+
+def newline_cut(block: bytes) -> int:
+    """The end of the last whole line in ``block`` (just after its last ``\n``), or 0 if none.
+    Only a block just read is ever scanned, never the line held so far: scanning the held line
+    again at every block made a newline-free input quadratic."""
+    return block.rfind(b"\n") + 1
+
+
+def _too_long(path: str, start: int, limit: int) -> RecordTooLong:
+    return RecordTooLong(
+        f"{path}: the line starting at byte {start:,} of the (decompressed) input runs past "
+        f"max_record_bytes ({limit:,} bytes) without a newline; split it, or raise the limit "
+        "(--max-record-bytes / BatchSpec.max_record_bytes)")
+
+
+def _check_inner_lines(path: str, block: bytes, cut: int, pos: int, limit: int) -> None:
+    """Refuse a line lying wholly inside ``block[:cut]`` and longer than ``limit`` (possible only
+    when a block is larger than the limit): one vectorized pass over the block."""
+    nl = np.flatnonzero(np.frombuffer(block, np.uint8, count=cut) == 10)  # every \n up to the cut
+    over = np.flatnonzero(np.diff(nl) - 1 > limit)  # the lines between two newlines of the block
+    if over.size:
+        raise _too_long(path, pos + int(nl[over[0]]) + 1, limit)
+
+
+def line_chunks(path: str, max_bytes: int, max_record_bytes: int = C.MAX_RECORD_BYTES) -> Iterator[bytes]:
     """The decompressed input in pieces of about ``max_bytes``, each ending at a newline (or at the
     end): a compressed input is streamed, never held whole (a small ``.gz`` can hold gigabytes).
-    A cut after ``\n`` is a line boundary for ``str.splitlines`` and a UTF-8 character boundary."""
+    A cut after ``\n`` is a line boundary for ``str.splitlines`` and a UTF-8 character boundary.
+
+    A line longer than ``max_record_bytes`` raises :class:`RecordTooLong` (a ValueError naming the
+    file and the line's byte offset) as soon as it is seen to be: at most that plus one block is
+    held, and each byte is scanned for a newline at most twice, whatever the lines' lengths."""
     with pa.input_stream(path, compression="detect") as fh:
-        rest = b""
+        held: list[bytes] = []  # the pieces of the line not yet ended, in order
+        held_bytes = 0
+        pos = 0  # bytes of the decompressed input before ``block``
         while True:
             block = fh.read(max_bytes)
             if not block:
                 break
-            data = rest + block
-            cut = data.rfind(b"\n") + 1
-            if cut == 0:  # one line longer than max_bytes: keep reading until it ends
-                rest = data
+            cut = newline_cut(block)
+            if cut == 0:  # the open line goes on: keep the block, scan nothing more
+                held.append(block)
+                held_bytes += len(block)
+                if held_bytes > max_record_bytes:
+                    raise _too_long(path, pos + len(block) - held_bytes, max_record_bytes)
+                pos += len(block)
                 continue
-            rest = data[cut:]
-            yield data[:cut]
-        if rest:
-            yield rest
+            first = block.find(b"\n") + 1  # where the open line (or the block's first) ends
+            if held_bytes + first - 1 > max_record_bytes:
+                raise _too_long(path, pos - held_bytes, max_record_bytes)
+            if cut - first > max_record_bytes:
+                _check_inner_lines(path, block, cut, pos, max_record_bytes)
+            if held:
+                chunk = b"".join([*held, memoryview(block)[:cut]])
+            else:
+                chunk = block if cut == len(block) else block[:cut]
+            held = [block[cut:]] if cut < len(block) else []
+            held_bytes = len(block) - cut
+            if held_bytes > max_record_bytes:
+                raise _too_long(path, pos + cut, max_record_bytes)
+            pos += len(block)
+            yield chunk
+        if held:
+            yield b"".join(held)
 
 
 def lines_table(chunk: bytes, column: str) -> pa.Table:
@@ -71,16 +138,10 @@ def json_table(chunk: bytes) -> pa.Table:
 
 def stream_tables(path: str, kind: str, spec: BatchSpec) -> Iterator[pa.Table]:
     """A text or JSONL input as tables of about ``spec.batch_bytes`` of input each, read as drawn."""
-    for chunk in line_chunks(path, spec.batch_bytes):
+    for chunk in line_chunks(path, spec.batch_bytes, spec.max_record_bytes):
         table = lines_table(chunk, spec.text_column) if kind == "text" else json_table(chunk)
         if table.num_rows:
             yield table
-
-
-def read_lines(path: str, column: str) -> pa.Table:
-    """A whole text input (one document per non-empty line), streamed in pieces."""
-    parts = [lines_table(c, column) for c in line_chunks(path, C.BATCH_BYTES)]
-    return pa.concat_tables(parts) if parts else pa.table({column: pa.array([], pa.string())})
 
 
 def read_json(path: str) -> pa.Table:

@@ -20,6 +20,7 @@ MAX_SESSION_BYTES = 128 * 1024 * 1024  # resident session text and IDs
 MAX_SESSIONS = 4096
 
 BATCH_BYTES = 8 << 20  # text per batch encode in the batch pipelines (bounds Python strings and buffers)
+MAX_RECORD_BYTES = 64 << 20  # longest line of a text/JSONL input the batch reader holds (a longer one is refused)
 
 CONTENT_MIN_BYTES = 4096  # keyless content reuse starts at this size
 CONTENT_MAX_ENTRIES = 1024

@@ -47,7 +47,11 @@ class BatchSpec:
     ``add_special_tokens`` as in the reference ``encode``; ``drop_text`` omits the text from the
     output; ``batch_bytes`` bounds the text encoded at once (UTF-8 bytes; a larger row alone), which
     bounds the Python strings and buffers held; ``engine`` is the encoder inside the cuts;
-    ``threads`` the encode threads of one process (an actor), None for the CPUs it may use.
+    ``threads`` the encode threads of one process (an actor), None for the CPUs it may use;
+    ``max_record_bytes`` the longest line (after decompression) of a text or JSONL input that
+    delta-ray's own reader holds (``delta-ray tokenize`` without ``--ray-data``; Ray Data reads with
+    its own readers): a longer one is refused with a ValueError naming the file and the byte
+    offset, so a newline-free input (a small ``.gz`` can hold gigabytes) is never held whole.
     """
 
     text_column: str = "text"
@@ -58,6 +62,7 @@ class BatchSpec:
     batch_bytes: int = C.BATCH_BYTES
     engine: str = "auto"
     threads: int | None = None
+    max_record_bytes: int = C.MAX_RECORD_BYTES
 
     def __post_init__(self) -> None:
         for name in ("text_column", "output_column"):
@@ -73,6 +78,9 @@ class BatchSpec:
             raise TypeError("add_special_tokens and drop_text must be bools")
         if not isinstance(self.batch_bytes, int) or isinstance(self.batch_bytes, bool) or self.batch_bytes < 1:
             raise ValueError(f"batch_bytes must be a positive int, got {self.batch_bytes!r}")
+        if not isinstance(self.max_record_bytes, int) or isinstance(self.max_record_bytes, bool) \
+                or self.max_record_bytes < 1:
+            raise ValueError(f"max_record_bytes must be a positive int, got {self.max_record_bytes!r}")
         if self.engine not in C.ENGINES:
             raise ValueError(f"engine must be one of {C.ENGINES}, got {self.engine!r}")
         if self.threads is not None and (not isinstance(self.threads, int) or isinstance(self.threads, bool)

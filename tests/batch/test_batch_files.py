@@ -260,3 +260,99 @@ def test_a_jsonl_record_longer_than_a_mebibyte(tmp_path, real_texts, tokenizer_p
     s = tokenize_files([str(path)], str(tmp_path / "out"), dt, Options(batch_bytes=1 << 20), threads=2)
     got = pq.read_table(tmp_path / "out" / output_name(str(path))).column("input_ids").to_pylist()
     assert s.documents == 2 and got == [references["llama3.2"].encode(t).ids for t in (long_doc, "short")]
+
+
+def test_one_file_listed_twice_is_refused(tmp_path, tokenizer_paths, capsys):
+    """The same path twice, a path and a symlink to it, a symlink and a hard link: one file, whose
+    documents would be written twice under a manifest a rerun trusts (or two writers would race on
+    one temporary file). A usage error naming both spellings, on both paths, and nothing written;
+    the library call refuses alike."""
+    import os
+
+    from delta_ray.apps.cli import main
+
+    tok = tokenizer_paths["qwen-3"]
+    src = tmp_path / "docs.txt"
+    src.write_text("hello\nworld\n", encoding="utf-8")
+    link = tmp_path / "link.txt"
+    link.symlink_to(src)
+    hard = tmp_path / "hard.txt"
+    os.link(src, hard)
+    other = tmp_path / "other.txt"
+    other.write_text("fine\n", encoding="utf-8")
+    for i, (a, b) in enumerate([(src, src), (src, link), (link, hard)]):
+        for extra in ([], ["--ray-data"]):
+            out = tmp_path / f"out{i}{len(extra)}"
+            assert main(["tokenize", "--tokenizer", tok, str(a), str(other), str(b), "--output", str(out),
+                         *extra]) == 2
+            err = capsys.readouterr().err
+            assert "same file" in err and f"{a} and {b}" in err
+            assert not out.exists()
+    dt = TokenizerCore(tok, reuse="none")
+    with pytest.raises(ValueError, match="same file"):
+        tokenize_files([str(src), str(link)], str(tmp_path / "lib"), dt, Options(), threads=1)
+    assert not (tmp_path / "lib").exists()
+    s = tokenize_files([str(src), str(other)], str(tmp_path / "lib"), dt, Options(), threads=1)  # distinct: runs
+    assert s.documents == 3
+
+
+def test_temporary_names_are_never_shared(tmp_path):
+    """Two writers of one output name (two runs that got past the lock, a stray of a killed run)
+    never share a temporary file: each name carries the process id and a random part."""
+    import os
+
+    from delta_ray.apps.batch_files import TMP_MARK, temp_path
+
+    names = {temp_path(tmp_path, "x-0123456789.parquet") for _ in range(200)}
+    assert len(names) == 200
+    for n in names:
+        assert n.parent == tmp_path and n.name.startswith(".x-0123456789.parquet.") and n.name.endswith(TMP_MARK)
+        assert f".{os.getpid()}-" in n.name
+
+
+def test_a_rerun_redoes_an_output_replaced_by_one_with_the_same_rows(inputs, tmp_path, tokenizer_paths,
+                                                                     references):
+    """The manifest records the output's size and SHA-256: an output replaced by another file with
+    the same row count (another tokenizer's IDs), or changed in place with its size, footer and row
+    count kept (one ID changed), is redone on the rerun, not trusted."""
+    import os
+
+    from delta_ray.apps.batch_files import MANIFESTS
+
+    dt = TokenizerCore(tokenizer_paths["qwen-3"], reuse="none")
+    src = inputs[1]  # b.txt
+    out = tmp_path / "out"
+    tokenize_files([src], str(out), dt, Options(), threads=1)
+    name = out / output_name(src)
+    reference = pq.read_table(name)
+    texts = _rows(src)
+    assert reference.column("input_ids").to_pylist() == [references["qwen-3"].encode(t).ids for t in texts]
+    doc = json.loads((out / MANIFESTS / (name.name + ".json")).read_text())
+    assert doc["output_size"] == name.stat().st_size and len(doc["output_sha256"]) == 64
+
+    other = TokenizerCore(tokenizer_paths["llama3.2"], reuse="none")  # the same rows, other IDs
+    tokenize_files([src], str(tmp_path / "other"), other, Options(), threads=1)
+    os.replace(tmp_path / "other" / output_name(src), name)
+    assert pq.ParquetFile(name).metadata.num_rows == reference.num_rows
+    s = tokenize_files([src], str(out), dt, Options(), threads=1)
+    assert s.skipped == 0 and s.documents == reference.num_rows
+    assert pq.read_table(name).equals(reference)
+
+    # In place, same size and footer: one little-endian ID of the first row changed to another ID.
+    data = bytearray(name.read_bytes())
+    first = reference.column("input_ids")[0].as_py()
+    old = first[1].to_bytes(4, "little")
+    new = first[2].to_bytes(4, "little")
+    meta = pq.ParquetFile(name).metadata
+    leaves = [meta.row_group(0).column(i) for i in range(meta.num_columns)]
+    ids_chunk = next(c for c in leaves if c.path_in_schema.startswith("input_ids."))
+    at = data.find(old, ids_chunk.data_page_offset)
+    assert at > 0 and old != new
+    data[at:at + 4] = new
+    name.write_bytes(bytes(data))
+    assert pq.ParquetFile(name).metadata.num_rows == reference.num_rows
+    assert pq.read_table(name).column("input_ids")[0].as_py() != first  # really changed, still readable
+    s = tokenize_files([src], str(out), dt, Options(), threads=1)
+    assert s.skipped == 0
+    assert pq.read_table(name).equals(reference)
+    assert tokenize_files([src], str(out), dt, Options(), threads=1).skipped == 1  # untouched: trusted

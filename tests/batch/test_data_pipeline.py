@@ -449,6 +449,55 @@ def test_null_text_fails_clearly(ray_session, tokenizer_paths, concurrency):
     assert "'text'" in str(info.value)
 
 
+def test_a_lone_surrogate_is_named_in_delta_rays_words(ray_session, tokenizer_paths):
+    """A str holding a lone surrogate makes Ray Data store the column as pickled Python objects:
+    the error is a ValueError naming the column and the row that holds text the reference refuses,
+    not Ray's extension type."""
+    ray = ray_session
+    from delta_ray.actors.data import tokenize_dataset
+
+    ds = ray.data.from_items([{"id": 0, "text": "fine"}, {"id": 1, "text": "bad \ud800 x"},
+                              {"id": 2, "text": "ok"}], override_num_blocks=1)
+    assert "pickled" in str(ds.schema().types[1])  # what Ray Data makes of it
+    with pytest.raises(Exception, match=r"text column 'text', row 1 of its batch: not valid Unicode "
+                                        r"\(a lone surrogate U\+D800 at character 4\)") as info:
+        tokenize_dataset(ds, tokenizer_paths["qwen-3"]).materialize()
+    # Ray Data wraps the worker's exception and keeps its text: a ValueError, in delta-ray's words
+    assert "ValueError: text column 'text', row 1 of its batch" in str(info.value)
+    assert "ArrowPythonObject" not in str(info.value) and "pickled" not in str(info.value)
+
+
+def test_pickled_text_rows_are_checked_one_by_one(tokenizer_paths, real_texts):
+    """In process, the column Ray Data pickles: valid texts get exactly the reference's IDs; a
+    surrogate, a null or a non-str is named by its row; no class is ever loaded to look."""
+    import hashlib
+    import pickle
+
+    from ray.air.util.object_extensions.arrow import ArrowPythonObjectType
+
+    def pickled(objects):  # the column as Ray Data builds it
+        kind = ArrowPythonObjectType()
+        return kind.wrap_array(pa.array([pickle.dumps(o) for o in objects], kind.storage_type))
+
+    data = open(tokenizer_paths["llama3.2"], "rb").read()
+    fn = _batch_fn(data, hashlib.sha256(data).hexdigest())
+    ref = Tokenizer.from_file(tokenizer_paths["llama3.2"])
+    texts = ["", "Hello World", real_texts["multilingual"][:3000], _repeat(real_texts["code"], 140_000)]
+    out = fn(pa.table({"id": [0, 1, 2, 3], "text": pickled(texts)}))
+    assert out.column("input_ids").to_pylist() == [ref.encode(t).ids for t in texts]
+    assert out.column("text").to_pylist() == texts
+
+    class Loud:
+        def __reduce__(self):
+            return (print, ("a class was loaded",))
+    for bad, err, message in ((["a", "b", "x\udfff"], ValueError, r"row 2 .* U\+DFFF at character 1"),
+                              (["a", None], ValueError, "null text .row 1"),
+                              ([5, "a"], TypeError, "row 0 of its batch holds another"),
+                              (["a", Loud()], TypeError, "row 1 of its batch holds another")):
+        with pytest.raises(err, match=message):
+            fn(pa.table({"text": pickled(bad)}))
+
+
 # -- delta-ray tokenize ----------------------------------------------------------------------------
 
 def _read_output(out_dir) -> pa.Table:
@@ -578,7 +627,8 @@ def test_actor_class_unadmitted_config_and_digest(tokenizer_paths, real_texts):
 def test_every_cli_option_reaches_both_paths(ray_session, tokenizer_paths, tmp_path, monkeypatch):
     """One batch specification: each option of ``delta-ray tokenize`` is either a field of the
     BatchSpec both paths receive, a Ray Data pool option (passed to tokenize_dataset, refused
-    locally), or a run option; an option added without a place fails here. The --ray-data path once
+    locally), a bound of delta-ray's own reader (a BatchSpec field, refused with --ray-data), or a
+    run option; an option added without a place fails here. The --ray-data path once
     dropped --engine and --threads silently."""
     import argparse
     import dataclasses
@@ -598,12 +648,15 @@ def test_every_cli_option_reaches_both_paths(ray_session, tokenizer_paths, tmp_p
     want = BatchSpec(text_column="body", output_column="ids", count_column="n", add_special_tokens=False,
                      drop_text=True, batch_bytes=12345, engine="reference", threads=3)
     pool_flags = ["--concurrency", "2", "--num-cpus", "0.25", "--batch-size", "7"]
+    local_flags = ["--max-record-bytes", "4321"]
     run_options = {"inputs", "tokenizer", "output", "verify", "ray_data"}
     dests = {a.dest for a in parser._actions if a.dest != "help"}
     spec_dests = {"text_column", "output_column", "count_column", "no_special_tokens", "drop_text", "batch_bytes",
                   "engine", "threads"}
-    assert dests == spec_dests | set(tokenize_job.RAY_ONLY) | run_options
-    assert {f.name for f in dataclasses.fields(BatchSpec)} == (spec_dests - {"no_special_tokens"}) | {"add_special_tokens"}
+    assert set(tokenize_job.LOCAL_ONLY) == {"max_record_bytes"}
+    assert dests == spec_dests | set(tokenize_job.RAY_ONLY) | set(tokenize_job.LOCAL_ONLY) | run_options
+    assert {f.name for f in dataclasses.fields(BatchSpec)} == \
+        (spec_dests - {"no_special_tokens"}) | {"add_special_tokens"} | set(tokenize_job.LOCAL_ONLY)
 
     seen = {}
 
@@ -621,10 +674,11 @@ def test_every_cli_option_reaches_both_paths(ray_session, tokenizer_paths, tmp_p
     monkeypatch.setattr(bf, "tokenize_files", fake_files)
     monkeypatch.setattr(data_mod, "tokenize_dataset", fake_dataset)
     base = ["--tokenizer", tokenizer_paths["qwen-3"], str(src)]
-    args = parser.parse_args(base + ["--output", str(tmp_path / "a")] + spec_flags)
+    args = parser.parse_args(base + ["--output", str(tmp_path / "a")] + spec_flags + local_flags)
     assert tokenize_job.run(args) == 1
     spec, fast, kw = seen["local"]
-    assert spec == want and fast is False and kw.get("threads") is None  # threads travel in the spec
+    assert spec == dataclasses.replace(want, max_record_bytes=4321)
+    assert fast is False and kw.get("threads") is None  # threads travel in the spec
     args = parser.parse_args(base + ["--output", str(tmp_path / "b"), "--ray-data"] + spec_flags + pool_flags)
     assert tokenize_job.run(args) == 1
     spec, kw = seen["ray"]
@@ -633,3 +687,5 @@ def test_every_cli_option_reaches_both_paths(ray_session, tokenizer_paths, tmp_p
     for flag, value in zip(pool_flags[::2], pool_flags[1::2]):  # pool options without --ray-data: refused
         args = parser.parse_args(base + ["--output", str(tmp_path / "c"), flag, value])
         assert tokenize_job.run(args) == 2
+    args = parser.parse_args(base + ["--output", str(tmp_path / "d"), "--ray-data"] + local_flags)
+    assert tokenize_job.run(args) == 2  # the local reader's bound with --ray-data: refused
