@@ -40,6 +40,7 @@ from .snapshot import RENDER_DEFAULT, RENDER_KEY, LazyEncoding, Snapshot
 log = logging.getLogger("delta_ray.apps.dropin")
 
 STATE_ATTR = "_delta_ray_dropin"
+_SUSPECT = 1 << 62  # DropinState._since_check past any interval: the next call checks the backend fully
 _EXPECTED_PARAMS = (
     "self", "text", "text_pair", "add_special_tokens", "padding_strategy", "truncation_strategy",
     "max_length", "stride", "is_split_into_words", "pad_to_multiple_of", "padding_side", "return_tensors",
@@ -65,8 +66,9 @@ class DropinState:
         self.backend = None  # the backend object the snapshot was taken from
         self.failed: str | None = None
         self._lock = threading.Lock()
-        self._since_check = 0  # calls since the tripwire's last full check (per object: copies check their own)
-        self._suspect = False  # code outside transformers read tok.backend_tokenizer: fully check the next call
+        # calls since the tripwire's last full check (per object: copies check their own); _SUSPECT
+        # after code outside transformers read tok.backend_tokenizer: the next call checks fully
+        self._since_check = 0
 
     def current(self, tok, chars: int = 0) -> Snapshot | None:
         """The snapshot for ``tok``'s backend as it is now (rebuilt if the backend was replaced,
@@ -78,10 +80,9 @@ class DropinState:
             wire = snap.tripwire
             if backend.id_to_token(wire.next_id) == wire.next_token:  # wire.quick_holds, inline: every call
                 self._since_check += 1
-                if self._since_check < wire.every and not self._suspect and chars < wire.long_chars:
+                if self._since_check < wire.every and chars < wire.long_chars:
                     return snap
                 self._since_check = 0
-                self._suspect = False
                 if wire.full_holds(backend):
                     return snap
             log.warning("delta-ray drop-in: the backend of %s changed in place; taking a new snapshot (calls "
@@ -107,7 +108,7 @@ class DropinState:
 
     def suspect(self) -> None:
         """Code may be about to change the backend in place: check it fully on the next call."""
-        self._suspect = True
+        self._since_check = _SUSPECT
 
     def invalidate(self) -> None:
         """The backend changed in place: rebuild the snapshot before the next encode."""
