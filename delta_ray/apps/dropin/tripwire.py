@@ -21,6 +21,9 @@ Not compared: the decoder (no part of an encode), truncation, padding and ``enco
 (transformers sets them for each call; the drop-in reads the call's arguments). Not seen at all: a
 model replaced by one of the same kind, settings and size whose sampled entries and probe
 tokenization agree with the old one's (merges that differ elsewhere); ``refresh()`` covers that.
+And where stock itself is not one tokenizer: a BPE model's setting changed in place
+(``model.end_of_word_suffix = ...``) leaves the words its cache holds tokenized the old way, so
+stock answers by its history; a new snapshot tokenizes every word the new way.
 """
 from __future__ import annotations
 
