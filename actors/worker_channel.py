@@ -18,7 +18,14 @@ worker that held it dies. So both ends authenticate before any request text move
 after that is authenticated too:
 
 * the server accepts only peers of its own uid (SO_PEERCRED), at most ``max_connections`` at once,
-  and sends a random 32-byte challenge;
+  of which at most ``max_pending`` still in their handshake, and sends a random 32-byte challenge.
+  A peer without the secret can hold slots only until the handshake deadline, and only handshake
+  slots: when those are full, a new connection closes the oldest handshake of the peer process
+  holding the most of them, so a process that keeps reconnecting (or floods) evicts its own
+  connections, and the pool, which answers within milliseconds, still gets in. Authenticated
+  connections are never evicted. (Many colluding same-uid processes can still crowd out a handshake;
+  a same-uid process can also simply kill the worker: availability against the same user is not
+  claimed, only that one misbehaving process does not keep the pool on the Ray path.)
 * the client checks the server's peer credentials (same uid, and the pid the pool learned from the
   worker through Ray), then proves knowledge of the per-pool secret (HMAC-SHA256 over the
   transcript: both nonces, the server's idle timeout, and both endpoints' pids as the kernel reports
@@ -72,6 +79,7 @@ _TAG = _MAC  # per-frame HMAC-SHA256
 _IDLE = struct.Struct("!I")  # the server's idle timeout in ms, in its hello
 
 MAX_CONNECTIONS = 32
+MAX_PENDING = 8  # of those, connections still in their handshake
 HANDSHAKE_TIMEOUT_S = 5.0
 IDLE_TIMEOUT_S = 600.0
 RECONNECT_BACKOFF_S = 1.0  # after a failed connect, calls go through Ray this long before retrying
@@ -131,10 +139,13 @@ class ChannelServer:
     """
 
     def __init__(self, handler: Callable[[str, tuple], Any], secret: bytes, *, methods: frozenset[str] | None = None,
-                 max_frame: int = MAX_FRAME, max_connections: int = MAX_CONNECTIONS,
+                 max_frame: int = MAX_FRAME, max_connections: int = MAX_CONNECTIONS, max_pending: int = MAX_PENDING,
                  handshake_timeout_s: float = HANDSHAKE_TIMEOUT_S, idle_timeout_s: float = IDLE_TIMEOUT_S):
         if not isinstance(secret, bytes) or len(secret) < 16:
             raise ValueError("the channel secret must be at least 16 random bytes")
+        if not 1 <= max_pending <= max_connections:
+            raise ValueError(f"max_pending must be between 1 and max_connections ({max_connections}), "
+                             f"got {max_pending!r}")
         if not 0 < idle_timeout_s < 2 ** 32 / 1000:
             raise ValueError(f"idle_timeout_s must be positive and under 49 days, got {idle_timeout_s!r}")
         self._handler = handler
@@ -142,6 +153,7 @@ class ChannelServer:
         self._methods = methods
         self.max_frame = max_frame
         self.max_connections = max_connections
+        self.max_pending = max_pending
         self.handshake_timeout_s = handshake_timeout_s
         self.idle_timeout_s = idle_timeout_s
         self.address = "\0delta-ray-" + uuid.uuid4().hex
@@ -149,9 +161,11 @@ class ChannelServer:
         self._sock.bind(self.address)
         self._sock.listen(64)
         self._conns: set[socket.socket] = set()
+        self._pending: dict[socket.socket, int] = {}  # in their handshake, oldest first -> the peer's pid
         self._conns_lock = threading.Lock()
         self.closed = False
         self.rejected = 0
+        self.evicted = 0  # handshakes closed to make room for a newer connection
         self._acceptor = threading.Thread(target=self._accept, name="delta-ray-channel", daemon=True)
         self._acceptor.start()
 
@@ -172,14 +186,37 @@ class ChannelServer:
                 conn.close()
                 continue
             with self._conns_lock:
-                full = len(self._conns) >= self.max_connections
-                if uid == os.getuid() and not full and not self.closed:
+                admitted = uid == os.getuid() and not self.closed and self._make_room()
+                if admitted:
                     self._conns.add(conn)
+                    self._pending[conn] = pid
                 else:
                     self.rejected += 1
                     conn.close()
                     continue
             threading.Thread(target=self._serve, args=(conn, pid), name="delta-ray-channel-conn", daemon=True).start()
+
+    def _make_room(self) -> bool:
+        """Whether one more connection fits, after closing a handshake if the slots are full (the
+        oldest of the peer holding the most handshakes); False when every slot is authenticated.
+        Called with the lock held."""
+        if len(self._pending) < self.max_pending and len(self._conns) < self.max_connections:
+            return True
+        if not self._pending:
+            return False
+        held: dict[int, int] = {}
+        for pid in self._pending.values():
+            held[pid] = held.get(pid, 0) + 1
+        most = max(held.values())
+        victim = next(c for c, pid in self._pending.items() if held[pid] == most)  # oldest first
+        del self._pending[victim]
+        self._conns.discard(victim)
+        self.evicted += 1
+        try:
+            victim.shutdown(socket.SHUT_RDWR)  # its thread's recv returns; the thread closes it
+        except OSError:
+            pass
+        return True
 
     def _handshake(self, conn: socket.socket, client_pid: int) -> codec.FrameKeys | None:
         """The server's side of the handshake, all of it before one deadline; None if refused."""
@@ -192,6 +229,9 @@ class ChannelServer:
         transcript = codec.transcript(hello, nonce_c, os.getpid(), client_pid)
         if not hmac.compare_digest(mac, codec.mac(self._secret, b"client", transcript)):
             return None  # no secret, or a relay: the client saw another server pid than ours
+        with self._conns_lock:
+            if self._pending.pop(conn, None) is None:
+                return None  # evicted meanwhile: its slot went to a newer connection
         left = deadline - time.monotonic()
         if left <= 0:
             return None
@@ -217,6 +257,7 @@ class ChannelServer:
         finally:
             with self._conns_lock:
                 self._conns.discard(conn)
+                self._pending.pop(conn, None)
 
     def _serve_frames(self, conn: socket.socket, reader, keys: codec.FrameKeys) -> None:
         while not self.closed:

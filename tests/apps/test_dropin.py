@@ -258,6 +258,41 @@ def test_backend_mutations_rebuild_the_snapshot(pairs):
     assert patched.encode(t) == stock.encode(t) and stock.encode(t)[-1] == stock.eos_token_id
 
 
+def test_backend_changed_in_place_is_seen_on_the_next_call(pairs):
+    """The issue's case: ``tok.backend_tokenizer.add_tokens([...])`` and ``.normalizer = ...`` on a
+    real tokenizer; the next encode, call and chat are stock's (tests/test_dropin_tripwire.py has
+    every kind of change; this one fails with the snapshot kept as it was)."""
+    from tokenizers import normalizers
+    stock = copy.deepcopy(pairs("minimax-m3")[0])  # mutated below: a private copy
+    patched = wrap_tokenizer(copy.deepcopy(stock), engine="reference")
+    t = "Say zqxjk_tok, then HELLO World and Stra\u00dfe."
+    chat = [{"role": "user", "content": t}]
+
+    def outputs(tok):
+        return [tok.encode(t), dict(tok(t)), dict(tok([t, t.upper()])), tok.apply_chat_template(chat, tokenize=True)]
+    assert outputs(patched) == outputs(stock)
+    for change in (lambda tok: tok.backend_tokenizer.add_tokens(["zqxjk_tok"]),
+                   lambda tok: setattr(tok.backend_tokenizer, "normalizer",
+                                       normalizers.Sequence([normalizers.NFKC(), normalizers.Lowercase()]))):
+        old = outputs(stock)
+        for tok in (stock, patched):
+            change(tok)
+        assert outputs(stock) != old  # the change matters
+        assert outputs(patched) == outputs(stock)
+
+
+def test_the_tripwire_holds_for_an_unchanged_backend(pair):
+    """The fingerprints read the same twice for every test tokenizer: an unchanged backend is never
+    snapshotted again (a new snapshot costs seconds)."""
+    stock, patched = pair
+    state = patched.__dict__[dropin_hf.STATE_ATTR]
+    snap = state.current(patched)
+    assert snap.tripwire.quick_holds(patched._tokenizer) and snap.tripwire.full_holds(patched._tokenizer)
+    patched.backend_tokenizer  # noqa: B018 - a read that asks for a full check on the next call
+    assert patched.encode("Hello world") == stock.encode("Hello world")
+    assert state.current(patched) is snap
+
+
 def test_content_reuse_opt_in(pairs, real_texts):
     stock, default = pairs("qwen-3")
     assert default.__dict__[dropin_hf.STATE_ATTR].current(default).tokenizer.config.reuse == "none"  # off by default

@@ -1,6 +1,7 @@
 """Full garbage collections skip what a process built at set-up: ``freeze_heap`` freezes it, a
-second call frees what became garbage meanwhile, a loaded tokenizer keeps no parsed JSON, and a
-pool's own processes freeze after building their tokenizer (Ray-free)."""
+second call frees what became garbage meanwhile unless other code froze objects too (those stay
+frozen), a loaded tokenizer keeps no parsed JSON, and a pool's own processes freeze after building
+their tokenizer (Ray-free)."""
 import gc
 import json
 import weakref
@@ -40,6 +41,37 @@ def test_a_second_freeze_frees_cyclic_garbage_frozen_by_the_first(thawed):
     gc.collect()
     assert alive() is not None
     freeze_heap()  # unfreezes first (a closed pool, an evicted tokenizer), then collects
+    assert alive() is None
+
+
+def _frozen(obj) -> bool:
+    return not any(o is obj for o in gc.get_objects())  # collections list only the collected generations
+
+
+@pytest.mark.parametrize("host_froze", ["before the first call", "between the calls"])
+def test_a_second_freeze_keeps_what_the_host_froze(thawed, host_froze):
+    """The host application (vLLM's freeze_gc_heap, a server's start-up) froze its own objects:
+    freeze_heap never thaws them, so their garbage stays frozen, as the host decided."""
+    if host_froze == "between the calls":
+        freeze_heap()
+    host = Node()
+    alive = weakref.ref(host)
+    gc.freeze()  # the host's own freeze
+    assert _frozen(host)
+    freeze_heap()
+    freeze_heap()
+    assert _frozen(host)
+    del host
+    freeze_heap()
+    assert alive() is not None  # the host's cyclic garbage was not thawed and collected
+    gc.unfreeze()  # the host thaws everything: the permanent generation is freeze_heap's alone again
+    gc.collect()
+    assert alive() is None
+    ours = Node()
+    alive = weakref.ref(ours)
+    freeze_heap()
+    del ours
+    freeze_heap()  # thaws again what it froze itself
     assert alive() is None
 
 

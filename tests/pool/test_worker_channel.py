@@ -372,6 +372,119 @@ def test_an_idle_connection_flood_is_bounded():
         server.close()
 
 
+# -- handshake slots: a peer without the secret cannot keep the pool out (issue 47, item 7) ------------
+def _silent(address: str, n: int) -> list:
+    """``n`` connections that say nothing (a same-uid process without the secret)."""
+    import socket
+    socks = []
+    for _ in range(n):
+        s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        s.connect(address)
+        socks.append(s)
+    return socks
+
+
+def _closed_by_server(sock) -> bool:
+    """The server closed ``sock`` (after its hello, if it sent one)."""
+    sock.settimeout(10)
+    try:
+        while True:
+            if not sock.recv(4096):
+                return True
+    except ConnectionResetError:
+        return True
+    except OSError:  # a timeout: still open
+        return False
+
+
+def test_unauthenticated_connections_cannot_keep_the_pool_out():
+    """Every slot held by a peer without the secret (that keeps reconnecting, so the handshake
+    deadline never frees them for long): the pool still connects, evicting the oldest handshake."""
+    server = ChannelServer_(max_connections=4, max_pending=4, handshake_timeout_s=60)
+    socks = _silent(server.address, 4)
+    try:
+        _until(lambda: server.connections == 4, "the silent connections accepted")
+
+        async def main():
+            assert await Client(server.address).call("echo", (1,)) == (1,)
+            assert server.connections == 4  # three silent ones and the pool's
+        _run(main())
+        assert server.evicted == 1 and _closed_by_server(socks[0])  # the oldest went
+    finally:
+        for s in socks:
+            s.close()
+        server.close()
+
+
+def test_authenticated_connections_are_never_evicted():
+    from delta_ray.actors.channel_codec import encode_values
+    server = ChannelServer_(max_connections=4, max_pending=2, handshake_timeout_s=60)
+    socks, pool = [], []
+    try:
+        pool = [_authenticated_raw(server.address) for _ in range(2)]
+        socks = _silent(server.address, 20)
+        _until(lambda: server.evicted == 18, "the flood evicting its own handshakes")
+        for raw in pool:  # both still served
+            raw.send_frame(1, encode_values(("echo", 7)))
+            assert raw.sock.recv(1)
+        assert server.connections == 4
+        socks.append(_silent(server.address, 1)[0])  # every slot authenticated or in a handshake
+        _until(lambda: server.evicted == 19, "the newest evicting the oldest handshake")
+    finally:
+        for s in socks:
+            s.close()
+        for raw in pool:
+            raw.sock.close()
+        server.close()
+
+
+_FLOOD = r"""
+import socket, sys, time
+address = bytes.fromhex(sys.argv[1]).decode()
+socks = []
+for _ in range(int(sys.argv[2])):
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    s.connect(address)
+    socks.append(s)
+print("ready", flush=True)
+sys.stdin.read()
+"""
+
+
+def test_a_flood_from_one_process_cannot_evict_another_process_handshake():
+    """A handshake in progress (the pool's, here in this process) survives a flood of connections
+    from one other process: each new connection evicts that process's own oldest handshake."""
+    import os
+    import subprocess
+    import sys
+    from delta_ray.actors.channel_codec import mac as _mac, transcript as _transcript
+    server = ChannelServer_(max_connections=8, max_pending=4, handshake_timeout_s=60)
+    pending = _silent(server.address, 1)[0]
+    pending.settimeout(10)
+    hello = b""
+    while len(hello) < 40:
+        hello += pending.recv(40 - len(hello))
+    proc = subprocess.Popen([sys.executable, "-c", _FLOOD, server.address.encode().hex(), "30"],
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+    try:
+        assert proc.stdout.readline().strip() == b"ready"
+        _until(lambda: server.evicted >= 30 - 3, "the flood's connections accepted")
+        nonce = os.urandom(32)
+        pending.sendall(nonce + _mac(SECRET, b"client", _transcript(hello, nonce, os.getpid(), os.getpid())))
+        assert len(pending.recv(32)) == 32  # the server's proof: this handshake was never evicted
+    finally:
+        proc.stdin.close()
+        proc.wait(30)
+        pending.close()
+        server.close()
+
+
+def test_max_pending_is_checked():
+    for bad in (0, 33):
+        with pytest.raises(ValueError):
+            ChannelServer_(max_pending=bad)
+
+
 def test_close_stops_serving():
     import socket
     server = ChannelServer_()

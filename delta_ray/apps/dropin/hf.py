@@ -19,14 +19,19 @@ use (:class:`~delta_ray.apps.dropin.snapshot.LazyEncoding`).
 
 The snapshot the IDs come from is the live backend when the tokenizer was wrapped. transformers'
 own mutators (``add_tokens``, ``add_special_tokens``, ``update_post_processor`` behind
-``add_bos_token``/``add_eos_token``) and a replaced ``_tokenizer`` make the next call rebuild it;
-code that mutates the backend object in place must call :func:`refresh`.
+``add_bos_token``/``add_eos_token``) and a replaced ``_tokenizer`` make the next call rebuild it.
+Changes made to the backend object itself are caught by a tripwire
+(:mod:`~delta_ray.apps.dropin.tripwire`): a token added to it, on the next call; anything else, on
+the next call after code outside transformers read ``tok.backend_tokenizer`` (the hooked property
+marks the state), and otherwise at the next full check, up to ``check_every`` calls later: the calls
+in between still encode with the old snapshot. :func:`refresh` makes a change seen at once.
 """
 from __future__ import annotations
 
 import copy
 import inspect
 import logging
+import sys
 import threading
 from typing import Any
 
@@ -35,6 +40,7 @@ from .snapshot import RENDER_DEFAULT, RENDER_KEY, LazyEncoding, Snapshot
 log = logging.getLogger("delta_ray.apps.dropin")
 
 STATE_ATTR = "_delta_ray_dropin"
+_SUSPECT = 1 << 62  # DropinState._since_check past any interval: the next call checks the backend fully
 _EXPECTED_PARAMS = (
     "self", "text", "text_pair", "add_special_tokens", "padding_strategy", "truncation_strategy",
     "max_length", "stride", "is_split_into_words", "pad_to_multiple_of", "padding_side", "return_tensors",
@@ -60,26 +66,49 @@ class DropinState:
         self.backend = None  # the backend object the snapshot was taken from
         self.failed: str | None = None
         self._lock = threading.Lock()
+        # calls since the tripwire's last full check (per object: copies check their own); _SUSPECT
+        # after code outside transformers read tok.backend_tokenizer: the next call checks fully
+        self._since_check = 0
 
-    def current(self, tok) -> Snapshot | None:
-        """The snapshot for ``tok``'s backend as it is now (rebuilt if the backend was replaced or
-        marked changed); None if it cannot be built (the tokenizer then stays stock)."""
+    def current(self, tok, chars: int = 0) -> Snapshot | None:
+        """The snapshot for ``tok``'s backend as it is now (rebuilt if the backend was replaced,
+        marked changed, or its tripwire says it changed in place); None if it cannot be built (the
+        tokenizer then stays stock). ``chars``: the call's text length (a long call is checked fully)."""
         backend = tok._tokenizer
         snap = self.snapshot
         if snap is not None and self.backend is backend:
-            return snap
+            wire = snap.tripwire
+            if backend.id_to_token(wire.next_id) == wire.next_token:  # wire.quick_holds, inline: every call
+                self._since_check += 1
+                if self._since_check < wire.every and chars < wire.long_chars:
+                    return snap
+                self._since_check = 0
+                if wire.full_holds(backend):
+                    return snap
+            log.warning("delta-ray drop-in: the backend of %s changed in place; taking a new snapshot (calls "
+                        "since the last check may have used the old one; call refresh(tok) after such a change)",
+                        type(tok).__name__)
         if self.failed is not None:
             return None
         with self._lock:
-            if self.snapshot is None or self.backend is not backend:
-                try:
-                    self.snapshot = Snapshot(backend, self.options)
-                    self.backend = backend
-                except Exception as exc:  # noqa: BLE001 - stock transformers serves instead, exactly
-                    self.failed = f"{type(exc).__name__}: {exc}"
-                    log.warning("delta-ray drop-in disabled for %s: %s", type(tok).__name__, self.failed)
-                    return None
+            if self.snapshot is not None and self.snapshot is not snap and self.backend is backend:
+                return self.snapshot  # another thread rebuilt it meanwhile
+            try:
+                self.snapshot = Snapshot(backend, self.options)
+                self.backend = backend
+                self._since_check = 0
+            except BaseException as exc:  # noqa: BLE001 - stock transformers serves instead, exactly
+                if not isinstance(exc, Exception) and type(exc).__name__ != "PanicException":
+                    raise  # KeyboardInterrupt, SystemExit; pyo3's PanicException (a bad config) falls back
+                self.snapshot = self.backend = None
+                self.failed = f"{type(exc).__name__}: {exc}"
+                log.warning("delta-ray drop-in disabled for %s: %s", type(tok).__name__, self.failed)
+                return None
             return self.snapshot
+
+    def suspect(self) -> None:
+        """Code may be about to change the backend in place: check it fully on the next call."""
+        self._since_check = _SUSPECT
 
     def invalidate(self) -> None:
         """The backend changed in place: rebuild the snapshot before the next encode."""
@@ -137,7 +166,7 @@ def _delta_encode_plus(self, state: DropinState, texts: list[str], is_batched: b
     """The BatchEncoding stock ``_encode_plus`` builds, with IDs from delta-ray; None to fall back."""
     from transformers.tokenization_utils_base import BatchEncoding
 
-    snap = state.current(self)
+    snap = state.current(self, sum(map(len, texts)))
     if snap is None:
         return None
     if return_token_type_ids is None:
@@ -265,6 +294,23 @@ def _make_invalidating(original):
     return mutator
 
 
+def _make_backend_property(original: property) -> property:
+    """Wrap the ``backend_tokenizer`` property: when code outside transformers reads it from a
+    wrapped tokenizer (the way documented for changing the backend in place), the next call checks
+    the backend fully. transformers' own reads (decoding) mark nothing."""
+    getter = original.fget
+
+    def backend_tokenizer(self):
+        state = self.__dict__.get(STATE_ATTR)
+        if state is not None and not sys._getframe(1).f_globals.get("__name__", "").startswith("transformers."):
+            state.suspect()
+        return getter(self)
+
+    backend_tokenizer.__wrapped__ = getter
+    backend_tokenizer.__doc__ = getter.__doc__
+    return property(backend_tokenizer, original.fset, original.fdel, original.__doc__)
+
+
 # -- installing the hooks ----------------------------------------------------------------------
 def _backend_class():
     from transformers.tokenization_utils_tokenizers import TokenizersBackend
@@ -284,11 +330,12 @@ def install_hooks() -> bool:
             log.warning("delta-ray drop-in: this transformers' TokenizersBackend._encode_plus takes %s; "
                         "not hooked, tokenizers stay stock", params)
             return False
-        for name in ("_encode_plus", "_add_tokens", "update_post_processor"):
+        for name in ("_encode_plus", "_add_tokens", "update_post_processor", "backend_tokenizer"):
             _originals[name] = cls.__dict__[name]
         cls._encode_plus = _make_encode_plus(_originals["_encode_plus"])
         cls._add_tokens = _make_invalidating(_originals["_add_tokens"])
         cls.update_post_processor = _make_invalidating(_originals["update_post_processor"])
+        cls.backend_tokenizer = _make_backend_property(_originals["backend_tokenizer"])
         from .render import install
         if install():
             # inherited from PreTrainedTokenizerBase: removing ours restores it (None: delete)

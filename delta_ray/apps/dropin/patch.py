@@ -22,6 +22,11 @@ default): on, unless the process is a Ray worker; ``True``: on, also in a Ray wo
 pin stays. Decided for the whole process, by the first call that passes options (fastokens sizes
 its pool once, on first use): it can no longer be turned on once delta-ray has loaded a fastokens
 tokenizer in this process, and a ``FASTOKENS_BPE_THREADS`` set by the user always stands.
+
+``check_every``: how often, in calls, a wrapped tokenizer checks its backend fully for changes made
+to it in place (:mod:`delta_ray.apps.dropin.tripwire`). ``None`` (the default): every 64 calls plus
+two per added token (the check's cost grows with them), so that it adds about 0.2 microseconds to a
+call on average; ``1``: every call (a change is seen at once, for 10-400 microseconds a call).
 """
 from __future__ import annotations
 
@@ -30,7 +35,7 @@ from typing import Any
 
 from ...core.config import tokenizer_config
 from .hf import STATE_ATTR, DropinState, hooks_installed, install_hooks, remove_hooks, state_of
-from .snapshot import NATIVE_KEY, RENDER_DEFAULT, RENDER_KEY
+from .snapshot import CHECK_KEY, NATIVE_KEY, RENDER_DEFAULT, RENDER_KEY
 
 __all__ = ["patch_transformers", "unpatch_transformers", "wrap_tokenizer", "unwrap_tokenizer", "refresh",
            "is_wrapped", "loading_wrapped"]
@@ -62,6 +67,11 @@ def _options(content_reuse: bool, options: dict[str, Any]) -> dict[str, Any]:
     fast_render = options.pop(RENDER_KEY, RENDER_DEFAULT)
     if not isinstance(fast_render, bool):
         raise TypeError(f"fast_render must be a bool, not {type(fast_render).__name__}")
+    check_every = options.pop(CHECK_KEY, None)
+    if check_every is not None and (not isinstance(check_every, int) or isinstance(check_every, bool)):
+        raise TypeError(f"check_every must be an int or None, not {type(check_every).__name__}")
+    if check_every is not None and check_every < 1:
+        raise ValueError(f"check_every must be at least 1, got {check_every}")
     # One thread per call unless asked: transformers wants Python lists, and building them holds the
     # GIL, so helper threads mostly wait for each other (bench/bench_dropin.py compares).
     out = {"threads": 1, **options, "reuse": "content" if content_reuse else "none"}
@@ -70,6 +80,7 @@ def _options(content_reuse: bool, options: dict[str, Any]) -> dict[str, Any]:
     # Last, once the options are known to be valid: it may lift the process's one-thread pin.
     out[NATIVE_KEY] = _native(native)
     out[RENDER_KEY] = fast_render
+    out[CHECK_KEY] = check_every
     return out
 
 
@@ -110,7 +121,8 @@ def is_wrapped(tok) -> bool:
 
 
 def refresh(tok) -> None:
-    """Re-snapshot ``tok``'s backend after code changed it in place (``tok.backend_tokenizer.x = ...``);
+    """Re-snapshot ``tok``'s backend now, after code changed it in place (``tok._tokenizer.x = ...``):
+    the tripwire would see most such changes by itself, but only at its next full check.
     transformers' own mutators (``add_tokens``, ``add_bos_token``...) need no call."""
     state = state_of(tok)
     if state is not None:

@@ -23,11 +23,13 @@ from tokenizers import Encoding, Tokenizer
 
 from ...core.loading import LoadedTokenizer
 from ...tokenizer import DeltaTokenizer
+from .tripwire import Tripwire
 
 NATIVE_KEY = "native_threads"  # drop-in options (patch._options), not DeltaTokenizer ones
 RENDER_KEY = "fast_render"  # chat templates render through render.memo_render
 RENDER_DEFAULT = True  # also for a state pickled before the option existed
-_DROPIN_KEYS = (NATIVE_KEY, RENDER_KEY)
+CHECK_KEY = "check_every"  # the tripwire's full-check interval in calls (tripwire.Tripwire)
+_DROPIN_KEYS = (NATIVE_KEY, RENDER_KEY, CHECK_KEY)
 
 __all__ = ["LazyEncoding", "Snapshot", "Template", "template_of"]
 
@@ -92,9 +94,11 @@ def template_of(post_processor: dict | None) -> Template | None:
 
 
 class Snapshot:
-    """A ``DeltaTokenizer`` for the live backend as it was when the snapshot was taken."""
+    """A ``DeltaTokenizer`` for the live backend as it was when the snapshot was taken, and the
+    :class:`~delta_ray.apps.dropin.tripwire.Tripwire` that says when the backend changed since."""
 
     def __init__(self, backend: Tokenizer, options: dict[str, Any]):
+        self.tripwire = Tripwire(backend, options.get(CHECK_KEY))  # first: a change while serializing trips it
         if backend.truncation is not None or backend.padding is not None:
             # Per-call settings: transformers sets them on the backend for each call, and the drop-in
             # reads the call's own arguments instead; left in, admission would refuse the
