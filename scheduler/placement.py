@@ -9,7 +9,7 @@ model compares the two expected finish times and picks the smaller:
     remote = overhead + k * per_chunk + n * transfer + queue_wait + n / (remote_rate * k)
 
 ``per_chunk`` is what each of the ``k`` chunk tasks costs the caller whatever its size (its launch,
-its argument's seal and pin, its result's fetch: 2-3 ms measured here, bench_scaleout.py), paid one
+its argument's seal and pin, its result's fetch: 2-3 ms measured here, bench/scaleout/measure.py), paid one
 after the other on the caller's loop. ``local_rate`` (characters/ms) is learned from the caller's
 own encodes, ``remote_rate`` and ``transfer`` from the pool's completed chunked requests (the pool's
 measured end-to-end time minus its encode share), each as an EWMA so the model follows the machine
