@@ -16,7 +16,7 @@ import os
 import statistics
 import struct
 import time
-from typing import Callable, Sequence
+from typing import Callable, NamedTuple, Sequence
 
 import numpy as np
 
@@ -184,17 +184,57 @@ def _lone_demand(costs: Costs, k: int, one_turn, one_text, turn_cpu, text_cpu) -
         chunk_daemon_ms=max(0.0, text_cpu[2] / k))
 
 
-def validate(path: str, costs: Costs, engine: str, quick: bool, *, workers: Sequence[int] = (1, 2), cores: int = 2,
-             callers: int = 4, text_callers: int = 2, secs: float | None = None, rounds: int | None = None,
-             say: Callable[[str], None] = print) -> list[tuple]:
-    """The real pool's closed loops and the simulation's, side by side, on ``workers`` workers (a
-    machine of ``cores`` cores): ``callers`` callers' session turns, ``text_callers`` callers' 1M
-    texts. Each loop runs in rounds, and each round's rare stalls come from lone requests timed
-    just before it, every sample kept (a P99 of four callers sits in a lone call's top 0.25%); the
-    rounds pooled hold a few dozen of them (6 s runs moved 3.4-6.4 ms between rounds, 2026-12-02).
-    ``secs`` (the turn loop's seconds over all its rounds; lone turns half that, texts twice) and
-    ``rounds`` default by ``quick``. Returns rows ``(workers, load, measured Loop, simulated Loop,
-    note)`` and ``say``s what the lone requests showed."""
+def _sessions(n: int):
+    def load(sim: Simulation) -> None:
+        sim.add_sessions(n, (100_000, 100_000), keys=[f"v{i}" for i in range(n)])  # the pool's callers' keys
+        sim.closed_turns(n)
+    return load
+
+
+def _texts(n: int):
+    return lambda sim: sim.closed_texts(n, 1_000_000)
+
+
+@dataclasses.dataclass(frozen=True)
+class Loops:
+    """How the closed loops run: ``callers`` callers' session turns for ``secs`` (over all its
+    ``rounds``; lone turns half that before the rounds), ``text_callers`` callers' 1M texts twice as
+    long. Each loop runs in rounds, each after its own lone requests: the machine's speed drifts
+    15-20% within minutes, and a loop measured a minute after its lone requests met another machine."""
+    callers: int = 4
+    text_callers: int = 2
+    secs: float = 12.0
+    rounds: int = 3
+
+    @property
+    def lone_secs(self) -> float:
+        return self.secs / 2
+
+    @property
+    def text_secs(self) -> float:
+        # a 1M text takes 30x a turn: its loops run twice as long, and still hold about 1,400 texts
+        # (a P99 of 700 is their 7th slowest: one 12 s run's halves measured 46 and 72 ms, 2026-12-02)
+        return 2 * self.secs
+
+
+class PoolRun(NamedTuple):
+    """What the real pool showed on ``workers`` workers: each round of its turn loop (lone turns'
+    ms, their round trips' ms, their CPU demand, the loop, its steal) and of its text loop (lone
+    texts' ms, their longest chunks' round trips, their CPU demand, the loop, their other chunks'
+    mean round trips, the loop's steal), the times each round ran, and the CPU per second this
+    process (``background``) and the rest of the machine (``others``) spent with the pool idle."""
+    workers: int
+    turn_rounds: list
+    turn_ran: list[int]
+    text_rounds: list
+    text_ran: list[int]
+    background: float
+    others: float
+
+
+def measure_pool(path: str, engine: str, w: int, loops: Loops) -> PoolRun:
+    """The real ``TokenizerPool`` of ``w`` workers on the running Ray: the closed loops of ``loops``
+    in rounds, each after its lone requests, every answer checked against the reference."""
     from tokenizers import Tokenizer
 
     from delta_ray import TokenizerPool
@@ -203,168 +243,183 @@ def validate(path: str, costs: Costs, engine: str, quick: bool, *, workers: Sequ
     def check(got, text: str, add_special_tokens: bool = True) -> None:
         want = reference.encode(text, add_special_tokens=add_special_tokens).ids
         assert np.array_equal(got.to_numpy(), np.asarray(want, np.int32)), "pool differs from the reference"
-
-    def sessions(n: int):
-        def load(sim: Simulation) -> None:
-            sim.add_sessions(n, (100_000, 100_000), keys=[f"v{i}" for i in range(n)])  # the pool's callers' keys
-            sim.closed_turns(n)
-        return load
-
-    def texts(n: int):
-        return lambda sim: sim.closed_texts(n, 1_000_000)
-    rows = []
+    callers, text_callers, secs, rounds = loops.callers, loops.text_callers, loops.secs, loops.rounds
+    lone_secs, text_secs = loops.lone_secs, loops.text_secs
     src = corpus("code", 3_000_000)
     text1m = corpus("english", 1_000_000)
-    secs = secs or (4.0 if quick else 12.0)
-    lone_secs = secs / 2
-    # a 1M text takes 30x a turn: its loops run twice as long, and still hold about 1,400 texts
-    # (a P99 of 700 is their 7th slowest: one 12 s run's halves measured 46 and 72 ms, 2026-12-02)
-    text_secs = 2 * secs
-    # each loop runs in rounds, each after its own lone requests: the machine's speed drifts 15-20%
-    # within minutes, and a loop measured a minute after its lone requests met another machine
-    rounds = rounds or (2 if quick else 3)
+    # the sessions grow by tens of millions of characters over the loops: the store's default
+    # cap (128 MB a worker) evicted one midway in a probe, ending its caller with SessionNotFound
+    with TokenizerPool(path, num_workers=w, max_inflight_tasks=w, placement=False, engine=engine,
+                       shadow_rate=0.0, request_timeout_s=120, max_session_bytes=1 << 31) as pool:
+        # what this process spends per second with the pool open and idle (Ray's own threads),
+        # and what everything else on the machine does meanwhile (Ray's daemons, other jobs)
+        meter = CpuMeter(split=True)
+        time.sleep(3.0)
+        background, *idle = (ms / 3.0 for ms in meter.read_split())
+        others = max(0.0, sum(idle))
+        for i in range(callers):
+            pool.encode(src[:100_000], session=f"v{i}")
+        pos = [i * 400_000 for i in range(callers)]
+        sent: list[str] = [src[:100_000]]  # session v0's text as it arrived
+        span = len(src) - 100_000 - TURN
+
+        def turn(i):  # +TURN characters from the corpus after the first 100K, wrapping round
+            p = pos[i]  # (a caller that ran off its end would send empty appends)
+            delta = src[100_000 + p % span:100_000 + p % span + TURN]
+            pool.extend(f"v{i}", delta)
+            if i == 0:
+                sent.append(delta)
+            pos[i] = p + TURN
+        turn(0)
+        # as a process that calls a pool should once set up (README): its full garbage
+        # collections then skip Ray's and the pool's objects (60-125 ms of the GIL each here)
+        freeze_heap()
+        pids = [s["pid"] for s in pool.worker_stats().values()]
+
+        def turn_round():  # (lone turns' ms, their round trips' ms, their CPU demand, the loop, its steal)
+            w0, c0 = sum(map(proc_cpu_ms, pids)), time.process_time()
+            with _round_trips() as recorded:  # the simulation's turn stalls come from these
+                lone, trips, _ = _lone_calls(lambda: turn(0), lone_secs / rounds, recorded)
+            # ... and a lone turn's CPU demand: its worker's, the driver's (Ray's threads included)
+            turn_cpu = ((sum(map(proc_cpu_ms, pids)) - w0) / len(lone), (time.process_time() - c0) * 1e3 / len(lone))
+            return (lone, trips, turn_cpu, *_timed_steal(lambda: closed_loop(callers, secs / rounds, turn, pids)))
+        turn_rounds = [_least_stolen(turn_round) for _ in range(rounds)]
+        turn_rounds, turn_ran = [r[0] for r in turn_rounds], [r[2] for r in turn_rounds]
+        check(pool.extend("v0", ""), "".join(sent))
+        encode_text = lambda: pool.encode(text1m, add_special_tokens=False)  # noqa: E731
+        check(encode_text(), text1m, add_special_tokens=False)
+
+        def text_round():  # (lone texts' ms, their longest chunks' round trips, their CPU demand,
+            # the loop, their other chunks' mean round trips, the loop's steal)
+            meter = CpuMeter(split=True)
+            with _round_trips("chunk") as recorded:  # ... and the texts' stalls from these
+                lone_text, text_trips, text_rest = _lone_calls(encode_text, text_secs / 2 / rounds, recorded)
+            # ... and a lone text's CPU demand: the driver's, the chunk tasks' processes', Ray's
+            # daemons', the rest of the machine's, each beyond its share with the pool idle
+            text_cpu = [ms / len(lone_text) for ms in meter.read_split(tuple(idle))]
+            waits: list[float] = []
+            with _round_trips("chunk", waits) as loaded_trips:  # where a loaded text's time goes
+                m, steal = _timed_steal(lambda: closed_loop(text_callers, text_secs / rounds, lambda i: encode_text(),
+                                                            pids=None))
+            m = m._replace(chunks=tuple(zip(waits, loaded_trips)))
+            # the rest of the machine per text, less what it does with the pool idle (as simulated)
+            return (lone_text, text_trips, text_cpu, m._replace(workers_cpu=m.workers_cpu - others / m.rate),
+                    text_rest, steal)
+        text_rounds = [_least_stolen(text_round) for _ in range(rounds)]
+        text_rounds, text_ran = [r[0] for r in text_rounds], [r[2] for r in text_rounds]
+        check(encode_text(), text1m, add_special_tokens=False)
+    return PoolRun(w, turn_rounds, turn_ran, text_rounds, text_ran, background, others)
+
+
+def predict(run: PoolRun, costs: Costs, cores: int, loops: Loops) -> tuple[list[tuple], str, str]:
+    """The simulation of ``run``'s loops on one node of ``cores`` cores, each round with the stalls
+    (and, second rows, the CPU demand) its own lone requests showed: rows ``(workers, load, measured
+    Loop, simulated Loop, note)``, and a line each on the lone requests' CPU demand and latency."""
+    w, turn_rounds, turn_ran, text_rounds, text_ran = run[:5]
+    callers, text_callers, secs, rounds, text_secs = (loops.callers, loops.text_callers, loops.secs, loops.rounds,
+                                                      loops.text_secs)
+    rows = []
+    costs = dataclasses.replace(costs, driver_background_ms_per_s=run.background, node_background_ms_per_s=run.others)
+    cl = Cluster(nodes=1, cores_per_node=cores, workers=w, task_slots=w)
+    # the costs' sum for one caller (stalls aside) against a lone request's measured mean
+    k = Simulation(cl, costs).chunk_count(1_000_000)  # chunks of a 1M text
+
+    def sim_turn(c: Costs):  # one caller's simulated turn, and its wakes of the loop and its worker
+        sim = Simulation(cl, c)
+        _sessions(1)(sim)
+        n = sim.run(2_500, 500).completed["turn"]
+        return _simulate(cl, c, _sessions(1), "turn", 2_000, 500), (sim.wakes["loop"] / n, sim.wakes["worker"] / n)
+
+    def sim_text(c: Costs):  # one caller's simulated text
+        return _simulate(cl, c, _texts(1), "text", 4_000, 500)
+    (one_turn, wakes), one_text = sim_turn(costs), sim_text(costs)
+    # each round's stalls from its own lone requests, and (second rows) its CPU demand from them
+    # too, where the costs above were measured minutes before
+    each = [dataclasses.replace(costs, **dict(zip(("loop_stall", "trip_stall"), stalls_of(lone, trips))),
+                                **dict(zip(("text_loop_stall", "text_stall"), stalls_of(lone_text, text_trips))),
+                                text_stall_rest=excess(rest))
+            for (lone, trips, *_), (lone_text, text_trips, _, _, rest, _) in zip(turn_rounds, text_rounds)]
+    each_lone = [_lone_demand(c, k, sim_turn, sim_text, t[2], x[2]) for c, t, x in zip(each, turn_rounds, text_rounds)]
+    m_turn, m_text = _pooled([t[3] for t in turn_rounds]), _pooled([x[3] for x in text_rounds])
+    turn_steal, text_steal = [t[4] for t in turn_rounds], [x[5] for x in text_rounds]
+
+    def note(steal: list[float], ran: list[int]) -> str:
+        return f"steal {', '.join(f'{ms:.0f}' for ms in steal)} ms/s, {sum(ran) - len(ran)} rerun"
+    turn_note, text_note = note(turn_steal, turn_ran), note(text_steal, text_ran)
+    rows.append((w, f"session turns, {callers} callers", m_turn,
+                 _simulate(cl, each, _sessions(callers), "turn", secs / rounds * 1e3, 1_000), turn_note))
+    rows.append((w, "  ... lone turns' demand", m_turn,
+                 _simulate(cl, each_lone, _sessions(callers), "turn", secs / rounds * 1e3, 1_000), turn_note))
+    rows.append((w, f"stateless 1M, {text_callers} callers", m_text,
+                 _simulate(cl, each, _texts(text_callers), "text", text_secs / rounds * 1e3, 2_000), text_note))
+    rows.append((w, "  ... lone texts' demand", m_text,
+                 _simulate(cl, each_lone, _texts(text_callers), "text", text_secs / rounds * 1e3, 2_000), text_note))
+    # what the rounds' lone requests showed, together
+    lone = [ms for t in turn_rounds for ms in t[0]]
+    lone_text = [ms for x in text_rounds for ms in x[0]]
+    turn_cpu = [statistics.fmean(t[2][i] for t in turn_rounds) for i in range(2)]
+    text_cpu = [statistics.fmean(x[2][i] for x in text_rounds) for i in range(4)]
+    loop_part, trip_part, text_part, chunk_part = (sum(sum(getattr(c, f)) for c in each) for f in (
+        "loop_stall", "trip_stall", "text_loop_stall", "text_stall"))
+    daemons = k * costs.chunk_daemon_ms
+    mean_lone = _lone_demand(costs, k, sim_turn, sim_text, turn_cpu, text_cpu)
+    demand = (f"{w} worker(s): a turn's worker {turn_cpu[0]:.3f} ms (simulated {one_turn.workers_cpu:.3f}), "
+              f"driver {turn_cpu[1]:.3f} ({one_turn.driver_cpu:.3f}); a 1M text's driver {text_cpu[0]:.2f} "
+              f"({one_text.driver_cpu:.2f}), chunk tasks' processes {text_cpu[1]:.2f} "
+              f"({one_text.workers_cpu - daemons:.2f}), Ray's daemons {text_cpu[2]:.2f} ({daemons:.2f}), "
+              f"other processes {text_cpu[3]:.2f} (0); a lone turn wakes the loop {wakes[0]:.1f} times "
+              f"and its worker {wakes[1]:.1f}, the wakes charged {mean_lone.loop_wake_ms:.3f} and "
+              f"{mean_lone.worker_wake_ms:.3f} ms")
+    lone_p99 = (f"{w} worker(s): a turn {statistics.fmean(lone):.2f} ms mean (costs' sum {1e3 / one_turn.rate:.2f}; "
+                f"with the lone turns' demand {1e3 / _simulate(cl, mean_lone, _sessions(1), 'turn', 2_000, 500).rate:.2f}), "
+                f"{np.percentile(lone, 99):.2f} P99, {trip_part / max(1e-9, loop_part + trip_part):.0%} of its excess "
+                f"in the round trip; a 1M text {statistics.fmean(lone_text):.1f} ms mean (costs' sum "
+                f"{1e3 / one_text.rate:.1f}; with the lone texts' demand "
+                f"{1e3 / _simulate(cl, mean_lone, _texts(1), 'text', 4_000, 500).rate:.1f}), "
+                f"{np.percentile(lone_text, 99):.1f} P99, {chunk_part / max(1e-9, text_part + chunk_part):.0%} "
+                f"of its excess in its longest chunk's round trip")
+    return rows, demand, lone_p99
+
+
+def validate(path: str, costs: Costs, engine: str, quick: bool, *, workers: Sequence[int] = (1, 2), cores: int = 2,
+             loops: Loops | None = None, say: Callable[[str], None] = print) -> list[tuple]:
+    """The real pool's closed loops and the simulation's, side by side, on ``workers`` workers (a
+    machine of ``cores`` cores): :func:`measure_pool`, then :func:`predict`, for each. Each round's rare
+    stalls come from lone requests timed just before it, every sample kept (a P99 of four callers
+    sits in a lone call's top 0.25%); the rounds pooled hold a few dozen of them (6 s runs moved
+    3.4-6.4 ms between rounds, 2026-12-02). ``loops`` defaults by ``quick``. Returns the rows and
+    ``say``s what the lone requests showed."""
+    loops = loops or Loops(secs=4.0 if quick else 12.0, rounds=2 if quick else 3)
+    rounds = loops.rounds
+    rows: list[tuple] = []
     backgrounds: list[float] = []
     others: list[float] = []
     lone_p99: list[str] = []
     demand: list[str] = []
     for w in workers:
-        # the sessions grow by tens of millions of characters over the loops: the store's default
-        # cap (128 MB a worker) evicted one midway in a probe, ending its caller with SessionNotFound
-        with TokenizerPool(path, num_workers=w, max_inflight_tasks=w, placement=False, engine=engine,
-                           shadow_rate=0.0, request_timeout_s=120, max_session_bytes=1 << 31) as pool:
-            # what this process spends per second with the pool open and idle (Ray's own threads),
-            # and what everything else on the machine does meanwhile (Ray's daemons, other jobs)
-            meter = CpuMeter(split=True)
-            time.sleep(3.0)
-            background, *idle = (ms / 3.0 for ms in meter.read_split())
-            others.append(max(0.0, sum(idle)))
-            for i in range(callers):
-                pool.encode(src[:100_000], session=f"v{i}")
-            pos = [i * 400_000 for i in range(callers)]
-            sent: list[str] = [src[:100_000]]  # session v0's text as it arrived
-            span = len(src) - 100_000 - TURN
-
-            def turn(i):  # +TURN characters from the corpus after the first 100K, wrapping round
-                p = pos[i]  # (a caller that ran off its end would send empty appends)
-                delta = src[100_000 + p % span:100_000 + p % span + TURN]
-                pool.extend(f"v{i}", delta)
-                if i == 0:
-                    sent.append(delta)
-                pos[i] = p + TURN
-            turn(0)
-            # as a process that calls a pool should once set up (README): its full garbage
-            # collections then skip Ray's and the pool's objects (60-125 ms of the GIL each here)
-            freeze_heap()
-            pids = [s["pid"] for s in pool.worker_stats().values()]
-
-            def turn_round():  # (lone turns' ms, their round trips' ms, their CPU demand, the loop, its steal)
-                w0, c0 = sum(map(proc_cpu_ms, pids)), time.process_time()
-                with _round_trips() as recorded:  # the simulation's turn stalls come from these
-                    lone, trips, _ = _lone_calls(lambda: turn(0), lone_secs / rounds, recorded)
-                # ... and a lone turn's CPU demand: its worker's, the driver's (Ray's threads included)
-                turn_cpu = ((sum(map(proc_cpu_ms, pids)) - w0) / len(lone), (time.process_time() - c0) * 1e3 / len(lone))
-                return (lone, trips, turn_cpu, *_timed_steal(lambda: closed_loop(callers, secs / rounds, turn, pids)))
-            turn_rounds = [_least_stolen(turn_round) for _ in range(rounds)]
-            turn_rounds, turn_ran = [r[0] for r in turn_rounds], [r[2] for r in turn_rounds]
-            check(pool.extend("v0", ""), "".join(sent))
-            encode_text = lambda: pool.encode(text1m, add_special_tokens=False)  # noqa: E731
-            check(encode_text(), text1m, add_special_tokens=False)
-
-            def text_round():  # (lone texts' ms, their longest chunks' round trips, their CPU demand,
-                # the loop, their other chunks' mean round trips, the loop's steal)
-                meter = CpuMeter(split=True)
-                with _round_trips("chunk") as recorded:  # ... and the texts' stalls from these
-                    lone_text, text_trips, text_rest = _lone_calls(encode_text, text_secs / 2 / rounds, recorded)
-                # ... and a lone text's CPU demand: the driver's, the chunk tasks' processes', Ray's
-                # daemons', the rest of the machine's, each beyond its share with the pool idle
-                text_cpu = [ms / len(lone_text) for ms in meter.read_split(tuple(idle))]
-                waits: list[float] = []
-                with _round_trips("chunk", waits) as loaded_trips:  # where a loaded text's time goes
-                    m, steal = _timed_steal(lambda: closed_loop(text_callers, text_secs / rounds, lambda i: encode_text(),
-                                                                pids=None))
-                m = m._replace(chunks=tuple(zip(waits, loaded_trips)))
-                # the rest of the machine per text, less what it does with the pool idle (as simulated)
-                return (lone_text, text_trips, text_cpu, m._replace(workers_cpu=m.workers_cpu - others[-1] / m.rate),
-                        text_rest, steal)
-            text_rounds = [_least_stolen(text_round) for _ in range(rounds)]
-            text_rounds, text_ran = [r[0] for r in text_rounds], [r[2] for r in text_rounds]
-            check(encode_text(), text1m, add_special_tokens=False)
-        costs = dataclasses.replace(costs, driver_background_ms_per_s=background, node_background_ms_per_s=others[-1])
-        cl = Cluster(nodes=1, cores_per_node=cores, workers=w, task_slots=w)
-        # the costs' sum for one caller (stalls aside) against a lone request's measured mean
-        k = Simulation(cl, costs).chunk_count(1_000_000)  # chunks of a 1M text
-
-        def sim_turn(c: Costs):  # one caller's simulated turn, and its wakes of the loop and its worker
-            sim = Simulation(cl, c)
-            sessions(1)(sim)
-            n = sim.run(2_500, 500).completed["turn"]
-            return _simulate(cl, c, sessions(1), "turn", 2_000, 500), (sim.wakes["loop"] / n, sim.wakes["worker"] / n)
-
-        def sim_text(c: Costs):  # one caller's simulated text
-            return _simulate(cl, c, texts(1), "text", 4_000, 500)
-        (one_turn, wakes), one_text = sim_turn(costs), sim_text(costs)
-        # each round's stalls from its own lone requests, and (second rows) its CPU demand from them
-        # too, where the costs above were measured minutes before
-        each = [dataclasses.replace(costs, **dict(zip(("loop_stall", "trip_stall"), stalls_of(lone, trips))),
-                                    **dict(zip(("text_loop_stall", "text_stall"), stalls_of(lone_text, text_trips))),
-                                    text_stall_rest=excess(rest))
-                for (lone, trips, *_), (lone_text, text_trips, _, _, rest, _) in zip(turn_rounds, text_rounds)]
-        each_lone = [_lone_demand(c, k, sim_turn, sim_text, t[2], x[2]) for c, t, x in zip(each, turn_rounds, text_rounds)]
-        m_turn, m_text = _pooled([t[3] for t in turn_rounds]), _pooled([x[3] for x in text_rounds])
-        turn_steal, text_steal = [t[4] for t in turn_rounds], [x[5] for x in text_rounds]
-
-        def note(steal: list[float], ran: list[int]) -> str:
-            return f"steal {', '.join(f'{ms:.0f}' for ms in steal)} ms/s, {sum(ran) - len(ran)} rerun"
-        turn_note, text_note = note(turn_steal, turn_ran), note(text_steal, text_ran)
-        rows.append((w, f"session turns, {callers} callers", m_turn,
-                     _simulate(cl, each, sessions(callers), "turn", secs / rounds * 1e3, 1_000), turn_note))
-        rows.append((w, "  ... lone turns' demand", m_turn,
-                     _simulate(cl, each_lone, sessions(callers), "turn", secs / rounds * 1e3, 1_000), turn_note))
-        rows.append((w, f"stateless 1M, {text_callers} callers", m_text,
-                     _simulate(cl, each, texts(text_callers), "text", text_secs / rounds * 1e3, 2_000), text_note))
-        rows.append((w, "  ... lone texts' demand", m_text,
-                     _simulate(cl, each_lone, texts(text_callers), "text", text_secs / rounds * 1e3, 2_000), text_note))
-        # what the rounds' lone requests showed, together
-        lone = [ms for t in turn_rounds for ms in t[0]]
-        lone_text = [ms for x in text_rounds for ms in x[0]]
-        turn_cpu = [statistics.fmean(t[2][i] for t in turn_rounds) for i in range(2)]
-        text_cpu = [statistics.fmean(x[2][i] for x in text_rounds) for i in range(4)]
-        loop_part, trip_part, text_part, chunk_part = (sum(sum(getattr(c, f)) for c in each) for f in (
-            "loop_stall", "trip_stall", "text_loop_stall", "text_stall"))
-        daemons = k * costs.chunk_daemon_ms
-        mean_lone = _lone_demand(costs, k, sim_turn, sim_text, turn_cpu, text_cpu)
-        demand += [f"{w} worker(s): a turn's worker {turn_cpu[0]:.3f} ms (simulated {one_turn.workers_cpu:.3f}), "
-                   f"driver {turn_cpu[1]:.3f} ({one_turn.driver_cpu:.3f}); a 1M text's driver {text_cpu[0]:.2f} "
-                   f"({one_text.driver_cpu:.2f}), chunk tasks' processes {text_cpu[1]:.2f} "
-                   f"({one_text.workers_cpu - daemons:.2f}), Ray's daemons {text_cpu[2]:.2f} ({daemons:.2f}), "
-                   f"other processes {text_cpu[3]:.2f} (0); a lone turn wakes the loop {wakes[0]:.1f} times "
-                   f"and its worker {wakes[1]:.1f}, the wakes charged {mean_lone.loop_wake_ms:.3f} and "
-                   f"{mean_lone.worker_wake_ms:.3f} ms"]
-        lone_p99 += [f"{w} worker(s): a turn {statistics.fmean(lone):.2f} ms mean (costs' sum {1e3 / one_turn.rate:.2f}; "
-                     f"with the lone turns' demand {1e3 / _simulate(cl, mean_lone, sessions(1), 'turn', 2_000, 500).rate:.2f}), "
-                     f"{np.percentile(lone, 99):.2f} P99, {trip_part / max(1e-9, loop_part + trip_part):.0%} of its excess "
-                     f"in the round trip; a 1M text {statistics.fmean(lone_text):.1f} ms mean (costs' sum "
-                     f"{1e3 / one_text.rate:.1f}; with the lone texts' demand "
-                     f"{1e3 / _simulate(cl, mean_lone, texts(1), 'text', 4_000, 500).rate:.1f}), "
-                     f"{np.percentile(lone_text, 99):.1f} P99, {chunk_part / max(1e-9, text_part + chunk_part):.0%} "
-                     f"of its excess in its longest chunk's round trip"]
-        backgrounds.append(background)
+        run = measure_pool(path, engine, w, loops)
+        backgrounds.append(run.background)
+        others.append(run.others)
+        got, d, lone = predict(run, costs, cores, loops)
+        rows += got
+        demand.append(d)
+        lone_p99.append(lone)
     global BACKGROUND
     BACKGROUND = backgrounds[-1]
     say(f"lone requests (1 caller), timed before each of the loop's {rounds} rounds: " + "; ".join(lone_p99)
-          + ". Their excess over their mean is simulated as stalls of the caller's loop "
-          "(Costs.loop_stall, Costs.text_loop_stall), but a turn's excess inside its round trip holds its worker "
-          "(Costs.trip_stall) and a text's inside its longest chunk's round trip that chunk's slot (Costs.text_stall), "
-          "its other chunks' (their mean round trip's excess) each of theirs (Costs.text_stall_rest). "
-          "Each round is simulated with its own")
+        + ". Their excess over their mean is simulated as stalls of the caller's loop "
+        "(Costs.loop_stall, Costs.text_loop_stall), but a turn's excess inside its round trip holds its worker "
+        "(Costs.trip_stall) and a text's inside its longest chunk's round trip that chunk's slot (Costs.text_stall), "
+        "its other chunks' (their mean round trip's excess) each of theirs (Costs.text_stall_rest). "
+        "Each round is simulated with its own")
     say("lone requests' CPU demand in ms (each process's, measured; the simulated in brackets): " + "; ".join(demand))
     say(f"a driver with an idle pool spends {', '.join(f'{b:.0f}' for b in backgrounds)} ms of CPU per second "
-          "(Ray's threads; simulated as background work of its loop); the rest of the machine meanwhile "
-          f"{', '.join(f'{o:.0f}' for o in others)} ms per second (Ray's daemons and other jobs; simulated as "
-          "slices of the node's cores)")
+        "(Ray's threads; simulated as background work of its loop); the rest of the machine meanwhile "
+        f"{', '.join(f'{o:.0f}' for o in others)} ms per second (Ray's daemons and other jobs; simulated as "
+        "slices of the node's cores)")
     say(f"each round (its lone requests and its loop) was rerun while the host took over {STEAL_LIMIT:.1%} of "
-          f"the cores (steal), at most {STEAL_TRIES} times, the run with the least kept (the rows' last column: "
-          "each kept loop's steal, not simulated)")
+        f"the cores (steal), at most {STEAL_TRIES} times, the run with the least kept (the rows' last column: "
+        "each kept loop's steal, not simulated)")
     return rows
 
 
