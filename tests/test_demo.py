@@ -95,3 +95,10 @@ def test_quick_demo_end_to_end():
         assert out.count("fastokens") >= 6
     for noise in ("core_worker", "Running Dataset", "(raylet)", "WARNING", "INFO"):
         assert noise not in out, noise
+
+
+def test_the_installed_cli_points_at_the_checkout_demo(capsys):
+    """The demo and its peers are not installed: ``delta-ray demo`` says where it runs, whatever its flags."""
+    from delta_ray.apps.cli import main
+    assert main(["demo", "--quick", "--in-process"]) == 2
+    assert "python3 bootstrap.py demo" in capsys.readouterr().err

@@ -14,12 +14,14 @@ _RAY_COMMANDS = {
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["demo"]:  # whatever its flags
+        print("the demo runs from a delta-ray checkout: python3 bootstrap.py demo [--quick]", file=sys.stderr)
+        return 2
     parser = argparse.ArgumentParser(prog="delta-ray", description="Exact tokenization on Ray")
     sub = parser.add_subparsers(dest="cmd", required=True)
     # The demo compares delta-ray with its peers, which the installed package does not ship.
-    demo = sub.add_parser("demo", help="moved: run `python3 bootstrap.py demo` from a delta-ray checkout",
-                          add_help=False)
-    demo.add_argument("rest", nargs=argparse.REMAINDER)
+    sub.add_parser("demo", help="moved: run `python3 bootstrap.py demo` from a delta-ray checkout", add_help=False)
     modules = {}
     for name, (module, help_text) in _RAY_COMMANDS.items():
         p = sub.add_parser(name, help=help_text)
@@ -29,9 +31,6 @@ def main(argv: list[str] | None = None) -> int:
         except ImportError as exc:  # not built yet or Ray missing: say so when it is used
             modules[name] = exc
     args = parser.parse_args(argv)
-    if args.cmd == "demo":
-        print("the demo runs from a delta-ray checkout: python3 bootstrap.py demo [--quick]", file=sys.stderr)
-        return 2
     mod = modules[args.cmd]
     if isinstance(mod, Exception):
         print(f"delta-ray {args.cmd} is unavailable: {mod}", file=sys.stderr)
