@@ -3,7 +3,7 @@
 
 Needs only python3 (with venv/ensurepip) and network access to PyPI on the first run:
 
-    python3 bootstrap.py demo     # the main job: local Ray, bundled tokenizer, checked speed-ups
+    python3 bootstrap.py demo     # the main job: local Ray, bundled tokenizer, checked speed-ups (bench/demo)
     python3 bootstrap.py test     # the test suite, then the quick exactness battery under tokenizers 1.x
     python3 bootstrap.py test-tk1 # only the battery under tokenizers 1.x (extra args go to pytest)
     python3 bootstrap.py <delta-ray subcommand> ...   # e.g. serve, tokenize
@@ -138,6 +138,8 @@ def main(argv: list[str]) -> int:
     ensure_env()
     if cmd == "test":
         args = [str(PY), "-m", "pytest", *rest]
+    elif cmd == "demo":  # beside its peers under bench/, outside the installed package
+        args = [str(PY), "-m", "bench.demo", *rest]
     else:
         args = [str(BIN / "delta-ray"), cmd, *rest]
     print("+", " ".join(args), flush=True)

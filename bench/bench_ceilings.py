@@ -32,12 +32,13 @@ import statistics
 import sys
 import threading
 import time
-from typing import Any, Callable
+from typing import Any
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
 import numpy as np  # noqa: E402
 
+from bench.harness import cpu_wall  # noqa: E402
 from delta_ray.actors.loop_thread import LoopThread  # noqa: E402
 from delta_ray.actors.orchestrator import PoolOrchestrator  # noqa: E402
 from delta_ray.apps.bundled import bundled_tokenizer_path  # noqa: E402
@@ -104,7 +105,7 @@ class InstantTransport:
 
 
 BASELINE: Any = None  # the scheduler package of another revision (--ab), or None
-RECORD: Any = NoMetrics()  # what the orchestrator records to (bench_scaleout passes the real metrics under Ray)
+RECORD: Any = NoMetrics()  # what the orchestrator records to (bench/scaleout passes the real metrics under Ray)
 
 
 def scheduler_at(rev: str):
@@ -149,12 +150,6 @@ async def _gather(coros) -> list:
     return await asyncio.gather(*coros)
 
 
-def _cpu_wall(fn: Callable[[], int]) -> tuple[float, float, int]:
-    c0, t0 = time.process_time(), time.perf_counter()
-    n = fn()
-    return time.process_time() - c0, time.perf_counter() - t0, n
-
-
 def _row(label: str, callers: int, cpu: float, wall: float, n: int) -> dict:
     rate = n / wall
     us = cpu / n * 1e6
@@ -191,7 +186,7 @@ def session_loop(local, n_workers: int, callers: int, seconds: float, baseline: 
         deadline = time.perf_counter() + seconds
         return sum(loop.run_until_complete(_gather(caller(i, deadline) for i in range(callers))))
 
-    out = _cpu_wall(go)
+    out = cpu_wall(go)
     loop.close()
     return out
 
@@ -228,7 +223,7 @@ def session_threads(local, n_workers: int, callers: int, seconds: float, baselin
             t.join()
         return sum(counts)
 
-    out = _cpu_wall(go)
+    out = cpu_wall(go)
     lt.close()
     return out
 
@@ -251,7 +246,7 @@ def chunk_loop(local, n_workers: int, callers: int, seconds: float, pieces: int 
         deadline = time.perf_counter() + seconds
         return sum(loop.run_until_complete(_gather(caller(deadline) for _ in range(callers))))
 
-    out = _cpu_wall(go)
+    out = cpu_wall(go)
     loop.close()
     return out
 
@@ -304,7 +299,7 @@ def serve_handler(loaded, local: TokenizerCore, seconds: float) -> list[tuple[st
                 if fn is append and n % 200 == 0:  # keep the session near 100K: start it again
                     state["version"] = version_of(post(base))
             return n
-        out.append((label,) + _cpu_wall(go))
+        out.append((label,) + cpu_wall(go))
     loop.close()
     return out
 
@@ -323,7 +318,7 @@ def routing(seconds: float) -> list[tuple[str, float, float, int]]:
                         route(k, ids)
                     n += 256
                 return n
-            out.append((f"rendezvous home_worker over {nodes} nodes{tag}",) + _cpu_wall(go))
+            out.append((f"rendezvous home_worker over {nodes} nodes{tag}",) + cpu_wall(go))
     text = corpus("english", 100_000)
     digest = ContentDigest()
 
@@ -333,7 +328,7 @@ def routing(seconds: float) -> list[tuple[str, float, float, int]]:
             digest.of(text)
             n += 1
         return n
-    out.append(("content digest of a 100K prompt (first 4 KB)",) + _cpu_wall(ck))
+    out.append(("content digest of a 100K prompt (first 4 KB)",) + cpu_wall(ck))
     return out
 
 

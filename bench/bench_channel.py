@@ -26,6 +26,7 @@ import numpy as np
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
+from bench.harness import process_cpu_ns  # noqa: E402
 from delta_ray.actors import worker_channel  # noqa: E402
 
 IDS = np.arange(330, dtype=np.int32)
@@ -63,18 +64,6 @@ def _start(module, secret):
     return proc, module.ChannelClient(address, secret, expected_pid=pid)
 
 
-def _cpu_ns(pid: int) -> int:
-    """CPU time a process has run, all its threads, in ns (/proc/<pid>/task/*/schedstat)."""
-    total = 0
-    for tid in os.listdir(f"/proc/{pid}/task"):
-        try:
-            with open(f"/proc/{pid}/task/{tid}/schedstat") as f:
-                total += int(f.read().split()[0])
-        except OSError:
-            pass
-    return total
-
-
 async def _compare(clients: dict, pids: dict, rounds: int, block: int, text: str) -> dict:
     """Alternate blocks of calls between the channels; per-call wall times (ms) and the CPU time
     (client + server process, ns) each spent. CPU time is what the added work costs; on a loaded
@@ -86,12 +75,12 @@ async def _compare(clients: dict, pids: dict, rounds: int, block: int, text: str
     for r in range(rounds):
         for name in (names if r % 2 == 0 else names[::-1]):
             c = clients[name]
-            cpu0, srv0 = time.process_time_ns(), _cpu_ns(pids[name])
+            cpu0, srv0 = time.process_time_ns(), process_cpu_ns(pids[name])
             for i in range(block):
                 t = time.perf_counter()
                 await c.call("encode_session", (f"s{i % 64}", text, 7))
                 out[name]["wall"].append((time.perf_counter() - t) * 1e3)
-            out[name]["cpu"] += time.process_time_ns() - cpu0 + _cpu_ns(pids[name]) - srv0
+            out[name]["cpu"] += time.process_time_ns() - cpu0 + process_cpu_ns(pids[name]) - srv0
     return out
 
 

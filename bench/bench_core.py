@@ -11,22 +11,20 @@ Uses ../shared/corpus when present, else the Python standard library's text.
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
-import time
+import sys
 
-from tokenizers import Tokenizer
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
-from delta_ray import DeltaTokenizer
-from delta_ray.apps.bundled import bundled_tokenizer_path
-from delta_ray.apps.sample_text import corpus
+from tokenizers import Tokenizer  # noqa: E402
+
+from bench.harness import timed_ms  # noqa: E402
+from delta_ray import DeltaTokenizer  # noqa: E402
+from delta_ray.apps.bundled import bundled_tokenizer_path  # noqa: E402
+from delta_ray.apps.sample_text import corpus  # noqa: E402
 
 ENGINE = "reference"  # set by --engine
-
-
-def _t(fn):
-    t0 = time.perf_counter()
-    out = fn()
-    return out, (time.perf_counter() - t0) * 1e3
 
 
 def repair_bench(ref, path, kinds, sizes, append=1300):
@@ -44,16 +42,16 @@ def repair_bench(ref, path, kinds, sizes, append=1300):
             texts = [src[:n + (i + 1) * append] for i in range(turns)]
             deltas = [src[n + i * append:n + (i + 1) * append] for i in range(turns)]
             alone = Tokenizer.from_file(path)
-            a_ms = [_t(lambda: alone.encode(d))[1] for d in deltas]
+            a_ms = [timed_ms(lambda: alone.encode(d))[1] for d in deltas]
             dt = DeltaTokenizer(path, engine=ENGINE)
             dt.encode(src[:n], session="s")
-            got, d_ms = zip(*[_t(lambda: dt.encode(t, session="s")) for t in texts])
+            got, d_ms = zip(*[timed_ms(lambda: dt.encode(t, session="s")) for t in texts])
             dt2 = DeltaTokenizer(path, engine=ENGINE)
             dt2.encode(src[:n], session="e")
-            got_e, e_ms = zip(*[_t(lambda: dt2.extend("e", d)) for d in deltas])
+            got_e, e_ms = zip(*[timed_ms(lambda: dt2.extend("e", d)) for d in deltas])
             r_ms = []
             for t, g, ge in zip(texts, got, got_e):
-                want, tr = _t(lambda: ref.encode(t).ids)
+                want, tr = timed_ms(lambda: ref.encode(t).ids)
                 assert g.to_pylist() == want and ge.to_pylist() == want, (kind, n)
                 r_ms.append(tr)
                 del want
@@ -69,16 +67,16 @@ def stateless_bench(ref, path, sizes, kind="english"):
     dt = DeltaTokenizer(path, engine=ENGINE)
     for n in sizes:
         text = corpus(kind, n)
-        want, tr = _t(lambda: ref.encode(text).ids)
-        want2, tr2 = _t(lambda: ref.encode(text).ids)
+        want, tr = timed_ms(lambda: ref.encode(text).ids)
+        want2, tr2 = timed_ms(lambda: ref.encode(text).ids)
         tr = min(tr, tr2)
         del want2
         times = []
         for _ in range(2):
-            got, td = _t(lambda: dt.encode(text))
+            got, td = timed_ms(lambda: dt.encode(text))
             times.append(td)
         assert got.to_pylist() == want
-        cuts, tp = _t(lambda: dt.cuts(text))
+        cuts, tp = timed_ms(lambda: dt.cuts(text))
         td = min(times)
         print(f"{n:>10,}{len(cuts) + 1:>8}{tr:>14.0f}{td:>14.0f}{tr / td:>9.2f}x{tp:>12.2f}{tp / td:>14.2%}")
 
@@ -92,8 +90,8 @@ def short_bench(ref, path, n_texts=2000):
         assert dt.encode(t).to_pylist() == ref.encode(t).ids
     best_r, best_d = float("inf"), float("inf")
     for _ in range(3):
-        _, tr = _t(lambda: [ref.encode(t).ids for t in texts])
-        _, td = _t(lambda: [dt.encode(t) for t in texts])
+        _, tr = timed_ms(lambda: [ref.encode(t).ids for t in texts])
+        _, td = timed_ms(lambda: [dt.encode(t) for t in texts])
         best_r, best_d = min(best_r, tr), min(best_d, td)
     print(f"{n_texts} texts of 200-4000 chars: reference {best_r:.0f} ms, delta-ray {best_d:.0f} ms, "
           f"overhead {best_d / best_r - 1:+.1%}")

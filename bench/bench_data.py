@@ -51,7 +51,6 @@ import os
 import random
 import shutil
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -64,8 +63,11 @@ import numpy as np  # noqa: E402
 import pyarrow as pa  # noqa: E402
 import pyarrow.parquet as pq  # noqa: E402
 
+from bench.corpora import corpus_rows  # noqa: E402
+from bench.harness import ActorPeakRSS, in_own_process, user_env  # noqa: E402
+from bench.peers.plain_script import timed_run as plain  # noqa: E402
+from bench.peers.ray_data import FastokensTokenize, ReferenceTokenize  # noqa: E402
 from delta_ray.apps.bundled import TEST_TOKENIZERS, bundled_tokenizer_path  # noqa: E402
-from bench_files import corpus_rows  # noqa: E402
 
 PIPELINES = ("plain", "cli", "ray-fastokens", "tokenize_dataset", "fastokens-per-file", "td-per-file",
              "ray-reference")
@@ -108,13 +110,6 @@ def make_corpora(root: str, mb: int, files: int, which: list[str]) -> dict[str, 
 
 
 # -- the pipelines without Ray ------------------------------------------------------------------------
-def plain(path_json: str, inputs: list[str], out: str) -> tuple[float, int]:
-    """The plain pyarrow + fastokens script (the demo's, in its own process with the user's defaults)."""
-    from delta_ray.apps.demo import plain_script
-    res = plain_script.run(path_json, out, inputs)
-    return res["seconds"], res["tokens"]
-
-
 def cli(path_json: str, inputs: list[str], out: str) -> tuple[float, int]:
     """``delta-ray tokenize``'s local path, as the command runs it."""
     from delta_ray import DeltaTokenizer
@@ -127,45 +122,15 @@ def cli(path_json: str, inputs: list[str], out: str) -> tuple[float, int]:
     return time.perf_counter() - t0, s.tokens
 
 
-def in_own_process(fn_name: str, *args) -> tuple:
-    """A pipeline in a fresh process with the user's defaults (delta-ray pins fastokens to one
+def cli_in_own_process(path_json: str, inputs: list[str], out: str) -> tuple:
+    """:func:`cli` in a fresh process with the user's defaults (delta-ray pins fastokens to one
     thread per process when imported first; a plain script does not)."""
-    env = {k: v for k, v in os.environ.items() if k != "FASTOKENS_BPE_THREADS"}
     # Admission in the foreground: an exit while it runs in the background can abort (issue 21, item 1).
-    env["DELTA_RAY_FAST_BACKGROUND"] = "0"
-    code = (f"import json, sys; sys.path.insert(0, {os.path.dirname(os.path.abspath(__file__))!r}); "
-            f"import bench_data as b; print(json.dumps(b.{fn_name}(*json.loads(sys.argv[1]))))")
-    out = subprocess.run([sys.executable, "-c", code, json.dumps(args)], capture_output=True, text=True, env=env)
-    if out.returncode:
-        raise RuntimeError(f"{fn_name} failed ({out.returncode}): {out.stderr[-2000:]}")
-    return tuple(json.loads(out.stdout.strip().splitlines()[-1]))
+    return in_own_process("bench.bench_data", "cli", path_json, inputs, out,
+                          env=user_env(DELTA_RAY_FAST_BACKGROUND="0"))
 
 
 # -- the Ray Data pipelines -------------------------------------------------------------------------
-class FastokensTokenize:
-    """The fastokens UDF a Ray Data user writes: encode the batch, IDs as ``pa.array`` of lists."""
-
-    def __init__(self, path: str):
-        import fastokens
-        self.tok = fastokens.Tokenizer.from_file(path)
-
-    def __call__(self, batch: pa.Table) -> pa.Table:
-        encs = self.tok.encode_batch(batch.column("text").to_pylist(), add_special_tokens=True)
-        return batch.append_column("input_ids", pa.array([e.ids for e in encs], pa.list_(pa.int32())))
-
-
-class ReferenceTokenize:
-    """The same UDF with the reference tokenizer (what users write first)."""
-
-    def __init__(self, path: str):
-        from tokenizers import Tokenizer
-        self.tok = Tokenizer.from_file(path)
-
-    def __call__(self, batch: pa.Table) -> pa.Table:
-        encs = self.tok.encode_batch(batch.column("text").to_pylist(), add_special_tokens=True)
-        return batch.append_column("input_ids", pa.array([e.ids for e in encs], pa.list_(pa.int32())))
-
-
 def read(ray, source: str, blocks: int | None = None):
     extra = {} if blocks is None else {"override_num_blocks": blocks}
     return ray.data.read_json(source, **extra) if "jsonl" in source else ray.data.read_parquet(source, **extra)
@@ -191,51 +156,6 @@ def run_ray(ray, name: str, path: str, source: str, out: str, files: list[str]):
     ds.write_parquet(out)
     elapsed = time.perf_counter() - t0
     return elapsed, ds.stats()
-
-
-def _processes():
-    """(command line, resident bytes) of every process this user can read (Linux /proc)."""
-    for pid in os.listdir("/proc"):
-        if not pid.isdigit():
-            continue
-        try:
-            with open(f"/proc/{pid}/cmdline", "rb") as f:
-                cmd = f.read().replace(b"\0", b" ").decode(errors="replace")
-            with open(f"/proc/{pid}/statm") as f:
-                rss_pages = int(f.read().split()[1])
-        except (OSError, ValueError, IndexError):
-            continue
-        yield int(pid), cmd, rss_pages * os.sysconf("SC_PAGE_SIZE")
-
-
-class ActorPeakRSS:
-    """Samples the resident memory of a pipeline's actor processes (Ray names them after their
-    UDF class) every 50 ms in a background thread; ``peak_mb()`` is the largest one seen, and
-    ``pids`` the processes seen running the encode (each builds its own tokenizer: seconds of CPU)."""
-
-    def __init__(self, marker: str):
-        import threading
-
-        self.marker, self.peak, self.pids = marker, 0, set()
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
-
-    def __enter__(self):
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc):
-        self._stop.set()
-        self._thread.join()
-
-    def _run(self):
-        while not self._stop.wait(0.05):
-            seen = [(pid, rss) for pid, cmd, rss in _processes() if self.marker in cmd]
-            self.pids.update(pid for pid, _ in seen)
-            self.peak = max([self.peak] + [rss for _, rss in seen])
-
-    def peak_mb(self) -> float:
-        return self.peak / 2 ** 20
 
 
 # -- checks -------------------------------------------------------------------------------------------
@@ -330,7 +250,7 @@ def main(argv: list[str] | None = None) -> int:
                     loads.append(os.getloadavg()[0])
                     if name in ("plain", "cli"):
                         os.makedirs(out)
-                        run = plain if name == "plain" else lambda *a: in_own_process("cli", *a)
+                        run = plain if name == "plain" else cli_in_own_process
                         elapsed, tokens = run(path, files, out)
                         stats = ""
                     else:

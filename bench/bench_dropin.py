@@ -39,7 +39,6 @@ import argparse
 import hashlib
 import json
 import os
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -48,6 +47,9 @@ import time
 # Before anything imports delta-ray (which pins it to 1): what the user's environment says.
 _USER_FASTOKENS_THREADS = os.environ.get("FASTOKENS_BPE_THREADS")
 _ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
+sys.path.insert(0, _ROOT)
+
+from bench.harness import repeat_ms  # noqa: E402 - imports no delta-ray: the fastokens child uses it too
 
 
 def digest(ids) -> str:
@@ -94,7 +96,7 @@ def peer_main() -> int:
           file=proto, flush=True)
     for line in sys.stdin:
         req = json.loads(line)
-        ms, ids = timed(make_call(req["kind"], inputs[req["kind"]][req["t"]], toks[req["name"]]), req["repeats"])
+        ms, ids = repeat_ms(make_call(req["kind"], inputs[req["kind"]][req["t"]], toks[req["name"]]), req["repeats"])
         print(json.dumps({"ms": ms[0], "min": ms[1], "digest": digest(ids)}), file=proto, flush=True)
     return 0
 
@@ -160,16 +162,6 @@ def load_all(folder: str, engine: str, cache_mib: int, content_reuse: bool, shad
     return out
 
 
-def timed(fn, repeats: int):
-    """(median ms, min ms) of ``repeats`` calls, and the last result."""
-    times, result = [], None
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        result = fn()
-        times.append((time.perf_counter() - t0) * 1e3)
-    return (statistics.median(times), min(times)), result
-
-
 ORDER = ("stock", "fastokens", "delta-ray", "fastokens+cache", "dr-stock-render", "delta-ray+reuse")
 
 
@@ -191,7 +183,7 @@ def run(toks: dict, peer: Peer | None, kind: str, calls: list, repeats: int, lab
         results = {}
         for n in order:
             if n in toks:
-                ms, ids = timed(lambda: call(toks[n]), repeats)
+                ms, ids = repeat_ms(lambda: call(toks[n]), repeats)
                 ids = digest(ids)
             else:
                 ms, ids = peer.time(n, kind, t, repeats)
@@ -255,7 +247,6 @@ def main(argv=None) -> int:
     if args.peer:
         return peer_main()
     sys.stdout.reconfigure(line_buffering=True)  # progress shows when the output is a file
-    sys.path.insert(0, _ROOT)
     from delta_ray.apps.dropin.folders import bundled_hf_folder
     from delta_ray.apps.sample_text import corpus
 

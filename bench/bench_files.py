@@ -33,20 +33,14 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
 from tokenizers import Tokenizer  # noqa: E402
 
+from bench.corpora import corpus_rows  # noqa: E402
+from bench.harness import ActorPeakRSS, in_own_process  # noqa: E402
+from bench.peers.plain_script import timed_run as plain  # noqa: E402
+from bench.peers.ray_data import ReferenceTokenize  # noqa: E402
 from delta_ray import DeltaTokenizer  # noqa: E402
 from delta_ray.apps.batch_files import Options, tokenize_files, verify_outputs  # noqa: E402
 from delta_ray.apps.bundled import bundled_tokenizer_path  # noqa: E402
 from delta_ray.apps.sample_text import corpus, doc_source  # noqa: E402
-
-
-def corpus_rows(mb: int, docs=None) -> list[str]:
-    """About ``mb`` MB of documents plus two huge ones of 2M and 4M characters a third and two
-    thirds of the way in (the batch benches' corpus)."""
-    docs = docs or doc_source()
-    rows = docs(mb * 1_000_000)
-    rows.insert(len(rows) // 3, (docs.src * 2)[:2_000_000])
-    rows.insert(2 * len(rows) // 3, (docs.src * 2)[1_000_000:5_000_000])
-    return rows
 
 
 def make_inputs(root: str, mb: int, files: int) -> tuple[str, list[str]]:
@@ -62,26 +56,6 @@ def make_inputs(root: str, mb: int, files: int) -> tuple[str, list[str]]:
         pq.write_table(pa.table({"text": docs(per)}), p)
         many.append(p)
     return big, many
-
-
-def _in_own_process(fn_name: str, *args) -> tuple:
-    """Run a baseline in a fresh process with the user's defaults: delta-ray pins fastokens to one
-    thread per process (FASTOKENS_BPE_THREADS=1), a plain script does not."""
-    import json
-    import subprocess
-    env = {k: v for k, v in os.environ.items() if k != "FASTOKENS_BPE_THREADS"}
-    code = (f"import json, sys; sys.path.insert(0, {os.path.dirname(os.path.abspath(__file__))!r}); "
-            f"import bench_files as b; print(json.dumps(b.{fn_name}(*json.loads(sys.argv[1]))))")
-    out = subprocess.run([sys.executable, "-c", code, json.dumps(args)], capture_output=True, text=True,
-                         env=env, check=True)
-    return tuple(json.loads(out.stdout.strip().splitlines()[-1]))
-
-
-def plain(path_json: str, inputs: list[str], out: str) -> tuple[float, int]:
-    """The plain pyarrow + fastokens script (the demo's, in its own process with the user's defaults)."""
-    from delta_ray.apps.demo import plain_script
-    res = plain_script.run(path_json, out, inputs)
-    return res["seconds"], res["tokens"]
 
 
 def read_write_only(inputs: list[str], out: str) -> tuple[float, float]:
@@ -110,17 +84,6 @@ def raw_encode(path_json: str, inputs: list[str]) -> tuple[float, float]:
     return time.perf_counter() - t0, time.process_time() - c0
 
 
-class _NaiveTokenize:
-    """What a user writes first: the reference tokenizer in map_batches, IDs as Python lists."""
-
-    def __init__(self, path):
-        self.tok = Tokenizer.from_file(path)
-
-    def __call__(self, batch):
-        encs = self.tok.encode_batch(batch["text"].to_pylist())
-        return batch.append_column("input_ids", pa.array([e.ids for e in encs], pa.list_(pa.int32())))
-
-
 def ray_pipelines(path: str, inputs: list[str], root: str, verify: int) -> tuple[float, float, int, float, float]:
     """One local Ray, end to end (read -> tokenize -> write Parquet) for both Ray Data pipelines:
     ``delta_ray.tokenize_dataset`` with its defaults, then the naive reference ``map_batches``.
@@ -134,14 +97,13 @@ def ray_pipelines(path: str, inputs: list[str], root: str, verify: int) -> tuple
     try:
         ray.data.DataContext.get_current().enable_progress_bars = False
         out_dr, out_naive = os.path.join(root, "ray-dr"), os.path.join(root, "ray-naive")
-        from bench_data import ActorPeakRSS  # samples the actor processes' resident memory
         t0 = time.perf_counter()
         with ActorPeakRSS("TokenizeBatch") as rss:
             tokenize_dataset(ray.data.read_parquet(inputs), path).write_parquet(out_dr)
         t_dr = time.perf_counter() - t0
         t0 = time.perf_counter()
         ray.data.read_parquet(inputs).map_batches(
-            _NaiveTokenize, fn_constructor_args=(path,), batch_size=256, batch_format="pyarrow",
+            ReferenceTokenize, fn_constructor_args=(path,), batch_size=256, batch_format="pyarrow",
             compute=ray.data.ActorPoolStrategy(size=max(1, os.cpu_count() or 1)), num_cpus=0.5,
         ).write_parquet(out_naive)
         t_naive = time.perf_counter() - t0
@@ -203,7 +165,9 @@ def main() -> None:
             s = tokenize_files(inputs, outs["dr"], dt, Options(), threads=args.threads)
             rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
             t_rw, c_rw = read_write_only(inputs, outs["rw"])
-            t_raw, c_raw = _in_own_process("raw_encode", path, inputs)
+            # in a fresh process with the user's defaults: delta-ray pins fastokens to one thread per
+            # process (FASTOKENS_BPE_THREADS=1), a plain script does not
+            t_raw, c_raw = in_own_process("bench.bench_files", "raw_encode", path, inputs)
             limit = max(t_rw, t_raw)
             # Both passes are CPU work: on a machine whose cores the encode alone fills, they cannot
             # overlap, and the bound is their CPU time spread over the cores.

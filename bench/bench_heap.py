@@ -21,9 +21,10 @@ import time
 
 os.environ.setdefault("RAY_ENABLE_AUTO_CONNECT", "0")
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
-sys.path.insert(0, os.path.dirname(__file__))
 
 import numpy as np  # noqa: E402
+
+from bench.harness import closed_loop  # noqa: E402
 
 TURN = 1300
 
@@ -59,7 +60,6 @@ def main() -> int:
     import ray
     from tokenizers import Tokenizer
 
-    from bench_scaleout import _closed_loop
     from delta_ray import TokenizerPool, freeze_heap
     from delta_ray.actors.local_ray import local_init_kwargs
     from delta_ray.apps.bundled import bundled_tokenizer_path
@@ -97,8 +97,8 @@ def main() -> int:
                     else:
                         gc.unfreeze()
                     with FullCollections() as full:
-                        turns = _closed_loop(callers, args.seconds, turn)
-                        texts = _closed_loop(2, args.seconds, lambda i: pool.encode(text, add_special_tokens=False))
+                        turns = closed_loop(callers, args.seconds, turn)
+                        texts = closed_loop(2, args.seconds, lambda i: pool.encode(text, add_special_tokens=False))
                     results[way]["turns"] += turns.latencies
                     results[way]["texts"] += texts.latencies
                     results[way]["gc"] += full.times

@@ -22,29 +22,24 @@ import concurrent.futures as cf
 import os
 import random
 import statistics
-import time
+import sys
 from pathlib import Path
 
 os.environ.setdefault("RAY_ENABLE_AUTO_CONNECT", "0")
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import numpy as np  # noqa: E402
 import ray  # noqa: E402
 from tokenizers import Tokenizer  # noqa: E402
 
-from delta_ray.actors.local_ray import local_init_kwargs  # noqa: E402
+from bench.harness import idle_round, timed_ms  # noqa: E402 - idle_round: the same idle protocol as bench_turns
 from delta_ray import DeltaTokenizer, TokenizerPool  # noqa: E402
+from delta_ray.actors.local_ray import local_init_kwargs  # noqa: E402
 from delta_ray.apps.bundled import bundled_tokenizer_path  # noqa: E402
 from delta_ray.apps.sample_text import corpus  # noqa: E402
-from bench_turns import idle_round  # noqa: E402 - the same idle protocol as the in-process turns
 
 OUT = Path(__file__).resolve().parent / "out"
 ENGINE = "reference"  # set by --engine
-
-
-def _t(fn):
-    t0 = time.perf_counter()
-    out = fn()
-    return out, (time.perf_counter() - t0) * 1e3
 
 
 def single_calls(pool, dt, ref, quick):
@@ -63,13 +58,13 @@ def single_calls(pool, dt, ref, quick):
             dt.encode(src[:n], session=f"{key}{n}")
         d, p, de, pe, noop = [], [], [], [], []
         for t, dl in zip(texts, deltas):
-            a, ta = _t(lambda: dt.encode(t, session=f"w{n}"))
-            b, tb = _t(lambda: pool.encode(t, session=f"w{n}"))
-            c, tc = _t(lambda: dt.extend(f"e{n}", dl))
-            e, te = _t(lambda: pool.extend(f"e{n}", dl))
+            a, ta = timed_ms(lambda: dt.encode(t, session=f"w{n}"))
+            b, tb = timed_ms(lambda: pool.encode(t, session=f"w{n}"))
+            c, tc = timed_ms(lambda: dt.extend(f"e{n}", dl))
+            e, te = timed_ms(lambda: pool.extend(f"e{n}", dl))
             # The same call with nothing to encode: the hops alone (this machine's floor for one
             # pool call: a wake-up of the pool's loop thread and of the worker process, and back)
-            _, tn = _t(lambda: pool.extend(f"e{n}", ""))
+            _, tn = timed_ms(lambda: pool.extend(f"e{n}", ""))
             noop.append(tn)
             # numpy comparisons: big Python lists would make the driver's GC pause inside later timings
             a, b, c, e = (x.to_numpy() for x in (a, b, c, e))
@@ -83,11 +78,11 @@ def single_calls(pool, dt, ref, quick):
         print(f"{n:>10,}{turns:>6}{md:>15.2f}{mp:>10.2f}{mp - md:>10.2f}{mde:>16.2f}{mpe:>13.2f}{mpe - mde:>10.2f}"
               f"{statistics.median(noop):>12.2f}")
     doc = corpus("english", 1_000_000)
-    want, tr = _t(lambda: ref.encode(doc).ids)
+    want, tr = timed_ms(lambda: ref.encode(doc).ids)
     want = np.asarray(want, dtype=np.int32)
     tps = []
     for _ in range(3):
-        got, tp = _t(lambda: pool.encode(doc))
+        got, tp = timed_ms(lambda: pool.encode(doc))
         tps.append(tp)
     assert np.array_equal(got.to_numpy(), want)
     tp = statistics.median(tps)
@@ -96,8 +91,8 @@ def single_calls(pool, dt, ref, quick):
     # The pool against the caller's own DeltaTokenizer, same engine (placement decides where it runs)
     for n in (1_000_000, 3_000_000):
         big = corpus("english", n)
-        dt_ms = statistics.median([_t(lambda: dt.encode(big))[1] for _ in range(5)])
-        pool_ms = statistics.median([_t(lambda: pool.encode(big))[1] for _ in range(5)])
+        dt_ms = statistics.median([timed_ms(lambda: dt.encode(big))[1] for _ in range(5)])
+        pool_ms = statistics.median([timed_ms(lambda: pool.encode(big))[1] for _ in range(5)])
         got = pool.encode(big).to_numpy()
         assert np.array_equal(got, dt.encode(big).to_numpy())
         print(f"stateless {n:,} chars: in-process {dt_ms:.1f} ms, pool {pool_ms:.1f} ms -> "

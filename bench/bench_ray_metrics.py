@@ -22,7 +22,8 @@ import time
 
 os.environ.setdefault("RAY_ENABLE_AUTO_CONNECT", "0")
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
-sys.path.insert(0, os.path.dirname(__file__))
+
+from bench.harness import closed_loop, cpu_by_process  # noqa: E402
 
 AGENT = "ray::DashboardA"  # the node agent's process name, as /proc/<pid>/stat keeps it (15 bytes)
 
@@ -33,7 +34,6 @@ def one_way(metrics: bool, seconds: float) -> dict:
     import ray
     from tokenizers import Tokenizer
 
-    from bench_scaleout import _closed_loop, cpu_by_process
     from delta_ray import TokenizerPool
     from delta_ray.actors.local_ray import local_init_kwargs
     from delta_ray.apps.bundled import bundled_tokenizer_path
@@ -53,7 +53,7 @@ def one_way(metrics: bool, seconds: float) -> dict:
             def agent_ms() -> float:
                 return sum(ms for _, ms in cpu_by_process((AGENT,)).values())
             a0, t0 = agent_ms(), time.perf_counter()
-            loop = _closed_loop(2, seconds, lambda i: pool.encode(text, add_special_tokens=False), pids=())
+            loop = closed_loop(2, seconds, lambda i: pool.encode(text, add_special_tokens=False), pids=())
             agent = (agent_ms() - a0) / (time.perf_counter() - t0)
             assert np.array_equal(pool.encode(text, add_special_tokens=False).to_numpy(), want)
         return {"rate": loop.rate, "p99": loop.p99, "halves": list(loop.p99_range), "agent_ms_per_s": agent}

@@ -3,8 +3,10 @@
 Real HTTP on loopback, the same clients for everyone (``--clients`` threads in their own process,
 persistent connections, orjson to parse), sessions growing by ``--append`` characters per turn:
 
-* ``plain``: a uvicorn + FastAPI process re-encoding every request whole with fastokens (stdlib json);
-* ``peer``: a Ray Serve deployment re-encoding every request whole with fastokens (orjson, numpy IDs);
+* ``plain``: a uvicorn + FastAPI process re-encoding every request whole with fastokens (stdlib json;
+  ``bench/peers/servers.py``);
+* ``peer``: a Ray Serve deployment re-encoding every request whole with fastokens (orjson, numpy IDs;
+  ``bench/peers/servers.py``);
 * ``delta``: ``delta_ray.serve_app`` with the whole transcript sent (vLLM body, ``session_id``);
 * ``append``: ``delta_ray.serve_app`` with the append API (the delta in, ``start`` + the tail out).
 
@@ -25,7 +27,6 @@ import argparse
 import re
 import json
 import os
-import socket
 import subprocess
 import sys
 import threading
@@ -35,6 +36,9 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+
+from bench.harness import descendants, free_port, proc_stat  # noqa: E402
+from bench.peers.servers import plain_server, serve_peer  # noqa: E402
 
 SIZES = {"100k": (100_000, 32), "1m": (1_000_000, 8)}
 
@@ -64,51 +68,6 @@ def _ids_crc(ids) -> int:
     import numpy as np
     import orjson
     return zlib.crc32(orjson.dumps(np.asarray(ids, dtype=np.int32), option=orjson.OPT_SERIALIZE_NUMPY))
-
-
-# -- the plain peer: uvicorn + FastAPI + fastokens whole, stdlib json --------------------------------
-def plain_server(tokenizer_path: str, port: int) -> None:
-    import fastokens
-    import uvicorn
-    from fastapi import FastAPI, Request, Response
-
-    tok = fastokens.Tokenizer.from_file(tokenizer_path)
-    app = FastAPI()
-
-    @app.post("/tokenize")
-    async def tokenize(request: Request):
-        body = json.loads(await request.body())
-        ids = tok.encode(body["prompt"], add_special_tokens=body.get("add_special_tokens", True)).ids
-        return Response(json.dumps({"count": len(ids), "tokens": ids}), media_type="application/json")
-
-    uvicorn.run(app, host="127.0.0.1", port=port, log_level="warning", access_log=False)
-
-
-# -- the Serve peer: fastokens whole, orjson -----------------------------------------------------------
-def serve_peer(config_bytes: bytes):
-    from fastapi import FastAPI, Request, Response
-    from ray import serve
-
-    app = FastAPI()
-
-    @serve.deployment(ray_actor_options={"num_cpus": 0.25}, max_ongoing_requests=32)
-    @serve.ingress(app)
-    class WholePeer:
-        def __init__(self, data: bytes):
-            import fastokens
-            self.tok = fastokens.Tokenizer.from_json_str(data.decode())
-
-        @app.post("/tokenize")
-        async def tokenize(self, request: Request):
-            import numpy as np
-            import orjson
-            body = orjson.loads(await request.body())
-            buf, _ = self.tok.encode_batch_flat([body["prompt"]], add_special_tokens=body.get("add_special_tokens", True))
-            ids = np.frombuffer(buf, dtype="<u4").view("<i4")
-            return Response(orjson.dumps({"count": len(ids), "tokens": ids}, option=orjson.OPT_SERIALIZE_NUMPY),
-                            media_type="application/json")
-
-    return WholePeer.bind(config_bytes)
 
 
 # -- clients (their own process) ---------------------------------------------------------------------------
@@ -266,9 +225,6 @@ def client_main(spec_path: str) -> None:
 
 
 # -- CPU per process from /proc --------------------------------------------------------------------------
-_TICK = os.sysconf("SC_CLK_TCK")
-
-
 def _classify(cmd: str, special: dict[int, str], pid: int) -> str | None:
     if pid in special:
         return special[pid]
@@ -287,46 +243,20 @@ def _classify(cmd: str, special: dict[int, str], pid: int) -> str | None:
     return None
 
 
-def _descendants(root: int) -> set[int]:
-    """``root`` and every process below it (this machine may run other people's Ray clusters)."""
-    children: dict[int, list[int]] = {}
-    for p in os.listdir("/proc"):
-        if p.isdigit():
-            try:
-                ppid = int(Path(f"/proc/{p}/stat").read_text().rsplit(")", 1)[1].split()[1])
-            except (OSError, IndexError, ValueError):
-                continue
-            children.setdefault(ppid, []).append(int(p))
-    out, todo = set(), [root]
-    while todo:
-        pid = todo.pop()
-        if pid not in out:
-            out.add(pid)
-            todo.extend(children.get(pid, ()))
-    return out
-
-
 def cpu_snapshot(special: dict[int, str]) -> dict[str, float]:
     """CPU seconds so far by kind, over this process's descendants (Ray's processes included)."""
     out: dict[str, float] = {}
-    for pid in _descendants(os.getpid()) | set(special):
+    for pid in descendants(os.getpid()) | set(special):
         try:
             cmd = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace").strip()
             kind = _classify(cmd, special, pid) or "other-ray"
-            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-            out[kind] = out.get(kind, 0.0) + (int(fields[11]) + int(fields[12])) / _TICK
+            out[kind] = out.get(kind, 0.0) + proc_stat(pid)[1] / 1e3
         except (OSError, IndexError, ValueError):
             continue
     return out
 
 
 # -- orchestration ---------------------------------------------------------------------------------------
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _wait_http(host: str, port: int, path: str = "/tokenize", timeout: float = 120) -> None:
     import urllib.request
     deadline = time.time() + timeout
@@ -439,7 +369,7 @@ def main() -> None:
     specials: dict[int, str] = {}
     plain_proc = None
     if "plain" in modes:
-        pport = _free_port()
+        pport = free_port()
         plain_proc = subprocess.Popen([sys.executable, __file__, "--plain-server", path, str(pport)], cwd=ROOT,
                                       stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         specials[plain_proc.pid] = "plain"
@@ -464,7 +394,7 @@ def _run(args, path, modes, sizes, specials, plain_proc, pport) -> None:
         _wait_http("127.0.0.1", pport)
     ray.init(address="local", **local_init_kwargs())
     specials[os.getpid()] = "driver"
-    sport = _free_port()
+    sport = free_port()
     serve.start(http_options={"host": "127.0.0.1", "port": sport})
     endpoints: dict[str, tuple[str, int, str]] = {}
     if "peer" in modes:

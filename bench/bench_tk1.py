@@ -19,23 +19,17 @@ import argparse
 import os
 import statistics
 import sys
-import time
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
 import numpy as np  # noqa: E402
 from tokenizers import Tokenizer  # noqa: E402
 
+from bench.harness import timed_ms  # noqa: E402
 from delta_ray import DeltaTokenizer  # noqa: E402
 from delta_ray.apps.bundled import bundled_tokenizer_path  # noqa: E402
 from delta_ray.core.reference_api import describe, encode_batch_ids, ids_of  # noqa: E402
 from delta_ray.apps.sample_text import corpus  # noqa: E402
-
-
-def _ms(fn):
-    t0 = time.perf_counter()
-    out = fn()
-    return (time.perf_counter() - t0) * 1e3, out
 
 
 def ref_ids(ref, text, add=True):
@@ -50,8 +44,8 @@ def session_turns(path, ref, n, turns, append, engine):
     ours, whole, bad = [], [], 0
     for t in range(turns):
         text += src[n + t * append:n + (t + 1) * append]
-        a, got = _ms(lambda: dt.encode(text, session="s"))
-        b, want = _ms(lambda: ref_ids(ref, text))
+        got, a = timed_ms(lambda: dt.encode(text, session="s"))
+        want, b = timed_ms(lambda: ref_ids(ref, text))
         ours.append(a)
         whole.append(b)
         bad += not np.array_equal(got.to_numpy(), want)
@@ -71,8 +65,8 @@ def pool_turns(path, ref, n, turns, append, engine):
         ours, whole, bad = [], [], 0
         for t in range(turns):
             text += src[n + t * append:n + (t + 1) * append]
-            a, got = _ms(lambda: pool.encode(text, session="p"))
-            b, want = _ms(lambda: ref_ids(ref, text))
+            got, a = timed_ms(lambda: pool.encode(text, session="p"))
+            want, b = timed_ms(lambda: ref_ids(ref, text))
             ours.append(a)
             whole.append(b)
             bad += not np.array_equal(np.asarray(got), want)
@@ -82,8 +76,8 @@ def pool_turns(path, ref, n, turns, append, engine):
 def batch(path, ref, docs, engine):
     dt = DeltaTokenizer(path, engine=engine, shadow_rate=0.0)
     dt.encode_batch(docs[:8])
-    a, got = _ms(lambda: dt.encode_batch(docs))
-    b, want = _ms(lambda: encode_batch_ids(ref, docs, True))
+    got, a = timed_ms(lambda: dt.encode_batch(docs))
+    want, b = timed_ms(lambda: encode_batch_ids(ref, docs, True))
     bad = sum(not np.array_equal(g.to_numpy(), w) for g, w in zip(got, want))
     return a, b, bad
 
@@ -92,8 +86,8 @@ def long_text(path, ref, n, engine):
     text = corpus("english", n)[:n]
     dt = DeltaTokenizer(path, engine=engine, shadow_rate=0.0)
     dt.encode(text[:200_000])
-    a = min(_ms(lambda: dt.encode(text))[0] for _ in range(3))
-    b = min(_ms(lambda: ref_ids(ref, text))[0] for _ in range(3))
+    a = min(timed_ms(lambda: dt.encode(text))[1] for _ in range(3))
+    b = min(timed_ms(lambda: ref_ids(ref, text))[1] for _ in range(3))
     bad = not np.array_equal(dt.encode(text).to_numpy(), ref_ids(ref, text))
     return a, b, int(bad)
 

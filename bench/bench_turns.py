@@ -37,22 +37,12 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
 from tokenizers import Tokenizer  # noqa: E402
 
+from bench.harness import idle_round  # noqa: E402
+from bench.peers.in_process import Fastokens  # noqa: E402
 from delta_ray import DeltaTokenizer  # noqa: E402
 from delta_ray.apps.bundled import bundled_tokenizer_path  # noqa: E402
 from delta_ray.apps.sample_text import corpus  # noqa: E402
 
-
-
-def idle_round(calls: dict, order: list, sleep_s: float, times: dict) -> dict:
-    """Each call in ``order`` after its own ``sleep_s`` idle (a server between requests); appends
-    its milliseconds to ``times[name]`` and returns the answers by name."""
-    got = {}
-    for name in order:
-        time.sleep(sleep_s)
-        t0 = time.perf_counter()
-        got[name] = calls[name]()
-        times[name].append((time.perf_counter() - t0) * 1e3)
-    return got
 
 def run(path, engine, n, sessions, turns, append, ref, check_every):
     src = corpus("english", n + sessions * (turns + 1) * append + 10_000)
@@ -110,19 +100,6 @@ def chat_transcript(n_chars: int, src: str, msg: int = 1280) -> list[str]:
     return out
 
 
-def _peer(path: str, cache_mib: int):
-    """fastokens in the caller's process, the strongest alternative: a whole re-encode per request."""
-    import fastokens
-    import numpy as np
-    tok = fastokens.Tokenizer.from_json_str(open(path, encoding="utf-8").read())
-    tok.enable_segment_cache(cache_mib << 20)
-
-    def encode(text: str):
-        buf, _ = tok.encode_batch_flat([text], add_special_tokens=True)
-        return np.frombuffer(buf, dtype="<u4")
-    return encode
-
-
 def _floor(path: str):
     """The least any Python turn that answers in Arrow can do, an oracle's turn: one fastokens call on
     the append alone (as if the cut, the kept IDs and the splice were free), its buffer wrapped as an
@@ -154,7 +131,9 @@ def idle_run(path, engine, n, turns, ref, sleep_s=0.030):
     dt = DeltaTokenizer(path, engine=engine)  # the default shadow rate, as a server runs it
     dt.encode(base, session="e")
     dt.encode(base, session="w")
-    peers = {"ft_cache": _peer(path, 256), "ft_nocache": _peer(path, 0)}
+    # fastokens in the caller's process, the strongest alternative: a whole re-encode per request
+    peers = {"ft_cache": Fastokens(path, segment_cache=True, cache_bytes=256 << 20).ids,
+             "ft_nocache": Fastokens(path).ids}
     for enc in peers.values():
         enc(base)  # the segment cache has seen the transcript so far, as in a server
     floor, kept = _floor(path), dt.extend("e", "").chunk(0)

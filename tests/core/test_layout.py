@@ -6,12 +6,18 @@ Parts, bottom up (docs/design.md, "Map"):
   delta_ray/verify   the fast tier's verification and its engines. Imports core.
   delta_ray/*.py     the tokenizer (TokenizerCore composes core and verify; DeltaTokenizer is the
                      user's facade) and the package's lazy front door.
-  delta_ray/apps     what is built on the tokenizer: batch files, chat templates, CLI, demo, drop-in.
+  delta_ray/apps     what is built on the tokenizer: batch files, chat templates, CLI, drop-in.
   actors             the Ray glue (pool, workers, chunk tasks, Serve, Data).
-  scheduler          Ray-free queue policy. Imports only itself.
+  scheduler          Ray-free queue policy: routing, queues, policies, estimates, dispatcher,
+                     placement (and the clock, constants and task records they use). Imports only itself.
 An application imports actors only inside a function (Ray stays lazy); nothing below the
 applications imports them. No import cycle among modules; no module imports another module's
 underscore names.
+
+Outside the package, bench/ (the benchmarks, the demo, the peers, the scale-out lab) may import
+the package; the package never imports bench/. Within bench/ the same two rules hold (no cycle, no
+underscore names of another module), and a bench reaches another's code through its package path
+(``bench.harness``), never as a sibling script (``import bench_files``).
 """
 from __future__ import annotations
 
@@ -23,6 +29,8 @@ import warnings
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 FOLDERS = {"delta_ray": "delta_ray", "actors": "delta_ray.actors", "scheduler": "delta_ray.scheduler"}
+BENCH = {"bench": "bench"}  # not installed: the benchmarks, the demo, the peers, the scale-out lab
+SCHEDULER = {"clock", "constants", "dispatcher", "estimates", "placement", "policies", "queues", "routing", "tasks"}
 # What each part may import (module level and inside functions alike), besides itself.
 ALLOWED = {
     "core": set(),
@@ -38,9 +46,9 @@ LAZY_ONLY = {("apps", "actors"), ("top", "actors"), ("top", "apps")}  # allowed 
 SOFT_MAX_LINES = 800
 
 
-def _modules() -> dict[str, pathlib.Path]:
+def _modules(folders: dict[str, str] = FOLDERS) -> dict[str, pathlib.Path]:
     out = {}
-    for folder, pkg in FOLDERS.items():
+    for folder, pkg in folders.items():
         for path in (ROOT / folder).rglob("*.py"):
             rel = path.relative_to(ROOT / folder).with_suffix("")
             name = ".".join((pkg, *rel.parts))
@@ -97,8 +105,8 @@ def test_parts_import_only_what_the_rule_allows():
     assert not bad, "imports against the dependency rule:\n" + "\n".join(bad)
 
 
-def test_no_import_cycle_and_no_private_names():
-    modules = _modules()
+def _graph_and_private_names(modules: dict[str, pathlib.Path]) -> tuple[dict[str, set[str]], list[str]]:
+    """Who imports whom among ``modules``, and every import of another module's underscore name."""
     graph = {name: set() for name in modules}
     private = []
     for name, path in modules.items():
@@ -106,8 +114,11 @@ def test_no_import_cycle_and_no_private_names():
             if target != name:
                 graph[name].add(target)
             private += [f"{name} imports {target}.{n}" for n in names if n.startswith("_") and not n.startswith("__")]
-    assert not private, private
-    # Tarjan's strongly connected components: a component of more than one module is a cycle.
+    return graph, private
+
+
+def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Tarjan's strongly connected components: a component of more than one module is a cycle."""
     index, low, stack, on, cycles, counter = {}, {}, [], set(), [], [0]
 
     def visit(v):
@@ -136,6 +147,13 @@ def test_no_import_cycle_and_no_private_names():
     for v in graph:
         if v not in index:
             visit(v)
+    return cycles
+
+
+def test_no_import_cycle_and_no_private_names():
+    graph, private = _graph_and_private_names(_modules())
+    assert not private, private
+    cycles = _cycles(graph)
     assert not cycles, cycles
 
 
@@ -148,6 +166,38 @@ def test_long_modules_are_flagged():
         if n > SOFT_MAX_LINES:
             warnings.warn(f"{path.relative_to(ROOT)} has {n} lines (over {SOFT_MAX_LINES}): does it hold one concept?",
                           stacklevel=1)
+
+
+def test_the_package_never_imports_bench():
+    """bench/ holds what the installed package must not: the demo's peers, the simulation."""
+    modules, bench = _modules(), _modules(BENCH)
+    both = {**modules, **bench}
+    bad = [f"{name} -> {target}{' (in a function)' if lazy else ''}" for name, path in modules.items()
+           for target, lazy, _ in _imports(name, path, both) if target in bench]
+    assert not bad, "the package imports bench/:\n" + "\n".join(bad)
+
+
+def test_bench_has_no_cycle_no_private_names_and_no_sibling_scripts():
+    bench = _modules(BENCH)
+    assert "bench.harness" in bench
+    graph, private = _graph_and_private_names(bench)
+    assert not private, private
+    cycles = _cycles(graph)
+    assert not cycles, cycles
+    stems = {path.stem for path in bench.values() if not path.stem.startswith("__")}
+    siblings = []
+    for name, path in bench.items():
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            mods = ([a.name for a in node.names] if isinstance(node, ast.Import)
+                    else [node.module or ""] if isinstance(node, ast.ImportFrom) and not node.level else [])
+            siblings += [f"{name} imports {m}" for m in mods if m.split(".")[0] in stems]
+    assert not siblings, siblings
+
+
+def test_scheduler_holds_the_queue_policy_only():
+    """The scale-out simulation and its costs live in bench/scaleout, beside the real policy, not in it."""
+    held = {n.rsplit(".", 1)[1] for n in _modules() if n.startswith("delta_ray.scheduler.")}
+    assert held == SCHEDULER, held ^ SCHEDULER
 
 
 def test_the_core_loads_without_the_verifier_or_ray():

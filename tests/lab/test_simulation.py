@@ -1,4 +1,4 @@
-"""The scale-out simulation on its fake clock: queueing results it must reproduce, and that it drives
+"""The scale-out simulation (bench/scaleout) on its fake clock: queueing results it must reproduce, and that it drives
 the real scheduler (rendezvous homes, in-flight limits). Simulated time only; no wall-clock asserts."""
 from __future__ import annotations
 
@@ -6,9 +6,10 @@ import random
 
 import pytest
 
+from bench.scaleout.costs import Costs, Deck, spread_of, stalls_of
+from bench.scaleout.resources import Resource, SharedCores
+from bench.scaleout.simulation import Cluster, Simulation, sweep
 from delta_ray.scheduler import home_worker, worker_name
-from delta_ray.scheduler.simulation import (Cluster, Costs, Deck, Resource, SharedCores, Simulation, spread_of,
-                                            stalls_of, sweep)
 
 # Everything free except what a test sets: results then follow from arithmetic.
 FREE = Costs(handoff_ms=0.0, orch_session_ms=0.0, orch_chunk_ms=0.0, channel_client_ms=0.0, ray_call_ms=0.0,

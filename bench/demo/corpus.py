@@ -2,8 +2,8 @@
 
 delta-ray runs ``delta-ray tokenize``'s local path (:func:`delta_ray.apps.batch_files.tokenize_files`:
 this machine, every core, no Ray; the ``--ray-data`` path is for clusters and is not shown here).
-The plain script (:mod:`.plain_script`, pyarrow + fastokens with its defaults) runs in its own
-process. The reference's ``encode_batch`` (all cores) then encodes every document, and every row of
+The plain script (:mod:`bench.peers.plain_script`, pyarrow + fastokens with its defaults) runs in
+its own process. The reference's ``encode_batch`` (all cores) then encodes every document, and every row of
 both outputs is compared with it.
 """
 from __future__ import annotations
@@ -17,11 +17,12 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from ..batch_files import Options, output_name, tokenize_files
-from ..sample_text import doc_source
-from ...tokenizer import DeltaTokenizer
-from ...tokenizer_core import TokenizerCore
-from . import plain_script
+from bench.peers import plain_script
+from delta_ray.apps.batch_files import Options, output_name, tokenize_files
+from delta_ray.apps.sample_text import doc_source
+from delta_ray.tokenizer import DeltaTokenizer
+from delta_ray.tokenizer_core import TokenizerCore
+
 from .baselines import Engines
 from .report import Table, out, progress, verdict
 

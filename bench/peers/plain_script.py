@@ -1,13 +1,15 @@
-"""The batch script a user writes instead of delta-ray (the demo's corpus baseline).
+"""The batch script a user writes instead of delta-ray (the demo's corpus peer, and bench_data's and
+bench_files' ``plain`` pipeline).
 
 pyarrow reads each Parquet file in batches of 8,192 rows (a JSONL file whole), fastokens ``encode_batch_flat`` encodes a
 batch (its own threads, its defaults), the IDs become a ``list<int32>`` column built from the
 engine's buffer, and a ParquetWriter writes it. Without fastokens: the reference's
 ``encode_batch``. Prints one JSON line: seconds (after loading the tokenizer), tokens, engine.
 
-    python delta_ray/apps/demo/plain_script.py TOKENIZER_JSON OUT_DIR INPUT.parquet|INPUT.jsonl...
+    python bench/peers/plain_script.py TOKENIZER_JSON OUT_DIR INPUT.parquet|INPUT.jsonl...
 
-Run as a script, not ``-m``: importing ``delta_ray`` would pin fastokens to one thread.
+Run as a script, not ``-m``, and importing nothing of this project: importing ``delta_ray`` would pin
+fastokens to one thread.
 """
 from __future__ import annotations
 
@@ -84,6 +86,12 @@ def run(tokenizer_path: str, out_dir: str, inputs: list[str]) -> dict:
     if res.returncode:
         raise RuntimeError(f"the plain script failed ({res.returncode}): {res.stderr[-2000:]}")
     return json.loads(res.stdout.strip().splitlines()[-1])
+
+
+def timed_run(tokenizer_path: str, inputs: list[str], out_dir: str) -> tuple[float, int]:
+    """:func:`run`'s seconds and tokens, in the benches' argument order (the inputs, then where to write)."""
+    res = run(tokenizer_path, out_dir, inputs)
+    return res["seconds"], res["tokens"]
 
 
 if __name__ == "__main__":

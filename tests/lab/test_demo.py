@@ -1,8 +1,9 @@
-"""The demo: its tables, its checks (a wrong result is reported, never hidden), a machine without
-fastokens, and ``delta-ray demo --quick`` end to end (slow tier: it starts Ray and Serve)."""
+"""The demo (bench/demo): its tables, its checks (a wrong result is reported, never hidden), a machine
+without fastokens, and ``python -m bench.demo --quick`` end to end (slow tier: it starts Ray and Serve)."""
 from __future__ import annotations
 
 import os
+import pathlib
 import subprocess
 import sys
 
@@ -10,10 +11,13 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
+from bench.demo import baselines
+from bench.demo.in_process import chat, stateless
+from bench.demo.report import Table
+from bench.peers.in_process import fastokens_version
 from delta_ray.apps.bundled import bundled_tokenizer_path
-from delta_ray.apps.demo import baselines
-from delta_ray.apps.demo.in_process import chat, stateless
-from delta_ray.apps.demo.report import Table
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
 
 
 def test_table_columns_align(capsys):
@@ -74,20 +78,27 @@ def test_without_fastokens_the_reference_is_shown(monkeypatch, capsys):
 
 @pytest.mark.slow
 def test_quick_demo_end_to_end():
-    """``delta-ray demo --quick``: exit 0, every result exact, fastokens beside delta-ray in every
+    """``python -m bench.demo --quick`` (what ``python3 bootstrap.py demo --quick`` runs): exit 0, every result exact, fastokens beside delta-ray in every
     section, nothing on stderr, no Ray log lines."""
     env = dict(os.environ, RAY_ENABLE_AUTO_CONNECT="0")
     env.pop("RAY_ADDRESS", None)
     env.pop("DELTA_RAY_FAST_BACKGROUND", None)
-    proc = subprocess.run([sys.executable, "-m", "delta_ray.apps.cli", "demo", "--quick"], capture_output=True,
-                          text=True, timeout=1200, env=env)
+    proc = subprocess.run([sys.executable, "-m", "bench.demo", "--quick"], capture_output=True,
+                          text=True, timeout=1200, env=env, cwd=ROOT)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert proc.stderr == "", proc.stderr[-3000:]
     out = proc.stdout
     assert "every result of delta-ray equals the reference" in out and "MISMATCH" not in out
     for section in ("Long stateless text", "Chat session", "Pool on Ray", "Ray Serve over HTTP", "A corpus"):
         assert section in out, section
-    if baselines.fastokens_version():
+    if fastokens_version():
         assert out.count("fastokens") >= 6
     for noise in ("core_worker", "Running Dataset", "(raylet)", "WARNING", "INFO"):
         assert noise not in out, noise
+
+
+def test_the_installed_cli_points_at_the_checkout_demo(capsys):
+    """The demo and its peers are not installed: ``delta-ray demo`` says where it runs, whatever its flags."""
+    from delta_ray.apps.cli import main
+    assert main(["demo", "--quick", "--in-process"]) == 2
+    assert "python3 bootstrap.py demo" in capsys.readouterr().err

@@ -13,12 +13,14 @@ import socket
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import numpy as np
 
-from ...core.loading import LoadedTokenizer
-from ..sample_text import chat_transcript, corpus
+from bench.harness import free_port
+from bench.peers import plain_server as plain_server_script
+from delta_ray.apps.sample_text import chat_transcript, corpus
+from delta_ray.core.loading import LoadedTokenizer
+
 from .baselines import Engines, chat_calls
 from .report import (Steps, Table, best, median, ms, out, progress, quiet_ray_loggers, ratio, size_label, timed,
                      verdict)
@@ -41,7 +43,7 @@ def start_ray(tries: int = 3) -> tuple[bool, str]:
         if os.environ.get("RAY_ADDRESS"):
             ray.init(address=os.environ["RAY_ADDRESS"], log_to_driver=False)
         else:
-            from ...actors.local_ray import local_init_kwargs
+            from delta_ray.actors.local_ray import local_init_kwargs
             with progress("starting a local Ray"):
                 for attempt in range(1, tries + 1):
                     try:
@@ -72,7 +74,7 @@ def ray_sections(eng: Engines, loaded: LoadedTokenizer, sizes, log_path: str) ->
     out(f"  Ray: {int(ray.cluster_resources().get('CPU', 0))} CPUs; its logs: {logs}")
     ok = True
     try:
-        from ...core.errors import PoolStartupError
+        from delta_ray.core.errors import PoolStartupError
         try:
             ok &= pool_section(eng, loaded, sizes.pool_turns)
         except PoolStartupError as exc:
@@ -92,7 +94,7 @@ def _chat(n: int, turns: int) -> tuple[str, list[str]]:
 def pool_section(eng: Engines, loaded: LoadedTokenizer, turns: int) -> bool:
     """Sessions and a long text through ``TokenizerPool`` (workers on Ray, sessions on their home
     worker), against fastokens re-encoding in the caller."""
-    from ...actors.pool import TokenizerPool
+    from delta_ray.actors.pool import TokenizerPool
     with progress("starting the pool (one worker per CPU, each loads the tokenizer)", 15):
         pool = TokenizerPool(loaded)
     t = Table(f"Pool on Ray: {pool.num_workers} workers (median of {turns} turns or calls, warm; "
@@ -166,12 +168,6 @@ def pool_section(eng: Engines, loaded: LoadedTokenizer, turns: int) -> bool:
     return ok
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _wait_port(port: int, proc: subprocess.Popen | None, timeout: float = 60) -> None:
     t0 = time.perf_counter()
     while time.perf_counter() - t0 < timeout:
@@ -212,12 +208,12 @@ def serve_section(eng: Engines, loaded: LoadedTokenizer, turns: int, log_path: s
     against a plain uvicorn + FastAPI + fastokens server re-encoding every request whole."""
     from ray import serve
 
-    from ...actors.serve import serve_app
-    from ...actors.serve_router import routing_headers
+    from delta_ray.actors.serve import serve_app
+    from delta_ray.actors.serve_router import routing_headers
 
-    plain_port, serve_port = _free_port(), _free_port()
+    plain_port, serve_port = free_port(), free_port()
     log = open(log_path, "ab")
-    script = Path(__file__).with_name("plain_server.py")
+    script = plain_server_script.__file__
     env = {k: v for k, v in os.environ.items() if k != "FASTOKENS_BPE_THREADS"}  # the user's defaults
     plain = subprocess.Popen([sys.executable, str(script), eng.path, str(plain_port)],
                              stdout=log, stderr=log, env=env)

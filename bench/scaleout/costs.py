@@ -1,6 +1,6 @@
 """The simulation's inputs: service times measured on a real machine, and the shapes of their variation.
 
-Ray-free and stdlib-only, like ``scheduler/``; filled in by ``bench/bench_scaleout.py``.
+Ray-free and stdlib-only; filled in by ``bench/scaleout/measure.py``.
 """
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 @dataclass(frozen=True)
 class Costs:
-    """Service times in ms, each measured on a real machine (see bench/bench_scaleout.py)."""
+    """Service times in ms, each measured on a real machine (see bench/scaleout/measure.py)."""
     # driver CPU (GIL + a core of the driver's node) per step
     handoff_ms: float = 0.07  # caller thread -> the pool's loop and back
     orch_session_ms: float = 0.30  # orchestrator per session call (fake transport answering at once)...

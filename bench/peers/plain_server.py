@@ -1,10 +1,10 @@
-"""The tokenization server a user writes instead of delta-ray's Serve app (the demo's baseline).
+"""The tokenization server a user writes instead of delta-ray's Serve app (the demo's Serve peer).
 
 uvicorn + FastAPI, fastokens loaded once with its segment cache (which helps chat: the transcript's
 earlier messages are cached between added tokens), every request's text re-encoded whole, IDs
 returned with orjson from the engine's buffer. Without fastokens it uses the reference.
 
-    python delta_ray/demo/plain_server.py TOKENIZER_JSON PORT
+    python bench/peers/plain_server.py TOKENIZER_JSON PORT
 
 Run as a script, not ``-m``: importing ``delta_ray`` would pin fastokens to one thread per process
 (delta-ray's setting), and the baseline runs with fastokens' own defaults.

@@ -1,10 +1,11 @@
-"""What a user runs instead of delta-ray, loaded once and warm, and the checks against the reference.
+"""The demo's peers for one tokenizer, loaded once and warm, and every result checked against the reference.
 
 * the reference ``tokenizers`` (``Tokenizer.from_file(...).encode(text).ids``): the IDs every
   result is compared with;
-* fastokens re-encoding the whole text (``encode_batch_flat``: IDs as a buffer, no Python list);
-* fastokens with its segment cache (``enable_segment_cache``): for chat, it reuses the text between
-  added tokens seen in earlier requests.
+* fastokens re-encoding the whole text (:class:`bench.peers.in_process.Fastokens`: IDs as a buffer,
+  no Python list);
+* fastokens with its segment cache: for chat, it reuses the text between added tokens seen in
+  earlier requests.
 
 When fastokens is not installed the demo says so and shows the reference alone.
 """
@@ -16,37 +17,8 @@ from typing import Any, Callable
 import numpy as np
 from tokenizers import Tokenizer
 
+from bench.peers.in_process import Fastokens, fastokens_version
 from delta_ray.core.assembly import ids_to_numpy
-
-SEGMENT_CACHE_BYTES = 512 << 20
-
-
-def fastokens_version() -> str | None:
-    from ...verify.fast_engine import package_version
-    return package_version("fastokens")
-
-
-def _load_fastokens(path: str, segment_cache: bool):
-    import fastokens
-    tok = fastokens.Tokenizer.from_file(path)
-    if hasattr(tok, "enable_segment_cache"):
-        tok.enable_segment_cache(SEGMENT_CACHE_BYTES if segment_cache else 0)
-    elif segment_cache:
-        return None
-    return tok
-
-
-class Fastokens:
-    """One fastokens tokenizer as a user would hold it in a server: loaded once, reused."""
-
-    def __init__(self, path: str, segment_cache: bool = False):
-        self.tok = _load_fastokens(path, segment_cache)
-        if self.tok is None:
-            raise ImportError("this fastokens has no segment cache")
-
-    def ids(self, text: str) -> np.ndarray:
-        buf, _ = self.tok.encode_batch_flat([text], add_special_tokens=True)
-        return np.frombuffer(buf, dtype="<u4").view("<i4")
 
 
 @dataclass

@@ -9,8 +9,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..sample_text import chat_transcript, corpus
-from ...tokenizer import DeltaTokenizer
+from delta_ray.apps.sample_text import chat_transcript, corpus
+from delta_ray.tokenizer import DeltaTokenizer
+
 from .baselines import Engines, chat_calls
 from .report import Steps, Table, best, median, ms, ratio, size_label, timed, verdict
 

@@ -1,4 +1,7 @@
-"""``delta-ray demo``: what delta-ray does, beside what a user would run instead, every result checked.
+"""The demo: what delta-ray does, beside what a user would run instead, every result checked.
+
+``python3 bootstrap.py demo [--quick] [--in-process] [--tokenizer PATH]`` runs it, as
+``python -m bench.demo`` from the checkout's root.
 
 Sections (one table each, then a one-line verdict):
 
@@ -41,7 +44,7 @@ QUICK = Sizes(stateless=(1_000_000,), stateless_calls=3, chat=(100_000, 1_000_00
 
 
 def main(args) -> int:
-    """Entry point of ``delta-ray demo``."""
+    """Run the demo with ``args`` (``tokenizer``, ``in_process``, ``quick``); the exit status."""
     from .report import demo_log_path, log_to_file, out
 
     log_path = demo_log_path()
@@ -50,8 +53,8 @@ def main(args) -> int:
     t_start = time.perf_counter()
     sizes = QUICK if args.quick else FULL
 
-    from ..bundled import DEFAULT_TOKENIZER, bundled_tokenizer_path
-    from ...core.loading import load_tokenizer
+    from delta_ray.apps.bundled import DEFAULT_TOKENIZER, bundled_tokenizer_path
+    from delta_ray.core.loading import load_tokenizer
     from .baselines import Engines
     from .fast_tier import fast_tier_tokenizer
     from .in_process import chat, stateless

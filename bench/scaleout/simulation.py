@@ -4,7 +4,7 @@ The pool's decisions are not modelled: every task goes through a real :class:`Di
 policy, its per-worker in-flight limit, its shared chunk slots) and every session through the real
 rendezvous routing, on a :class:`FakeClock` that this simulation moves. What IS modelled is time:
 each step takes a service time measured on a real machine (:class:`Costs`, filled in by
-``bench/bench_scaleout.py``) while holding the resources it needs, so the simulation finds which
+``bench/scaleout/measure.py``) while holding the resources it needs, so the simulation finds which
 resource saturates first and how throughput grows with cores and nodes:
 
 * a **driver** (a process calling the pool: its orchestrator on one asyncio loop under one GIL)
@@ -30,7 +30,8 @@ resource saturates first and how throughput grows with cores and nodes:
 A node's cores are time-shared (:class:`SharedCores`) by its workers, tasks, driver and other jobs;
 a loop, a worker's lock and a NIC are FIFO servers (:class:`Resource`). Utilization is busy
 server-time over capacity; the first to saturate is the busiest when the offered load exceeds what
-the pool completes. Ray-free and stdlib-only, like ``scheduler/``.
+the pool completes. Ray-free and stdlib-only: beside the package's ``scheduler/``, which it
+imports and never the other way.
 """
 from __future__ import annotations
 
@@ -42,11 +43,12 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Callable, Optional
 
-from .clock import FakeClock
-from .dispatcher import Dispatcher
-from .routing import worker_name
-from .sim_costs import Costs, Deck, spread_of, stalls_of  # noqa: F401  (re-exported)
-from .sim_resources import Resource, SharedCores  # noqa: F401  (re-exported)
+from delta_ray.scheduler.clock import FakeClock
+from delta_ray.scheduler.dispatcher import Dispatcher
+from delta_ray.scheduler.routing import worker_name
+
+from .costs import Costs, Deck
+from .resources import Resource, SharedCores
 
 TURN_CHARS = 1300
 

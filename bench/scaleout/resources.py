@@ -1,7 +1,7 @@
 """The simulation's resources: FIFO servers (a loop's GIL, a worker's lock, a NIC) and a node's cores,
 which the OS time-shares among whatever is runnable (processor sharing, not first come first served).
 
-Ray-free and stdlib-only, like ``scheduler/``.
+Ray-free and stdlib-only.
 """
 from __future__ import annotations
 

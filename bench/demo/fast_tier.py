@@ -10,10 +10,11 @@ from __future__ import annotations
 
 import time
 
-from ...verify.engines import cached_admission_exists
-from ...verify.fast_engine import FastEngineUnavailable, available_backends
-from ...core.loading import LoadedTokenizer
-from ...tokenizer import DeltaTokenizer
+from delta_ray.verify.engines import cached_admission_exists
+from delta_ray.verify.fast_engine import FastEngineUnavailable, available_backends
+from delta_ray.core.loading import LoadedTokenizer
+from delta_ray.tokenizer import DeltaTokenizer
+
 from .report import out, progress
 
 ADMISSION_ESTIMATE_S = 90.0  # measured 60-160 s on a 2-core machine (one core per probe batch)
