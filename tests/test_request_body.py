@@ -132,3 +132,16 @@ def test_sliced_ids_stop_at_the_limit(monkeypatch):
 def test_a_detokenize_body_is_capped_by_its_id_limit():
     assert rb.detokenize_max_bytes(1 << 20, 64 << 20) == (1 << 20) * 16 + 64 * 1024
     assert rb.detokenize_max_bytes(1 << 20, 1 << 20) == 1 << 20  # never past the body limit
+
+
+def test_a_million_ids_are_parsed_a_slice_per_call(monkeypatch):
+    """orjson holds the GIL for a whole call, so the event loop waits for the longest one: a
+    million IDs (a 30-40 ms parse at once) go through calls of at most a slice each."""
+    seen = []
+    real = orjson.loads
+    monkeypatch.setattr(rb.orjson, "loads", lambda b: seen.append(len(b)) or real(b))
+    ids = [9906, 1917, 13] * 333_333
+    for raw in (orjson.dumps({"model": "m", "tokens": ids}), json.dumps({"tokens": ids, "model": "m"}).encode()):
+        seen.clear()
+        assert rb.parse_id_body(raw, 1 << 20, 65_536) == {"model": "m", "tokens": ids}
+        assert len(seen) > 10 and max(seen) <= rb.ID_SLICE_BYTES + 16
