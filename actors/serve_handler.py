@@ -44,7 +44,8 @@ from .tenant_keys import content_session_key, session_key
 log = logging.getLogger("delta_ray.serve")
 
 OFF_LOOP_BYTES = 256 * 1024  # bodies larger than this are parsed and serialized in a thread
-OFF_LOOP_CHARS = 128 * 1024  # session texts longer than this are encoded in a thread
+OFF_LOOP_CHARS = 128 * 1024  # texts longer than this are encoded in a thread (the fast engine: ~1 ms)
+OFF_LOOP_CHARS_REFERENCE = 16 * 1024  # ... where the reference encodes them (1-2 MB/s: 128K chars held the loop 45 ms)
 OFF_LOOP_IDS = 16384  # ID lists longer than this are validated, decoded or named (token_strs) in a thread
 MANY_TOKENS = 65536  # answers with more IDs than this are serialized in a thread
 MANY_MESSAGES = 64  # chats with more messages than this are validated in a thread (all are rendered in one)
@@ -236,11 +237,11 @@ class RequestHandler:
                 # so one tenant's timing can never reveal another's text.
                 key, content = content_session_key(content_key(text), req.tenant), True
             if key is None:
-                tokens = await asyncio.to_thread(self._stateless, text, add) if len(text) > OFF_LOOP_CHARS \
+                tokens = await asyncio.to_thread(self._stateless, text, add) if len(text) > self._loop_chars() \
                     else self._stateless(text, add)
             else:
                 tokens, where, version = await self._off_loop_if(
-                    len(text) > OFF_LOOP_CHARS or self._locks.busy(key), self._session, key, text, add)
+                    len(text) > self._loop_chars() or self._locks.busy(key), self._session, key, text, add)
                 self._record.record_path(f"serve_session_{where}")
                 if content:
                     version = None  # content keys are the replica's, not a session the client extends
@@ -262,6 +263,11 @@ class RequestHandler:
     def _render(self, req: TokenizeRequest) -> str:
         return self.template.render(req.messages, add_generation_prompt=req.add_generation_prompt, tools=req.tools,
                                     **req.chat_template_kwargs)
+
+    def _loop_chars(self) -> int:
+        """The longest text encoded on the loop: the fast engine's budget, or the reference's
+        (an unadmitted configuration, or the fast tier switched off)."""
+        return OFF_LOOP_CHARS if self.delta.uses_fast_engine else OFF_LOOP_CHARS_REFERENCE
 
     @staticmethod
     async def _off_loop_if(cond: bool, fn: Callable, *args):
@@ -295,7 +301,7 @@ class RequestHandler:
 
     async def _append_request(self, req: TokenizeRequest) -> "tuple[dict, str]":
         key = session_key(req.session, req.tenant)
-        big = len(req.append) > OFF_LOOP_CHARS or self._locks.busy(key)
+        big = len(req.append) > self._loop_chars() or self._locks.busy(key)
         try:
             start, count, tail, version = await self._off_loop_if(
                 big, self._append, key, req.session, req.append, req.add_special_tokens, req.session_version)
