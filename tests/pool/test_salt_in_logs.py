@@ -11,7 +11,6 @@ from delta_ray.actors.worker import WorkerService
 from delta_ray.core.config import PoolConfig, TokenizerConfig
 from delta_ray.core.loading import load_tokenizer
 from delta_ray.tokenizer_core import TokenizerCore
-from test_orchestrator import FakeTransport
 
 SECRET = b"s" * 32
 TOK = TokenizerConfig(chunk_size=4096, cut_threshold=12_000, threads=1, engine="reference", shadow_rate=0.0)
@@ -23,11 +22,24 @@ class _NoMetrics:
         return lambda *a, **k: None
 
 
-class _InstallFails(FakeTransport):
+class _InstallFails:
+    """A transport whose calls run on in-process worker services, and whose installs fail."""
+
+    def __init__(self, services: dict[str, WorkerService], shared: WorkerService):
+        self.services, self.shared = services, shared
+
     async def call(self, wid, call):
+        await asyncio.sleep(0)  # a real transport answers on a later loop turn
         if call.kind is INSTALL:
             raise RuntimeError("the worker refused the state")
-        return await super().call(wid, call)
+        svc = self.shared if wid is None else self.services[wid]
+        return getattr(svc, call.kind.method)(*call.args)
+
+    def retire(self, wid, *, kill):
+        pass
+
+    def close(self):
+        pass
 
 
 def test_a_failed_install_logs_the_session_never_its_salt(tokenizer_paths, references, real_texts, caplog):
