@@ -14,6 +14,10 @@ TOKENIZE_FIELDS = {"model", "prompt", "messages", "add_special_tokens", "add_gen
                    "continue_final_message", "chat_template_kwargs", "tools", "return_token_strs",
                    "session_id", "cache_salt", "append", "session_version"}
 DETOKENIZE_FIELDS = {"model", "tokens", "cache_salt"}
+# Names a request carries (model, session_id, cache_salt, session_version) are hashed, compared and
+# keyed on the event loop: bounded, so none costs more than a few microseconds there.
+MAX_NAME_CHARS = 4096
+NAME_FIELDS = ("model", "session_id", "cache_salt", "session_version")
 
 
 class BadRequest(DeltaRayError, ValueError):
@@ -50,19 +54,29 @@ def _typed(body: dict, key: str, types, default=None):
 
 
 def _check_body(body: Any, fields: set[str], served: set[str]) -> None:
-    """A JSON object with only known fields, naming (if at all) a model served here."""
+    """A JSON object with only known fields, its names within ``MAX_NAME_CHARS``, naming (if at
+    all) a model served here."""
     if not isinstance(body, dict):
         raise BadRequest("the request body must be a JSON object")
     unknown = set(body) - fields
-    if unknown:
-        raise BadRequest(f"unknown field(s): {', '.join(sorted(unknown))}")
+    if unknown:  # named, but not echoed at any length: the first few, each clipped
+        names = ", ".join(_clip(n) for n in sorted(unknown)[:5])
+        raise BadRequest(f"unknown field(s): {names}" + (f" and {len(unknown) - 5} more" if len(unknown) > 5 else ""))
+    for name in NAME_FIELDS:
+        value = body.get(name)
+        if isinstance(value, str) and len(value) > MAX_NAME_CHARS:
+            raise BadRequest(f"field {name!r} is longer than {MAX_NAME_CHARS} characters")
     _check_model(body, served)
+
+
+def _clip(name: str, n: int = 64) -> str:
+    return repr(name) if len(name) <= n else repr(name[:n]) + "..."
 
 
 def _check_model(body: dict, served: set[str]) -> None:
     model = _typed(body, "model", str)
     if model is not None and served and model not in served:
-        raise BadRequest(f"model {model!r} is not served here (serving: {', '.join(sorted(served))})", 404)
+        raise BadRequest(f"model {_clip(model)} is not served here (serving: {', '.join(sorted(served))})", 404)
 
 
 def parse_tokenize(body: Any, served: set[str]) -> TokenizeRequest:

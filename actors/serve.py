@@ -24,7 +24,7 @@ from ray.serve.config import RequestRouterConfig
 
 from delta_ray.core.loading import TokenizerLike, load_tokenizer
 
-from .serve_config import DEFAULT_MAX_BODY_BYTES, ServeConfig
+from .serve_config import DEFAULT_MAX_BODY_BYTES, DEFAULT_MAX_DETOKENIZE_TOKENS, DEFAULT_MAX_JSON_ITEMS, ServeConfig
 from .serve_handler import RequestHandler
 from .serve_router import SessionRouter
 
@@ -90,7 +90,8 @@ class TokenizerService:
             pool=self.pool, served={config.model_name}, max_body_bytes=config.max_body_bytes,
             max_model_len=config.max_model_len, require_tenant=config.require_tenant,
             pool_min_chars=config.pool_min_chars, overflow_inflight=config.overflow_inflight or 2 * (threads or 2),
-            max_detokenize_tokens=config.max_detokenize_tokens, replica_id=replica_id)
+            max_detokenize_tokens=config.max_detokenize_tokens, max_json_items=config.max_json_items,
+            replica_id=replica_id)
         from delta_ray.core.heap import freeze_heap
         freeze_heap()  # a replica's process is ours: its full collections skip what set-up built
 
@@ -133,7 +134,9 @@ def serve_app(tokenizer: TokenizerLike, *, model_name: "str | None" = None, pool
               max_body_bytes: int = DEFAULT_MAX_BODY_BYTES, max_model_len: "int | None" = None,
               tokenizer_config: Any = None, replica_cpus: float = 0.25, threads: "int | None" = None,
               require_tenant: bool = False, pool_secret: "str | None" = None, pool_min_chars: "int | None" = None,
-              overflow_inflight: "int | None" = None, fast_replica: bool = True, **options: Any):
+              overflow_inflight: "int | None" = None, fast_replica: bool = True,
+              max_detokenize_tokens: int = DEFAULT_MAX_DETOKENIZE_TOKENS, max_json_items: int = DEFAULT_MAX_JSON_ITEMS,
+              **options: Any):
     """A Ray Serve application serving exact tokenization for one tokenizer.
 
     Each replica encodes in process (a ``TokenizerCore`` with ``threads`` threads for chunks,
@@ -149,7 +152,10 @@ def serve_app(tokenizer: TokenizerLike, *, model_name: "str | None" = None, pool
     attaches to a running named ``TokenizerPool`` (its ``secret.hex()`` in ``pool_secret`` or
     ``$DELTA_RAY_POOL_SECRET``); ``num_workers`` starts one per replica; neither, no pool.
     ``require_tenant`` refuses requests without a ``cache_salt``: session ids are then private to a
-    tenant, never names shared by all callers. Other keyword arguments are
+    tenant, never names shared by all callers. Request limits, each a 413 with a message:
+    ``max_body_bytes`` per body, ``max_detokenize_tokens`` IDs per /detokenize (whose body may
+    take 16 bytes an ID), ``max_json_items`` JSON values and keys per body, counted before it is
+    parsed (a parse holds the replica's event loop however it is threaded). Other keyword arguments are
     :class:`~delta_ray.core.config.TokenizerConfig` fields (``chunk_size``, ``cut_threshold``, ``engine``,
     ...: the replica's tokenizer and the pool's workers; ``max_session_bytes`` and ``max_sessions``
     only the replica's) or, with ``num_workers``, :class:`~delta_ray.core.config.PoolConfig` fields; any
@@ -168,7 +174,8 @@ def serve_app(tokenizer: TokenizerLike, *, model_name: "str | None" = None, pool
     config = ServeConfig.from_options(
         options, threads=threads, num_workers=num_workers, pool_name=pool_name, pool_secret=pool_secret,
         model_name=name, max_body_bytes=max_body_bytes, max_model_len=max_model_len, require_tenant=require_tenant,
-        pool_min_chars=pool_min_chars, overflow_inflight=overflow_inflight)
+        pool_min_chars=pool_min_chars, overflow_inflight=overflow_inflight, max_detokenize_tokens=max_detokenize_tokens,
+        max_json_items=max_json_items)
     deployment = TokenizerService.options(**_deployment_options(
         replica_cpus=replica_cpus, max_ongoing_requests=max_ongoing_requests, fast_replica=fast_replica,
         num_replicas=num_replicas, autoscaling_config=autoscaling_config, session_routing=session_routing,

@@ -14,7 +14,11 @@ from typing import Any, Mapping
 from delta_ray.core.config import PoolConfig, TokenizerConfig, pool_config, tokenizer_config
 
 DEFAULT_MAX_BODY_BYTES = 64 * 1024 * 1024
-DEFAULT_MAX_DETOKENIZE_TOKENS = 1 << 22  # IDs per /detokenize request (4,194,304); more is a 413
+# IDs per /detokenize request (1,048,576); more is a 413. Past a million the GIL-bound steps of a
+# request (turning the IDs into Python ints for the decode, the answer's string) hold the loop
+# for tens of milliseconds each.
+DEFAULT_MAX_DETOKENIZE_TOKENS = 1 << 20
+DEFAULT_MAX_JSON_ITEMS = 65_536  # JSON values and keys per request body; more is a 413
 
 TOKENIZER_OPTIONS = frozenset(f.name for f in fields(TokenizerConfig))
 POOL_OPTIONS = frozenset(f.name for f in fields(PoolConfig)) - {"tokenizer"}
@@ -37,6 +41,7 @@ class ServeConfig:
     pool_min_chars: int | None = None  # keyless texts from this length go to the pool; None: cut_threshold
     overflow_inflight: int | None = None  # keyless texts go to the pool while more run here; None: 2 x threads
     max_detokenize_tokens: int = DEFAULT_MAX_DETOKENIZE_TOKENS
+    max_json_items: int = DEFAULT_MAX_JSON_ITEMS
 
     def __post_init__(self):
         if not isinstance(self.tokenizer, TokenizerConfig):
@@ -50,7 +55,7 @@ class ServeConfig:
             raise TypeError(f"pool must be a PoolConfig, got {type(self.pool).__name__}")
         if self.pool is not None and self.pool_name:
             raise ValueError("give num_workers (a pool per replica) or pool_name (a running pool), not both")
-        for name in ("max_body_bytes", "max_detokenize_tokens"):
+        for name in ("max_body_bytes", "max_detokenize_tokens", "max_json_items"):
             _positive(name, getattr(self, name))
         for name in ("max_model_len", "pool_min_chars", "overflow_inflight"):
             if getattr(self, name) is not None:

@@ -6,8 +6,11 @@ the pool's start-up); everything a request means lives here, so it is tested on 
 
 The handler runs on the replica's event loop (``fast_replica``: user code on Serve's own loop), so
 every step whose cost grows with the request runs in a thread: parsing and serializing large
-bodies, chat rendering, long encodes, the per-ID validation of ``/detokenize`` and the decode,
-``token_strs``. What stays on the loop is O(1) or bounded by a small constant.
+bodies, validating long message lists, chat rendering, long encodes, the per-ID validation of
+``/detokenize`` and the decode, ``token_strs``. What stays on the loop is O(1) or bounded by a
+small constant. A thread is not enough for a step that holds the GIL throughout (a JSON parse, a
+decode): the loop waits for it all the same, so such steps are bounded before they start or cut
+into short ones (``request_body.py``), and the decode releases the GIL (``reference_api.decode_fn``).
 """
 from __future__ import annotations
 
@@ -28,21 +31,23 @@ from delta_ray.apps.chat_template import ChatTemplateError
 from delta_ray.core.assembly import ids_to_numpy
 from delta_ray.core.keys import ContentDigest, content_key, session_key
 from delta_ray.core.loading import LoadedTokenizer
-from delta_ray.core.reference_api import id_to_token_fn, vocab_size  # the 0.x API or tokenizer.json (1.x)
+from delta_ray.core.reference_api import decode_fn, id_to_token_fn, vocab_size  # the 0.x API or tokenizer.json (1.x)
 from delta_ray.core.session_store import SessionNotFound
 
 from . import metrics
-from .http_api import (BadRequest, TokenizeRequest, detokenize_size, dumps_json, loads_json, parse_detokenize,
+from .http_api import (TOKENIZE_FIELDS, BadRequest, TokenizeRequest, detokenize_size, dumps_json, parse_detokenize,
                        parse_tokenize)
-from .serve_config import DEFAULT_MAX_BODY_BYTES, DEFAULT_MAX_DETOKENIZE_TOKENS
+from .request_body import detokenize_max_bytes, parse_bounded, parse_id_body
+from .serve_config import DEFAULT_MAX_BODY_BYTES, DEFAULT_MAX_DETOKENIZE_TOKENS, DEFAULT_MAX_JSON_ITEMS
 
 log = logging.getLogger("delta_ray.serve")
 
 OFF_LOOP_BYTES = 256 * 1024  # bodies larger than this are parsed and serialized in a thread
-OFF_LOOP_CHARS = 128 * 1024  # session texts longer than this are encoded in a thread
+OFF_LOOP_CHARS = 128 * 1024  # texts longer than this are encoded in a thread (the fast engine: ~1 ms)
+OFF_LOOP_CHARS_REFERENCE = 16 * 1024  # ... where the reference encodes them (1-2 MB/s: 128K chars held the loop 45 ms)
 OFF_LOOP_IDS = 16384  # ID lists longer than this are validated, decoded or named (token_strs) in a thread
 MANY_TOKENS = 65536  # answers with more IDs than this are serialized in a thread
-MANY_MESSAGES = 64  # chats with more messages than this are rendered in a thread
+MANY_MESSAGES = 64  # chats with more messages than this are validated in a thread (all are rendered in one)
 
 
 class _KeyLocks:
@@ -80,6 +85,11 @@ class RequestHandler:
     template (or None). Sessions are this replica's: an answer for a session names the state it
     leaves with ``session_version`` (a digest keyed by a secret of this replica), and an append
     applies only to the state its ``session_version`` names.
+
+    Request limits (each refusal a 413 with a message): ``max_body_bytes`` per /tokenize body;
+    ``max_detokenize_tokens`` IDs per /detokenize (its body at most ``BYTES_PER_ID`` bytes an ID,
+    refused by its Content-Length or as it streams past); ``max_json_items`` JSON values and keys
+    per body, counted before it is parsed.
     """
 
     def __init__(self, loaded: LoadedTokenizer, delta: Any, *, template: Any = None, pool: Any = None,
@@ -87,7 +97,7 @@ class RequestHandler:
                  max_model_len: "int | None" = None, require_tenant: bool = False,
                  pool_min_chars: "int | None" = None, overflow_inflight: "int | None" = None,
                  max_detokenize_tokens: int = DEFAULT_MAX_DETOKENIZE_TOKENS, replica_id: str = "",
-                 record: Any = metrics):
+                 max_json_items: int = DEFAULT_MAX_JSON_ITEMS, record: Any = metrics):
         self.delta = delta
         self.pool = pool
         self.template = template
@@ -98,12 +108,15 @@ class RequestHandler:
         self.pool_min_chars = pool_min_chars or delta.config.cut_threshold
         self.overflow_inflight = overflow_inflight or 2 * max(1, delta.threads)
         self.max_detokenize = max_detokenize_tokens
+        self.max_detokenize_bytes = detokenize_max_bytes(max_detokenize_tokens, max_body_bytes)
+        self.max_json_items = max_json_items
         self.replica_id = replica_id
         self._record = record  # actors/metrics.py, or a stand-in in tests
         self.inflight = 0
         config = loaded.config  # parsed once here, not kept (LoadedTokenizer.config)
         self.vocab_size = vocab_size(loaded.tokenizer, config)
         self.id_to_token = id_to_token_fn(loaded.tokenizer, config)
+        self._decode = decode_fn(loaded.tokenizer)
         self._locks = _KeyLocks()
         # Keys the session_version digests: a version is valid only on the replica that issued it
         # (another replica, or this one restarted, holds other states) and reveals nothing about
@@ -126,18 +139,22 @@ class RequestHandler:
                    chunks: AsyncIterable[bytes]) -> "tuple[int, bytes, dict[str, str]]":
         """One HTTP request: (status, JSON body, headers). A client error is a 4xx with a message,
         an internal one a 500 with a reference id (details only in the log)."""
-        handler: Callable = self.tokenize_body if endpoint == "tokenize" else self.detokenize_body
+        detok = endpoint == "detokenize"
+        handler: Callable = self.detokenize_body if detok else self.tokenize_body
+        limit = self.max_detokenize_bytes if detok else self.max_body
         status = 200
         self.inflight += 1
         try:
-            if content_length is not None and content_length.isdigit() and int(content_length) > self.max_body:
-                raise BadRequest(f"body of {content_length} bytes exceeds the limit of {self.max_body}", 413)
-            raw = await self.read_body(chunks)
+            # Refused unread: a body is never parsed, nor even read, past its endpoint's limit.
+            if content_length is not None and content_length.isdigit() and int(content_length) > limit:
+                raise BadRequest(f"body of {content_length} bytes exceeds the limit of {limit} for /{endpoint}", 413)
+            parts = await self.read_body(chunks, limit)
             # CPU-heavy steps of a large body (parse, chat rendering, serialization) run off the
             # event loop, so one 3 MiB chat does not stall every other request on this replica.
-            big = len(raw) > OFF_LOOP_BYTES
-            body = await asyncio.to_thread(loads_json, raw) if big else loads_json(raw)
-            del raw
+            big = sum(map(len, parts)) > OFF_LOOP_BYTES
+            parse = functools.partial(self._parse_body, detok, parts)
+            body = await asyncio.to_thread(parse) if big else parse()
+            del parts, parse
             result, where = await handler(body)
             tokens = result.get("tokens")
             many = tokens is not None and len(tokens) > MANY_TOKENS
@@ -163,15 +180,24 @@ class RequestHandler:
             self.inflight -= 1
             self._record.record_http(endpoint, status)
 
-    async def read_body(self, chunks: AsyncIterable[bytes]) -> bytes:
-        """The body, refused with 413 as soon as it streams past the limit (chunked uploads too)."""
+    @staticmethod
+    async def read_body(chunks: AsyncIterable[bytes], limit: int) -> "list[bytes]":
+        """The body's chunks, refused with 413 as soon as they stream past ``limit`` bytes (a
+        chunked upload has no Content-Length to refuse it by)."""
         parts, size = [], 0
         async for chunk in chunks:
             size += len(chunk)
-            if size > self.max_body:
-                raise BadRequest(f"body exceeds the limit of {self.max_body} bytes", 413)
+            if size > limit:
+                raise BadRequest(f"body exceeds the limit of {limit} bytes", 413)
             parts.append(chunk)
-        return parts[0] if len(parts) == 1 else b"".join(parts)
+        return parts
+
+    def _parse_body(self, detok: bool, parts: "list[bytes]") -> Any:
+        """The JSON body, its items bounded before any parse holds the GIL (``request_body.py``)."""
+        raw = parts[0] if len(parts) == 1 else b"".join(parts)
+        if detok:
+            return parse_id_body(raw, self.max_detokenize, self.max_json_items)
+        return parse_bounded(raw, self.max_json_items)
 
     # -- /detokenize -----------------------------------------------------------------------------------
     async def detokenize_body(self, body: Any) -> "tuple[dict, str]":
@@ -183,11 +209,12 @@ class RequestHandler:
         return {"prompt": self._detokenize(body)}, ""
 
     def _detokenize(self, body: Any) -> str:
-        return self.delta.decode(parse_detokenize(body, self.served, self.vocab_size))
+        return self._decode(parse_detokenize(body, self.served, self.vocab_size), True)
 
     # -- /tokenize -------------------------------------------------------------------------------------
     async def tokenize_body(self, body: Any) -> "tuple[dict, str]":
-        req = parse_tokenize(body, self.served)
+        # Validation walks the message list (and the body's keys): in a thread when they are many.
+        req = await self._off_loop_if(_many_items(body), parse_tokenize, body, self.served)
         if self.require_tenant and req.tenant is None:
             raise BadRequest("this service requires a tenant: give 'cache_salt'", 400)
         if req.append is not None:
@@ -210,11 +237,11 @@ class RequestHandler:
                 # so one tenant's timing can never reveal another's text.
                 key, content = content_key(self._content_digest.of(text), req.tenant), True
             if key is None:
-                tokens = await asyncio.to_thread(self._stateless, text, add) if len(text) > OFF_LOOP_CHARS \
+                tokens = await asyncio.to_thread(self._stateless, text, add) if len(text) > self._loop_chars() \
                     else self._stateless(text, add)
             else:
                 tokens, where, version = await self._off_loop_if(
-                    len(text) > OFF_LOOP_CHARS or self._locks.busy(key), self._session, key, text, add)
+                    len(text) > self._loop_chars() or self._locks.busy(key), self._session, key, text, add)
                 self._record.record_path(f"serve_session_{where}")
                 if content:
                     version = None  # content keys are the replica's, not a session the client extends
@@ -230,9 +257,17 @@ class RequestHandler:
             return req.prompt
         if self.template is None:
             raise BadRequest("this tokenizer has no chat template: send 'prompt'")
-        render = functools.partial(self.template.render, req.messages, add_generation_prompt=req.add_generation_prompt,
-                                   tools=req.tools, **req.chat_template_kwargs)
-        return await self._off_loop_if(len(req.messages) > MANY_MESSAGES, render)
+        # Always in a thread: a few messages can carry megabytes, and so can the tools.
+        return await asyncio.to_thread(self._render, req)
+
+    def _render(self, req: TokenizeRequest) -> str:
+        return self.template.render(req.messages, add_generation_prompt=req.add_generation_prompt, tools=req.tools,
+                                    **req.chat_template_kwargs)
+
+    def _loop_chars(self) -> int:
+        """The longest text encoded on the loop: the fast engine's budget, or the reference's
+        (an unadmitted configuration, or the fast tier switched off)."""
+        return OFF_LOOP_CHARS if self.delta.uses_fast_engine else OFF_LOOP_CHARS_REFERENCE
 
     @staticmethod
     async def _off_loop_if(cond: bool, fn: Callable, *args):
@@ -266,40 +301,47 @@ class RequestHandler:
 
     async def _append_request(self, req: TokenizeRequest) -> "tuple[dict, str]":
         key = session_key(req.session, req.tenant)  # an append names its session (parse_tokenize checks)
-        big = len(req.append) > OFF_LOOP_CHARS or self._locks.busy(key)
+        big = len(req.append) > self._loop_chars() or self._locks.busy(key)
         try:
             start, count, tail, version = await self._off_loop_if(
-                big, self._append, key, req.append, req.add_special_tokens, req.session_version)
+                big, self._append, key, req.session, req.append, req.add_special_tokens, req.session_version)
         except SessionNotFound as exc:
             raise BadRequest(f"{exc}", 409) from None
         self._record.record_path("serve_append")
         return {"count": count, "max_model_len": self.max_model_len, "start": start, "tokens": tail,
                 "session_version": version}, "held"
 
-    def _append(self, key: str, delta: str, add: "bool | None",
+    def _append(self, key: str, name: str, delta: str, add: "bool | None",
                 claimed: str) -> "tuple[int, int, np.ndarray, str | None]":
         """Extend the held session by ``delta`` if it is the state ``claimed`` names: (start, count,
         IDs from start on, the new version), where the session's IDs are the answer that named
-        ``claimed`` cut to ``start`` followed by the tail."""
+        ``claimed`` cut to ``start`` followed by the tail.
+
+        Messages name the session by the client's own id, ``name``: ``key`` carries the tenant's
+        ``cache_salt``, which no answer or log line may show."""
+        not_held = (f"session {name!r} is not held here (unknown, evicted or moved to this replica): "
+                    "send the whole text with 'prompt'")
         with self._locks.hold(key):
             state = self.delta.store.get(key)
             if state is None:
-                raise SessionNotFound(f"session {key!r} is not held here (unknown, evicted or moved to this "
-                                      "replica): send the whole text with 'prompt'")
-            add = self._check_version(key, state.version, add, claimed)
-            if self.delta.predicate is None:  # unadmitted configuration: the reference, whole answer
-                ids = self.delta.extend(key, delta, add_special_tokens=add).to_numpy()
-                return 0, len(ids), ids, self._version_of(key, add)
-            # expect_version: refused if the state changed since it was checked (it cannot under
-            # the key lock, but the store is shared with nothing else only by convention)
-            version, k, tail = self.delta.encode_session_delta(key, None, known_version=state.version, delta=delta,
-                                                               expect_version=state.version)
+                raise SessionNotFound(not_held)
+            add = self._check_version(key, name, state.version, add, claimed)
+            try:
+                if self.delta.predicate is None:  # unadmitted configuration: the reference, whole answer
+                    ids = self.delta.extend(key, delta, add_special_tokens=add).to_numpy()
+                    return 0, len(ids), ids, self._version_of(key, add)
+                # expect_version: refused if the state changed since it was checked (it cannot under
+                # the key lock, but the store is shared with nothing else only by convention)
+                version, k, tail = self.delta.encode_session_delta(key, None, known_version=state.version,
+                                                                   delta=delta, expect_version=state.version)
+            except SessionNotFound:  # evicted meanwhile; the core's message names the key, salt and all
+                raise SessionNotFound(not_held) from None
         tail = np.asarray(tail, dtype=np.int32)
         template = self.delta.template.when(add)
         return template.start(k), template.count(k + len(tail)), template.tail(k, tail), \
             self._version(key, version, add)
 
-    def _check_version(self, key: str, state_version: int, add: "bool | None", claimed: str) -> bool:
+    def _check_version(self, key: str, name: str, state_version: int, add: "bool | None", claimed: str) -> bool:
         """The flag the append runs with, if ``claimed`` names the held state; else 409 (another
         state: resend the whole text) or 400 (the same state, answered with the other flag)."""
         for flag in ((True, False) if add is None else (add,)):
@@ -308,8 +350,16 @@ class RequestHandler:
         if add is not None and hmac.compare_digest(_b(claimed), _b(self._version(key, state_version, not add))):
             raise BadRequest(f"add_special_tokens={str(add).lower()} differs from this session's "
                              f"({str(not add).lower()}): IDs with and without the template cannot be spliced", 400)
-        raise SessionNotFound(f"session {key!r} here is not the state 'session_version' names (a turn served "
+        raise SessionNotFound(f"session {name!r} here is not the state 'session_version' names (a turn served "
                               "elsewhere, a retried append, or a restart): send the whole text with 'prompt'")
+
+
+def _many_items(body: Any) -> bool:
+    """Whether validating ``body`` walks more than a few dozen items (O(1) to tell)."""
+    if not isinstance(body, dict):
+        return False
+    messages = body.get("messages")
+    return len(body) > len(TOKENIZE_FIELDS) or (isinstance(messages, list) and len(messages) > MANY_MESSAGES)
 
 
 def _b(s: str) -> bytes:

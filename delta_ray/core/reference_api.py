@@ -9,6 +9,8 @@ equivalent built from what 1.x exposes:
 
 * a tokenizer from JSON text: ``from_str``, else a private temporary file and ``from_file``;
 * IDs of a batch: ``encode_batch_fast``, else ``encode_batch`` (both release the GIL);
+* a decode that lets other threads run: ``decode_batch`` of one list (it releases the GIL), else
+  ``decode``;
 * the reference's own normalizers (NFC, NFD): ``normalizers.X().normalize_str``, else a *synthetic
   tokenizer* the reference loads (that normalizer, a byte-level BPE with the 256 byte symbols and
   no merges, a byte-level decoder): ``decode(encode(s))`` is then exactly the normalized ``s``,
@@ -113,6 +115,19 @@ def encode_batch_ids(tok: Tokenizer, texts: Sequence[str], add_special_tokens: b
     out = [ids_of(e) for e in encs]
     del encs
     return out
+
+
+def decode_fn(tok: Tokenizer) -> Callable[[list[int], bool], str]:
+    """``decode(ids, skip_special_tokens)`` by the reference, releasing the GIL where it can.
+
+    ``decode`` holds the GIL for the whole decode (a million IDs: over 100 ms in which no other
+    thread of the process runs, an event loop included); ``decode_batch`` releases it, and one
+    list decoded as a batch of one is the same call per sequence. Where there is no
+    ``decode_batch``, the plain ``decode``."""
+    batch = getattr(tok, "decode_batch", None)
+    if batch is None:
+        return lambda ids, skip: tok.decode(ids, skip_special_tokens=skip)
+    return lambda ids, skip: batch([ids], skip_special_tokens=skip)[0]
 
 
 def added_token_contents(tok: Tokenizer | None, config: dict | None = None) -> list[str]:

@@ -191,3 +191,17 @@ def test_class_verification_catches_a_wrong_candidate(family, monkeypatch):
     verified = cv.derive_verified(cv.family_stages(FAMILIES[family])[0], fam_cls)
     assert not any(verified[cp] for cp in wrong)
     assert all(verified[cp] for cp in (0xE8, 0xEA, 0x0662, 0x0664, 0x2002, 0x4E2D, ord("a"), ord("1"), ord(" ")))
+
+
+def test_decode_fn_is_the_reference_decode(references, real_texts):
+    """The decode that releases the GIL (a batch of one, where the reference has decode_batch) is the
+    reference's decode, special tokens skipped or not; without decode_batch, decode itself."""
+    class DecodeOnly:  # a reference without decode_batch
+        def __init__(self, tok):
+            self.decode = tok.decode
+    for name, ref in references.items():
+        for text in (real_texts["multilingual"][:4000], real_texts["code"][:4000], ""):
+            ids = ref.encode(text).ids + ref.encode("é 日本", add_special_tokens=False).ids[:-1]  # a cut UTF-8 tail
+            for skip in (True, False):
+                want = ref.decode(ids, skip_special_tokens=skip)
+                assert ra.decode_fn(ref)(ids, skip) == want == ra.decode_fn(DecodeOnly(ref))(ids, skip), (name, skip)

@@ -77,3 +77,24 @@ def test_detokenize_size_is_capped_before_validation():
     with pytest.raises(BadRequest) as info:
         detokenize_size({"tokens": [1, 2, 3]}, 2)
     assert info.value.status == 413
+
+
+def test_names_are_bounded_and_never_echoed_at_length():
+    """Names are hashed and compared on the event loop, and error messages quote them: a 10 MB
+    session_id or model is refused at once, and unknown fields are named briefly."""
+    long = "n" * 100_000
+    for field in ("session_id", "cache_salt", "model"):
+        with pytest.raises(BadRequest, match=field) as info:
+            parse_tokenize({"prompt": "x", field: long}, {"m"})
+        assert info.value.status == 400 and len(str(info.value)) < 200
+    with pytest.raises(BadRequest, match="session_version"):
+        parse_tokenize({"append": "x", "session_id": "s", "session_version": long}, set())
+    with pytest.raises(BadRequest, match="cache_salt"):
+        parse_detokenize({"tokens": [1], "cache_salt": long}, set(), 10)
+    assert parse_tokenize({"prompt": "x", "session_id": "n" * 4096}, set()).session == "n" * 4096  # the limit
+    with pytest.raises(BadRequest) as info:
+        parse_tokenize({"prompt": "x", **{f"field{i}" * 1000: 0 for i in range(1000)}}, {"m"})
+    assert "and 995 more" in str(info.value) and len(str(info.value)) < 600
+    with pytest.raises(BadRequest) as info:
+        parse_tokenize({"prompt": "x", "model": "m" * 4096}, {"m"})
+    assert info.value.status == 404 and len(str(info.value)) < 200

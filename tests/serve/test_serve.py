@@ -80,6 +80,7 @@ def test_tokenize_prompt_messages_sessions(service, references, real_texts):
     ({}, None, 400),
     ({"prompt": "x", "model": "other-model"}, None, 404),
     ({"prompt": "x" * 300_000}, None, 413),
+    (None, b'{"prompt":"x","tools":[' + b"0," * 79_999 + b'0]}', 413),  # 80,000 values in 160 KB: refused unparsed
     ({"messages": [{"content": "no role"}]}, None, 400),
     ({"prompt": "x", "add_special_tokens": "yes"}, None, 400),
 ])

@@ -4,9 +4,12 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
 
+import orjson
 import pytest
 
+from delta_ray.actors.http_api import BadRequest
 from delta_ray.actors.serve_handler import RequestHandler
 from delta_ray.apps.bundled import bundled_tokenizer_config
 from delta_ray.apps.chat_template import ChatTemplate
@@ -174,10 +177,10 @@ async def _first_done(big, small) -> list[str]:
 
 
 def test_a_large_detokenize_leaves_the_loop_to_other_requests(loaded):
-    """The per-ID validation of 2M IDs runs in a thread: a cheap request started after it is
+    """The per-ID validation of 1M IDs runs in a thread: a cheap request started after it is
     answered first (on the loop it would wait for the whole validation)."""
     h = _handler(loaded)
-    tokens = [1] * 2_000_000 + [h.vocab_size]  # validated to the end, then refused
+    tokens = [1] * 1_000_000 + [h.vocab_size]  # validated to the end, then refused
     order = asyncio.run(_first_done(h.detokenize_body({"tokens": tokens}), h.tokenize_body({"prompt": "hi"})))
     assert order == ["small", "big"]
     small = _handler(loaded, max_detokenize_tokens=1_000)
@@ -231,3 +234,147 @@ def test_serve_config_takes_the_config_classes_own_fields():
     with pytest.raises(ValueError):
         ServeConfig(max_body_bytes=0)
     assert "ab" * 16 not in repr(ServeConfig(pool_name="p", pool_secret="ab" * 16))  # never in logs
+
+
+def test_a_409_names_the_session_never_its_tenants_salt(loaded, ref, text):
+    """A session's store key carries its tenant's cache_salt: no answer may show it, however the
+    append is refused (not held, another state, evicted while it ran)."""
+    from delta_ray.core.session_store import SessionNotFound
+
+    salt = "tenant-secret-salt-0042"
+    h = _handler(loaded)
+    c = _Client("conv-9", tenant=salt)
+    answers = [c.append(h, "x", version="00")]  # never held here
+    assert c.prompt(h, text)[0] == 200
+    answers.append(c.append(h, "x", version="ff" * 16))  # held, but another state
+    real = h.delta.encode_session_delta
+
+    def evicted(key, *a, **k):  # the core names the key it was given, salt and all
+        raise SessionNotFound(f"session {key!r} is not held (unknown or evicted)")
+    h.delta.encode_session_delta = evicted
+    answers.append(c.append(h, "x"))
+    h.delta.encode_session_delta = real
+    for status, out in answers:
+        message = out["error"]["message"]
+        assert status == 409 and salt not in message and "'conv-9'" in message, message
+    assert c.append(h, " on")[0] == 200 and c.ids == ref.encode(text + " on").ids
+
+
+async def _longest_stall(request, tick: float = 0.005):
+    """(the longest stall of a coroutine sleeping ``tick`` on this loop while ``request()`` runs,
+    its answer).
+
+    A stall is a gap between the coroutine's turns, counted only as far as this process used the
+    CPU meanwhile: a thread holding the GIL burns CPU for as long as it holds the loop, while a VM
+    shared with other processes also deschedules the whole process now and then, which is not the
+    handler's doing."""
+    stalls: list[float] = []
+    done = asyncio.Event()
+
+    async def ticker():
+        last, last_cpu = time.perf_counter(), time.process_time()
+        while not done.is_set():
+            await asyncio.sleep(tick)
+            now, cpu = time.perf_counter(), time.process_time()
+            stalls.append(min(now - last, cpu - last_cpu))
+            last, last_cpu = now, cpu
+    task = asyncio.ensure_future(ticker())
+    await asyncio.sleep(4 * tick)
+    try:
+        out = await request()
+    finally:
+        done.set()
+        await task
+    return max(stalls), out
+
+
+def _spin(seconds: float) -> None:
+    end = time.perf_counter() + seconds
+    while time.perf_counter() < end:
+        pass
+
+
+async def _streamed(raw: bytes, read: list, size: int = 64 * 1024):
+    for i in range(0, len(raw), size):
+        read.append(min(size, len(raw) - i))
+        yield raw[i:i + size]
+
+
+def test_hostile_bodies_do_not_stall_the_event_loop(loaded, ref):
+    """Work that holds the GIL stalls the replica's loop even in a thread. A coroutine ticking
+    every 5 ms on the handler's loop records its longest gap while each hostile request runs; it
+    must stay near the gap a well-behaved busy thread causes (measured first, on this machine)."""
+    h = _handler(loaded)
+    ids = [9906, 1917, 13] * 333_333  # 999,999 IDs: a million-ID decode, under the 1,048,576 limit
+    decoded = ref.decode(ids)
+    over = json.dumps({"tokens": [1] * 8_000_000}).encode()  # 24 MB: past the /detokenize body limit
+    dense = orjson.dumps({"tokens": [1] * 8_000_000})  # 16 MB, under it: 8M IDs refused by count
+    chat = {"messages": [{"role": "user", "content": "x"}] * 2_000_000}
+    chat_raw = orjson.dumps({"messages": chat["messages"][:1_000_000]})  # 34 MB: under the body limit
+    read: list[int] = []
+    unread: list[int] = []  # what a body refused by its Content-Length had read: nothing
+
+    async def handle_api_chat():
+        try:
+            return await h.tokenize(chat)  # validated (all 2,000,000), then: no chat template here
+        except BadRequest as exc:
+            return exc.status, str(exc).encode(), {}
+
+    cases = {
+        "/detokenize past its limit, by Content-Length": (
+            lambda: h.http("detokenize", str(len(over)), _streamed(over, unread)), 413),
+        "/detokenize past its limit, streamed without a length": (
+            lambda: h.http("detokenize", None, _streamed(over, read)), 413),
+        "/detokenize of 8M one-digit IDs under the byte limit": (
+            lambda: h.http("detokenize", str(len(dense)), _chunks(dense)), 413),
+        "/detokenize of a million IDs": (
+            lambda: h.http("detokenize", None, _chunks(orjson.dumps({"tokens": ids}))), 200),
+        "/tokenize of a million chat messages": (lambda: h.http("tokenize", None, _chunks(chat_raw)), 413),
+        "2M chat messages through the handle API": (handle_api_chat, 400),
+    }
+
+    async def run():
+        baseline, _ = await _longest_stall(lambda: asyncio.to_thread(_spin, 0.3))
+        bound = max(0.05, 3 * baseline)
+        stalls, answers = {}, {}
+        for name, (request, _) in cases.items():
+            best = None
+            for _ in range(3):  # the least of three runs: a stall that is the request's comes back
+                stall, (got, data, _) = await _longest_stall(request)
+                best = stall if best is None else min(best, stall)
+            stalls[name], answers[name] = round(best * 1000, 1), (got, data)
+        return baseline, bound, stalls, answers
+    baseline, bound, stalls, answers = asyncio.run(run())
+    assert all(ms < bound * 1000 for ms in stalls.values()), (f"baseline {baseline * 1000:.1f} ms", stalls)
+    for name, (_, status) in cases.items():
+        assert answers[name][0] == status, (name, answers[name][1][:300])
+    assert json.loads(answers["/detokenize of a million IDs"][1])["prompt"] == decoded
+    # The streamed body (sent three times) was refused as it passed the limit, not read to its end.
+    assert sum(read) <= 3 * (h.max_detokenize_bytes + 64 * 1024) < 3 * len(over) and unread == []
+
+
+def test_the_reference_encodes_long_texts_off_the_loop(loaded, ref, real_texts):
+    """The fast engine encodes 128K characters in about a millisecond, the reference in 40-70 ms:
+    where the reference encodes (this handler's configuration), a prompt or append of 20,000
+    characters is encoded in a thread, not on the event loop."""
+    import threading
+
+    h = _handler(loaded)
+    assert not h.delta.uses_fast_engine
+    on_loop: list[str] = []
+    real_encode, real_delta = h.delta.encode, h.delta.encode_session_delta
+
+    def where(name, fn):
+        def run(*a, **k):
+            if threading.current_thread() is threading.main_thread():  # asyncio.run's loop
+                on_loop.append(name)
+            return fn(*a, **k)
+        return run
+    h.delta.encode = where("encode", real_encode)
+    h.delta.encode_session_delta = where("append", real_delta)
+    text = (real_texts["english"] * 2)[:20_000]
+    assert _post(h, {"prompt": text})[1]["tokens"] == ref.encode(text).ids
+    c = _Client("long")
+    assert c.prompt(h, text)[0] == 200 and c.append(h, text)[0] == 200 and c.ids == ref.encode(text + text).ids
+    assert on_loop == []
+    assert _post(h, {"prompt": text[:2_000]})[0] == 200 and on_loop == ["encode"]  # short ones stay on the loop
