@@ -60,6 +60,7 @@ def _registry_proof(secret: bytes, name: str, nonce: bytes, info: dict) -> bytes
     """The registry's answer to a caller's nonce: HMAC over the pool name, that nonce, and what the
     caller will adopt (tokenizer digest, configuration, each worker's actor id), so only a holder of
     the secret can answer, and no answer can be replayed to another caller or altered."""
+    # third-party seam: a Ray actor handle's id (no public accessor on a handle)
     workers = "\n".join(f"{wid}={h._actor_id.hex()}" for wid, h in sorted(info["workers"].items()))
     what = hashlib.sha256(f"{info['loaded'].digest}\n{info['config']!r}\n{workers}".encode()).digest()
     return hmac.new(secret, b"registry:" + name.encode() + b":" + nonce + what, hashlib.sha256).digest()

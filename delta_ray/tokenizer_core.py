@@ -25,7 +25,6 @@ from .core.content_index import ContentIndex
 from .core.cut_predicate import CutPredicate
 from .core.encoder import Encoder, ReferenceEncoder
 from .verify.engines import EngineSwitch, select_engine
-from .verify.shadow import ShadowVerifier
 from .core.families import FAMILIES
 from .core.keys import content_key, describe
 from .core.loading import LoadedTokenizer, TokenizerLike, load_tokenizer
@@ -90,15 +89,15 @@ class TokenizerCore:
         self._reference_is_native = api_generation() >= 1  # tokenizers 1.x: as fast as the fast tier
         # The encoder seam: a switchable engine (reference, or the guarded fast tier once admitted),
         # sampled by the shadow verifier. Unadmitted configurations only ever use the reference.
-        self.engine_switch = EngineSwitch(self._reference)
+        self.engine_switch = EngineSwitch(self._reference, shadow_rate)
         if encoder is not None:
             self.engine_switch.use(encoder, f"{encoder.name} (given)")
         elif self._admission:
             select_engine(engine, self._loaded.config_bytes, self.engine_switch, digest=self._loaded.digest)
-        self.shadow = ShadowVerifier(self.engine_switch, shadow_rate)
+        self.shadow = self.engine_switch.shadow
         self._predicate = build_predicate(self._loaded, self._admission) if self._admission else None
         # A guarded code point sends only a window around it to the reference, not its whole chunk.
-        self.encoder: Encoder = ConfiningEncoder(self.shadow, self.engine_switch, self._predicate)
+        self.encoder: Encoder = ConfiningEncoder(self.engine_switch, self._predicate)
         self.margin = max(C.MIN_MARGIN, max((len(t) for t in self._admission.added_tokens), default=0))
         self._store = SessionStore(cfg.max_session_bytes, cfg.max_sessions)
         self._content = ContentIndex() if cfg.reuse == "content" else None
@@ -113,7 +112,7 @@ class TokenizerCore:
         # A fast tier found wrong leaves nothing behind: every state it may have produced goes.
         self._purge_lock, self._purged = threading.Lock(), False
         self.engine_switch.add_disable_listener(self._purge)
-        self._turn = TurnPath(self.engine_switch, self.encoder, self._store, self._predicate, self.margin,
+        self._turn = TurnPath(self.engine_switch, self._store, self._predicate, self.margin,
                               self.planner, self.stats, self.template, self.router) if self._predicate is not None else None
 
     # -- public API -------------------------------------------------------------------------
@@ -162,7 +161,7 @@ class TokenizerCore:
         """
         if type(session) is not str or type(delta) is not str:  # one test on the common path
             check_text(session, "session"), check_text(delta, "delta")
-        with self._session_locks[hash(session) % len(self._session_locks)]:  # _lock_for, inlined
+        with self._lock_for(session):
             state = self._states().peek(session)  # a turn's put marks it recently used
             if state is None:
                 raise SessionNotFound(f"{describe(session)} is not held (unknown or evicted): "
@@ -395,10 +394,7 @@ class TokenizerCore:
 
     def _install(self, key: str, state: SessionState, generation: int) -> None:
         """Store a state unless the engine switched while it was computed (it may be the wrong engine's)."""
-        if self.engine_switch.generation == generation:
-            self._store.put(key, state)
-        else:
-            self._store.pop(key)
+        self._store.install(key, state, self.engine_switch.generation == generation)
 
     def _batch_by_reference(self) -> bool:
         """Whether batches go to the reference's own batch call whole: always when unadmitted, and

@@ -246,14 +246,16 @@ def test_shadow_sampling_by_gaps_keeps_the_rate():
     n = 40_000
     for rate in (0.0, 0.01, 0.2, 0.5, 1.0):
         v = ShadowVerifier(_Switch(), rate, seed=3)
-        hits = sum(v._sampled() for _ in range(n)) if rate else 0
+        hits = sum(v.sampled("engine") for _ in range(n))
         sd = (n * rate * (1 - rate)) ** 0.5
         assert abs(hits - n * rate) <= 6 * sd + 1, (rate, hits)
     v = ShadowVerifier(_Switch(), 0.0, seed=3)
     v.rate = 1.0
-    assert all(v._sampled() for _ in range(100))
+    assert all(v.sampled("engine") for _ in range(100))
     v.rate = 0.0
-    assert v._gap > n  # never sampled (check_later also tests the rate first)
+    assert not any(v.sampled("engine") for _ in range(n))
+    v.rate = 1.0
+    assert not v.sampled(None)  # the reference's answers are never re-checked
 
 
 def test_to_arrow_wraps_contiguous_int32_as_is_and_converts_the_rest():
