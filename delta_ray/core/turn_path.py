@@ -10,7 +10,7 @@ plain Python over ints, strs and tuples.
 It is the general turn restricted to the case where the general turn would do exactly this (design
 §15): the stored state's last checkpoint is valid for the new text (its evidence lies in the stored
 text), the span after it is too short for chunk cuts or intermediate checkpoints, the repair is
-the router's choice (not a whole re-encode), a tail cut exists, and the engine in use now offers
+the router's choice (not a whole re-encode: its caller asks the router once), a tail cut exists, and the engine in use now offers
 its native flat call (:meth:`~delta_ray.verify.engines.EngineSwitch.fast_path`) behind a guard that
 allows both pieces; anything else returns None and the caller runs the general turn. Every step is
 the general turn's own, called, not copied: the tail cut (:func:`~delta_ray.core.planner.tail_cut`),
@@ -28,7 +28,6 @@ import pyarrow as pa
 from delta_ray.core import constants as C
 from .assembly import COPY_POOL
 from .exit_guard import checkpoint
-from .plan import SESSION
 from .planner import tail_cut
 from .repair import WINDOW_BACK
 from .rope import MERGE_IDS_BELOW, MERGE_TEXT_BELOW, CheckpointLog, merge_start
@@ -37,7 +36,6 @@ from .session_store import SessionState
 _INT32 = pa.int32()
 _py_buffer = pa.py_buffer
 _from_buffers = pa.Array.from_buffers
-_chunked_array = pa.chunked_array
 
 
 def merge_chunks(chunks: tuple, lens: tuple) -> tuple[tuple, tuple, bool]:
@@ -52,49 +50,22 @@ def merge_chunks(chunks: tuple, lens: tuple) -> tuple[tuple, tuple, bool]:
 class TurnPath:
     """The compact continuation of one :class:`~delta_ray.tokenizer_core.TokenizerCore`."""
 
-    def __init__(self, engine, store, predicate, margin: int, planner, stats, template, router):
+    def __init__(self, engine, store, predicate, margin: int, planner, stats):
         self._engine = engine  # verify.engines.EngineSwitch: the engine in use, its generation and fast path
         self._store = store
         self._pred = predicate
-        self._route_turn = router.turn  # the one cost-based choice (plan.Router.turn), not a copy of it
         self._margin = margin
         self._back = WINDOW_BACK + predicate.specials.max_len
         # the general turn cuts a span this long into chunks or intermediate checkpoints
         self._max_span = min(2 * C.CHECKPOINT_EVERY,
                              max(planner.cut_threshold, planner.min_cut_text))
         self._stats = stats
-        self._template = template  # the admitted template (BOS...): added around the answer when asked
-
-    def extend(self, key: str, state: SessionState | None, delta: str | None, add_special_tokens: bool,
-               text: str | None = None) -> pa.ChunkedArray | None:
-        """The answer for ``state``'s text plus ``delta``, or for ``text`` when it extends the stored
-        text (installed as ``key``'s new state), or None when the general turn must run (see the
-        module docstring). Called under the session's lock, with the state just read from the store."""
-        done = self.continue_session(key, state, text, delta)
-        if done is None:
-            return None
-        chunks = done[0].arrow_chunks()
-        if add_special_tokens and self._template.added:
-            chunks = self._template.chunks(chunks)
-        return _chunked_array(chunks, type=_INT32)
-
-    def continue_session(self, key: str, state: SessionState | None, text: str | None,
-                         delta: str | None) -> tuple[SessionState, int, bytes] | None:
-        """:meth:`step` for ``delta``, or for ``text`` when it extends the stored text (a whole
-        transcript); None where there is nothing to continue or the general turn must run."""
-        if state is None:
-            return None
-        if delta is None:
-            if not (state.n_chars < len(text) and state.prefix_of(text)):
-                return None
-            delta = text[state.n_chars:]
-        return self.step(key, state, delta) if delta else None
 
     def step(self, key: str, state: SessionState, delta: str) -> tuple[SessionState, int, bytes] | None:
-        """:meth:`extend`'s turn without its answer, for callers that answer a delta (a pool
-        worker, a Serve replica's append): (the new state, installed as ``key``'s, the number of
-        leading IDs it kept from ``state``, the engine's buffer of the IDs after them: native
-        int32, read-only), or None for the general turn."""
+        """A repair (the router's choice) of ``state``'s text plus ``delta`` (not empty): the new
+        state, installed as ``key``'s; the number of leading IDs it kept from ``state``; the
+        engine's buffer of the IDs after them (native int32, read-only). None where the general
+        repair must run (see the module docstring). Called under the session's lock."""
         fast = self._engine.fast_path()
         last = state.last_checkpoint
         if fast is None or last is None or not delta:
@@ -102,8 +73,8 @@ class TurnPath:
         pos, k, ext = last
         n0 = state.n_chars
         n = n0 + len(delta)
-        if ext > n0 or n - pos >= self._max_span or self._route_turn(n0, fast=True) is not SESSION:
-            return None  # not this plan (a whole re-encode is the router's choice under its splice cost)
+        if ext > n0 or n - pos >= self._max_span:
+            return None  # not this plan: the general repair cuts a long span into chunks or checkpoints
         kept, lens, exact, w0, tail = state.turn_head(self._back)
         window = tail + delta  # the stored text from w0 on, plus the append
         wb = pos - w0
