@@ -48,12 +48,12 @@ def _ray_blocks(datasource: Any) -> int:
 
 def _file_count(datasource: Any) -> int | None:
     """The files a file-based datasource reads (after its extension filter), or None."""
-    paths = getattr(datasource, "_pq_paths", None)  # ParquetDatasource (its fragments' paths)
+    paths = getattr(datasource, "_pq_paths", None)  # third-party seam: ParquetDatasource's fragments' paths
     if isinstance(paths, list):
         return len(paths)
     from ray.data.datasource.file_based_datasource import FileBasedDatasource
     if isinstance(datasource, FileBasedDatasource):
-        return len(datasource._paths())
+        return len(datasource._paths())  # third-party seam: the file list Ray Data reads
     return None
 
 
@@ -69,7 +69,7 @@ def per_file_read(dataset: Any) -> Any:
         from ray.data._internal.logical.operators import Read
         from ray.data._internal.stats import DatasetStats
 
-        read = dataset._logical_plan.dag
+        read = dataset._logical_plan.dag  # third-party seam: Ray Data's plan (checked below, else left alone)
         if (type(read) is not Read or read.parallelism != -1
                 or read.datasource is not read.datasource_or_legacy_reader):  # a legacy Reader: left alone
             return dataset

@@ -24,14 +24,14 @@ import pyarrow as pa
 from delta_ray.core import constants as C
 from delta_ray.core.assembly import COPY_POOL, concat_ids, one_chunk, to_arrow
 from delta_ray.core.config import PoolConfig
+from delta_ray.core.hosts import PoolLocal
 from delta_ray.core.keys import ContentDigest, content_key, describe, session_key
-from delta_ray.core.plan import CHUNKED, REFERENCE, SESSION, Router
+from delta_ray.core.plan import CHUNKED, CONTENT, HERE, POOL, REFERENCE_SESSION, SESSION, UNADMITTED, Host, Route, Router
 from delta_ray.core.repair import finish_repair
 from delta_ray.core.planner import chunk_count
 from delta_ray.core.rope import merge_text_parts, rope_is_prefix
 from delta_ray.core.session_store import SessionNotFound, splice_arrow
 from delta_ray.core.state_seal import seal_state
-from delta_ray.tokenizer_core import TokenizerCore
 from delta_ray.scheduler import Dispatcher, PlacementModel
 
 from . import metrics
@@ -70,7 +70,7 @@ class PoolOrchestrator:
     ``config`` a resolved :class:`~delta_ray.core.config.PoolConfig`. Coroutines must run on ``loop``.
     """
 
-    def __init__(self, local: TokenizerCore, transport: WorkerTransport, worker_ids: Sequence[str],
+    def __init__(self, local: PoolLocal, transport: WorkerTransport, worker_ids: Sequence[str],
                  config: PoolConfig, loop: asyncio.AbstractEventLoop, secret: bytes, *,
                  record: Any = metrics, clock=None):
         self.local = local
@@ -79,11 +79,11 @@ class PoolOrchestrator:
         # can compute the key of a text, and every one of them finds the same worker state.
         self._content_digest = ContentDigest.derived(secret, b"delta-ray pool content keys")
         self._record = record
-        self.admitted = bool(local.admission)
         # Keyless texts under the cut threshold are sticky by content on a worker (inside their
-        # tenant), so a repeated prompt finds its state; longer ones are chunked over the cluster.
-        self.router = Router(self.admitted, local.config.cut_threshold, content_reuse=True,
-                             content_below=local.config.cut_threshold)
+        # tenant), so a repeated prompt finds its state; longer ones are planned over the cluster,
+        # or placed in the caller where the cost model expects it to finish first.
+        self.router = Router(bool(local.admission), local.config.cut_threshold, Host.POOL, content_reuse=True,
+                             place_here=self._placed_here if config.placement else None)
         dispatcher = Dispatcher(config.policy, workers=list(worker_ids),
                                 max_inflight_tasks=config.max_inflight_tasks,
                                 workers_take_shared=config.workers_take_shared, clock=clock)
@@ -118,21 +118,19 @@ class PoolOrchestrator:
     def num_workers(self) -> int:
         return len(self.dispatcher.workers)
 
-    def runs_here(self, text: str) -> bool:
-        """Stateless placement: short texts always run in the caller; longer ones where the cost
-        model (scheduler/placement.py) expects them to finish first."""
-        if self.router.is_small(text):
-            return True
-        if not self.admitted or not self.config.placement:
-            return False
+    def _placed_here(self, text: str) -> bool:
+        """The placement model's answer for a keyless text too large to be encoded in passing:
+        whether the caller finishes it before the pool would (scheduler/placement.py)."""
         if self.local.uses_fast_engine and not self._fast_seen:
             self._fast_seen = True  # the caller's engine just became the fast tier: start from its speed
             self.placement.local_chars_per_ms = max(self.placement.local_chars_per_ms, C.FAST_CHARS_PER_MS)
         return self.placement.run_local(len(text), self._chunks(text))
 
-    def encode_here(self, text: str, add: bool) -> pa.Int32Array:
+    def encode_here(self, route: Route, text: str, add: bool) -> pa.Int32Array:
+        """A keyless text the router kept in the caller (``route``: here, chunked or unadmitted),
+        encoded by the caller's own tokenizer; its time teaches the placement model."""
         t0 = time.perf_counter()
-        out = self.local.encode(text, add_special_tokens=add)
+        out = to_arrow(self.local.encode_routed(route, text, None, add))
         self.placement.observe_local(len(text), (time.perf_counter() - t0) * 1e3)
         self.placement.remote_chars_per_ms = self.placement.local_chars_per_ms  # workers run the same engine
         self.count("placed_here")
@@ -142,18 +140,23 @@ class PoolOrchestrator:
         """The worker the session ``session`` of ``tenant`` lives on now."""
         return self.dispatcher.home_of(session_key(session, tenant))
 
-    async def encode(self, text: str, session: str | None, add: bool, *,
-                     tenant: str | None = None) -> pa.Int32Array | pa.ChunkedArray:
+    async def encode(self, text: str, session: str | None, add: bool, *, tenant: str | None = None,
+                     route: Route | None = None) -> pa.Int32Array | pa.ChunkedArray:
         """A text's IDs: the session ``session``'s inside ``tenant`` (a ChunkedArray), or keyless
-        (an Int32Array: chunked, whole, or sticky by content inside ``tenant``). Every state on the
-        workers is stored under a key of :mod:`delta_ray.core.keys`, one namespace per kind."""
-        path = self.router.route(text, session)
-        if path is SESSION:
+        (an Int32Array: planned over the pool, or sticky by content inside ``tenant``). ``route``:
+        the router's decision, when the caller made it (:class:`~delta_ray.actors.pool.TokenizerPool`
+        does, to run the texts it keeps without a hop to this loop). Every state on the workers is
+        stored under a key of :mod:`delta_ray.core.keys`, one namespace per kind."""
+        if route is None:
+            route = self.router.decide(text, session)
+        if route is SESSION:
             return await self._session(session_key(session, tenant), text, add)
-        if path is CHUNKED:
+        if route is REFERENCE_SESSION:
+            return await self._reference_session(session_key(session, tenant), text, add)
+        if route is POOL:
             return await self._stateless_chunked(text, add)
-        if path is REFERENCE:
-            return to_arrow(await self._whole(text, add))
+        if route is not CONTENT:  # here, chunked or unadmitted: in the caller
+            return await asyncio.to_thread(self.encode_here, route, text, add)
         # The content key carries the tenant and is never a session's key (core/keys.py): a keyless
         # prompt never finds another tenant's state on a worker, and no session name reaches it.
         # A keyless answer is one array like every stateless one (a copy of a text under the cut
@@ -170,7 +173,7 @@ class PoolOrchestrator:
             raise SessionNotFound(f"{describe(key)} timed out on its worker: send the whole text "
                                   "with encode(text, session=...)")
         async with _KeyLock(self._session_locks, key):
-            if not self.admitted:
+            if self.router.session_route() is REFERENCE_SESSION:
                 return one_chunk(await self._extend_unadmitted(key, delta, add))
             rec = self.sessions.get(key)
             sent, version = (rec.text, rec.version) if rec is not None else (None, None)
@@ -194,14 +197,10 @@ class PoolOrchestrator:
 
     async def encode_batch(self, texts: list[str], add: bool) -> list[pa.Int32Array]:
         async def one(t: str) -> pa.Int32Array:
-            if self.router.is_small(t):
-                return await asyncio.to_thread(self.local.encode, t, add_special_tokens=add)
-            path = self.router.route(t, None)
-            if path is REFERENCE:
-                return to_arrow(await self._whole(t, add))
-            if path is CHUNKED:
+            route = self.router.decide(t, batch=True)  # a row: no content reuse, each text once
+            if route is POOL:
                 return await self._stateless_chunked(t, add)
-            return await self._stateless(t, add)  # no content reuse for batches: each text once
+            return to_arrow(await asyncio.to_thread(self.local.encode_routed, route, t, None, add))
         return list(await asyncio.gather(*(one(t) for t in texts)))
 
     def count(self, path: str) -> None:
@@ -229,6 +228,8 @@ class PoolOrchestrator:
     async def _stateless(self, text: str, add: bool) -> pa.Int32Array:
         slots = self._slots()
         plan = self.local.plan(text, slots)
+        if plan.by_reference:  # an unadmitted configuration's plan: whole, on a worker
+            return to_arrow(await self._whole(text, add))
         self._record.record_cut_misses(self.local.missed_cuts(text, plan, slots))
         arrays = await self._pieces(plan.pieces)
         self.count("chunked" if plan.cuts else "whole")
@@ -254,15 +255,19 @@ class PoolOrchestrator:
         self.count("extend")
         return ids
 
+    async def _reference_session(self, key: str, text: str, add: bool) -> pa.ChunkedArray:
+        """An unadmitted configuration's session: no repairs, one whole encode by the reference;
+        the text is kept (here) so that extend works."""
+        async with _KeyLock(self._session_locks, key):
+            ids = await self._whole(text, add)
+            self.sessions.sent(key, 0, (text,))
+            return one_chunk(ids)
+
     async def _session(self, key: str, text: str, add: bool):
         async with _KeyLock(self._session_locks, key):
-            if not self.admitted:  # no repairs: one whole encode; the text is kept for extend
-                ids = await self._whole(text, add)
-                self.sessions.sent(key, 0, (text,))
-                return one_chunk(ids)
             home = self.dispatcher.home_of(key) if self.dispatcher.workers else None
             rec = self.sessions.get(key)
-            if home is not None and len(text) >= self.local.config.cut_threshold \
+            if home is not None and self.router.cuts(text) \
                     and (rec.worker if rec is not None else None) != home:
                 parts = await self._chunked_init(key, text)
                 self.count("chunked_init")

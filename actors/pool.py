@@ -32,6 +32,7 @@ from delta_ray.core import constants as C
 from delta_ray.core.config import PoolConfig, pool_config
 from delta_ray.core.errors import PoolAuthError, PoolClosed, PoolStartupError
 from delta_ray.core.loading import TokenizerLike, load_tokenizer
+from delta_ray.core.plan import CHUNKED, HERE, UNADMITTED
 from delta_ray.scheduler.policies import make_policy
 from delta_ray.scheduler.routing import worker_name
 from delta_ray.core.arguments import check_flag, check_tenant, check_text
@@ -60,6 +61,7 @@ def _registry_proof(secret: bytes, name: str, nonce: bytes, info: dict) -> bytes
     """The registry's answer to a caller's nonce: HMAC over the pool name, that nonce, and what the
     caller will adopt (tokenizer digest, configuration, each worker's actor id), so only a holder of
     the secret can answer, and no answer can be replayed to another caller or altered."""
+    # third-party seam: a Ray actor handle's id (no public accessor on a handle)
     workers = "\n".join(f"{wid}={h._actor_id.hex()}" for wid, h in sorted(info["workers"].items()))
     what = hashlib.sha256(f"{info['loaded'].digest}\n{info['config']!r}\n{workers}".encode()).digest()
     return hmac.new(secret, b"registry:" + name.encode() + b":" + nonce + what, hashlib.sha256).digest()
@@ -364,9 +366,10 @@ class TokenizerPool:
         add, tenant = check_flag(add), check_tenant(tenant)
         if session is not None:
             check_text(session, "session")
-        elif self._orch.runs_here(text):
-            return functools.partial(self._orch.encode_here, text, add)
-        return self._orch.encode(text, session, add, tenant=tenant)
+        route = self._orch.router.decide(text, session)
+        if route is HERE or route is CHUNKED or route is UNADMITTED:  # kept in the caller: no hop to the loop
+            return functools.partial(self._orch.encode_here, route, text, add)
+        return self._orch.encode(text, session, add, tenant=tenant, route=route)
 
     def _extend_request(self, session, delta, add: bool, tenant, *, tail: bool):
         check_text(session, "session"), check_text(delta, "delta")

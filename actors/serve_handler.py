@@ -29,8 +29,10 @@ import numpy as np
 
 from delta_ray.apps.chat_template import ChatTemplateError
 from delta_ray.core.assembly import ids_to_numpy
+from delta_ray.core.hosts import SessionHost
 from delta_ray.core.keys import ContentDigest, content_key, session_key
 from delta_ray.core.loading import LoadedTokenizer
+from delta_ray.core.plan import CONTENT, HERE, POOL, REFERENCE_SESSION, UNADMITTED, Host, Route, Router
 from delta_ray.core.reference_api import decode_fn, id_to_token_fn, vocab_size  # the 0.x API or tokenizer.json (1.x)
 from delta_ray.core.session_store import SessionNotFound
 
@@ -92,7 +94,7 @@ class RequestHandler:
     per body, counted before it is parsed.
     """
 
-    def __init__(self, loaded: LoadedTokenizer, delta: Any, *, template: Any = None, pool: Any = None,
+    def __init__(self, loaded: LoadedTokenizer, delta: SessionHost, *, template: Any = None, pool: Any = None,
                  served: "set[str] | None" = None, max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
                  max_model_len: "int | None" = None, require_tenant: bool = False,
                  pool_min_chars: "int | None" = None, overflow_inflight: "int | None" = None,
@@ -107,6 +109,10 @@ class RequestHandler:
         self.require_tenant = require_tenant
         self.pool_min_chars = pool_min_chars or delta.config.cut_threshold
         self.overflow_inflight = overflow_inflight or 2 * max(1, delta.threads)
+        # The one decision per request: the replica's session, its content reuse, the stateless
+        # path here, or its pool (long keyless texts, and overflow while busy).
+        self.router = Router(bool(delta.admission), delta.config.cut_threshold, Host.SERVE,
+                             pool_from=self.pool_min_chars if pool is not None else None)
         self.max_detokenize = max_detokenize_tokens
         self.max_detokenize_bytes = detokenize_max_bytes(max_detokenize_tokens, max_body_bytes)
         self.max_json_items = max_json_items
@@ -223,28 +229,27 @@ class RequestHandler:
         add = bool(req.add_special_tokens)
         key = None if req.session is None else session_key(req.session, req.tenant)
         where, version = "", None
-        if key is None and self.pool is not None and (len(text) >= self.pool_min_chars
-                                                      or self.inflight > self.overflow_inflight):
+        route = self.router.decide(text, key, busy=self.inflight > self.overflow_inflight)
+        if route is POOL:
             # Long keyless texts in chunks on the pool's workers; overflow while this replica is busy.
             # The tenant goes along: what the pool reuses by content stays inside it.
             arr = await self.pool.encode_async(text, add_special_tokens=add, tenant=req.tenant)
             tokens = ids_to_numpy(arr)
             self._record.record_path("serve_pool")
+        elif route is HERE or route is UNADMITTED:
+            tokens = await self._off_loop_if(len(text) > self._loop_chars(), self.delta.encode_routed,
+                                             route, text, None, add)
         else:
-            content = False
-            if key is None and not self.delta.router.is_small(text):
+            content = route is CONTENT
+            if content:
                 # Keyless long prompts are reused by content, always inside the caller's tenant,
                 # so one tenant's timing can never reveal another's text.
-                key, content = content_key(self._content_digest.of(text), req.tenant), True
-            if key is None:
-                tokens = await asyncio.to_thread(self._stateless, text, add) if len(text) > self._loop_chars() \
-                    else self._stateless(text, add)
-            else:
-                tokens, where, version = await self._off_loop_if(
-                    len(text) > self._loop_chars() or self._locks.busy(key), self._session, key, text, add)
-                self._record.record_path(f"serve_session_{where}")
-                if content:
-                    version = None  # content keys are the replica's, not a session the client extends
+                key, route = content_key(self._content_digest.of(text), req.tenant), self.router.session_route()
+            tokens, where, version = await self._off_loop_if(
+                len(text) > self._loop_chars() or self._locks.busy(key), self._session, route, key, text, add)
+            self._record.record_path(f"serve_session_{where}")
+            if content:
+                version = None  # content keys are the replica's, not a session the client extends
         out: dict[str, Any] = {"count": int(len(tokens)), "max_model_len": self.max_model_len, "tokens": tokens}
         if version is not None:
             out["session_version"] = version
@@ -276,14 +281,12 @@ class RequestHandler:
     def _token_strs(self, tokens: np.ndarray) -> list:
         return [self.id_to_token(t) for t in tokens.tolist()]
 
-    def _stateless(self, text: str, add: bool) -> np.ndarray:
-        return ids_to_numpy(self.delta.encode(text, add_special_tokens=add))
-
-    def _session(self, key: str, text: str, add: bool) -> "tuple[np.ndarray, str, str | None]":
-        """A whole-text turn of a session: its IDs, "held"/"new", and the version it leaves."""
+    def _session(self, route: Route, key: str, text: str, add: bool) -> "tuple[np.ndarray, str, str | None]":
+        """A whole-text turn of a session (``route``: its turn, or the reference's when unadmitted):
+        its IDs, "held"/"new", and the version it leaves."""
         with self._locks.hold(key):
             where = "held" if self.delta.has_session(key) else "new"
-            ids = self.delta.encode(text, session=key, add_special_tokens=add).to_numpy()
+            ids = self.delta.encode_routed(route, text, key, add)
             return ids, where, self._version_of(key, add)
 
     # -- append: only the delta travels in, only the IDs that changed travel out --------------------------
@@ -327,7 +330,7 @@ class RequestHandler:
                 raise SessionNotFound(not_held)
             add = self._check_version(key, name, state.version, add, claimed)
             try:
-                if self.delta.predicate is None:  # unadmitted configuration: the reference, whole answer
+                if self.router.session_route() is REFERENCE_SESSION:  # unadmitted: the reference, whole answer
                     ids = self.delta.extend(key, delta, add_special_tokens=add).to_numpy()
                     return 0, len(ids), ids, self._version_of(key, add)
                 # expect_version: refused if the state changed since it was checked (it cannot under

@@ -17,7 +17,7 @@ import ray
 from delta_ray.core.config import TokenizerConfig
 from delta_ray.core.keys import describe
 from delta_ray.core.session_store import SessionState
-from delta_ray.tokenizer_core import TokenizerCore
+from delta_ray.core.hosts import SessionHost
 
 from . import metrics
 from . import worker_channel
@@ -41,7 +41,7 @@ class WorkerService:
     the side channel and readiness. Tests run it in process behind a fake transport.
     """
 
-    def __init__(self, tokenizer: TokenizerCore, secret: bytes):
+    def __init__(self, tokenizer: SessionHost, secret: bytes):
         self._lock = threading.Lock()
         self._secret = secret  # the pool's: authenticates the side channel and sealed session states
         self._dt = tokenizer

@@ -18,20 +18,20 @@ import pyarrow as pa
 from delta_ray.core import constants as C
 from .core.admission import Admission, admit
 from .core.arguments import check_flag, check_text
-from .core.assembly import concat_ids, decode_ids, flat_from_pieces, one_chunk, to_arrow
+from .core.assembly import concat_ids, decode_ids, flat_from_pieces, ids_to_numpy, one_chunk, to_arrow
 from .core.config import REUSE_MODES, TokenizerConfig, tokenizer_config
 from .core.confine import ConfiningEncoder
 from .core.content_index import ContentIndex
 from .core.cut_predicate import CutPredicate
 from .core.encoder import Encoder, ReferenceEncoder
 from .verify.engines import EngineSwitch, select_engine
-from .verify.shadow import ShadowVerifier
 from .core.families import FAMILIES
 from .core.keys import content_key, describe
 from .core.loading import LoadedTokenizer, TokenizerLike, load_tokenizer
 from .core.nfc_anchors import anchor_table
 from .core.parallel_encode import LIST_PIECES_PER_THREAD, PieceThreads, ids_list
-from .core.plan import CHUNKED, CONTENT, REFERENCE, SESSION, SESSION_WHOLE, WHOLE, Plan, Router
+from .core.plan import (CHUNKED, CONTENT, HERE, REENCODE, REFERENCE_SESSION, SESSION, UNADMITTED, Plan, Route,
+                        Router)
 from .core.reference_api import api_generation
 from .core.planner import chunk_count, plan_cuts
 from .core.repair import RepairPlan, common_prefix_len, encode_turn, encode_with_base, plan_repair
@@ -90,15 +90,15 @@ class TokenizerCore:
         self._reference_is_native = api_generation() >= 1  # tokenizers 1.x: as fast as the fast tier
         # The encoder seam: a switchable engine (reference, or the guarded fast tier once admitted),
         # sampled by the shadow verifier. Unadmitted configurations only ever use the reference.
-        self.engine_switch = EngineSwitch(self._reference)
+        self.engine_switch = EngineSwitch(self._reference, shadow_rate)
         if encoder is not None:
             self.engine_switch.use(encoder, f"{encoder.name} (given)")
         elif self._admission:
             select_engine(engine, self._loaded.config_bytes, self.engine_switch, digest=self._loaded.digest)
-        self.shadow = ShadowVerifier(self.engine_switch, shadow_rate)
+        self.shadow = self.engine_switch.shadow
         self._predicate = build_predicate(self._loaded, self._admission) if self._admission else None
         # A guarded code point sends only a window around it to the reference, not its whole chunk.
-        self.encoder: Encoder = ConfiningEncoder(self.shadow, self.engine_switch, self._predicate)
+        self.encoder: Encoder = ConfiningEncoder(self.engine_switch, self._predicate)
         self.margin = max(C.MIN_MARGIN, max((len(t) for t in self._admission.added_tokens), default=0))
         self._store = SessionStore(cfg.max_session_bytes, cfg.max_sessions)
         self._content = ContentIndex() if cfg.reuse == "content" else None
@@ -113,8 +113,8 @@ class TokenizerCore:
         # A fast tier found wrong leaves nothing behind: every state it may have produced goes.
         self._purge_lock, self._purged = threading.Lock(), False
         self.engine_switch.add_disable_listener(self._purge)
-        self._turn = TurnPath(self.engine_switch, self.encoder, self._store, self._predicate, self.margin,
-                              self.planner, self.stats, self.template, self.router) if self._predicate is not None else None
+        self._turn_path = TurnPath(self.engine_switch, self._store, self._predicate, self.margin,
+                                   self.planner, self.stats) if self._predicate is not None else None
 
     # -- public API -------------------------------------------------------------------------
     @property
@@ -143,16 +143,14 @@ class TokenizerCore:
         check_text(text)
         if session is not None:
             check_text(session, "session")
-            if self._predicate is None:  # one chunk: the reference's whole answer
-                return one_chunk(self.encode_ids(text, session=session, add_special_tokens=add_special_tokens))
+        route = self.router.decide(text, session)
+        if route is SESSION:
             with self._lock_for(session):
-                state = self._states().get(session)
-                out = self._turn.extend(session, state, None, add_special_tokens, text=text)
-                if out is not None:  # the compact continuation (design §15); else the general turn
-                    return out
-                state, _ = self._session_encode(session, text, state)
-            return self._chunked(state, add_special_tokens)
-        return to_arrow(self.encode_ids(text, add_special_tokens=add_special_tokens))
+                turn = self._turn(session, self._states().get(session), text, None)
+            return self._chunked(turn[0], add_special_tokens)
+        if route is REFERENCE_SESSION:  # one chunk: the reference's whole answer
+            return one_chunk(self.encode_routed(route, text, session, add_special_tokens))
+        return to_arrow(self.encode_routed(route, text, None, add_special_tokens))
 
     def extend(self, session: str, delta: str, *, add_special_tokens: bool = True) -> pa.ChunkedArray:
         """IDs of the session's stored text plus ``delta``, without resending the transcript.
@@ -162,19 +160,16 @@ class TokenizerCore:
         """
         if type(session) is not str or type(delta) is not str:  # one test on the common path
             check_text(session, "session"), check_text(delta, "delta")
-        with self._session_locks[hash(session) % len(self._session_locks)]:  # _lock_for, inlined
+        route = self.router.decide("", session)
+        with self._lock_for(session):
             state = self._states().peek(session)  # a turn's put marks it recently used
             if state is None:
                 raise SessionNotFound(f"{describe(session)} is not held (unknown or evicted): "
                                       "send the whole text with encode(text, session=...)")
-            if self._predicate is None:
+            if route is REFERENCE_SESSION:
                 return one_chunk(self._reference_session(session, state.text + delta, add_special_tokens))
-            out = self._turn.extend(session, state, delta, add_special_tokens)
-            if out is not None:  # the compact continuation (design §15); else the general turn
-                return out
-            self._store.get(session)  # recently used, even if this turn installs nothing (a replay)
-            new, _ = self._session_encode(session, None, state, delta=delta)
-        return self._chunked(new, add_special_tokens)
+            turn = self._turn(session, state, None, delta, peeked=True)
+        return self._chunked(turn[0], add_special_tokens)
 
     def encode_batch(self, texts: Sequence[str], *, add_special_tokens: bool = True) -> list[pa.Int32Array]:
         """Reference IDs of many stateless texts, all pieces encoded in one parallel batch."""
@@ -194,7 +189,7 @@ class TokenizerCore:
     def plan(self, text: str, slots: int | None = None) -> Plan:
         """The pieces to encode ``text`` as (consecutive, between safe cuts), for ``slots`` parallel
         encoders (default: this instance's threads). Unadmitted: the whole text, by the reference."""
-        if self._predicate is None:
+        if self.router.decide(text, batch=True) is UNADMITTED:
             return Plan(text, by_reference=True)
         cuts = plan_cuts(text, self._predicate, self.planner, slots or self.threads)
         return Plan(text, tuple(c.pos for c in cuts))
@@ -202,7 +197,7 @@ class TokenizerCore:
     def plan_session_init(self, text: str, slots: int) -> RepairPlan:
         """A long session's first encode as a plan (pieces in parallel, then checkpoints and state:
         :func:`delta_ray.core.repair.finish_repair`), for an executor with ``slots`` parallel encoders."""
-        if self._predicate is None:
+        if self.router.session_route() is not SESSION:
             raise RuntimeError("session plans need an admitted configuration")
         return plan_repair(text, None, 0, self._predicate, self.planner, slots, self.margin)
 
@@ -255,7 +250,7 @@ class TokenizerCore:
         unless the reused state is the caller's). With ``delta``, ``text`` is ignored and the stored
         text plus ``delta`` is encoded; with ``expect_version``, an extend of another version is
         refused (:class:`SessionNotFound`: an extend that outlived its caller's timeout)."""
-        if self._predicate is None:
+        if self.router.decide("", session) is not SESSION:
             raise RuntimeError("delta encodes need an admitted configuration")
         with self._lock_for(session):
             state = self._states().get(session)
@@ -266,10 +261,9 @@ class TokenizerCore:
                 if expect_version is not None and state.version != expect_version:
                     raise SessionNotFound(f"{describe(session)} changed since the state this extend was made "
                                           "for (a stale or concurrent extend): send the whole text")
-            done = self._turn.continue_session(session, state, text, delta)  # the compact turn (design §15)
-            new, reused = done[:2] if done is not None else self._session_encode(session, text, state, delta=delta)
+            new, reused, buf = self._turn(session, state, text, delta)
         k = reused if state is not None and known_version is not None and state.version == known_version else 0
-        return new.version, k, np.frombuffer(done[2], dtype=np.int32) if done is not None and k else new.ids_from(k)
+        return new.version, k, np.frombuffer(buf, dtype=np.int32) if buf is not None and k else new.ids_from(k)
 
     def install_session(self, session: str, state: SessionState) -> None:
         """Adopt a state computed elsewhere (a pool's chunked initialization)."""
@@ -280,19 +274,31 @@ class TokenizerCore:
     # -- IDs as numpy (used by the pool and the batch pipeline) -----------------------------------
     def encode_ids(self, text: str, *, session: str | None = None, add_special_tokens: bool = True) -> np.ndarray:
         """Like :meth:`encode`, returning an int32 numpy array."""
-        path = self.router.route(text, session)
-        if path is SESSION:
+        return self.encode_routed(self.router.decide(text, session), text, session, add_special_tokens)
+
+    def encode_routed(self, route: Route, text: str, session: str | None = None,
+                      add_special_tokens: bool = True) -> np.ndarray:
+        """``text``'s IDs (an int32 array) by the route its host decided (:meth:`Router.decide`): a
+        pool's caller side and a Serve replica decide over their own hosts and run a route meant for
+        this process here, without deciding again."""
+        if route is SESSION:  # one copy of the rope, the template around it (the state keeps no join)
             with self._lock_for(session):
-                if self._predicate is None:
-                    return self._reference_session(session, text, add_special_tokens)
-                ids = self._session_encode(session, text, self._states().get(session))[0].ids
-        elif path is CONTENT:
+                state = self._turn(session, self._states().get(session), text, None)[0]
+            return ids_to_numpy(self._chunked(state, add_special_tokens))
+        if route is REFERENCE_SESSION:
+            with self._lock_for(session):
+                return self._reference_session(session, text, add_special_tokens)
+        if route is CONTENT:
             with self._content_lock:
                 ids = self._content_ids(text)
-        elif path is REFERENCE:
+        elif route is UNADMITTED:
             return self.encode_by_reference(text, add_special_tokens)
-        else:
+        elif route is HERE:
+            ids = self._run_plan(Plan(text))
+        elif route is CHUNKED:
             ids = self._run_plan(self.plan(text))
+        else:
+            raise ValueError(f"route {route!r} is not run in this process")
         return self.finish(ids, add_special_tokens)
 
     def encode_list(self, text: str, *, add_special_tokens: bool = True) -> list[int]:
@@ -301,10 +307,10 @@ class TokenizerCore:
         safe cuts into two pieces a thread, each converted on the thread that encoded it and joined
         in order (design §14). Other routes are :meth:`encode_ids` converted."""
         check_text(text)
-        path = self.router.route(text, None)
-        if path is not WHOLE and path is not CHUNKED:
-            return self.encode_ids(text, add_special_tokens=add_special_tokens).tolist()
-        plan = self.plan(text, LIST_PIECES_PER_THREAD * self.threads) if path is CHUNKED else None
+        route = self.router.decide(text)
+        if route is not HERE and route is not CHUNKED:
+            return self.encode_routed(route, text, None, add_special_tokens).tolist()
+        plan = self.plan(text, LIST_PIECES_PER_THREAD * self.threads) if route is CHUNKED else None
         if plan is not None and plan.cuts:
             self.stats["chunked"] += 1
             ids = self._threads.encode_list(self.encoder, plan.pieces, self.threads, self.uses_fast_engine)
@@ -319,12 +325,12 @@ class TokenizerCore:
 
     def encode_batch_ids(self, texts: list[str], *, add_special_tokens: bool = True) -> list[np.ndarray]:
         """Stateless IDs for many texts through one batch encode of all their pieces."""
-        if self._batch_by_reference():  # one GIL-releasing batch call, parallel across texts
+        if self._batch_route() is UNADMITTED:  # one GIL-releasing batch call, parallel across texts
             self.stats["reference"] += len(texts)
             return self._reference.encode_texts(list(texts), add_special_tokens)
         counts, pieces = [], []
         for t in texts:
-            plan_pieces = self.plan(t).pieces
+            plan_pieces = self._batch_pieces(t)
             counts.append(len(plan_pieces))
             pieces.extend(plan_pieces)
         arrays = self.run_pieces(pieces)
@@ -346,19 +352,15 @@ class TokenizerCore:
         pieces are split over ``threads`` threads (the engine releases the GIL).
         """
         texts = list(texts)
-        if self._batch_by_reference():
+        if self._batch_route() is UNADMITTED:
             self.stats["reference"] += len(texts)
             return flat_from_pieces(self._reference.encode_texts(texts, add_special_tokens))
         pieces: list[str] = []
         counts = np.ones(len(texts), dtype=np.int64)
-        cut_from = max(self.planner.cut_threshold, self.planner.min_cut_text)
         for i, t in enumerate(texts):
-            if len(t) >= cut_from:
-                plan_pieces = self.plan(t).pieces
-                pieces.extend(plan_pieces)
-                counts[i] = len(plan_pieces)
-            else:
-                pieces.append(t)
+            plan_pieces = self._batch_pieces(t)
+            pieces.extend(plan_pieces)
+            counts[i] = len(plan_pieces)
         values, piece_offsets = self._threads.encode_flat(self.encoder, pieces, threads or 1, self.uses_fast_engine)
         if len(pieces) == len(texts):
             offsets = piece_offsets
@@ -395,16 +397,15 @@ class TokenizerCore:
 
     def _install(self, key: str, state: SessionState, generation: int) -> None:
         """Store a state unless the engine switched while it was computed (it may be the wrong engine's)."""
-        if self.engine_switch.generation == generation:
-            self._store.put(key, state)
-        else:
-            self._store.pop(key)
+        self._store.install(key, state, self.engine_switch.generation == generation)
 
-    def _batch_by_reference(self) -> bool:
-        """Whether batches go to the reference's own batch call whole: always when unadmitted, and
-        when the reference itself encodes now and is a native-speed engine (tokenizers 1.x), since
-        per-text planning then costs more than it saves (the batch call is parallel across texts)."""
-        return self._predicate is None or (self._reference_is_native and not self.uses_fast_engine)
+    def _batch_route(self) -> Route:
+        """The router's decision for a batch as a whole (:meth:`Router.batch`)."""
+        return self.router.batch(fast=self.uses_fast_engine, reference_native=self._reference_is_native)
+
+    def _batch_pieces(self, text: str) -> list[str]:
+        """A batch row's pieces: its plan's where the router cuts it, else the row whole."""
+        return self.plan(text).pieces if self.router.decide(text, batch=True) is CHUNKED else [text]
 
     def _run_plan(self, plan: Plan) -> np.ndarray:
         """Run a stateless plan here: its pieces are consecutive, so their flat values are the text's
@@ -431,35 +432,46 @@ class TokenizerCore:
         """A session's ID parts as a zero-copy ChunkedArray, post-processed (template) once."""
         return self.template.when(add_special_tokens).chunked(id_parts)
 
-    def _session_encode(self, key: str, text: str | None, state: SessionState | None, *,
-                        delta: str | None = None) -> tuple[SessionState, int]:
-        """Encode a session's new text (or its stored text plus ``delta``); returns the installed
-        state and how many IDs it kept. O(append): the stored text is compared in place
-        (``startswith`` per part) and neither it nor the kept IDs are copied."""
+    def _turn(self, key: str, state: SessionState | None, text: str | None, delta: str | None, *,
+              peeked: bool = False) -> tuple[SessionState, int, bytes | None]:
+        """One turn of an admitted session (under its lock, ``state`` just read): ``text``, or the
+        stored text plus ``delta``. Returns the state now held, how many leading IDs it kept from
+        ``state``, and the engine's buffer of the IDs after them when the compact continuation ran
+        (None: read them from the state). O(append): the stored text is compared in place
+        (``startswith`` per part) and neither it nor the kept IDs are copied.
+
+        What the turn is is decided once, by the router (:meth:`Router.turn`); a repair that only
+        continues the stored text goes to the compact continuation (``core/turn_path.py``), which
+        runs the general repair's own steps in fewer native calls, or declines (None), and then
+        the general repair runs. ``peeked``: the caller read ``state`` without marking it used."""
         if delta is not None:
-            if not delta:
-                self.stats["replay"] += 1
-                return state, state.n_ids
-            parts, n, lcp = state.text_parts + (delta,), state.n_chars + len(delta), state.n_chars
+            parts, n, lcp, continues = state.text_parts + (delta,), state.n_chars + len(delta), state.n_chars, True
         else:
             parts, n = (text,), len(text)
-            if state is not None and state.prefix_of(text):
-                if n == state.n_chars:
-                    self.stats["replay"] += 1
-                    return state, state.n_ids
-                lcp = state.n_chars
-            else:
-                lcp = common_prefix_len(state.text, text) if state is not None else 0
+            continues = state is not None and state.prefix_of(text)
+            lcp = state.n_chars if continues else common_prefix_len(state.text, text) if state is not None else 0
+        if continues and n == state.n_chars:
+            self.stats["replay"] += 1
+            if peeked:
+                self._store.get(key)  # recently used, though this turn installs nothing
+            return state, state.n_ids, None
         switch = self.engine_switch
         generation = switch.generation
-        if state is not None and self.router.turn(lcp, fast=switch.current is not self._reference) is SESSION_WHOLE:
+        route = self.router.turn(lcp, fast=switch.current is not self._reference) if state is not None else REENCODE
+        if route is not REENCODE and continues:
+            done = self._turn_path.step(key, state, parts[-1] if delta is not None else text[state.n_chars:])
+            if done is not None:
+                return done
+        if peeked:
+            self._store.get(key)
+        if route is REENCODE and state is not None:
             state, lcp = None, 0  # cheaper whole: a first encode's state (IDs and checkpoints)
             self.stats["reencode"] += 1
         res = encode_turn(parts, n, state, lcp, self._predicate, self.encoder, self.planner,
                           self.threads, self.margin)
         self.stats["repair" if res.reused_tokens else "init"] += 1
         self._install(key, res.state, generation)
-        return res.state, res.reused_tokens
+        return res.state, res.reused_tokens, None
 
     def _content_ids(self, text: str) -> np.ndarray:
         try:

@@ -78,13 +78,8 @@ def home_worker(session_key: str, live_workers: Sequence[str]) -> str:
         raise ValueError("no live workers to route to")
     k = key_hash(session_key)
     best, best_score = "", -1
-    for n in live_workers:  # node_score inlined: this loop runs for every routed call
-        h = k ^ _node_mix(n)
-        h ^= h >> 16
-        h = (h * 0x85EBCA6B) & 0xFFFFFFFF
-        h ^= h >> 13
-        h = (h * 0xC2B2AE35) & 0xFFFFFFFF
-        h ^= h >> 16
+    for n in live_workers:
+        h = node_score(k, n)
         if h > best_score or (h == best_score and n > best):
             best, best_score = n, h
     return best

@@ -25,21 +25,19 @@ MIN_PIECE = 4 * WINDOW  # shorter pieces go to the reference whole
 class ConfiningEncoder:
     """Encoder: like ``inner``, with guarded pieces split so only windows reach the reference."""
 
-    def __init__(self, inner, switch, predicate, window: int = WINDOW):
-        self.inner = inner
-        self.switch = switch
+    def __init__(self, engine, predicate, window: int = WINDOW):
+        self.engine = engine  # the engine object (verify.engines.EngineSwitch): the encoder in use, its shadow
+        self.inner = engine.shadow  # the engine in use, its answers sampled by the shadow verifier
         self.predicate = predicate
         self.window = window
         self.confined = 0
-        # The direct path needs the shadow verifier to sit between this encoder and ``switch``.
-        self._shadow = inner if getattr(inner, "switch", None) is switch and hasattr(inner, "check_later") else None
 
     @property
     def name(self) -> str:
         return self.inner.name
 
     def _guard(self):
-        return getattr(self.switch.current, "guard", None)
+        return getattr(self.engine.current, "guard", None)
 
     def split(self, piece: str) -> list[str]:
         """Safe sub-pieces of ``piece`` isolating its guarded code points (``[piece]`` if none)."""
@@ -76,7 +74,7 @@ class ConfiningEncoder:
         if enc is not None:
             out = enc.fast.encode_pieces(texts)
             enc.fast_texts += len(texts)
-            self._shadow.check_later(texts, out, enc)
+            self.engine.shadow.check_later(texts, out, enc)
             return out
         texts = list(texts)
         splits = [self.split(t) for t in texts]
@@ -85,11 +83,10 @@ class ConfiningEncoder:
         return self._encode_splits(splits)
 
     def _direct_engine(self, texts: Sequence[str]):
-        """The guarded fast engine in use now when its guard allows every text (None otherwise, or
-        when there is no shadow verifier to sample the direct path)."""
-        enc = self.switch.current
+        """The guarded fast engine in use now when its guard allows every text (None otherwise)."""
+        enc = self.engine.current
         guard = getattr(enc, "guard", None)
-        if guard is None or self._shadow is None:
+        if guard is None:
             return None
         return enc if all(map(guard.allows, texts)) else None
 
@@ -112,13 +109,13 @@ class ConfiningEncoder:
         if lists is None:
             return None
         enc.fast_texts += len(texts)
-        self._shadow.check_later(texts, _AsArrays(lists), enc)
+        self.engine.shadow.check_later(texts, _AsArrays(lists), enc)
         return lists
 
     def prepare_lists(self) -> None:
         """Start the engine's list entry point check in the background now (the drop-in calls this
         when it attaches), so that the first requests already find it done."""
-        check = getattr(getattr(self.switch.current, "fast", None), "check_lists", None)
+        check = getattr(getattr(self.engine.current, "fast", None), "check_lists", None)
         if check is not None:
             check(background=True)
 
@@ -127,7 +124,7 @@ class ConfiningEncoder:
         if enc is not None:
             values, offsets = enc.fast.encode_flat(texts)
             enc.fast_texts += len(texts)
-            self._shadow.check_flat_later(texts, values, offsets, enc)
+            self.engine.shadow.check_flat_later(texts, values, offsets, enc)
             return values, offsets
         texts = list(texts)
         splits = [self.split(t) for t in texts]

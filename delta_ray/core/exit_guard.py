@@ -101,8 +101,8 @@ def _at_exit() -> None:
             log.warning("delta-ray thread %s did not stop within %.0f s at exit", t.name, JOIN_TIMEOUT_S)
 
 
-if hasattr(threading, "_register_atexit"):  # CPython 3.9+: see the module docstring
-    threading._register_atexit(_at_exit)  # type: ignore[attr-defined]
+if hasattr(threading, "_register_atexit"):  # CPython 3.9+: a third-party seam, see the module docstring
+    threading._register_atexit(_at_exit)  # type: ignore[attr-defined]  # third-party seam: see the module docstring
 else:  # pragma: no cover - other interpreters: atexit still runs before finalization
     import atexit
     atexit.register(_at_exit)

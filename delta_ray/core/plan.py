@@ -1,4 +1,4 @@
-"""The one request path: route a request, plan its pieces, run them on an executor, finish.
+"""The one request path: decide a request's route, plan its pieces, run them on an executor, finish.
 
 Every path (a stateless text, a batch, a session's first encode) becomes a :class:`Plan`: the
 consecutive pieces between safe cuts, each encoded with no post-processing, whose IDs concatenate
@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from enum import Enum
-from typing import Sequence
+from typing import Callable, Sequence
 
 from delta_ray.core import constants as C
 
@@ -39,19 +39,33 @@ class Plan:
 
 
 class Route(str, Enum):
-    """Where a request goes (:class:`Router`): one decision for the in-process tokenizer, the pool
-    and Serve."""
+    """Where a request goes: :meth:`Router.decide` makes this decision once per request, on every
+    host (a tokenizer in process, a pool's caller side, a Serve replica), and the host matches on it."""
 
-    SESSION = "session"  # a keyed session: repair the tail after the stored text's last safe cut
-    SESSION_WHOLE = "session_whole"  # a keyed session re-encoded whole: too little to reuse to pay for a repair
+    SESSION = "session"  # a named session's turn, on the host that holds the session
+    REFERENCE_SESSION = "reference_session"  # unadmitted: the reference, whole; the text kept so that extend works
     CONTENT = "content"  # keyless, reusing a stored text that shares its prefix (inside its tenant)
-    CHUNKED = "chunked"  # keyless and long: pieces between safe cuts, in parallel
-    WHOLE = "whole"  # keyless and short: one encode by the current engine
-    REFERENCE = "reference"  # keyless, unadmitted configuration: the reference, whole, template included
+    POOL = "pool"  # keyless: to a pool, whose workers and tasks run its plan
+    CHUNKED = "chunked"  # keyless and long: pieces between safe cuts, in parallel in this process
+    HERE = "here"  # keyless: one encode in this process by the engine in use
+    UNADMITTED = "unadmitted"  # keyless, configuration not admitted: the reference, whole, template included
+    # What a session turn is, decided once its stored state is read (:meth:`Router.turn`):
+    REPAIR = "repair"  # re-encode only the tail after the stored text's last valid checkpoint
+    REENCODE = "reencode"  # re-encode whole: too little to reuse to pay for a repair (a complete new state)
 
 
-SESSION, SESSION_WHOLE, CONTENT, CHUNKED, WHOLE, REFERENCE = (
-    Route.SESSION, Route.SESSION_WHOLE, Route.CONTENT, Route.CHUNKED, Route.WHOLE, Route.REFERENCE)
+SESSION, REFERENCE_SESSION, CONTENT, POOL, CHUNKED, HERE, UNADMITTED = (
+    Route.SESSION, Route.REFERENCE_SESSION, Route.CONTENT, Route.POOL, Route.CHUNKED, Route.HERE, Route.UNADMITTED)
+REPAIR, REENCODE = Route.REPAIR, Route.REENCODE
+
+
+class Host(str, Enum):
+    """Which kind of host a :class:`Router` decides for."""
+
+    PROCESS = "process"  # a tokenizer in this process (DeltaTokenizer, a pool's worker)
+    POOL = "pool"  # a pool's caller side: the caller's own threads, or the pool's workers and tasks
+    SERVE = "serve"  # a Serve replica: its own process, and a pool if it has one
+
 
 # The repair's own cost beyond encoding its tail (finding the checkpoint, splicing the kept IDs, the
 # kept part's Arrow slice), in characters the engine encodes in the same time: measured with
@@ -63,40 +77,82 @@ SPLICE_CHARS_REFERENCE = 32
 
 @dataclass(frozen=True)
 class Router:
-    """The routing decision of one tokenizer (or pool), built once from its admission and thresholds.
+    """The routing decisions of one host, built once from its admission and thresholds: the only
+    place a request's route is decided, a length compared with a threshold or admission read.
 
-    ``content_reuse``: keyless texts are reused by content; ``content_below`` (a pool) keeps that to
-    texts shorter than it, longer ones being chunked over the cluster. An unadmitted configuration
-    has no cuts and no repairs: its keyless texts are :data:`REFERENCE` (a keyed session still keeps
-    its text, so that ``extend`` works).
+    ``content_reuse``: keyless texts are reused by content (in process: ``reuse="content"``; a
+    pool: under ``cut_threshold``, longer ones being planned over the pool; a Serve replica: texts
+    too large to encode in passing). ``pool_from``: a Serve replica with a pool sends it keyless
+    texts this long, and its overflow while busy. ``place_here``: a pool's placement model (is a
+    keyless text done sooner by the caller itself?); None keeps every text not small on the pool.
+    An unadmitted configuration has no cuts and no repairs: its keyless texts are encoded whole by
+    the reference, and so are its sessions' (which keep their text so that ``extend`` works).
     """
 
     admitted: bool
     cut_threshold: int
+    host: Host = Host.PROCESS
     content_reuse: bool = False
-    content_below: int | None = None
-    small_bytes: int = C.LOCAL_MAX_BYTES  # under this much UTF-8 a text is encoded where it is
+    pool_from: int | None = None
+    place_here: Callable[[str], bool] | None = None
+    small_bytes: int = C.LOCAL_MAX_BYTES  # under this much UTF-8 a keyless text is encoded where it is
 
-    def route(self, text: str, session: str | None) -> Route:
-        """The path of a request for ``text`` (with ``session``, its key)."""
+    def decide(self, text: str, session: str | None = None, *, batch: bool = False, busy: bool = False) -> Route:
+        """The route of a request for ``text`` (with ``session``, its name). ``batch``: a row of a
+        batch, encoded once (never kept for reuse, never placed alone: the batch runs together);
+        ``busy``: the host is past its own concurrency (a Serve replica then overflows keyless
+        texts to its pool)."""
         if session is not None:
-            return SESSION
-        if not self.admitted:
-            return REFERENCE
+            return self.session_route()
         n = len(text)
-        if self.content_reuse and (self.content_below is None or n < self.content_below):
+        host = self.host
+        if host is Host.SERVE:
+            if self.pool_from is not None and (n >= self.pool_from or busy):
+                return POOL
+            if self.is_small(text) or batch:
+                return HERE if self.admitted else UNADMITTED
             return CONTENT
-        return CHUNKED if n >= self.cut_threshold else WHOLE
+        if host is Host.POOL:
+            if self.is_small(text):  # encoded by the caller: a call to the pool costs more
+                return HERE if self.admitted else UNADMITTED
+            if self.admitted and not batch and self.place_here is not None and self.place_here(text):
+                return CHUNKED if n >= self.cut_threshold else HERE
+            if self.admitted and not batch and self.content_reuse and n < self.cut_threshold:
+                return CONTENT  # sticky by content on a worker
+            return POOL
+        if not self.admitted:
+            return UNADMITTED
+        if self.content_reuse and not batch:
+            return CONTENT
+        return CHUNKED if n >= self.cut_threshold else HERE
+
+    def session_route(self) -> Route:
+        """A named session's route: its turn, or the reference's whole encode when unadmitted."""
+        return SESSION if self.admitted else REFERENCE_SESSION
 
     def turn(self, reusable: int, *, fast: bool) -> Route:
-        """A session turn's cost-based choice, once the stored state is read: ``reusable`` (the
+        """What an admitted session's turn is, once the stored state is read: ``reusable`` (the
         characters the new text shares with the stored one, an upper bound of what a repair keeps)
         under the repair's fixed cost makes it a whole re-encode by the current engine (``fast``:
         the fast tier). Either way the new state is a complete one (IDs and checkpoints), so the
-        next turn repairs from it. An unadmitted configuration never repairs."""
-        if self.admitted and reusable < (SPLICE_CHARS_FAST if fast else SPLICE_CHARS_REFERENCE):
-            return SESSION_WHOLE
-        return SESSION
+        next turn repairs from it."""
+        if reusable < (SPLICE_CHARS_FAST if fast else SPLICE_CHARS_REFERENCE):
+            return REENCODE
+        return REPAIR
+
+    def batch(self, *, fast: bool, reference_native: bool) -> Route:
+        """A batch's route as a whole: the reference's own batch call (texts whole, parallel across
+        them) when unadmitted, or when the reference encodes now and is a native-speed engine
+        (tokenizers 1.x: per-text planning would cost more than it saves); else CHUNKED: each row
+        by :meth:`decide`, all pieces in one flat call."""
+        if not self.admitted or (reference_native and not fast):
+            return UNADMITTED
+        return CHUNKED
+
+    def cuts(self, text: str) -> bool:
+        """Whether ``text`` is long enough to be cut into chunks (a session's first encode on a pool
+        is then cut over its workers and tasks)."""
+        return len(text) >= self.cut_threshold
 
     def is_small(self, text: str) -> bool:
         """Whether ``text`` is under ``small_bytes`` of UTF-8 (read only when the length alone

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import NamedTuple
 
 from delta_ray.core import constants as C
 from .cut_predicate import CutPredicate
@@ -30,9 +31,9 @@ def chunk_count(n: int, cfg: PlannerConfig, workers: int) -> int:
     return max(1, min(-(-n // cfg.chunk_size), cfg.max_chunks, workers))
 
 
-@dataclass(frozen=True)
-class Cut:
-    """A safe cut at ``pos`` whose decision read only ``text[lo:ext]``."""
+class Cut(NamedTuple):
+    """A safe cut at ``pos`` whose decision read only ``text[lo:ext]`` (a tuple: a session turn
+    makes one, so it is built at a tuple's cost)."""
 
     pos: int
     lo: int

@@ -143,18 +143,28 @@ class CheckpointLog:
         self.data = data
 
     @staticmethod
+    def append_in_place(log: "CheckpointLog | None", start: int, at: int, new) -> bool:
+        """Append ``new`` (flat triples) to ``log`` when the state whose checkpoints are its entries
+        ``[start:at]`` is the log's newest writer (``at`` is its end) and its dead prefix is short;
+        False (nothing written) otherwise: the caller copies into a new log."""
+        if log is None or start > C.MAX_CHECKPOINTS:  # a long dead prefix: copied, so it is dropped
+            return False
+        with CheckpointLog._lock:
+            if 3 * at != len(log.data):
+                return False
+            log.data.extend(new)
+        return True
+
+    @staticmethod
     def extend(base, n_keep: int, new: list[int]) -> tuple["CheckpointLog", int, int]:
         """(log, start, end) holding ``base``'s first ``n_keep`` checkpoints followed by ``new``
         (flat pos, tok, ext triples)."""
         k = len(new) // 3
-        if base is not None and base._cp_log is not None:
-            log, start = base._cp_log, base._cp_start
+        log, start, _ = base.checkpoint_log if base is not None else (None, 0, 0)
+        if log is not None:
             at = start + n_keep
-            if start <= C.MAX_CHECKPOINTS:  # else copy: the log's dead prefix is dropped
-                with CheckpointLog._lock:
-                    if 3 * at == len(log.data):
-                        log.data.extend(new)
-                        return log, start, at + k
+            if CheckpointLog.append_in_place(log, start, at, new):
+                return log, start, at + k
             data = log.data[3 * start:3 * at]
         elif n_keep:
             cols = np.stack([base.cp_pos[:n_keep], base.cp_tok[:n_keep], base.cp_ext[:n_keep]], axis=1)

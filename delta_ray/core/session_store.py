@@ -258,6 +258,25 @@ class SessionState:
         self.__class__ = cls
         return self
 
+    @property
+    def checkpoint_log(self) -> tuple[CheckpointLog | None, int, int]:
+        """(log, start, end): this state's checkpoints are the log's entries ``[start:end]`` (log
+        None: a state built from checkpoint columns, not a log)."""
+        return self._cp_log, self._cp_start, self._cp_start + self.n_checkpoints
+
+    def turn_head(self, back: int) -> tuple:
+        """What the compact turn keeps of this state, made once and cached: (Arrow chunks holding
+        ``ids[:tok]`` of the last checkpoint, their lengths, exact, w0, ``text[w0:]``) with ``w0``
+        ``back`` characters before that checkpoint (the predicate's reach). ``exact``: the chunks
+        show every buffer the state's IDs do (a state the compact turn made); a state the general
+        turn made may show fewer, so a state kept from them has its bytes recounted."""
+        head = self._head
+        if head is None:
+            kept, lens, exact = self.head_chunks()
+            w0 = max(0, self.last_checkpoint[0] - back)
+            head = self._head = (kept, lens, exact, w0, "".join(suffix_parts(self.text_parts, w0, self.n_chars)))
+        return head
+
     def head_chunks(self) -> tuple[tuple, tuple, bool]:
         """(Arrow chunks, their lengths, False) holding ``ids[:tok]`` of the last checkpoint (the
         compact turn's kept IDs, for a state the general turn made). False: they may show fewer
@@ -440,6 +459,15 @@ class SessionStore:
                 self._bytes -= self._sizes.pop(k)
                 self.evictions += 1
             return True
+
+    def install(self, key: str, state: SessionState, current: bool, size: int | None = None) -> None:
+        """A turn's new state: stored if it is ``current`` (the engine that made it is still the one
+        in use: the generation it read is unchanged), else the key's old state is forgotten too,
+        since it may be the switched-away engine's."""
+        if current:
+            self.put(key, state, size)
+        else:
+            self.pop(key)
 
     def _pop_locked(self, key: str) -> SessionState | None:
         st = self._data.pop(key, None)

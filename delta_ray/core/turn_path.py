@@ -10,35 +10,32 @@ plain Python over ints, strs and tuples.
 It is the general turn restricted to the case where the general turn would do exactly this (design
 §15): the stored state's last checkpoint is valid for the new text (its evidence lies in the stored
 text), the span after it is too short for chunk cuts or intermediate checkpoints, the repair is
-the router's choice (not a whole re-encode), a tail cut exists, and the engine in use now is the
-admitted fastokens engine behind a guard that allows both pieces; anything else returns None and
-the caller runs the general turn. The engine, guard and shadow verifier are bound once per engine
-generation (every switch bumps it, a shadow mismatch included), the generation is re-read on every
-call, and the shadow verifier's sampling runs on every call (one counter step; a sampled call is
-queued as the general path queues it).
+the router's choice (not a whole re-encode: its caller asks the router once), a tail cut exists, and the engine in use now offers
+its native flat call (:meth:`~delta_ray.verify.engines.EngineSwitch.fast_path`) behind a guard that
+allows both pieces; anything else returns None and the caller runs the general turn. Every step is
+the general turn's own, called, not copied: the tail cut (:func:`~delta_ray.core.planner.tail_cut`),
+the guard's test, the shadow verifier's sampling step, the checkpoint log's append
+(:meth:`~delta_ray.core.rope.CheckpointLog.append_in_place`) and the store's install, which stores
+the state only if the engine's generation is still the one the turn read.
 """
 from __future__ import annotations
 
 import sys
-import threading
 
 import numpy as np
 import pyarrow as pa
 
 from delta_ray.core import constants as C
-from . import exit_guard
 from .assembly import COPY_POOL
-from .plan import SESSION
+from .exit_guard import checkpoint
+from .planner import tail_cut
 from .repair import WINDOW_BACK
-from .rope import MERGE_IDS_BELOW, MERGE_TEXT_BELOW, CheckpointLog, merge_start, suffix_parts
+from .rope import MERGE_IDS_BELOW, MERGE_TEXT_BELOW, CheckpointLog, merge_start
 from .session_store import SessionState
 
 _INT32 = pa.int32()
 _py_buffer = pa.py_buffer
 _from_buffers = pa.Array.from_buffers
-_chunked_array = pa.chunked_array
-_LITTLE = sys.byteorder == "little"
-_UNBOUND = (None, None, None, None)
 
 
 def merge_chunks(chunks: tuple, lens: tuple) -> tuple[tuple, tuple, bool]:
@@ -53,145 +50,70 @@ def merge_chunks(chunks: tuple, lens: tuple) -> tuple[tuple, tuple, bool]:
 class TurnPath:
     """The compact continuation of one :class:`~delta_ray.tokenizer_core.TokenizerCore`."""
 
-    def __init__(self, switch, confining, store, predicate, margin: int, planner, stats, template, router):
-        self._switch = switch
-        self._shadow = confining._shadow  # None: no verifier between the encoder and the switch
+    def __init__(self, engine, store, predicate, margin: int, planner, stats):
+        self._engine = engine  # verify.engines.EngineSwitch: the engine in use, its generation and fast path
         self._store = store
         self._pred = predicate
-        self._route_turn = router.turn  # the one cost-based choice (plan.Router.turn), not a copy of it
         self._margin = margin
         self._back = WINDOW_BACK + predicate.specials.max_len
         # the general turn cuts a span this long into chunks or intermediate checkpoints
         self._max_span = min(2 * C.CHECKPOINT_EVERY,
                              max(planner.cut_threshold, planner.min_cut_text))
         self._stats = stats
-        self._tail_reach = C.REPAIR_WINDOW * (1 << C.REPAIR_DOUBLINGS)  # planner.tail_cut's search bound
-        self._template = template  # the admitted template (BOS...): added around the answer when asked
-        self._bound = _UNBOUND  # (generation, engine, raw flat encode, guard.allows or None)
-        self._bind_lock = threading.Lock()
-
-    def _bind(self, generation: int) -> tuple:
-        """What the engine of ``generation`` offers this path (encode None: the general path)."""
-        with self._bind_lock:
-            sw = self._switch
-            enc = sw.current
-            fast, guard = getattr(enc, "fast", None), getattr(enc, "guard", None)
-            raw = None
-            if (sw.generation == generation and sw.disabled_reason is None and enc is not sw.reference
-                    and fast is not None and guard is not None and self._shadow is not None and _LITTLE
-                    and getattr(fast, "backend", None) == "fastokens"):
-                # fastokens' own flat call (FastEncoder keeps its engine as _impl._tok): the same
-                # call FastEncoder.encode_flat makes, without the numpy views on its buffers
-                tok = getattr(getattr(fast, "_impl", None), "_tok", None)
-                raw = getattr(tok, "encode_batch_flat", None)
-            bound = (generation, enc, raw, (guard.allows if len(guard) else None) if raw is not None else None)
-            if sw.generation == generation:
-                self._bound = bound
-            return bound
-
-    def extend(self, key: str, state: SessionState | None, delta: str | None, add_special_tokens: bool,
-               text: str | None = None) -> pa.ChunkedArray | None:
-        """The answer for ``state``'s text plus ``delta``, or for ``text`` when it extends the stored
-        text (installed as ``key``'s new state), or None when the general turn must run (see the
-        module docstring). Called under the session's lock, with the state just read from the store."""
-        done = self.continue_session(key, state, text, delta)
-        if done is None:
-            return None
-        chunks = done[0].arrow_chunks()
-        if add_special_tokens and self._template.added:
-            chunks = self._template.chunks(chunks)
-        return _chunked_array(chunks, type=_INT32)
-
-    def continue_session(self, key: str, state: SessionState | None, text: str | None,
-                         delta: str | None) -> tuple[SessionState, int, bytes] | None:
-        """:meth:`step` for ``delta``, or for ``text`` when it extends the stored text (a whole
-        transcript); None where there is nothing to continue or the general turn must run."""
-        if state is None:
-            return None
-        if delta is None:
-            if not (state.n_chars < len(text) and state.prefix_of(text)):
-                return None
-            delta = text[state.n_chars:]
-        return self.step(key, state, delta) if delta else None
 
     def step(self, key: str, state: SessionState, delta: str) -> tuple[SessionState, int, bytes] | None:
-        """:meth:`extend`'s turn without its answer, for callers that answer a delta (a pool
-        worker, a Serve replica's append): (the new state, installed as ``key``'s, the number of
-        leading IDs it kept from ``state``, the engine's buffer of the IDs after them: native
-        int32, read-only), or None for the general turn."""
-        generation = self._switch.generation
-        bound = self._bound
-        if bound[0] != generation:
-            bound = self._bind(generation)
-        encode = bound[2]
+        """A repair (the router's choice) of ``state``'s text plus ``delta`` (not empty): the new
+        state, installed as ``key``'s; the number of leading IDs it kept from ``state``; the
+        engine's buffer of the IDs after them (native int32, read-only). None where the general
+        repair must run (see the module docstring). Called under the session's lock."""
+        fast = self._engine.fast_path()
         last = state.last_checkpoint
-        if encode is None or last is None or not delta:
+        if fast is None or last is None or not delta:
             return None
         pos, k, ext = last
         n0 = state.n_chars
         n = n0 + len(delta)
-        if ext > n0 or n - pos >= self._max_span or self._route_turn(n0, fast=True) is not SESSION:
-            return None  # not this plan (a whole re-encode is the router's choice under its splice cost)
-        head = state._head
-        if head is None:  # a state the general turn made: its head and window, once
-            head = self._head_of(state, pos)
-        kept, lens, exact, w0, tail = head
+        if ext > n0 or n - pos >= self._max_span:
+            return None  # not this plan: the general repair cuts a long span into chunks or checkpoints
+        kept, lens, exact, w0, tail = state.turn_head(self._back)
         window = tail + delta  # the stored text from w0 on, plus the append
         wb = pos - w0
-        # planner.tail_cut, inlined (its arithmetic, the same predicate scan): the last cut at least
-        # ``margin`` before the end whose evidence lies inside the text and after the checkpoint
-        nw = len(window)
-        start = nw - self._margin
-        stop = ext - w0 if ext > w0 else 0
-        if stop < wb + 1:
-            stop = wb + 1
-        if stop < start - self._tail_reach:
-            stop = start - self._tail_reach
-        found = self._pred.scan_back(window, start, stop, True, wb, nw) if start >= stop else None
-        if found is None:
+        # the general turn's tail cut: the last cut at least ``margin`` before the end whose
+        # evidence lies inside the text and after the checkpoint
+        cut = tail_cut(window, self._pred, self._margin, after=wb, after_ext=ext - w0 if ext > w0 else 0)
+        if cut is None:
             return None
-        cut_at = found[0]
-        pieces = [window[wb:cut_at], window[cut_at:]]
-        allows = bound[3]
+        pieces = [window[wb:cut.pos], window[cut.pos:]]
+        allows = fast.allows
         if allows is not None and not (allows(pieces[0]) and allows(pieces[1])):
             return None  # the general path confines the guarded code points
-        if exit_guard._exiting:
-            exit_guard.checkpoint()
+        checkpoint()
         try:
-            buf, offs = encode(pieces, add_special_tokens=False)
+            buf, offs = fast.encode(pieces)
         except (TypeError, UnicodeEncodeError) as exc:  # as FastEncoder: the reference refuses these too
-            raise ValueError(f"the fast engine (fastokens) rejected the text: {exc}") from exc
-        engine = bound[1]
+            raise ValueError(f"the fast engine rejected the text: {exc}") from exc
+        engine = fast.engine
         engine.fast_texts += 2
-        shadow = self._shadow
-        if shadow._rate:  # ShadowVerifier.check_flat_later's sampling step, inlined
-            if shadow._gap:
-                shadow._gap -= 1
-            else:
-                shadow.check_flat_later(pieces, np.frombuffer(buf, dtype=np.int32),
-                                        np.frombuffer(offs, dtype=np.int64), engine)
+        shadow = fast.shadow
+        if shadow.sampled(engine):
+            shadow.queue_flat(pieces, np.frombuffer(buf, dtype=np.int32), np.frombuffer(offs, dtype=np.int64), engine)
         t = int.from_bytes(offs[8:16], "little")  # the cut's index in the new IDs
         m = len(buf) >> 2
         pybuf = _py_buffer(buf)
         full = _from_buffers(_INT32, m, [None, pybuf])
-        cut = _from_buffers(_INT32, t, [None, pybuf])
+        cut_ids = _from_buffers(_INT32, t, [None, pybuf])
         kept, lens, joined = merge_chunks(kept, lens)  # most turns join nothing
         chunks = kept + (full,)
         text_parts = state.text_parts + (delta,)
-        tb, ib = state._bytes
+        tb, ib = state.known_bytes
         j = merge_start(tuple(map(len, text_parts)), MERGE_TEXT_BELOW)
         if j < len(text_parts) - 1:  # the text rope, by the same rule
             text_parts, tb = text_parts[:j] + ("".join(text_parts[j:]),), None
         elif tb is not None:
             tb += sys.getsizeof(delta)
-        cp = (w0 + cut_at, k + t, w0 + found[2])
-        log, a, b = state._cp_log, state._cp_start, state.n_checkpoints
-        b += a
-        with CheckpointLog._lock:  # CheckpointLog.extend's in-place append, inlined (the same lock and test)
-            appended = log is not None and a <= C.MAX_CHECKPOINTS and 3 * b == len(log.data)
-            if appended:
-                log.data.extend(cp)
-        if appended:
+        cp = (w0 + cut.pos, k + t, w0 + cut.ext)
+        log, a, b = state.checkpoint_log
+        if CheckpointLog.append_in_place(log, a, b, cp):
             b += 1
         else:
             log, a, b = CheckpointLog.extend(state, state.n_checkpoints, list(cp))
@@ -204,18 +126,9 @@ class TurnPath:
             w1 = w0
         tail = window[w1 - w0:]
         new = SessionState.compact(text_parts, n, k + m, (log, a, b), cp, chunks,
-                                   (kept + (cut,), lens + (t,), True, w1, tail), (tb, ib))
-        if self._switch.generation == generation:  # TokenizerCore._install: not a switched engine's state
-            self._store.put(key, new, None if tb is None or ib is None else  # entry_bytes, from known parts
+                                   (kept + (cut_ids,), lens + (t,), True, w1, tail), (tb, ib))
+        self._store.install(key, new, self._engine.generation == fast.generation,
+                            None if tb is None or ib is None else  # entry_bytes, from known parts
                             sys.getsizeof(key) + tb + ib + 24 * (b - a) + sys.getsizeof(tail))
-        else:
-            self._store.pop(key)
         self._stats["repair"] += 1
         return new, k, buf
-
-    def _head_of(self, state: SessionState, pos: int) -> tuple:
-        """(kept chunks, lengths, exact, w0, text[w0:]) of a state the general turn made."""
-        kept, lens, exact = state.head_chunks()
-        w0 = max(0, pos - self._back)
-        state._head = head = (kept, lens, exact, w0, "".join(suffix_parts(state.text_parts, w0, state.n_chars)))
-        return head

@@ -21,11 +21,12 @@ import logging
 import os
 import threading
 import time
-from typing import Callable
+from typing import Any, Callable, NamedTuple
 
 from delta_ray.core import constants as C
 from ..core.encoder import Encoder, ReferenceEncoder
 from ..core.exit_guard import checkpoint, start_thread
+from .shadow import ShadowVerifier
 
 log = logging.getLogger("delta_ray.verify.engines")
 BATTERY_FORMAT = 2  # bump when the battery or the admission fuzz changes
@@ -174,15 +175,30 @@ def cached_admission_exists(config_bytes: bytes, backend: str = "auto") -> bool:
     return False
 
 
-class EngineSwitch:
-    """The encoder a DeltaTokenizer uses now, switchable at run time (admission, shadow mismatch).
+class FastPath(NamedTuple):
+    """What the engine in use offers a caller that runs it directly (a session turn), bound to one
+    generation of :class:`EngineSwitch`: the caller re-reads the generation before it stores what
+    it computed, as every path does."""
 
-    Implements the Encoder protocol by delegating, so every path picks up a switch at its next call.
-    ``on_disable`` callbacks run once when the fast tier is disabled: the owners discard every state
-    the engine produced (sessions, content entries, mirrors).
+    generation: int
+    engine: Any  # the guarded encoder in use: its counters, and what the shadow checks answers against
+    encode: Callable[[list[str]], tuple[bytes, bytes]]  # native flat call: LE int32 IDs, LE int64 offsets
+    allows: Callable[[str], bool] | None  # the guard's test of a piece; None when nothing is guarded
+    shadow: ShadowVerifier  # its sampling step runs once per call
+
+
+class EngineSwitch:
+    """The engine a tokenizer uses now: the reference or the admitted fast tier, switchable at run
+    time (admission, a shadow mismatch), with the generation every switch bumps, the shadow
+    verifier that samples the fast tier's answers and the guard of the engine in use.
+
+    Implements the Encoder protocol by delegating, so every path picks up a switch at its next call;
+    :meth:`fast_path` is the same engine for a caller that runs it directly. ``on_disable``
+    callbacks run once when the fast tier is disabled: the owners discard every state the engine
+    produced (sessions, content entries, mirrors).
     """
 
-    def __init__(self, reference: ReferenceEncoder):
+    def __init__(self, reference: ReferenceEncoder, shadow_rate: float = 0.0):
         self.reference = reference
         self.current: Encoder = reference
         self.reason = "reference"
@@ -190,6 +206,25 @@ class EngineSwitch:
         self.generation = 0  # bumped on every switch: states tagged with an older one are stale
         self._lock = threading.Lock()
         self._on_disable: list[Callable[[str], None]] = []
+        self.shadow = ShadowVerifier(self, shadow_rate)  # re-checks a share of the fast tier's answers
+        self._fast_path: tuple[int, FastPath | None] = (-1, None)  # (generation, its fast path)
+
+    def fast_path(self) -> FastPath | None:
+        """The engine in use now for a caller that runs it itself: its native flat call, its guard's
+        test and the shadow's sampling step, or None where only the layered path serves (the
+        reference, a disabled tier, an engine without a native flat call). Made once per generation."""
+        generation, fp = self._fast_path
+        if generation == self.generation:
+            return fp
+        with self._lock:
+            enc = self.current
+            fast, guard = getattr(enc, "fast", None), getattr(enc, "guard", None)
+            raw = getattr(fast, "raw_flat", None)
+            fp = None
+            if self.disabled_reason is None and enc is not self.reference and guard is not None and raw is not None:
+                fp = FastPath(self.generation, enc, raw, guard.allows if len(guard) else None, self.shadow)
+            self._fast_path = (self.generation, fp)
+            return fp
 
     @property
     def name(self) -> str:

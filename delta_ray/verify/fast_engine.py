@@ -52,6 +52,7 @@ or ``GuardSet.allows`` before trusting a :class:`FastEncoder` with a text.
 """
 from __future__ import annotations
 
+import functools
 import hashlib
 import importlib
 import importlib.metadata
@@ -141,7 +142,8 @@ def in_ray_worker() -> bool:
         return True
     ray = sys.modules.get("ray")
     try:
-        return ray is not None and ray._private.worker.global_worker.mode == 1  # ray's WORKER_MODE
+        # third-party seam: Ray's worker mode (1 is its WORKER_MODE); no public API says it
+        return ray is not None and ray._private.worker.global_worker.mode == 1
     except Exception:  # noqa: BLE001 - a ray without this attribute: not known to be a worker
         return False
 
@@ -241,6 +243,9 @@ class _FastokensBackend:
         if hasattr(tok, "enable_segment_cache"):
             tok.enable_segment_cache(0)  # caches off: the engine's answer may depend on nothing but the text
         self._tok = tok
+        # The engine's own flat call for a caller that reads its buffers itself (a session turn):
+        # little-endian u32 IDs (below 2**31, so int32) and u64 offsets, on little-endian hosts.
+        self.raw_flat = functools.partial(tok.encode_batch_flat, add_special_tokens=False) if _LITTLE else None
 
     def encode_pieces(self, texts: list[str]) -> list[np.ndarray]:
         buf, offs = self._tok.encode_batch_flat(texts, add_special_tokens=False)
@@ -331,6 +336,7 @@ class FastEncoder:
             self.backend = cand
             self.backend_version = package_version(cand)
             self._flat = getattr(self._impl, "encode_flat", None)  # looked up once, not per call
+            self.raw_flat = getattr(self._impl, "raw_flat", None)  # see _FastokensBackend; None for others
             self._lists = getattr(self._impl, "encode_lists", None)
             self._lists_checked: bool | None = None if self._lists is not None else False
             self._lists_check_started = False
@@ -360,8 +366,7 @@ class FastEncoder:
 
     def encode_flat(self, texts: Sequence[str]) -> tuple[np.ndarray, np.ndarray]:
         """All texts' IDs as one int32 buffer plus int64 offsets (len(texts) + 1)."""
-        if exit_guard._exiting:  # checkpoint(), inlined on the turn's path: one global read while running
-            checkpoint()
+        checkpoint()
         if type(texts) is not list:
             texts = list(texts)
         try:
@@ -384,8 +389,7 @@ class FastEncoder:
             if checked is None:
                 self.check_lists(background=True)
             return None
-        if exit_guard._exiting:
-            checkpoint()
+        checkpoint()
         try:
             return self._lists(texts if type(texts) is list else list(texts))
         except (TypeError, UnicodeEncodeError) as exc:

@@ -80,9 +80,12 @@ class ShadowVerifier:
             return sys.maxsize
         return int(math.log1p(-self._rng.random()) / denom)
 
-    def _sampled(self) -> bool:
-        """Whether this eligible call is sampled (counts the gap down; a lost decrement between two
-        threads only shifts which call is sampled)."""
+    def sampled(self, enc) -> bool:
+        """The sampling step, once per call of the engine ``enc``: whether this call's answers are
+        re-checked (never the reference's). An unsampled call costs a countdown step (a lost
+        decrement between two threads only shifts which call is sampled)."""
+        if not self._rate or enc is self.switch.reference:
+            return False
         if self._gap:
             self._gap -= 1
             return False
@@ -123,7 +126,7 @@ class ShadowVerifier:
     def check_later(self, texts: Sequence[str], out: list[np.ndarray], enc) -> None:
         """Sample one call's answers (``enc``'s IDs of ``texts``) for comparison off the request
         path; a caller that ran the engine itself (the turn's direct path) samples through this."""
-        if self._rate and enc is not self.switch.reference and self._sampled():
+        if self.sampled(enc):
             idx = self._sample(len(texts), texts)
             self._enqueue([texts[i] for i in idx], [out[i] for i in idx], enc)
 
@@ -138,14 +141,15 @@ class ShadowVerifier:
 
     def check_flat_later(self, texts: Sequence[str], values: np.ndarray, offsets: np.ndarray, enc) -> None:
         """:meth:`check_later` for a flat answer (split into per-text arrays only when sampled)."""
-        if self._rate and enc is not self.switch.reference:
-            if self._gap:  # _sampled(), inlined: the turn's direct path calls this on every turn
-                self._gap -= 1
-                return
-            self._gap = self._draw_gap()
-            texts = list(texts)
-            idx = self._sample(len(texts), texts)
-            self._enqueue([texts[i] for i in idx], [values[offsets[i]:offsets[i + 1]] for i in idx], enc)
+        if self.sampled(enc):
+            self.queue_flat(texts, values, offsets, enc)
+
+    def queue_flat(self, texts: Sequence[str], values: np.ndarray, offsets: np.ndarray, enc) -> None:
+        """Queue a call that :meth:`sampled` picked, its answer flat (``values`` cut at ``offsets``):
+        for a caller that holds the engine's raw buffers and makes arrays of them only when sampled."""
+        texts = list(texts)
+        idx = self._sample(len(texts), texts)
+        self._enqueue([texts[i] for i in idx], [values[offsets[i]:offsets[i + 1]] for i in idx], enc)
 
     def drain(self, timeout: float = 60.0) -> None:
         """Wait until every queued comparison is done (tests, shutdown)."""

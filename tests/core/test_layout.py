@@ -157,6 +157,60 @@ def test_no_import_cycle_and_no_private_names():
     assert not cycles, cycles
 
 
+SEAM = "third-party seam"  # the comment that marks a deliberate read of another project's internals
+
+
+def _private_reads(path: pathlib.Path) -> list[str]:
+    """``x._name`` reads (and ``getattr(x, "_name")``) where ``x`` is not ``self``/``cls`` or a class of
+    the same module, and neither the line nor the one above it says why (``# third-party seam``)."""
+    source = path.read_text(encoding="utf-8")
+    lines = source.splitlines()
+    tree = ast.parse(source)
+    own_classes = {n.name for n in ast.walk(tree) if isinstance(n, ast.ClassDef)}
+
+    def private(name: str) -> bool:
+        return name.startswith("_") and not (name.startswith("__") and name.endswith("__"))
+
+    out = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Attribute) and private(node.attr):
+            base = node.value
+            if isinstance(base, ast.Name) and (base.id in ("self", "cls") or base.id in own_classes):
+                continue
+        elif (isinstance(node, ast.Call) and isinstance(node.func, ast.Name)
+              and node.func.id in ("getattr", "hasattr", "setattr") and len(node.args) >= 2
+              and isinstance(node.args[1], ast.Constant) and isinstance(node.args[1].value, str)
+              and private(node.args[1].value)):
+            base = node.args[0]
+            if isinstance(base, ast.Name) and base.id in ("self", "cls"):
+                continue
+        else:
+            continue
+        said = lines[node.lineno - 1] + (lines[node.lineno - 2] if node.lineno > 1 else "")
+        if SEAM not in said:
+            out.append(f"{path.relative_to(ROOT)}:{node.lineno}: {ast.unparse(node)[:70]}")
+    return out
+
+
+def test_no_module_reads_another_objects_private_names():
+    """A private name is its object's own: reaching into another module's object (a session state's
+    cache, a verifier's counters, an engine's native handle) breaks silently when that object
+    changes, so the shipped code reads only public names; another project's internals are read
+    only where a comment marks the seam."""
+    bad = [line for path in sorted(_modules().values()) for line in _private_reads(path)]
+    assert not bad, "private names read across objects:\n" + "\n".join(bad)
+
+
+def test_the_private_read_check_catches_one(tmp_path):
+    probe = ROOT / "delta_ray" / "core" / "_probe_private_read.py"
+    probe.write_text("def f(state):\n    return state._head\n\n\ndef g(tok):\n"
+                     "    return tok._tokenizer  # third-party seam: named\n", encoding="utf-8")
+    try:
+        assert [x.split(": ", 1)[1] for x in _private_reads(probe)] == ["state._head"]
+    finally:
+        probe.unlink()
+
+
 def test_long_modules_are_flagged():
     """A module past SOFT_MAX_LINES gets a warning in the run's summary; nothing fails for length."""
     modules = _modules()

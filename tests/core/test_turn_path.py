@@ -16,7 +16,8 @@ import pytest
 from delta_ray import DeltaTokenizer
 from exactness import chat_messages
 from delta_ray.core.encoder import ReferenceEncoder
-from delta_ray.core.plan import SESSION, SESSION_WHOLE, SPLICE_CHARS_FAST, SPLICE_CHARS_REFERENCE, Router
+from delta_ray.core.plan import (REENCODE, REFERENCE_SESSION, REPAIR, SESSION, SPLICE_CHARS_FAST,
+                                 SPLICE_CHARS_REFERENCE, Router)
 from delta_ray.core.repair import encode_turn
 from delta_ray.core.keys import session_key
 from delta_ray.core.rope import YOUNG_PARTS
@@ -140,11 +141,11 @@ def test_a_turn_with_little_to_reuse_is_re_encoded_whole_and_the_session_goes_on
     """Router.turn picks a whole re-encode when the shared text is under the repair's fixed cost;
     the state it leaves has checkpoints, so the next turn repairs from it."""
     router = Router(admitted=True, cut_threshold=10)
-    assert router.route("x" * 100, "s") is SESSION
-    assert router.turn(SPLICE_CHARS_FAST - 1, fast=True) is SESSION_WHOLE
-    assert router.turn(SPLICE_CHARS_FAST, fast=True) is SESSION
-    assert router.turn(SPLICE_CHARS_REFERENCE - 1, fast=False) is SESSION_WHOLE
-    assert Router(admitted=False, cut_threshold=10).turn(0, fast=False) is SESSION
+    assert router.decide("x" * 100, "s") is SESSION
+    assert router.turn(SPLICE_CHARS_FAST - 1, fast=True) is REENCODE
+    assert router.turn(SPLICE_CHARS_FAST, fast=True) is REPAIR
+    assert router.turn(SPLICE_CHARS_REFERENCE - 1, fast=False) is REENCODE
+    assert Router(admitted=False, cut_threshold=10).decide("x", "s") is REFERENCE_SESSION
     assert len("Hi there. ") < SPLICE_CHARS_REFERENCE
     ref = references["qwen-3"]
     dt = DeltaTokenizer(tokenizer_paths["qwen-3"], engine="reference", shadow_rate=0.0)
@@ -246,14 +247,16 @@ def test_shadow_sampling_by_gaps_keeps_the_rate():
     n = 40_000
     for rate in (0.0, 0.01, 0.2, 0.5, 1.0):
         v = ShadowVerifier(_Switch(), rate, seed=3)
-        hits = sum(v._sampled() for _ in range(n)) if rate else 0
+        hits = sum(v.sampled("engine") for _ in range(n))
         sd = (n * rate * (1 - rate)) ** 0.5
         assert abs(hits - n * rate) <= 6 * sd + 1, (rate, hits)
     v = ShadowVerifier(_Switch(), 0.0, seed=3)
     v.rate = 1.0
-    assert all(v._sampled() for _ in range(100))
+    assert all(v.sampled("engine") for _ in range(100))
     v.rate = 0.0
-    assert v._gap > n  # never sampled (check_later also tests the rate first)
+    assert not any(v.sampled("engine") for _ in range(n))
+    v.rate = 1.0
+    assert not v.sampled(None)  # the reference's answers are never re-checked
 
 
 def test_to_arrow_wraps_contiguous_int32_as_is_and_converts_the_rest():

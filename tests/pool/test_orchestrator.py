@@ -19,6 +19,7 @@ from delta_ray.actors.transport import ConnectionLost, WorkerDead
 from delta_ray.actors.worker import WorkerService
 from delta_ray.core.config import PoolConfig, TokenizerConfig
 from delta_ray.core.keys import session_key
+from delta_ray.core.plan import CHUNKED, HERE, POOL
 from delta_ray.core.loading import load_tokenizer
 from delta_ray.tokenizer_core import TokenizerCore
 
@@ -194,7 +195,7 @@ def test_unadmitted_configuration_encodes_once_with_the_reference_template(token
     lowered_ref = tokenizer_from_str(json.dumps(cfg))
     loaded = load_tokenizer(lowered_ref)
     orch, transport, loop = _orchestrator(loaded)
-    assert not orch.admitted
+    assert not orch.router.admitted
     run = loop.run_until_complete
     text = real_texts["english"][:9_000]
     got = run(orch.encode(text, "u", True))
@@ -213,10 +214,10 @@ def test_placement_runs_a_text_where_it_finishes_first(loaded, real_texts):
     orch, _, loop = _orchestrator(loaded, placement=True)
     text = (real_texts["english"] * 3)[:200_000]
     orch.placement.local_chars_per_ms = 200_000.0  # a fast engine in the caller: stay here
-    assert orch.runs_here(text)
+    assert orch.router.decide(text) is CHUNKED  # in the caller, on its threads
     orch.placement.local_chars_per_ms = 100.0  # a slow caller: the pool's chunks win
-    assert not orch.runs_here(text)
-    assert orch.runs_here("short text")  # under 4,096 bytes: always here
+    assert orch.router.decide(text) is POOL
+    assert orch.router.decide("short text") is HERE  # under 4,096 bytes: always here
     loop.close()
 
 
@@ -227,7 +228,7 @@ def test_placement_counts_the_chunks_a_text_is_cut_into_not_the_slots(loaded, re
     orch, _, loop = _orchestrator(loaded, placement=True, max_inflight_tasks=256)
     text = (real_texts["english"] * 10)[:500_000]
     orch.placement.local_chars_per_ms = orch.placement.remote_chars_per_ms = 1500.0
-    assert orch._chunks(text) < orch._slots() and not orch.runs_here(text)
+    assert orch._chunks(text) < orch._slots() and orch.router.decide(text) is POOL
     loop.close()
 
 

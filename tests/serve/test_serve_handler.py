@@ -362,7 +362,7 @@ def test_the_reference_encodes_long_texts_off_the_loop(loaded, ref, real_texts):
     h = _handler(loaded)
     assert not h.delta.uses_fast_engine
     on_loop: list[str] = []
-    real_encode, real_delta = h.delta.encode, h.delta.encode_session_delta
+    real_encode, real_delta = h.delta.encode_routed, h.delta.encode_session_delta
 
     def where(name, fn):
         def run(*a, **k):
@@ -370,7 +370,7 @@ def test_the_reference_encodes_long_texts_off_the_loop(loaded, ref, real_texts):
                 on_loop.append(name)
             return fn(*a, **k)
         return run
-    h.delta.encode = where("encode", real_encode)
+    h.delta.encode_routed = where("encode", real_encode)
     h.delta.encode_session_delta = where("append", real_delta)
     text = (real_texts["english"] * 2)[:20_000]
     assert _post(h, {"prompt": text})[1]["tokens"] == ref.encode(text).ids

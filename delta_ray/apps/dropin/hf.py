@@ -74,11 +74,11 @@ class DropinState:
         """The snapshot for ``tok``'s backend as it is now (rebuilt if the backend was replaced,
         marked changed, or its tripwire says it changed in place); None if it cannot be built (the
         tokenizer then stays stock). ``chars``: the call's text length (a long call is checked fully)."""
-        backend = tok._tokenizer
+        backend = tok._tokenizer  # third-party seam: transformers' backend object, read without its property hook
         snap = self.snapshot
         if snap is not None and self.backend is backend:
             wire = snap.tripwire
-            if backend.id_to_token(wire.next_id) == wire.next_token:  # wire.quick_holds, inline: every call
+            if wire.quick_holds(backend):  # every call
                 self._since_check += 1
                 if self._since_check < wire.every and chars < wire.long_chars:
                     return snap
@@ -302,6 +302,7 @@ def _make_backend_property(original: property) -> property:
 
     def backend_tokenizer(self):
         state = self.__dict__.get(STATE_ATTR)
+        # third-party seam: CPython's frame of the caller (transformers' own reads do not count)
         if state is not None and not sys._getframe(1).f_globals.get("__name__", "").startswith("transformers."):
             state.suspect()
         return getter(self)

@@ -142,7 +142,7 @@ def _compile(chat_template: str):
         original = _original_compile
         if original is None:  # uninstalled while this call ran: transformers' own is back in place
             from transformers.utils import chat_template_utils as ctu
-            original = ctu._compile_jinja_template
+            original = ctu._compile_jinja_template  # third-party seam: transformers' template compile
         return original(chat_template)
     with _lock:
         template = _compiled.get(chat_template)
@@ -150,6 +150,7 @@ def _compile(chat_template: str):
             _compiled.move_to_end(chat_template)
             return template
     from transformers.utils import chat_template_utils as ctu
+    # third-party seam: transformers' cached compile (checked present by install())
     template = memoize(ctu._cached_compile_jinja_template(chat_template), chat_template)
     with _lock:
         _compiled[chat_template] = template
@@ -166,11 +167,13 @@ def install() -> bool:
     with _lock:
         if _original_compile is not None:
             return True
+        # third-party seam: transformers' compile functions, present in the versions this hooks
         if not supported() or not hasattr(ctu, "_cached_compile_jinja_template") \
-                or not callable(getattr(ctu, "_compile_jinja_template", None)):
+                or not callable(getattr(ctu, "_compile_jinja_template", None)):  # third-party seam (as above)
             return False
+        # third-party seam: transformers' template compile, the one function the render hook replaces
         _original_compile = ctu._compile_jinja_template
-        ctu._compile_jinja_template = _compile
+        ctu._compile_jinja_template = _compile  # third-party seam (as above)
         return True
 
 
@@ -179,7 +182,7 @@ def uninstall() -> None:
     from transformers.utils import chat_template_utils as ctu
     with _lock:
         if _original_compile is not None:
-            ctu._compile_jinja_template = _original_compile
+            ctu._compile_jinja_template = _original_compile  # third-party seam (as in install)
             _original_compile = None
         _compiled.clear()
 

@@ -1,0 +1,95 @@
+"""What each host asks of the tokenizer it is handed: narrow interfaces over ``TokenizerCore``.
+
+A pool's caller side, a pool's worker and a Serve replica each hold a
+:class:`~delta_ray.tokenizer_core.TokenizerCore`, but each uses only the part of it named here
+(``tests/core/test_hosts.py`` checks their source against these), so the core behind them can change
+without reaching into them. Ray-free; types only.
+"""
+from __future__ import annotations
+
+from typing import Any, Protocol
+
+import numpy as np
+import pyarrow as pa
+
+from .plan import Plan, Route
+from .repair import RepairPlan
+from .session_store import SessionState
+
+
+class PoolLocal(Protocol):
+    """A pool's own tokenizer in its caller's process: plans what the workers run, runs what the
+    router keeps in the caller, assembles the workers' answers, and answers when no worker does."""
+
+    planner: Any
+    template: Any
+    config: Any
+
+    @property
+    def admission(self) -> Any: ...
+
+    @property
+    def uses_fast_engine(self) -> bool: ...
+
+    def plan(self, text: str, slots: int | None = None) -> Plan: ...
+
+    def plan_session_init(self, text: str, slots: int) -> RepairPlan: ...
+
+    def missed_cuts(self, text: str, plan: Plan, slots: int) -> int: ...
+
+    def run_pieces(self, pieces: list[str]) -> list[np.ndarray]: ...
+
+    def finish(self, ids: np.ndarray, add_special_tokens: bool) -> np.ndarray: ...
+
+    def session_arrow(self, id_parts, add_special_tokens: bool) -> pa.ChunkedArray: ...
+
+    def encode_routed(self, route: Route, text: str, session: str | None = None,
+                      add_special_tokens: bool = True) -> np.ndarray: ...
+
+    def encode_ids(self, text: str, *, session: str | None = None, add_special_tokens: bool = True) -> np.ndarray: ...
+
+    def encode_by_reference(self, text: str, add_special_tokens: bool) -> np.ndarray: ...
+
+    def decode(self, ids, *, skip_special_tokens: bool = True) -> str: ...
+
+    def cuts(self, text: str) -> list[int]: ...
+
+
+class SessionHost(Protocol):
+    """The tokenizer that holds sessions where they are served: a pool's worker, a Serve replica."""
+
+    template: Any
+    stats: Any
+    shadow: Any
+    config: Any
+    threads: int
+
+    @property
+    def admission(self) -> Any: ...
+
+    @property
+    def digest(self) -> str: ...
+
+    @property
+    def store(self) -> Any: ...
+
+    @property
+    def uses_fast_engine(self) -> bool: ...
+
+    def encode_session_delta(self, session: str, text: str, known_version: int | None = None,
+                             delta: str | None = None, expect_version: int | None = None) -> tuple[int, int, np.ndarray]: ...
+
+    def install_session(self, session: str, state: SessionState) -> None: ...
+
+    def has_session(self, session: str) -> bool: ...
+
+    def drop_session(self, session: str) -> bool: ...
+
+    def extend(self, session: str, delta: str, *, add_special_tokens: bool = True) -> pa.ChunkedArray: ...
+
+    def encode_routed(self, route: Route, text: str, session: str | None = None,
+                      add_special_tokens: bool = True) -> np.ndarray: ...
+
+    def encode_ids(self, text: str, *, session: str | None = None, add_special_tokens: bool = True) -> np.ndarray: ...
+
+    def run_pieces(self, pieces: list[str]) -> list[np.ndarray]: ...
