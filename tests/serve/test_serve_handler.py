@@ -378,3 +378,12 @@ def test_the_reference_encodes_long_texts_off_the_loop(loaded, ref, real_texts):
     assert c.prompt(h, text)[0] == 200 and c.append(h, text)[0] == 200 and c.ids == ref.encode(text + text).ids
     assert on_loop == []
     assert _post(h, {"prompt": text[:2_000]})[0] == 200 and on_loop == ["encode"]  # short ones stay on the loop
+
+
+def test_the_warm_up_leaves_no_session_behind(loaded, ref):
+    """build_handler warms both paths before the first request (their lazy imports cost the first
+    client 0.2-0.3 s); the session it used is dropped, and no client's name can reach it."""
+    h = _handler(loaded)
+    h.warm()
+    assert len(h.delta.store) == 0
+    assert _post(h, {"prompt": "warm-up", "session_id": "warm-up"})[1]["tokens"] == ref.encode("warm-up").ids

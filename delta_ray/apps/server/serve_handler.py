@@ -128,6 +128,17 @@ class RequestHandler:
         self._version_key = os.urandom(32)
         self._content_digest = ContentDigest()  # this replica's own: keyless texts are reused where they land
 
+    def warm(self) -> None:
+        """One keyless and one session encode before the first request: the first of each loads
+        what their paths import lazily (pyarrow's numpy conversion imports pandas), which cost the
+        first client about 0.2-0.3 s each here. The session is a random tenant's, then dropped."""
+        key = session_key("warm-up", os.urandom(16).hex())
+        self._stateless("warm-up", True)
+        try:
+            self._session(key, "warm-up", True)
+        finally:
+            self.delta.drop_session(key)
+
     # -- the handle API (model composition): the same JSON bodies as HTTP ------------------------------
     async def tokenize(self, body: dict) -> dict:
         out, _ = await self.tokenize_body(body)

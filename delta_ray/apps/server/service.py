@@ -68,12 +68,15 @@ def service_spec(tokenizer: TokenizerLike, options: "dict[str, Any]", *, model_n
 def build_handler(loaded: LoadedTokenizer, chat_config: "dict | None", config: ServeConfig, *, pool: Any = None,
                   replica_id: str = "", record: Any = None) -> RequestHandler:
     """The request handler of one serving process: its own ``TokenizerCore`` (sessions in memory,
-    ``config.tokenizer.threads`` threads for long texts), the chat template, the limits."""
+    ``config.tokenizer.threads`` threads for long texts), the chat template, the limits; warmed
+    (:meth:`RequestHandler.warm`), so the first client does not pay for lazy imports."""
     threads = config.tokenizer.threads
-    return RequestHandler(
+    handler = RequestHandler(
         loaded, TokenizerCore(loaded, config.tokenizer), template=ChatTemplate.from_config(chat_config),
         pool=pool, served={config.model_name}, max_body_bytes=config.max_body_bytes,
         max_model_len=config.max_model_len, require_tenant=config.require_tenant,
         pool_min_chars=config.pool_min_chars, overflow_inflight=config.overflow_inflight or 2 * (threads or 2),
         max_detokenize_tokens=config.max_detokenize_tokens, max_json_items=config.max_json_items,
         replica_id=replica_id, record=record)
+    handler.warm()
+    return handler
