@@ -11,6 +11,10 @@ a session's requests to the replica that holds it, by the ``x-session-id`` heade
 (:func:`routing_headers`). There is no second hop on a session turn. A pool (``pool_name`` or
 ``num_workers``) takes what one replica should not do alone: long keyless texts, cut into chunks
 that run on its workers and tasks, and keyless overflow while the replica is busy.
+
+A replica answers with the Ray-free handler and ASGI app of ``delta_ray/apps/server``; on one
+machine ``delta-ray serve --local`` runs the same two in one process without Ray. Serve is the
+path for replicas, nodes, autoscaling and a pool.
 """
 
 import time

@@ -57,9 +57,9 @@ def local_app(tokenizer: TokenizerLike, *, model_name: "str | None" = None, toke
 
 def local_server(app: TokenizerASGI, host: str = "127.0.0.1", port: int = 8000, **uvicorn_options: Any):
     """A ``uvicorn.Server`` for ``app`` (``.run()`` blocks; ``should_exit = True`` stops it): uvloop
-    and httptools where installed, no access log, no per-response Date/Server headers."""
+    and httptools where installed, no access log, no ``Server`` header."""
     options = {"log_level": "warning", "access_log": False, "lifespan": "on", "server_header": False,
-               "date_header": False, **uvicorn_options}
+               **uvicorn_options}
     return uvicorn.Server(uvicorn.Config(app, host=host, port=port, **options))
 
 

@@ -38,8 +38,8 @@ from delta_ray.core.session_store import SessionNotFound
 
 from .http_api import (TOKENIZE_FIELDS, BadRequest, TokenizeRequest, detokenize_size, dumps_json, parse_detokenize,
                        parse_tokenize)
-from .request_body import detokenize_max_bytes, parse_bounded, parse_id_body
 from .local_metrics import Counters
+from .request_body import detokenize_max_bytes, parse_bounded, parse_id_body
 from .serve_config import DEFAULT_MAX_BODY_BYTES, DEFAULT_MAX_DETOKENIZE_TOKENS, DEFAULT_MAX_JSON_ITEMS
 
 log = logging.getLogger("delta_ray.serve")
@@ -79,7 +79,8 @@ class _KeyLocks:
 
 
 class RequestHandler:
-    """The /tokenize and /detokenize endpoints of one replica over its ``TokenizerCore``.
+    """The /tokenize and /detokenize endpoints of one serving process (a Serve replica, or the
+    one-process server) over its ``TokenizerCore``.
 
     ``pool`` (optional) is a :class:`~delta_ray.actors.pool.TokenizerPool` (or anything with its
     ``encode_async``) that takes keyless texts from ``pool_min_chars`` characters and keyless
