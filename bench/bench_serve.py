@@ -263,10 +263,13 @@ def cpu_snapshot(special: dict[int, str]) -> dict[str, float]:
 
 
 # -- orchestration ---------------------------------------------------------------------------------------
-def _wait_http(host: str, port: int, path: str = "/tokenize", timeout: float = 120) -> None:
+def _wait_http(host: str, port: int, path: str = "/tokenize", timeout: float = 120,
+               proc: "subprocess.Popen | None" = None) -> None:
     import urllib.request
     deadline = time.time() + timeout
     while True:
+        if proc is not None and proc.poll() is not None:
+            raise RuntimeError(f"the server on port {port} exited with status {proc.returncode}")
         try:
             req = urllib.request.Request(f"http://{host}:{port}{path}", data=b'{"prompt": "warm"}',
                                          headers={"Content-Type": "application/json"})
@@ -451,8 +454,8 @@ def _start_serve(args, path, modes, endpoints):
 
 def _run(args, path, modes, sizes, specials, servers) -> None:
     endpoints: dict[str, tuple[str, int, str]] = {}
-    for kind, (_, port) in servers.items():
-        _wait_http("127.0.0.1", port, timeout=900)  # the local server admits the fast tier first (cached after)
+    for kind, (proc, port) in servers.items():
+        _wait_http("127.0.0.1", port, timeout=900, proc=proc)  # the local server admits the fast tier first (cached after)
         for m in ("plain",) if kind == "plain" else LOCAL_MODES:
             endpoints[m] = ("127.0.0.1", port, "/tokenize")
     specials[os.getpid()] = "driver"
