@@ -11,21 +11,25 @@ a session's requests to the replica that holds it, by the ``x-session-id`` heade
 (:func:`routing_headers`). There is no second hop on a session turn. A pool (``pool_name`` or
 ``num_workers``) takes what one replica should not do alone: long keyless texts, cut into chunks
 that run on its workers and tasks, and keyless overflow while the replica is busy.
+
+A replica answers with the Ray-free handler and ASGI app of ``delta_ray/apps/server``; on one
+machine ``delta-ray serve --local`` runs the same two in one process without Ray. Serve is the
+path for replicas, nodes, autoscaling and a pool.
 """
 
-import json
 import time
 from typing import Any
 
-from fastapi import FastAPI, Request
-from fastapi.responses import Response
 from ray import serve
 from ray.serve.config import RequestRouterConfig
 
-from delta_ray.core.loading import TokenizerLike, load_tokenizer
+from delta_ray.apps.server.asgi import TokenizerASGI
+from delta_ray.apps.server.serve_config import (DEFAULT_MAX_BODY_BYTES, DEFAULT_MAX_DETOKENIZE_TOKENS,
+                                                DEFAULT_MAX_JSON_ITEMS, ServeConfig)
+from delta_ray.apps.server.service import build_handler, service_spec
+from delta_ray.core.loading import TokenizerLike
 
-from .serve_config import DEFAULT_MAX_BODY_BYTES, DEFAULT_MAX_DETOKENIZE_TOKENS, DEFAULT_MAX_JSON_ITEMS, ServeConfig
-from .serve_handler import RequestHandler
+from . import metrics
 from .serve_router import SessionRouter
 
 # Serve settings read by each replica process at import (Ray 2.60; RAY_SERVE_THROUGHPUT_OPTIMIZED sets
@@ -35,42 +39,20 @@ FAST_REPLICA_ENV = {"RAY_SERVE_RUN_USER_CODE_IN_SEPARATE_THREAD": "0", "RAY_SERV
                     "RAY_SERVE_LOG_TO_STDERR": "0"}
 
 
-def _chat_config(tokenizer: Any, tokenizer_config: Any) -> "dict | None":
-    """The tokenizer_config.json to take the chat template from (explicit, beside the file, or bundled)."""
-    from pathlib import Path
-
-    if isinstance(tokenizer_config, dict):
-        return tokenizer_config
-    candidates = []
-    if tokenizer_config is not None:
-        candidates.append(Path(tokenizer_config))
-    if isinstance(tokenizer, (str, Path)):
-        p = Path(tokenizer)
-        candidates.append((p if p.is_dir() else p.parent) / "tokenizer_config.json")
-    for c in candidates:
-        c = c / "tokenizer_config.json" if c.is_dir() else c
-        if c.exists():
-            return json.loads(c.read_text(encoding="utf-8"))
-    return None
-
-
-_app = FastAPI(title="delta-ray", description="Exact tokenization (vLLM/SGLang-compatible /tokenize)")
-
-
 @serve.deployment
-@serve.ingress(_app)
+@serve.ingress()
 class TokenizerService:
     """One replica: a :class:`~delta_ray.tokenizer_core.TokenizerCore` with its sessions, an optional pool, and
-    the Ray-free :class:`~delta_ray.actors.serve_handler.RequestHandler` that answers requests.
+    the Ray-free :class:`~delta_ray.apps.server.serve_handler.RequestHandler` that answers requests.
 
     Built by :func:`serve_app` (deployment options, the tokenizer's bytes, its chat config and a
-    :class:`ServeConfig`); this class only binds the handler to Serve's HTTP ingress and handles.
+    :class:`ServeConfig`); this class only binds the handler to Serve: its HTTP ingress is the
+    same ASGI app the one-process server runs (``apps/server/asgi.py``), built over this replica's
+    handler, and its handle methods take the same JSON bodies.
     """
 
     def __init__(self, config_bytes: bytes, digest: str, chat_config: "dict | None", config: ServeConfig):
-        from delta_ray.apps.chat_template import ChatTemplate
         from delta_ray.core.loading import LoadedTokenizer
-        from delta_ray.tokenizer_core import TokenizerCore
 
         loaded = LoadedTokenizer.from_bytes(config_bytes, expected_digest=digest)
         self.pool = None
@@ -84,16 +66,15 @@ class TokenizerService:
             replica_id = serve.get_replica_context().replica_id.unique_id
         except Exception:  # noqa: BLE001 - outside a replica (unit use)
             replica_id = ""
-        threads = config.tokenizer.threads
-        self.handler = RequestHandler(
-            loaded, TokenizerCore(loaded, config.tokenizer), template=ChatTemplate.from_config(chat_config),
-            pool=self.pool, served={config.model_name}, max_body_bytes=config.max_body_bytes,
-            max_model_len=config.max_model_len, require_tenant=config.require_tenant,
-            pool_min_chars=config.pool_min_chars, overflow_inflight=config.overflow_inflight or 2 * (threads or 2),
-            max_detokenize_tokens=config.max_detokenize_tokens, max_json_items=config.max_json_items,
-            replica_id=replica_id)
+        self.handler = build_handler(loaded, chat_config, config, pool=self.pool, replica_id=replica_id,
+                                     record=metrics)
         from delta_ray.core.heap import freeze_heap
         freeze_heap()  # a replica's process is ours: its full collections skip what set-up built
+
+    def __serve_build_asgi_app__(self) -> TokenizerASGI:
+        """The replica's HTTP ingress (Serve calls it after ``__init__``): the shared ASGI app over
+        this replica's handler; its metrics go to Ray's export, so no ``/metrics`` route here."""
+        return TokenizerASGI(self.handler)
 
     def __del__(self):
         try:
@@ -108,24 +89,6 @@ class TokenizerService:
 
     async def detokenize(self, body: dict) -> dict:
         return await self.handler.detokenize(body)
-
-    # -- HTTP -------------------------------------------------------------------------------------------
-    @_app.get("/health")
-    async def health(self):
-        return Response(status_code=200)
-
-    @_app.post("/tokenize")
-    async def tokenize_http(self, request: Request):
-        return await self._http("tokenize", request)
-
-    @_app.post("/detokenize")
-    async def detokenize_http(self, request: Request):
-        return await self._http("detokenize", request)
-
-    async def _http(self, endpoint: str, request: Request):
-        status, data, headers = await self.handler.http(endpoint, request.headers.get("content-length"),
-                                                        request.stream())
-        return Response(data, status_code=status, media_type="application/json", headers=headers)
 
 
 def serve_app(tokenizer: TokenizerLike, *, model_name: "str | None" = None, pool_name: "str | None" = None,
@@ -165,22 +128,16 @@ def serve_app(tokenizer: TokenizerLike, *, model_name: "str | None" = None, pool
     replica's own event loop (``RAY_SERVE_RUN_USER_CODE_IN_SEPARATE_THREAD=0``: the handlers only
     await, heavy steps run in threads), buffered request-path logs and no access log lines.
     """
-    loaded = load_tokenizer(tokenizer)
-    chat_config = _chat_config(tokenizer, tokenizer_config)
-    if max_model_len is None and chat_config:
-        mml = chat_config.get("model_max_length")
-        max_model_len = mml if isinstance(mml, int) and mml < 10 ** 12 else None
-    name = model_name or (loaded.source if loaded.source.startswith("<") else None) or "delta-ray"
-    config = ServeConfig.from_options(
-        options, threads=threads, num_workers=num_workers, pool_name=pool_name, pool_secret=pool_secret,
-        model_name=name, max_body_bytes=max_body_bytes, max_model_len=max_model_len, require_tenant=require_tenant,
-        pool_min_chars=pool_min_chars, overflow_inflight=overflow_inflight, max_detokenize_tokens=max_detokenize_tokens,
-        max_json_items=max_json_items)
+    spec = service_spec(
+        tokenizer, options, model_name=model_name, tokenizer_config=tokenizer_config, max_model_len=max_model_len,
+        threads=threads, num_workers=num_workers, pool_name=pool_name, pool_secret=pool_secret,
+        max_body_bytes=max_body_bytes, require_tenant=require_tenant, pool_min_chars=pool_min_chars,
+        overflow_inflight=overflow_inflight, max_detokenize_tokens=max_detokenize_tokens, max_json_items=max_json_items)
     deployment = TokenizerService.options(**_deployment_options(
         replica_cpus=replica_cpus, max_ongoing_requests=max_ongoing_requests, fast_replica=fast_replica,
         num_replicas=num_replicas, autoscaling_config=autoscaling_config, session_routing=session_routing,
         num_fallback_replicas=num_fallback_replicas))
-    return deployment.bind(loaded.config_bytes, loaded.digest, chat_config, config)
+    return deployment.bind(spec.loaded.config_bytes, spec.loaded.digest, spec.chat_config, spec.config)
 
 
 def _deployment_options(*, replica_cpus: float, max_ongoing_requests: int, fast_replica: bool, num_replicas: int,

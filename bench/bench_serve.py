@@ -8,7 +8,11 @@ persistent connections, orjson to parse), sessions growing by ``--append`` chara
 * ``peer``: a Ray Serve deployment re-encoding every request whole with fastokens (orjson, numpy IDs;
   ``bench/peers/servers.py``);
 * ``delta``: ``delta_ray.serve_app`` with the whole transcript sent (vLLM body, ``session_id``);
-* ``append``: ``delta_ray.serve_app`` with the append API (the delta in, ``start`` + the tail out).
+* ``append``: ``delta_ray.serve_app`` with the append API (the delta in, ``start`` + the tail out);
+* ``local`` and ``append-local``: the same two on delta-ray's one-process server (``delta-ray serve
+  --local``: uvicorn, no Ray), in its own process.
+
+Ray starts only when a Serve mode is asked for (``--modes plain,local,append-local`` runs without it).
 
 Each session's first request (its whole initial text) is a warm-up outside the timed part. Every
 answer is checked: its count and the CRC-32 of its IDs (for ``append``, of the IDs spliced from
@@ -24,9 +28,10 @@ straight to its replica (``peer-di``, ``delta-di``, ``append-di``).
     .venv/bin/python bench/bench_serve.py --rounds 3 --turns 16 --direct-ingress
 """
 import argparse
-import re
 import json
 import os
+import re
+import statistics
 import subprocess
 import sys
 import threading
@@ -41,6 +46,7 @@ from bench.harness import descendants, free_port, proc_stat  # noqa: E402
 from bench.peers.servers import plain_server, serve_peer  # noqa: E402
 
 SIZES = {"100k": (100_000, 32), "1m": (1_000_000, 8)}
+LOCAL_MODES = ("local", "append-local")  # delta-ray's one-process server: whole transcripts, appends
 
 
 # -- workload (rebuilt identically in the client process) -------------------------------------------
@@ -257,10 +263,13 @@ def cpu_snapshot(special: dict[int, str]) -> dict[str, float]:
 
 
 # -- orchestration ---------------------------------------------------------------------------------------
-def _wait_http(host: str, port: int, path: str = "/tokenize", timeout: float = 120) -> None:
+def _wait_http(host: str, port: int, path: str = "/tokenize", timeout: float = 120,
+               proc: "subprocess.Popen | None" = None) -> None:
     import urllib.request
     deadline = time.time() + timeout
     while True:
+        if proc is not None and proc.poll() is not None:
+            raise RuntimeError(f"the server on port {port} exited with status {proc.returncode}")
         try:
             req = urllib.request.Request(f"http://{host}:{port}{path}", data=b'{"prompt": "warm"}',
                                          headers={"Content-Type": "application/json"})
@@ -335,10 +344,12 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--client", help=argparse.SUPPRESS)
     ap.add_argument("--plain-server", nargs=2, metavar=("TOKENIZER", "PORT"), help=argparse.SUPPRESS)
+    ap.add_argument("--local-server", nargs=3, metavar=("TOKENIZER", "PORT", "MODEL"), help=argparse.SUPPRESS)
     ap.add_argument("--tokenizer", default="qwen-3")
     ap.add_argument("--sizes", default="100k,1m", help="comma list of 100k, 1m")
-    ap.add_argument("--modes", default="plain,peer,delta,append",
-                    help="plain, peer, delta, append; delta-std and append-std: delta-ray with Serve's defaults")
+    ap.add_argument("--modes", default="plain,local,append-local,peer,delta,append",
+                    help="plain, local, append-local, peer, delta, append; delta-std and append-std: delta-ray's "
+                         "Serve app with Serve's defaults")
     ap.add_argument("--turns", type=int, default=0, help="timed turns per session (default 8 at 100K, 4 at 1M)")
     ap.add_argument("--append", type=int, default=1300, help="characters appended per turn")
     ap.add_argument("--clients", type=int, default=4)
@@ -354,6 +365,8 @@ def main() -> None:
         return client_main(args.client)
     if args.plain_server:
         return plain_server(args.plain_server[0], int(args.plain_server[1]))
+    if args.local_server:
+        return local_server(*args.local_server)
 
     os.environ.setdefault("RAY_ENABLE_AUTO_CONNECT", "0")
     if args.direct_ingress:
@@ -367,21 +380,32 @@ def main() -> None:
     modes = args.modes.split(",")
     sizes = [SIZES[s] + (s,) for s in args.sizes.split(",")]
     specials: dict[int, str] = {}
-    plain_proc = None
-    if "plain" in modes:
-        pport = free_port()
-        plain_proc = subprocess.Popen([sys.executable, __file__, "--plain-server", path, str(pport)], cwd=ROOT,
-                                      stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        specials[plain_proc.pid] = "plain"
+    servers: dict[str, tuple[subprocess.Popen, int]] = {}  # the servers in their own process: plain, local
     try:
-        _run(args, path, modes, sizes, specials, plain_proc, pport if plain_proc else 0)
+        for kind, wanted, extra in (("plain", {"plain"}, []), ("local", LOCAL_MODES, [args.tokenizer])):
+            if set(modes) & set(wanted):
+                port = free_port()
+                flag = f"--{kind}-server"
+                proc = subprocess.Popen([sys.executable, __file__, flag, path, str(port), *extra], cwd=ROOT,
+                                        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                servers[kind] = (proc, port)
+                specials[proc.pid] = kind
+        _run(args, path, modes, sizes, specials, servers)
     finally:
-        if plain_proc is not None:
-            plain_proc.terminate()
-            plain_proc.wait(timeout=30)
+        for proc, _ in servers.values():
+            proc.terminate()
+            proc.wait(timeout=30)
 
 
-def _run(args, path, modes, sizes, specials, plain_proc, pport) -> None:
+def local_server(tokenizer_path: str, port: str, model: str) -> None:
+    """delta-ray's one-process server (what ``delta-ray serve --local`` runs), the fast tier required."""
+    from delta_ray.apps.server.local import run_local
+    run_local(tokenizer_path, "127.0.0.1", int(port), model_name=model, engine="fast")
+
+
+def _start_serve(args, path, modes, endpoints):
+    """Start Ray and Serve with the Serve modes' applications; fills ``endpoints`` (and, under direct
+    ingress, ``endpoints["_di"]``: each app's replicas by id)."""
     import ray
     from ray import serve
 
@@ -390,28 +414,22 @@ def _run(args, path, modes, sizes, specials, plain_proc, pport) -> None:
     from delta_ray.actors.serve import replica_endpoints
     from delta_ray.core.loading import load_tokenizer
 
-    if plain_proc is not None:
-        _wait_http("127.0.0.1", pport)
     ray.init(address="local", **local_init_kwargs())
-    specials[os.getpid()] = "driver"
     sport = free_port()
     serve.start(http_options={"host": "127.0.0.1", "port": sport})
-    endpoints: dict[str, tuple[str, int, str]] = {}
     if "peer" in modes:
         serve.run(serve_peer(load_tokenizer(path).config_bytes), name="peer", route_prefix="/peer")
         endpoints["peer"] = ("127.0.0.1", sport, "/peer/tokenize")
     if "delta" in modes or "append" in modes:
         serve.run(serve_app(path, model_name=args.tokenizer, num_replicas=args.replicas,
-                            num_workers=args.workers or None, engine="auto"),
+                            num_workers=args.workers or None, engine="fast"),
                   name="delta", route_prefix="/delta")
         endpoints["delta"] = endpoints["append"] = ("127.0.0.1", sport, "/delta/tokenize")
     if "delta-std" in modes or "append-std" in modes:  # the same app with Serve's per-request defaults
         serve.run(serve_app(path, model_name=args.tokenizer, num_replicas=args.replicas,
-                            num_workers=args.workers or None, engine="auto", fast_replica=False),
+                            num_workers=args.workers or None, engine="fast", fast_replica=False),
                   name="std", route_prefix="/std")
         endpoints["delta-std"] = endpoints["append-std"] = ("127.0.0.1", sport, "/std/tokenize")
-    if plain_proc is not None:
-        endpoints["plain"] = ("127.0.0.1", pport, "/tokenize")
     di_replicas: dict[str, dict] = {}
     if args.direct_ingress:
         for app, ms in (("peer", ["peer"]), ("delta", ["delta", "append"])):
@@ -430,9 +448,23 @@ def _run(args, path, modes, sizes, specials, plain_proc, pport) -> None:
                         modes.append(m + "-di")
             else:
                 print(f"# direct ingress: no replica endpoint for {app}", flush=True)
+    endpoints["_di"] = di_replicas
+    return ray, serve
+
+
+def _run(args, path, modes, sizes, specials, servers) -> None:
+    endpoints: dict[str, tuple[str, int, str]] = {}
+    for kind, (proc, port) in servers.items():
+        _wait_http("127.0.0.1", port, timeout=900, proc=proc)  # the local server admits the fast tier first (cached after)
+        for m in ("plain",) if kind == "plain" else LOCAL_MODES:
+            endpoints[m] = ("127.0.0.1", port, "/tokenize")
+    specials[os.getpid()] = "driver"
+    ray = serve = None
+    if set(modes) - set(endpoints):
+        ray, serve = _start_serve(args, path, modes, endpoints)
+    di_replicas = endpoints.pop("_di", {})
     for host, port, p in set(endpoints.values()):
         _wait_http(host, port, p)
-    # The fast tier: wait (bounded) until the delta-ray replica's admission is cached and in use.
     print(f"# bench_serve: {args.tokenizer}, {args.clients} clients, +{args.append} chars/turn, modes {modes}",
           flush=True)
     results: dict = {}
@@ -462,9 +494,10 @@ def _run(args, path, modes, sizes, specials, plain_proc, pport) -> None:
                 for e in r["errors"][:3]:
                     print("    ", e)
     # Ratios against the targets (ranges over rounds).
-    print("\n## Ratios (turns/s of each round against the same round's peer; min-max over rounds)")
+    print("\n## Ratios (turns/s of each round against the same round's peer; median, min-max over rounds)")
     for label, by_mode in results.items():
-        for mine, peer in (("delta", "peer"), ("append", "peer"), ("append", "plain"), ("delta-di", "peer"),
+        for mine, peer in (("local", "plain"), ("append-local", "plain"), ("local", "delta"),
+                           ("append-local", "append"), ("delta", "plain"), ("delta", "peer"), ("append", "peer"), ("append", "plain"), ("delta-di", "peer"),
                            ("append-di", "peer"), ("append-di", "plain"), ("delta-di", "peer-di"),
                            ("append-di", "peer-di"), ("delta-std", "peer"), ("append", "append-std")):
             a, b = by_mode.get(mine, []), by_mode.get(peer, [])
@@ -473,16 +506,18 @@ def _run(args, path, modes, sizes, specials, plain_proc, pport) -> None:
             ratios = [x["rate"] / y["rate"] for x, y in zip(a, b)]
             p99a = [x["p99"] * 1e3 for x in a]
             p99b = [y["p99"] * 1e3 for y in b]
-            print(f"{label}: {mine} / {peer}: {min(ratios):.2f}-{max(ratios):.2f}x; "
-                  f"P99 {min(p99a):.0f}-{max(p99a):.0f} ms vs {min(p99b):.0f}-{max(p99b):.0f} ms")
+            print(f"{label}: {mine} / {peer}: {statistics.median(ratios):.2f}x ({min(ratios):.2f}-{max(ratios):.2f}); "
+                  f"P99 {statistics.median(p99a):.0f} ({min(p99a):.0f}-{max(p99a):.0f}) ms vs "
+                  f"{statistics.median(p99b):.0f} ({min(p99b):.0f}-{max(p99b):.0f}) ms")
     errors = sum(r["n_errors"] for m in results.values() for rs in m.values() for r in rs)
     print(f"\nanswers that differ from the reference: {errors}")
     if args.json:
         Path(args.json).write_text(json.dumps(results, indent=1))
-    for app in list(serve.status().applications):
-        serve.delete(app)
-    serve.shutdown()
-    ray.shutdown()
+    if serve is not None:
+        for app in list(serve.status().applications):
+            serve.delete(app)
+        serve.shutdown()
+        ray.shutdown()
     if errors:
         sys.exit(1)
 

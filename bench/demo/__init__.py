@@ -8,7 +8,8 @@ Sections (one table each, then a one-line verdict):
 1. a long stateless text, in process (:mod:`.in_process`);
 2. a chat session of 100K-1M characters turn by turn, in process (:mod:`.in_process`);
 3. the pool on a local Ray (:mod:`.on_ray`);
-4. the Serve append API over HTTP against a plain FastAPI + fastokens server (:mod:`.on_ray`);
+4. HTTP: delta-ray's one-process server and its Ray Serve app (through the proxy and with direct
+   ingress) beside a plain FastAPI + fastokens server, whole transcripts and appends (:mod:`.over_http`);
 5. a Parquet corpus with ``delta-ray tokenize``'s local path against a plain pyarrow + fastokens
    script (:mod:`.corpus`).
 

@@ -5,9 +5,12 @@ import argparse
 import importlib
 import sys
 
-# Subcommands that need Ray live in actors/; each module offers add_arguments(parser) and run(args).
-_RAY_COMMANDS = {
-    "serve": ("delta_ray.actors.serve_cli", "start the HTTP tokenization service (vLLM/SGLang-compatible /tokenize)"),
+# Each subcommand's module offers add_arguments(parser) and run(args), and imports Ray only in run(),
+# where it needs it (tokenize's Ray path lives in actors/; serve --local never imports Ray).
+_COMMANDS = {
+    "serve": ("delta_ray.apps.server.cli",
+              "start the HTTP tokenization service (vLLM/SGLang-compatible /tokenize): --local in this process, "
+              "or on Ray Serve"),
     "tokenize": ("delta_ray.actors.tokenize_job",
                  "tokenize text/JSONL/Parquet files into Parquet (this machine, or a cluster with --ray-data)"),
 }
@@ -23,7 +26,7 @@ def main(argv: list[str] | None = None) -> int:
     # The demo compares delta-ray with its peers, which the installed package does not ship.
     sub.add_parser("demo", help="moved: run `python3 bootstrap.py demo` from a delta-ray checkout", add_help=False)
     modules = {}
-    for name, (module, help_text) in _RAY_COMMANDS.items():
+    for name, (module, help_text) in _COMMANDS.items():
         p = sub.add_parser(name, help=help_text)
         try:
             modules[name] = importlib.import_module(module)

@@ -89,8 +89,10 @@ def test_quick_demo_end_to_end():
     assert proc.stderr == "", proc.stderr[-3000:]
     out = proc.stdout
     assert "every result of delta-ray equals the reference" in out and "MISMATCH" not in out
-    for section in ("Long stateless text", "Chat session", "Pool on Ray", "Ray Serve over HTTP", "A corpus"):
+    for section in ("Long stateless text", "Chat session", "Pool on Ray", "HTTP: a chat session", "A corpus"):
         assert section in out, section
+    for server in ("delta-ray local server", "delta-ray on Ray Serve, through its proxy"):  # and direct ingress where it runs
+        assert server in out, server
     if fastokens_version():
         assert out.count("fastokens") >= 6
     for noise in ("core_worker", "Running Dataset", "(raylet)", "WARNING", "INFO"):

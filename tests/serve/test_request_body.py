@@ -1,4 +1,4 @@
-"""Request bodies parsed in steps that hold the GIL briefly (actors/request_body.py), Ray-free: the
+"""Request bodies parsed in steps that hold the GIL briefly (delta_ray/apps/server/request_body.py), Ray-free: the
 item bound is an upper bound of what a parse creates, and the sliced /detokenize parse answers
 exactly as one orjson parse of the whole body does."""
 from __future__ import annotations
@@ -9,8 +9,8 @@ import random
 import orjson
 import pytest
 
-from delta_ray.actors import request_body as rb
-from delta_ray.actors.http_api import BadRequest
+from delta_ray.apps.server import request_body as rb
+from delta_ray.apps.server.http_api import BadRequest
 
 
 def _items(value) -> int:
@@ -145,3 +145,20 @@ def test_a_million_ids_are_parsed_a_slice_per_call(monkeypatch):
         seen.clear()
         assert rb.parse_id_body(raw, 1 << 20, 65_536) == {"model": "m", "tokens": ids}
         assert len(seen) > 10 and max(seen) <= rb.ID_SLICE_BYTES + 16
+
+
+def test_the_cheap_bound_spares_prose_the_string_aware_scan(monkeypatch):
+    """Counting structural bytes everywhere is an upper bound too: a prompt of prose stays under the
+    limit with it, so the escape-aware scan never runs; past it the exact scan still decides."""
+    scans = []
+    real = rb.item_bound
+    monkeypatch.setattr(rb, "item_bound", lambda raw, limit: scans.append(len(raw)) or real(raw, limit))
+    prose = orjson.dumps({"prompt": 'He said "yes", then: no.\n' * 40_000})  # 1 MB, 80,000 structural bytes
+    assert rb.structural_bound(prose, 10 ** 9) == 1 + 80_000 + 2  # inside the string, the object and its colon
+    rb.parse_bounded(prose, 100_000)
+    assert scans == []
+    assert rb.parse_bounded(prose, 65_536)["prompt"].startswith("He said")  # loose bound over: the exact scan
+    assert scans == [len(prose)]
+    for value in ([0] * 70_000, {"messages": [{"role": "user"}] * 40_000}):
+        with pytest.raises(BadRequest):  # both bounds over: refused unparsed
+            rb.parse_bounded(orjson.dumps(value), 65_536)

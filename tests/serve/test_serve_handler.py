@@ -9,8 +9,8 @@ import time
 import orjson
 import pytest
 
-from delta_ray.actors.http_api import BadRequest
-from delta_ray.actors.serve_handler import RequestHandler
+from delta_ray.apps.server.http_api import BadRequest
+from delta_ray.apps.server.serve_handler import RequestHandler
 from delta_ray.apps.bundled import bundled_tokenizer_config
 from delta_ray.apps.chat_template import ChatTemplate
 from delta_ray.core.config import TokenizerConfig
@@ -211,7 +211,7 @@ def test_serve_config_takes_the_config_classes_own_fields():
     frozen ServeConfig; no list of names is kept by hand, so every field reaches its process."""
     from dataclasses import fields
 
-    from delta_ray.actors.serve_config import ServeConfig
+    from delta_ray.apps.server.serve_config import ServeConfig
     from delta_ray.core.config import PoolConfig
 
     cfg = ServeConfig.from_options({"chunk_size": 8192, "cut_threshold": 20_000, "max_sessions": 7,
@@ -378,3 +378,12 @@ def test_the_reference_encodes_long_texts_off_the_loop(loaded, ref, real_texts):
     assert c.prompt(h, text)[0] == 200 and c.append(h, text)[0] == 200 and c.ids == ref.encode(text + text).ids
     assert on_loop == []
     assert _post(h, {"prompt": text[:2_000]})[0] == 200 and on_loop == ["encode"]  # short ones stay on the loop
+
+
+def test_the_warm_up_leaves_no_session_behind(loaded, ref):
+    """build_handler warms both paths before the first request (their lazy imports cost the first
+    client 0.2-0.3 s); the session it used is dropped, and no client's name can reach it."""
+    h = _handler(loaded)
+    h.warm()
+    assert len(h.delta.store) == 0
+    assert _post(h, {"prompt": "warm-up", "session_id": "warm-up"})[1]["tokens"] == ref.encode("warm-up").ids

@@ -69,9 +69,25 @@ def item_bound(raw: bytes, limit: int) -> int:
     return count
 
 
+def structural_bound(raw: bytes, limit: int) -> int:
+    """A looser upper bound than :func:`item_bound`, several times cheaper: ``,`` ``:`` ``[`` ``{``
+    counted everywhere, inside strings too, plus one (or some number past ``limit`` once certain).
+
+    A prompt's text has a few structural bytes per hundred, so for most bodies this bound is
+    already under the limit and the string-aware scan (whose escape handling costs about 4 ms a
+    megabyte here) never runs."""
+    count = 1
+    for pos in range(0, len(raw), SCAN_SLICE_BYTES):
+        count += len(raw[pos:pos + SCAN_SLICE_BYTES].translate(None, _NOT_STRUCTURAL))
+        if count > limit:
+            return count
+    return count
+
+
 def parse_bounded(raw: bytes, max_items: int) -> Any:
     """``raw`` parsed, if it carries at most ``max_items`` items; else a 413 before any parse."""
-    if len(raw) > BOUND_FROM_BYTES and item_bound(raw, max_items) > max_items:
+    if len(raw) > BOUND_FROM_BYTES and structural_bound(raw, max_items) > max_items \
+            and item_bound(raw, max_items) > max_items:
         raise BadRequest(f"the request body carries more than {max_items:,} JSON values", 413)
     return loads_json(raw)
 

@@ -1,10 +1,12 @@
-"""What a Serve replica does with a request, Ray-free: a body in, an answer (or a 4xx) out.
+"""What the HTTP service does with a request, Ray-free: a body in, an answer (or a 4xx) out.
 
-``actors/serve.py`` binds :class:`RequestHandler` to Ray Serve (the FastAPI ingress, the replica,
-the pool's start-up); everything a request means lives here, so it is tested on a plain event loop
-(tests/serve/test_serve_handler.py) with a fake pool, like ``http_api.py``.
+One handler, two hosts: ``asgi.py`` puts it behind HTTP, and both the one-process server
+(``local.py``, uvicorn) and a Ray Serve replica (``actors/serve.py``, which adds the replica, the
+pool's start-up and the handle API) run that same ASGI app. Everything a request means lives here,
+so it is tested on a plain event loop (tests/serve/test_serve_handler.py) with a fake pool, like
+``http_api.py``.
 
-The handler runs on the replica's event loop (``fast_replica``: user code on Serve's own loop), so
+The handler runs on the host's event loop (``fast_replica``: user code on Serve's own loop), so
 every step whose cost grows with the request runs in a thread: parsing and serializing large
 bodies, validating long message lists, chat rendering, long encodes, the per-ID validation of
 ``/detokenize`` and the decode, ``token_strs``. What stays on the loop is O(1) or bounded by a
@@ -36,9 +38,9 @@ from delta_ray.core.plan import CONTENT, HERE, POOL, REFERENCE_SESSION, UNADMITT
 from delta_ray.core.reference_api import decode_fn, id_to_token_fn, vocab_size  # the 0.x API or tokenizer.json (1.x)
 from delta_ray.core.session_store import SessionNotFound
 
-from . import metrics
 from .http_api import (TOKENIZE_FIELDS, BadRequest, TokenizeRequest, detokenize_size, dumps_json, parse_detokenize,
                        parse_tokenize)
+from .local_metrics import Counters
 from .request_body import detokenize_max_bytes, parse_bounded, parse_id_body
 from .serve_config import DEFAULT_MAX_BODY_BYTES, DEFAULT_MAX_DETOKENIZE_TOKENS, DEFAULT_MAX_JSON_ITEMS
 
@@ -79,7 +81,8 @@ class _KeyLocks:
 
 
 class RequestHandler:
-    """The /tokenize and /detokenize endpoints of one replica over its ``TokenizerCore``.
+    """The /tokenize and /detokenize endpoints of one serving process (a Serve replica, or the
+    one-process server) over its ``TokenizerCore``.
 
     ``pool`` (optional) is a :class:`~delta_ray.actors.pool.TokenizerPool` (or anything with its
     ``encode_async``) that takes keyless texts from ``pool_min_chars`` characters and keyless
@@ -99,7 +102,7 @@ class RequestHandler:
                  max_model_len: "int | None" = None, require_tenant: bool = False,
                  pool_min_chars: "int | None" = None, overflow_inflight: "int | None" = None,
                  max_detokenize_tokens: int = DEFAULT_MAX_DETOKENIZE_TOKENS, replica_id: str = "",
-                 max_json_items: int = DEFAULT_MAX_JSON_ITEMS, record: Any = metrics):
+                 max_json_items: int = DEFAULT_MAX_JSON_ITEMS, record: Any = None):
         self.delta = delta
         self.pool = pool
         self.template = template
@@ -117,7 +120,9 @@ class RequestHandler:
         self.max_detokenize_bytes = detokenize_max_bytes(max_detokenize_tokens, max_body_bytes)
         self.max_json_items = max_json_items
         self.replica_id = replica_id
-        self._record = record  # actors/metrics.py, or a stand-in in tests
+        # Where request counts go: Ray's metrics (actors/metrics.py) on a replica; this process's
+        # own counters otherwise (the one-process server shows them at /metrics).
+        self._record = record if record is not None else Counters()
         self.inflight = 0
         config = loaded.config  # parsed once here, not kept (LoadedTokenizer.config)
         self.vocab_size = vocab_size(loaded.tokenizer, config)
@@ -129,6 +134,17 @@ class RequestHandler:
         # this process (not its state counter, not other sessions).
         self._version_key = os.urandom(32)
         self._content_digest = ContentDigest()  # this replica's own: keyless texts are reused where they land
+
+    def warm(self) -> None:
+        """One keyless and one session encode before the first request: the first of each loads
+        what their paths import lazily (pyarrow's numpy conversion imports pandas), which cost the
+        first client about 0.2-0.3 s each here. The session is a random tenant's, then dropped."""
+        key = session_key("warm-up", os.urandom(16).hex())
+        self.delta.encode_routed(self.router.decide("warm-up"), "warm-up", None, True)
+        try:
+            self._session(self.router.session_route(), key, "warm-up", True)
+        finally:
+            self.delta.drop_session(key)
 
     # -- the handle API (model composition): the same JSON bodies as HTTP ------------------------------
     async def tokenize(self, body: dict) -> dict:

@@ -1,0 +1,104 @@
+"""The HTTP side of the tokenization service: one ASGI app, run by both hosts.
+
+The one-process server (``local.py``) runs it on uvicorn; a Ray Serve replica (``actors/serve.py``)
+builds the same app over its own handler (``__serve_build_asgi_app__``), whether Serve's proxy or
+the replica's own server (direct ingress) receives the request. So routing, the body's stream
+under its limit, status codes and the JSON answers are one implementation; what a request means
+is :class:`~delta_ray.apps.server.serve_handler.RequestHandler`'s.
+
+A plain ASGI callable rather than a framework's router: a request costs a dict lookup and two
+``send`` calls here, and the handler already does what a framework would add (validation, errors
+as JSON). Ray-free.
+"""
+from __future__ import annotations
+
+from typing import Any, AsyncIterator, Callable
+
+from .http_api import BadRequest, dumps_json
+
+# path -> endpoint name of RequestHandler.http (POST only)
+ENDPOINTS = {"/tokenize": "tokenize", "/detokenize": "detokenize"}
+JSON = (b"content-type", b"application/json")
+CLIENT_GONE = 499  # the client closed the connection before its body arrived (nginx's code; nothing is sent)
+
+
+class TokenizerASGI:
+    """``POST /tokenize``, ``POST /detokenize``, ``GET /health`` and, where ``metrics`` is given,
+    ``GET /metrics`` (its text), over a handler's ``http(endpoint, content_length, chunks)``."""
+
+    def __init__(self, handler: Any, metrics: "Callable[[], bytes] | None" = None):
+        self.handler = handler
+        self.metrics = metrics
+
+    async def __call__(self, scope: dict, receive: Callable, send: Callable) -> None:
+        kind = scope["type"]
+        if kind == "lifespan":
+            return await _lifespan(receive, send)
+        if kind != "http":  # websockets: not served
+            return
+        path = _route(scope)
+        method = scope["method"]
+        endpoint = ENDPOINTS.get(path)
+        if endpoint is not None:
+            if method != "POST":
+                return await _error(send, 405, f"{path} takes POST", "MethodNotAllowed", [(b"allow", b"POST")])
+            status, data, headers = await self.handler.http(endpoint, _content_length(scope), _body(receive))
+            return await _send(send, status, data, [JSON, *((k.encode(), v.encode()) for k, v in headers.items())])
+        if path == "/health" or (path == "/metrics" and self.metrics is not None):
+            if method not in ("GET", "HEAD"):
+                return await _error(send, 405, f"{path} takes GET", "MethodNotAllowed", [(b"allow", b"GET, HEAD")])
+            data = b"" if path == "/health" else self.metrics()
+            headers = [] if path == "/health" else [(b"content-type", b"text/plain; version=0.0.4; charset=utf-8")]
+            return await _send(send, 200, b"" if method == "HEAD" else data, headers, len(data))
+        return await _error(send, 404, f"no route {path[:200]!r}: POST /tokenize, POST /detokenize, GET /health",
+                            "NotFoundError")
+
+
+def _route(scope: dict) -> str:
+    """The path below the app's mount point (Serve's route prefix), as Starlette reads it."""
+    path, root = scope.get("path", "/"), scope.get("root_path", "")
+    if root and path.startswith(root):
+        path = path[len(root):]
+    return path or "/"
+
+
+def _content_length(scope: dict) -> "str | None":
+    for name, value in scope.get("headers", ()):
+        if name == b"content-length":
+            return value.decode("latin-1")
+    return None
+
+
+async def _body(receive: Callable) -> AsyncIterator[bytes]:
+    """The request body's chunks as they arrive; a client gone mid-body ends the request (499)."""
+    while True:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            raise BadRequest("the client closed the connection", CLIENT_GONE)
+        chunk = message.get("body", b"")
+        if chunk:
+            yield chunk
+        if not message.get("more_body", False):
+            return
+
+
+async def _send(send: Callable, status: int, data: bytes, headers: list, length: "int | None" = None) -> None:
+    await send({"type": "http.response.start", "status": status,
+                "headers": [(b"content-length", b"%d" % (len(data) if length is None else length)), *headers]})
+    await send({"type": "http.response.body", "body": data})
+
+
+async def _error(send: Callable, status: int, message: str, kind: str, headers: "list | None" = None) -> None:
+    data = dumps_json({"error": {"message": message, "type": kind, "code": status}})
+    await _send(send, status, data, [JSON, *(headers or [])])
+
+
+async def _lifespan(receive: Callable, send: Callable) -> None:
+    """Nothing to start or stop: the handler is built before the server starts."""
+    while True:
+        message = await receive()
+        if message["type"] == "lifespan.startup":
+            await send({"type": "lifespan.startup.complete"})
+        elif message["type"] == "lifespan.shutdown":
+            await send({"type": "lifespan.shutdown.complete"})
+            return
