@@ -35,6 +35,7 @@ import sys
 import threading
 from typing import Any
 
+from .scope import current_scope
 from .snapshot import RENDER_DEFAULT, RENDER_KEY, LazyEncoding, Snapshot
 
 log = logging.getLogger("delta_ray.apps.dropin")
@@ -48,6 +49,7 @@ _EXPECTED_PARAMS = (
     "return_special_tokens_mask", "return_offsets_mapping", "return_length", "verbose",
     "split_special_tokens", "kwargs",
 )
+_NO_SCOPE = (None, None)  # no request_scope: keyless, in the shared namespace
 _hook_lock = threading.Lock()
 _originals: dict[str, Any] = {}  # method name -> the function TokenizersBackend had before the hooks
 
@@ -179,7 +181,12 @@ def _delta_encode_plus(self, state: DropinState, texts: list[str], is_batched: b
     core = snap.tokenizer.core
     try:
         if len(texts) == 1:  # a chat turn: the IDs straight into the list transformers returns
-            lists = [core.encode_list(texts[0], add_special_tokens=add_special_tokens)]
+            ids = None
+            sessions = snap.sessions
+            if sessions is not None and not is_batched:  # one text: its conversation's state, if any
+                scope = current_scope()
+                ids = sessions.encode(texts[0], *(scope or _NO_SCOPE), add_special_tokens)
+            lists = [ids if ids is not None else core.encode_list(texts[0], add_special_tokens=add_special_tokens)]
         else:
             lists = [a.tolist() for a in core.encode_batch_ids(texts, add_special_tokens=add_special_tokens)]
     except (TypeError, ValueError):
