@@ -258,10 +258,11 @@ def test_a_state_replaced_behind_the_table_is_not_reused(stocks, real_texts):
         assert tok.encode(prose[:20000]) == stock.encode(prose[:20000])
         core.drop_session(key)  # evicted by the core
         assert tok.encode(prose[:21000]) == stock.encode(prose[:21000])
-        other = copy.copy(tok)  # the same table, another text installed under the key directly
-        core.encode_session_delta(key, code[:30000])
+        core.encode_session_delta(key, code[:30000])  # another text installed under the key directly
+        assert tok.encode(code[:31000]) == stock.encode(code[:31000])  # continues that state, not the list
+        other = copy.copy(tok)  # a copy shares the table
+        assert other.encode(code[:32000]) == stock.encode(code[:32000])
         assert tok.encode(prose[:22000]) == stock.encode(prose[:22000])
-        assert other.encode(prose[:22500]) == stock.encode(prose[:22500])
         core.store.clear()  # a purge (the fast tier found wrong)
         assert tok.encode(prose[:23000]) == stock.encode(prose[:23000])
 
