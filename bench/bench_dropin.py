@@ -317,6 +317,8 @@ def run_agent(args, folder: str, native: bool | None) -> int:
         order = names[idx % len(names):] + names[:idx % len(names)]
         got = {}
         for name in order:
+            time.sleep(args.gap_ms / 1e3)  # an idle before each request, as a server has: a previous
+            # column's native threads (fastokens spins its pool a while after a call) are asleep again
             if name in toks:
                 ids, ms = timed_ms(lambda: call(name, idx))
                 got[name] = digest(ids)
@@ -398,6 +400,7 @@ def main(argv=None) -> int:
     ap.add_argument("--context", type=int, default=250_000, help="--agent: the first message's characters")
     ap.add_argument("--step", type=int, default=800, help="--agent: characters per message of a turn (two a turn)")
     ap.add_argument("--conversations", type=int, default=3, help="--agent: conversations (each timed once per turn)")
+    ap.add_argument("--gap-ms", type=float, default=5.0, help="--agent: idle before each timed call")
     ap.add_argument("--peer", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args.peer:
