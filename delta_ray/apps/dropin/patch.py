@@ -51,8 +51,8 @@ from .snapshot import CHECK_KEY, CONTENT_KEY, NATIVE_KEY, RENDER_DEFAULT, RENDER
 __all__ = ["patch_transformers", "unpatch_transformers", "wrap_tokenizer", "unwrap_tokenizer", "refresh",
            "is_wrapped", "loading_wrapped"]
 
-# A server's default: about 25 conversations of 1M characters (qwen-3, English) or 250 of 100K
-# (docs/dropin.md measures what one holds).
+# A server's default: about 90 conversations of 1M characters or 900 of 100K (qwen-3, English and
+# code: an entry counts 45-50 bytes an ID, docs/dropin.md §17).
 SESSION_BYTES = 1 << 30
 _lock = threading.Lock()
 _patch: dict[str, Any] = {}  # while patched: {"options": ..., "had_own": bool, "own": original attr}
