@@ -49,9 +49,22 @@ def stocks(tmp_path_factory):
     unpatch_transformers()
 
 
-def wrapped(stock, **options):
-    """A wrapped copy of ``stock`` with its own state (and so its own session table)."""
-    return wrap_tokenizer(copy.copy(stock), **{"engine": "reference", **CUTS, **options})
+_WRAPPED: dict = {}  # id(stock) -> a wrapped copy with the default options (a snapshot costs seconds)
+
+
+def wrapped(stock, *, own: bool = False, **options):
+    """A wrapped copy of ``stock`` with an empty session table: with the default options a copy of
+    one kept per tokenizer, its table cleared (copies share the snapshot and its table); with
+    options or ``own``, a snapshot of its own (a test that patches the core)."""
+    if options or own:
+        return wrap_tokenizer(copy.copy(stock), **{"engine": "reference", **CUTS, **options})
+    base = _WRAPPED.get(id(stock))
+    if base is None:
+        base = _WRAPPED[id(stock)] = wrap_tokenizer(copy.copy(stock), engine="reference", **CUTS)
+    table = sessions_of(base)
+    table.clear()
+    table.stats = dict.fromkeys(table.stats, 0)
+    return copy.copy(base)
 
 
 def sessions_of(tok) -> dropin_sessions.DropinSessions:
@@ -141,7 +154,7 @@ def test_a_divergent_turn_never_reuses_past_the_divergence(stocks, real_texts):
     honest_tok = wrapped(stock)
     assert run(honest_tok) == want
     assert sessions_of(honest_tok).stats["continued"] >= 3  # the divergent turns reused their start
-    liar = wrapped(stock)
+    liar = wrapped(stock, own=True)  # its core is patched below
     core = sessions_of(liar).core
     honest = core.encode_session_delta
 
