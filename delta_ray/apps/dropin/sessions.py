@@ -193,7 +193,8 @@ class DropinSessions:
                     self.stats["new"] += 1
                 entry.version = version
             except BaseException:
-                self._drop(key)  # the list may be half-updated: never reuse it
+                self._drop(key)  # the list may be half-updated: freed now (its version already
+                # stops any reuse: the core's state is no longer the one it names)
                 raise
             state = self.core.store.peek(key)
             if state is None or state.version != version:
