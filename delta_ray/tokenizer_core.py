@@ -35,6 +35,7 @@ from .core.plan import CHUNKED, CONTENT, REFERENCE, SESSION, SESSION_WHOLE, WHOL
 from .core.reference_api import api_generation
 from .core.planner import chunk_count, plan_cuts
 from .core.repair import RepairPlan, common_prefix_len, encode_turn, encode_with_base, plan_repair
+from .core.rope import rope_common_prefix
 from .core.session_store import SessionNotFound, SessionState, SessionStore
 from .core.special_tokens import SpecialTokenIndex
 from .core.template import Template
@@ -449,7 +450,7 @@ class TokenizerCore:
                     return state, state.n_ids
                 lcp = state.n_chars
             else:
-                lcp = common_prefix_len(state.text, text) if state is not None else 0
+                lcp = rope_common_prefix(state.text_parts, text) if state is not None else 0
         switch = self.engine_switch
         generation = switch.generation
         if state is not None and self.router.turn(lcp, fast=switch.current is not self._reference) is SESSION_WHOLE:

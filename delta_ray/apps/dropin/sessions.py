@@ -37,7 +37,7 @@ import threading
 from collections import OrderedDict
 
 from ...core.keys import CONTENT_HEAD_CHARS, ContentDigest, content_key, session_key
-from ...core.repair import common_prefix_len
+from ...core.rope import rope_common_prefix
 
 __all__ = ["CANDIDATES", "DropinSessions", "HEAD_CHARS", "list_bytes"]
 
@@ -71,31 +71,6 @@ class _Entry:
         self.ids: list[int] = []
         self.version: int | None = None
         self.nbytes = 0
-
-
-def _shared_at(part: str, text: str, off: int) -> int:
-    """How many leading characters of ``part`` ``text`` holds at ``off``: blocks compared in place,
-    doubling while they match, so a part that diverges early costs little (not a copy of it)."""
-    n = min(len(part), len(text) - off)
-    i, block = 0, 4096
-    while i < n:
-        j = min(n, i + block)
-        if text.startswith(part if i == 0 and j == len(part) else part[i:j], off + i):
-            i, block = j, 2 * block
-        else:
-            return i + common_prefix_len(part[i:j], text[off + i:off + j])
-    return n
-
-
-def _rope_common_prefix(parts: tuple[str, ...], text: str) -> int:
-    """Characters a rope's text (``parts``) shares with ``text`` from the start."""
-    off = 0
-    for p in parts:
-        if text.startswith(p, off):
-            off += len(p)
-            continue
-        return off + _shared_at(p, text, off)
-    return off
 
 
 class DropinSessions:
@@ -154,7 +129,7 @@ class DropinSessions:
         for key, state in states:
             if state is None or key == best or state.n_chars <= best_kept:
                 continue
-            shared = _rope_common_prefix(state.text_parts, text)
+            shared = rope_common_prefix(state.text_parts, text)
             if state.n_chars - shared <= min(TAIL_SLACK_CHARS, state.n_chars >> 3):
                 if shared > best_kept:
                     best, best_kept = key, shared
