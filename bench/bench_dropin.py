@@ -49,7 +49,7 @@ _USER_FASTOKENS_THREADS = os.environ.get("FASTOKENS_BPE_THREADS")
 _ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
 sys.path.insert(0, _ROOT)
 
-from bench.harness import repeat_ms  # noqa: E402 - imports no delta-ray: the fastokens child uses it too
+from bench.harness import repeat_ms, timed_ms  # noqa: E402 - imports no delta-ray: the fastokens child uses it too
 
 
 def digest(ids) -> str:
@@ -79,7 +79,15 @@ def load_fastokens(folder: str, cache_mib: int) -> dict:
 def make_call(kind: str, item, tok):
     if kind == "chat":
         return lambda: tok.apply_chat_template(item, tokenize=True, add_generation_prompt=True)
+    if kind == "agent":  # as vLLM's renderer calls it (it forces return_dict=False under transformers 5)
+        return lambda: tok.apply_chat_template(item, tokenize=True, add_generation_prompt=True, return_dict=False)
     return lambda: tok(item)["input_ids"]
+
+
+def agent_item(inputs: dict, t: int) -> list:
+    """Turn ``t`` of the agent runs: a prefix of one conversation's messages."""
+    c, n = inputs["turns"][t]
+    return inputs["convs"][c][:n]
 
 
 def peer_main() -> int:
@@ -96,7 +104,9 @@ def peer_main() -> int:
           file=proto, flush=True)
     for line in sys.stdin:
         req = json.loads(line)
-        ms, ids = repeat_ms(make_call(req["kind"], inputs[req["kind"]][req["t"]], toks[req["name"]]), req["repeats"])
+        kind = req["kind"]
+        item = agent_item(inputs[kind], req["t"]) if kind == "agent" else inputs[kind][req["t"]]
+        ms, ids = repeat_ms(make_call(kind, item, toks[req["name"]]), req["repeats"])
         print(json.dumps({"ms": ms[0], "min": ms[1], "digest": digest(ids)}), file=proto, flush=True)
     return 0
 
@@ -214,6 +224,148 @@ def run(toks: dict, peer: Peer | None, kind: str, calls: list, repeats: int, lab
     return per
 
 
+# -- agent traffic: a long first message, then short turns, each conversation its own session ------------
+AGENT_ORDER = ("stock", "fastokens", "dr-keyed", "fastokens+cache", "dr-keyless", "dr-no-sessions")
+
+
+def agent_conversations(context: int, turns: int, conversations: int, step: int, seed: int = 0) -> list[list[dict]]:
+    """``conversations`` agent chats: a system prompt, a first user message bringing the context to
+    about ``context`` characters, then per turn an assistant message (reasoning, content, a tool call
+    every other turn) and a tool result, or a user message every third turn (about ``2 * step``
+    characters a turn). Each conversation draws its own text (no peer's cache sees a turn before it
+    is timed)."""
+    import random
+
+    from delta_ray.apps.sample_text import corpus
+    rng = random.Random(seed)
+    src = corpus("english", 4_000_000) + corpus("code", 3_000_000) + corpus("multilingual", 1_000_000)
+
+    def take(n: int) -> str:
+        at = rng.randrange(0, len(src) - n)
+        return src[at:at + n]
+    out = []
+    for c in range(conversations):
+        chat = [{"role": "system", "content": f"You are agent {c}. Use the tools; answer briefly."},
+                {"role": "user", "content": take(context)}]
+        for t in range(turns - 1):
+            msg = {"role": "assistant", "reasoning_content": take(step // 4), "content": take(step - step // 4)}
+            if t % 2 == 0:
+                msg["tool_calls"] = [{"type": "function",
+                                      "function": {"name": "read_file", "arguments": {"path": f"src/m{t}.py"}}}]
+                chat += [msg, {"role": "tool", "content": take(step)}]
+            else:
+                chat += [msg, {"role": "user" if t % 3 == 2 else "tool", "content": take(step)}]
+        out.append(chat)
+    return out
+
+
+def load_agent(folder: str, engine: str, cache_mib: int, fastokens_in_process: bool, native: bool | None) -> dict:
+    """stock and three delta-ray wrappings (sessions keyed, keyless, off), each with its own state."""
+    from transformers import AutoTokenizer
+
+    from delta_ray.apps.dropin import wrap_tokenizer
+    out = {"stock": AutoTokenizer.from_pretrained(folder)}
+    if fastokens_in_process:
+        out.update(load_fastokens(folder, cache_mib))
+    t0 = time.perf_counter()
+    for name, sessions in (("dr-keyed", True), ("dr-keyless", True), ("dr-no-sessions", False)):
+        out[name] = wrap_tokenizer(AutoTokenizer.from_pretrained(folder), engine=engine, sessions=sessions,
+                                   native_threads=native)
+    from delta_ray.apps.dropin.hf import STATE_ATTR
+    dt = out["dr-keyed"].__dict__[STATE_ATTR].current(out["dr-keyed"]).tokenizer
+    print(f"delta-ray ready in {time.perf_counter() - t0:.1f} s; engine: {dt.admission.engine}")
+    return out
+
+
+def _spread(values: list[float]) -> str:
+    import statistics
+    return f"{statistics.median(values):8.2f} ({min(values):.2f}-{max(values):.2f})"
+
+
+def run_agent(args, folder: str, native: bool | None) -> int:
+    """The agent bench: every column per turn, conversations interleaved turn by turn, each column
+    timed once per turn (a repeat of the same turn would be a replay); medians of the warm turns
+    (3 on) per conversation, then their median and range across conversations."""
+    import statistics
+
+    from delta_ray import request_scope
+    toks = load_agent(folder, args.engine, args.cache_mib, args.fastokens_in_process, native)
+    convs = agent_conversations(args.context, args.turns, args.conversations, args.step)
+    n_first = 2  # system + the first user message
+    turns = [(c, n_first + 2 * t) for t in range(args.turns) for c in range(len(convs))]  # turn-major
+    inputs = {"convs": convs, "turns": turns}
+    peer = None
+    if not args.fastokens_in_process:
+        peer = Peer(folder, args.cache_mib, {"agent": inputs}, args.fastokens_threads)
+        print(f"fastokens timed in a child process, FASTOKENS_BPE_THREADS={peer.threads} there")
+    names = sorted(list(toks) + (peer.names if peer else []),
+                   key=lambda n: AGENT_ORDER.index(n) if n in AGENT_ORDER else len(AGENT_ORDER))
+
+    def call(name: str, idx: int):
+        c, _ = turns[idx]
+        fn = make_call("agent", agent_item(inputs, idx), toks[name])
+        if name == "dr-keyed":  # the request's session key, as an engine integration binds it
+            with request_scope(session=f"conversation-{c}"):
+                return fn()
+        return fn()
+    per = {n: [[] for _ in convs] for n in names + ["render", "render-stock", "list-copy"]}
+    mismatches = {n: 0 for n in names}
+    chars = [[] for _ in convs]
+    t_start = time.perf_counter()
+    for idx, (c, n) in enumerate(turns):
+        t = idx // len(convs)
+        order = names[idx % len(names):] + names[:idx % len(names)]
+        got = {}
+        for name in order:
+            time.sleep(args.gap_ms / 1e3)  # an idle before each request, as a server has: a previous
+            # column's native threads (fastokens spins its pool a while after a call) are asleep again
+            if name in toks:
+                ids, ms = timed_ms(lambda: call(name, idx))
+                got[name] = digest(ids)
+                if name == "stock":
+                    want_list = ids
+            else:
+                (ms, _), got[name] = peer.time(name, "agent", idx, 1)
+            per[name][c].append(ms)
+        for name in names:
+            mismatches[name] += got[name] != got["stock"]
+        chat = agent_item(inputs, idx)
+        text, ms = timed_ms(lambda: toks["dr-keyless"].apply_chat_template(chat, tokenize=False,
+                                                                            add_generation_prompt=True))
+        per["render"][c].append(ms)
+        per["render-stock"][c].append(timed_ms(lambda: toks["stock"].apply_chat_template(
+            chat, tokenize=False, add_generation_prompt=True))[1])
+        per["list-copy"][c].append(timed_ms(want_list.copy)[1])
+        chars[c].append(len(text))
+        if c == 0:
+            print(f"  turn {t + 1:>2}: {len(text):>8} chars, {len(want_list):>7} IDs "
+                  + " ".join(f"{nm}={per[nm][0][-1]:.2f}" for nm in names) + " ms", flush=True)
+    if peer is not None:
+        peer.close()
+    warm = {n: [statistics.median(v[2:]) for v in per[n]] for n in per}  # turns 3 on, per conversation
+    floor = [r + cp for r, cp in zip(warm["render"], warm["list-copy"])]
+    label = (f"agent turns through apply_chat_template(tokenize=True), {args.tokenizer}: first message to "
+             f"{chars[0][0]:,} characters, then {args.turns - 1} turns of ~{2 * args.step:,}; {len(convs)} "
+             f"conversations; {time.perf_counter() - t_start:.0f} s")
+    print(f"\n{label}\nwarm turn (3-{args.turns}), ms: median over conversations (range)")
+    for n in names:
+        print(f"  {n:<16} {_spread(warm[n])}   mismatching turns: {mismatches[n]}")
+    print(f"  {'floor':<16} {_spread(floor)}   (render with the memo + a copy of the list)")
+    print(f"  {'render':<16} {_spread(warm['render'])}   (stock's render: {_spread(warm['render-stock'])})")
+    print(f"  {'list copy':<16} {_spread(warm['list-copy'])}")
+    for base in ("fastokens", "fastokens+cache", "dr-no-sessions", "stock"):
+        if base in warm:
+            for n in ("dr-keyed", "dr-keyless"):
+                print(f"  {n} vs {base}: " + _spread([b / d for b, d in zip(warm[base], warm[n])]).strip() + "x")
+    print("  dr-keyless / dr-keyed: " + _spread([a / b for a, b in zip(warm["dr-keyless"], warm["dr-keyed"])]).strip()
+          + "x (1.0: keyless as fast as keyed)")
+    from delta_ray.apps.dropin.hf import STATE_ATTR
+    sessions = {n: toks[n].__dict__[STATE_ATTR].current(toks[n]).sessions for n in ("dr-keyed", "dr-keyless")}
+    for n, table in sessions.items():
+        print(f"  {n}: {table.stats} ({len(table)} held, {table.resident_bytes / 2**20:.1f} MiB counted)")
+    return 1 if any(mismatches.values()) else 0
+
+
 class Turn:
     def __init__(self, fn, chars):
         self.fn, self.chars = fn, chars
@@ -226,7 +378,7 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--tokenizer", default="qwen-3", help="a bundled tokenizer with a chat template")
     ap.add_argument("--engine", default="fast", choices=("auto", "reference", "fast"))
-    ap.add_argument("--turns", type=int, default=20)
+    ap.add_argument("--turns", type=int, default=None, help="turns (default 20; --agent: 12)")
     ap.add_argument("--message-chars", type=int, default=6600, help="characters per message (two a turn)")
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--cache-mib", type=int, default=256, help="fastokens' segment cache size")
@@ -242,10 +394,19 @@ def main(argv=None) -> int:
     ap.add_argument("--native-threads", choices=("auto", "on", "off"), default="auto",
                     help="delta-ray's native_threads drop-in option: auto (the default: fastokens' own "
                          "threads unless in a Ray worker), on, or off (the one-thread pin, as before)")
+    ap.add_argument("--agent", action="store_true",
+                    help="agent traffic instead: a first message to --context characters, then --turns turns "
+                         "of ~2x--step characters; delta-ray with sessions keyed and keyless, and without")
+    ap.add_argument("--context", type=int, default=250_000, help="--agent: the first message's characters")
+    ap.add_argument("--step", type=int, default=800, help="--agent: characters per message of a turn (two a turn)")
+    ap.add_argument("--conversations", type=int, default=3, help="--agent: conversations (each timed once per turn)")
+    ap.add_argument("--gap-ms", type=float, default=5.0, help="--agent: idle before each timed call")
     ap.add_argument("--peer", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args.peer:
         return peer_main()
+    if args.turns is None:
+        args.turns = 12 if args.agent else 20
     sys.stdout.reconfigure(line_buffering=True)  # progress shows when the output is a file
     from delta_ray.apps.dropin.folders import bundled_hf_folder
     from delta_ray.apps.sample_text import corpus
@@ -254,6 +415,11 @@ def main(argv=None) -> int:
         print("load:", fh.read().strip())
     folder = bundled_hf_folder(args.tokenizer, tempfile.mkdtemp(prefix="bench-dropin-"))
     native = {"auto": None, "on": True, "off": False}[args.native_threads]
+    if args.agent:
+        status = run_agent(args, folder, native)
+        with os.popen("uptime") as fh:
+            print("\nload:", fh.read().strip(), "(2 cores shared with other jobs: compare columns, not runs)")
+        return status
     toks = load_all(folder, args.engine, args.cache_mib, args.content_reuse, args.shadow_rate,
                     args.fastokens_in_process, native)
     if toks["stock"].chat_template is None:

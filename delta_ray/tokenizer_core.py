@@ -35,6 +35,7 @@ from .core.plan import (CHUNKED, CONTENT, HERE, REENCODE, REFERENCE_SESSION, SES
 from .core.reference_api import api_generation
 from .core.planner import chunk_count, plan_cuts
 from .core.repair import RepairPlan, common_prefix_len, encode_turn, encode_with_base, plan_repair
+from .core.rope import rope_common_prefix
 from .core.session_store import SessionNotFound, SessionState, SessionStore
 from .core.special_tokens import SpecialTokenIndex
 from .core.template import Template
@@ -449,7 +450,10 @@ class TokenizerCore:
         else:
             parts, n = (text,), len(text)
             continues = state is not None and state.prefix_of(text)
-            lcp = state.n_chars if continues else common_prefix_len(state.text, text) if state is not None else 0
+            if continues:
+                lcp = state.n_chars
+            else:  # compared part by part, in place: the stored text is never joined for it
+                lcp = rope_common_prefix(state.text_parts, text) if state is not None else 0
         if continues and n == state.n_chars:
             self.stats["replay"] += 1
             if peeked:

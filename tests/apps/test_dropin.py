@@ -293,18 +293,22 @@ def test_the_tripwire_holds_for_an_unchanged_backend(pair):
     assert state.current(patched) is snap
 
 
-def test_content_reuse_opt_in(pairs, real_texts):
+def test_sessions_by_default_and_the_old_content_reuse_spellings(pairs, real_texts):
+    """Sessions are on by default (keyless texts continue their conversation, found by content);
+    ``content_reuse=True``, the old opt-in, means the same; ``content_reuse=False``, the old default,
+    keeps keyless calls stateless (test_dropin_sessions.py tests the sessions themselves)."""
     stock, default = pairs("qwen-3")
-    assert default.__dict__[dropin_hf.STATE_ATTR].current(default).tokenizer.config.reuse == "none"  # off by default
-    patched = wrap_tokenizer(copy.copy(stock), content_reuse=True, **SMALL_CUTS)  # shares the backend, own state
-    dt = patched.__dict__[dropin_hf.STATE_ATTR].current(patched).tokenizer
-    assert dt.config.reuse == "content"
-    chat = []
-    for turn in range(6):
-        chat.append({"role": "user", "content": real_texts["english"][turn * 3000:(turn + 1) * 3000]})
-        assert patched.apply_chat_template(chat, tokenize=True) == stock.apply_chat_template(chat, tokenize=True)
-        chat.append({"role": "assistant", "content": real_texts["code"][turn * 3000:(turn + 1) * 3000]})
-    assert dt.stats["content_hit"] >= 3  # later turns extended earlier ones
+    snap = default.__dict__[dropin_hf.STATE_ATTR].current(default)
+    assert snap.tokenizer.config.reuse == "session" and snap.sessions.content
+    for content_reuse, kept in ((True, True), (False, False)):
+        patched = wrap_tokenizer(copy.copy(stock), content_reuse=content_reuse, **SMALL_CUTS)  # its own state
+        table = patched.__dict__[dropin_hf.STATE_ATTR].current(patched).sessions
+        chat = []
+        for turn in range(6):
+            chat.append({"role": "user", "content": real_texts["english"][turn * 3000:(turn + 1) * 3000]})
+            assert patched.apply_chat_template(chat, tokenize=True) == stock.apply_chat_template(chat, tokenize=True)
+            chat.append({"role": "assistant", "content": real_texts["code"][turn * 3000:(turn + 1) * 3000]})
+        assert (table.stats["continued"] >= 3) is kept and (len(table) == 1) is kept
 
 
 # -- MiniMax-M3 " I'ſ": where fastokens' patch differs ------------------------------------------------------
@@ -361,7 +365,7 @@ def test_list_path_on_threads_equals_stock(pairs, real_texts):
         fast = FastEncoder(loaded.config_bytes, "fastokens")
         guard = guard_set_for(loaded.config_bytes, fast, ref_tokenizer=loaded.tokenizer, code_points=[0x17F, 0xE9])
         tok = wrap_tokenizer(copy.copy(stock), encoder=GuardedEncoder(fast, guard, ReferenceEncoder(loaded.tokenizer)),
-                             **SMALL_CUTS)
+                             sessions=False, **SMALL_CUTS)  # the stateless list path (sessions: their own tests)
         core = tok.__dict__[dropin_hf.STATE_ATTR].current(tok).tokenizer.core
         prose, code = real_texts["english"], real_texts["code"]
         texts = [prose[:80000], prose[:9000] + " I'\u017f caf\u00e9 " + code[:70000] + "\u017f",

@@ -99,7 +99,7 @@ def test_native_threads_equal_stock_above_the_cut_threshold():
             guard = guard_set_for(loaded.config_bytes, wrong, ref_tokenizer=loaded.tokenizer, use_cache=False,
                                   code_points=[0x17F, 0xE9, ord("a")])
             assert not guard.allows("\\u017f") and guard.allows("a")
-            tok = wrap_tokenizer(copy.copy(stock), native_threads=True,
+            tok = wrap_tokenizer(copy.copy(stock), native_threads=True, sessions=False,  # the stateless cut path
                                  encoder=GuardedEncoder(wrong, guard, ReferenceEncoder(loaded.tokenizer)))
             core = live(tok)
             assert core.threads == 1 and core.planner.cut_threshold == 131072
@@ -167,13 +167,13 @@ def test_native_threads_stay_pinned_in_a_ray_worker_and_after_a_load():
         from delta_ray.apps.dropin.patch import _options
         os.environ["RAY_RAYLET_PID"] = "1"  # what the raylet sets in every worker it starts
         assert fast_engine.in_ray_worker()
-        assert _options(False, {})["native_threads"] is False
+        assert _options(True, None, {})["native_threads"] is False
         assert os.environ["FASTOKENS_BPE_THREADS"] == "1"
         del os.environ["RAY_RAYLET_PID"]
         FastEncoder(open(os.path.join(bundled_hf_folder("qwen-3", root), "tokenizer.json"), "rb").read(), "fastokens")
-        assert _options(False, {})["native_threads"] is False  # too late: fastokens may have sized its pool
+        assert _options(True, None, {})["native_threads"] is False  # too late: fastokens may have sized its pool
         assert os.environ["FASTOKENS_BPE_THREADS"] == "1"
-        assert _options(False, {"native_threads": False})["native_threads"] is False
+        assert _options(True, None, {"native_threads": False})["native_threads"] is False
         print("pinned ok")
     """)
     assert "pinned ok" in out

@@ -8,7 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from delta_ray.core.rope import (MERGE_IDS_BELOW, MERGE_TEXT_BELOW, YOUNG_PARTS, merge_id_parts, merge_start,
-                                 merge_text_parts)
+                                 merge_text_parts, rope_common_prefix)
 from delta_ray.core.turn_path import merge_chunks
 
 
@@ -138,3 +138,27 @@ def test_a_splice_is_the_general_route_in_one_walk(sizes, at, tail_len):
         assert [c.to_numpy().tolist() for c in again_chunks] == [p.tolist() for p in want]
     with pytest.raises(ValueError):
         splice_arrow(parts, chunks, total + 1, tail)
+
+
+def _naive_common_prefix(a: str, b: str) -> int:
+    n = 0
+    while n < min(len(a), len(b)) and a[n] == b[n]:
+        n += 1
+    return n
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.integers(0, 40_000), st.lists(st.integers(0, 40_000), max_size=6), st.integers(0, 41_000),
+       st.sampled_from(["change", "cut", "extend", "same"]), st.sampled_from("ab\u017f\U0001F600"))
+def test_rope_common_prefix_is_the_common_prefix(n, splits, at, how, ch):
+    """The rope's common prefix with a text (the session turn's divergence point): the characters
+    compared in place, the part where they differ searched by blocks of 4K doubling, then halved;
+    equal to a character-by-character count for every place of the difference, in short and long
+    parts, in texts shorter and longer than the rope, and with characters of every width."""
+    base = "".join(chr(97 + (i * 7919 % 23)) for i in range(n))
+    bounds = sorted({0, n, *(min(s, n) for s in splits)})
+    parts = tuple(base[x:y] for x, y in zip(bounds, bounds[1:]))
+    at = min(at, n)
+    other = {"change": base[:at] + ch + base[at + 1:], "cut": base[:at], "extend": base + ch * 3,
+             "same": base}[how]
+    assert rope_common_prefix(parts, other) == _naive_common_prefix(base, other)

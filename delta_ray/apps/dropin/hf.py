@@ -8,8 +8,10 @@ every call the path does not cover, runs the original method unchanged. The back
 is never replaced, so decoding, ``DecodeStream``, ``get_vocab``, deepcopy and pickle are stock.
 
 Covered (IDs from ``TokenizerCore.encode_list`` for one text, straight into the Python list
-transformers returns, and ``encode_batch_ids`` for a list of texts, with the call's
-``add_special_tokens``): one text or a list of texts; no pair, no pre-tokenized input, no padding,
+transformers returns, or, for one text that is not a batch, from its conversation's session
+(:mod:`~delta_ray.apps.dropin.sessions`, keyed by :func:`delta_ray.request_scope`); and
+``encode_batch_ids`` for a list of texts; with the call's ``add_special_tokens``): one text or a
+list of texts; no pair, no pre-tokenized input, no padding,
 no ``split_special_tokens``, no offsets, special-tokens mask or overflow; truncation with
 ``longest_first``/``only_first`` where the post-processor's template is known (the IDs are cut as
 the reference cuts them: before the template, ``max_length`` minus the special tokens it adds);
@@ -35,6 +37,7 @@ import sys
 import threading
 from typing import Any
 
+from .scope import current_scope
 from .snapshot import RENDER_DEFAULT, RENDER_KEY, LazyEncoding, Snapshot
 
 log = logging.getLogger("delta_ray.apps.dropin")
@@ -48,6 +51,7 @@ _EXPECTED_PARAMS = (
     "return_special_tokens_mask", "return_offsets_mapping", "return_length", "verbose",
     "split_special_tokens", "kwargs",
 )
+_NO_SCOPE = (None, None)  # no request_scope: keyless, in the shared namespace
 _hook_lock = threading.Lock()
 _originals: dict[str, Any] = {}  # method name -> the function TokenizersBackend had before the hooks
 
@@ -56,8 +60,8 @@ class DropinState:
     """What one wrapped tokenizer carries: its options and the snapshot of its live backend.
 
     Copies of the tokenizer (``copy.copy``, ``copy.deepcopy``, as vLLM's thread pool makes) share
-    the snapshot, which is thread-safe and, with content reuse off, stateless; a pickled tokenizer
-    carries only the options and rebuilds the snapshot from its own backend on first use.
+    the snapshot, which is thread-safe, and so its session table; a pickled tokenizer carries only
+    the options and rebuilds the snapshot (with an empty table) from its own backend on first use.
     """
 
     def __init__(self, options: dict[str, Any]):
@@ -179,7 +183,12 @@ def _delta_encode_plus(self, state: DropinState, texts: list[str], is_batched: b
     core = snap.tokenizer.core
     try:
         if len(texts) == 1:  # a chat turn: the IDs straight into the list transformers returns
-            lists = [core.encode_list(texts[0], add_special_tokens=add_special_tokens)]
+            ids = None
+            sessions = snap.sessions
+            if sessions is not None and not is_batched:  # one text: its conversation's state, if any
+                scope = current_scope()
+                ids = sessions.encode(texts[0], *(scope or _NO_SCOPE), add_special_tokens)
+            lists = [ids if ids is not None else core.encode_list(texts[0], add_special_tokens=add_special_tokens)]
         else:
             lists = [a.tolist() for a in core.encode_batch_ids(texts, add_special_tokens=add_special_tokens)]
     except (TypeError, ValueError):

@@ -8,9 +8,20 @@ a :class:`~delta_ray.apps.dropin.hf.DropinState`, and installs the class hooks o
 Options are ``DeltaTokenizer``'s (``engine``, ``threads``, ``cut_threshold``...; ``threads``
 defaults to 1 here, see ``_options``), plus
 
-``content_reuse``: keyless content reuse (a request that extends an earlier text re-encodes only
-its tail) is OFF by default, since one serving process holds many tenants and a shared index is a
-timing side channel between them; pass ``content_reuse=True`` where one tenant owns the process.
+``sessions`` (on by default): a one-text encode (``encode``, ``__call__`` with one text,
+``apply_chat_template(tokenize=True)`` of one chat) re-encodes only what changed since its
+conversation's last call and builds its list from the one it kept
+(:mod:`delta_ray.apps.dropin.sessions`). The conversation is the session key bound by
+:func:`delta_ray.request_scope` inside its tenant or, without a key, found by content inside the
+tenant (no tenant: the shared namespace of requests without one, as they share an engine's prefix
+cache). Nothing is shared across tenants. ``sessions=False``: every call is stateless.
+
+``content_reuse``: whether a request without a session key is looked up by content (``None``, the
+default: as ``sessions``; ``False``: keyed sessions only, every keyless call stateless, which is
+what the drop-in did before it had sessions; ``True`` needs ``sessions``).
+
+``max_session_bytes`` / ``max_sessions``: the bounds of the session table (kept lists at about 36
+bytes a token, the core's states, the keys), LRU; default :data:`SESSION_BYTES` and 4096.
 
 ``fast_render``: a wrapped tokenizer's ``apply_chat_template`` renders through transformers' own
 jinja sandbox with the sandbox's per-(type, attribute) decisions memoized (same text, same
@@ -35,11 +46,14 @@ from typing import Any
 
 from ...core.config import tokenizer_config
 from .hf import STATE_ATTR, DropinState, hooks_installed, install_hooks, remove_hooks, state_of
-from .snapshot import CHECK_KEY, NATIVE_KEY, RENDER_DEFAULT, RENDER_KEY
+from .snapshot import CHECK_KEY, CONTENT_KEY, NATIVE_KEY, RENDER_DEFAULT, RENDER_KEY, SESSIONS_KEY
 
 __all__ = ["patch_transformers", "unpatch_transformers", "wrap_tokenizer", "unwrap_tokenizer", "refresh",
            "is_wrapped", "loading_wrapped"]
 
+# A server's default: about 90 conversations of 1M characters or 900 of 100K (qwen-3, English and
+# code: an entry counts 45-50 bytes an ID, docs/dropin.md §17).
+SESSION_BYTES = 1 << 30
 _lock = threading.Lock()
 _patch: dict[str, Any] = {}  # while patched: {"options": ..., "had_own": bool, "own": original attr}
 _scoped = threading.local()  # loading_wrapped(): wrap loads on this thread only
@@ -57,11 +71,15 @@ def _native(native_threads: bool | None) -> bool:
     return allow_native_threads(in_worker=native_threads is True)
 
 
-def _options(content_reuse: bool, options: dict[str, Any]) -> dict[str, Any]:
+def _options(sessions: bool, content_reuse: bool | None, options: dict[str, Any]) -> dict[str, Any]:
     if "reuse" in options:
-        raise TypeError("the drop-in has no sessions: pass content_reuse=True or False, not reuse=")
-    if not isinstance(content_reuse, bool):
-        raise TypeError(f"content_reuse must be a bool, not {type(content_reuse).__name__}")
+        raise TypeError("the drop-in's reuse is set by sessions= and content_reuse=, not reuse=")
+    if not isinstance(sessions, bool):
+        raise TypeError(f"sessions must be a bool, not {type(sessions).__name__}")
+    if content_reuse is not None and not isinstance(content_reuse, bool):
+        raise TypeError(f"content_reuse must be a bool or None, not {type(content_reuse).__name__}")
+    if content_reuse and not sessions:
+        raise ValueError("content_reuse=True needs sessions=True (a keyless text continues a conversation)")
     options = dict(options)
     native = options.pop(NATIVE_KEY, None)
     fast_render = options.pop(RENDER_KEY, RENDER_DEFAULT)
@@ -74,13 +92,15 @@ def _options(content_reuse: bool, options: dict[str, Any]) -> dict[str, Any]:
         raise ValueError(f"check_every must be at least 1, got {check_every}")
     # One thread per call unless asked: transformers wants Python lists, and building them holds the
     # GIL, so helper threads mostly wait for each other (bench/bench_dropin.py compares).
-    out = {"threads": 1, **options, "reuse": "content" if content_reuse else "none"}
+    out = {"threads": 1, "max_session_bytes": SESSION_BYTES, **options, "reuse": "session" if sessions else "none"}
     # validate now (ValueError/TypeError), not at the first encode; `encoder` replaces the engine (tests)
     tokenizer_config(None, {k: v for k, v in out.items() if k != "encoder"})
     # Last, once the options are known to be valid: it may lift the process's one-thread pin.
     out[NATIVE_KEY] = _native(native)
     out[RENDER_KEY] = fast_render
     out[CHECK_KEY] = check_every
+    out[SESSIONS_KEY] = sessions
+    out[CONTENT_KEY] = sessions if content_reuse is None else content_reuse
     return out
 
 
@@ -100,12 +120,12 @@ def _attach(tok, options: dict[str, Any], eager: bool = True):
     return tok
 
 
-def wrap_tokenizer(tok, *, content_reuse: bool = False, **options):
+def wrap_tokenizer(tok, *, sessions: bool = True, content_reuse: bool | None = None, **options):
     """Make one transformers tokenizer encode through delta-ray (exactly as stock); returns it.
 
     Anything but a ``TokenizersBackend`` (transformers' Rust-backed tokenizer) is returned as it is.
     """
-    return _attach(tok, _options(content_reuse, options))
+    return _attach(tok, _options(sessions, content_reuse, options))
 
 
 def unwrap_tokenizer(tok):
@@ -154,11 +174,11 @@ def _install_from_pretrained() -> None:
     _patch["installed"] = True
 
 
-def patch_transformers(*, content_reuse: bool = False, **options) -> None:
+def patch_transformers(*, sessions: bool = True, content_reuse: bool | None = None, **options) -> None:
     """Every transformers tokenizer loaded from now on encodes through delta-ray, with exactly stock
     transformers' outputs. Call before ``AutoTokenizer.from_pretrained``; idempotent (a second call
     replaces the options for later loads)."""
-    opts = _options(content_reuse, options)
+    opts = _options(sessions, content_reuse, options)
     with _lock:
         if not install_hooks():
             return
@@ -187,8 +207,8 @@ class loading_wrapped:
     this thread loads inside the block, without patching loads elsewhere (vLLM's tokenizer mode uses
     it, so the object its cached-tokenizer ``__reduce__`` pickles already carries the state)."""
 
-    def __init__(self, *, content_reuse: bool = False, **options):
-        self.options = _options(content_reuse, options)
+    def __init__(self, *, sessions: bool = True, content_reuse: bool | None = None, **options):
+        self.options = _options(sessions, content_reuse, options)
 
     def __enter__(self):
         with _lock:

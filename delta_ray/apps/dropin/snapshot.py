@@ -23,13 +23,16 @@ from tokenizers import Encoding, Tokenizer
 
 from ...core.loading import LoadedTokenizer
 from ...tokenizer import DeltaTokenizer
+from .sessions import DropinSessions
 from .tripwire import Tripwire
 
 NATIVE_KEY = "native_threads"  # drop-in options (patch._options), not DeltaTokenizer ones
 RENDER_KEY = "fast_render"  # chat templates render through render.memo_render
 RENDER_DEFAULT = True  # also for a state pickled before the option existed
 CHECK_KEY = "check_every"  # the tripwire's full-check interval in calls (tripwire.Tripwire)
-_DROPIN_KEYS = (NATIVE_KEY, RENDER_KEY, CHECK_KEY)
+SESSIONS_KEY = "sessions"  # one-text encodes reuse a conversation's state (sessions.DropinSessions)
+CONTENT_KEY = "content_reuse"  # ... found by content when the request names no session
+_DROPIN_KEYS = (NATIVE_KEY, RENDER_KEY, CHECK_KEY, SESSIONS_KEY, CONTENT_KEY)
 
 __all__ = ["LazyEncoding", "Snapshot", "Template", "template_of"]
 
@@ -110,6 +113,12 @@ class Snapshot:
         loaded = LoadedTokenizer.from_bytes(self.config_json.encode("utf-8"), source="<transformers backend>")
         self.tokenizer = DeltaTokenizer(loaded, **{k: v for k, v in options.items() if k not in _DROPIN_KEYS})
         self.template = template_of(loaded.config.get("post_processor"))
+        core = self.tokenizer.core
+        # Sessions need the cut predicate (an admitted configuration); the table's bounds are the
+        # core store's, which holds a part of what the table counts (the table drops first).
+        self.sessions = DropinSessions(core, core.config.max_session_bytes, core.config.max_sessions,
+                                       content=options.get(CONTENT_KEY, False)) \
+            if options.get(SESSIONS_KEY, False) and core.predicate is not None else None
         self._private: Tokenizer | None = None
         self._private_lock = threading.Lock()
 
