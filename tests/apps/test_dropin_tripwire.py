@@ -54,9 +54,9 @@ def original():
     return stock
 
 
-def _pair(original, check_every: int):
+def _pair(original, check_every: int, **options):
     stock = copy.deepcopy(original)
-    patched = wrap_tokenizer(copy.deepcopy(original), engine="reference", check_every=check_every)
+    patched = wrap_tokenizer(copy.deepcopy(original), engine="reference", check_every=check_every, **options)
     assert is_wrapped(patched)
     return stock, patched
 
@@ -237,15 +237,21 @@ def test_a_change_through_a_held_backend_is_seen_within_check_every_calls(pair8)
     assert all(ids == want for ids in got[got.index(want):])  # once seen, kept
 
 
-def test_a_long_call_is_checked_in_full(pair8):
-    stock, patched = pair8
-    held = [tok.backend_tokenizer for tok in pair8]
+@pytest.mark.parametrize("sessions", [False, True])
+def test_a_long_call_is_checked_in_full(original, sessions):
+    """A long stateless call runs the full check (it costs far more than the check); a session turn
+    does not count its length (it costs its change), so a long one is seen by the count instead."""
+    stock, patched = _pair(original, 8, sessions=sessions)
+    held = [stock.backend_tokenizer, patched.backend_tokenizer]
     patched.encode("x")  # a full check (asked for by the read above): the next full one by count is 8 calls away
     long = "Hello HELLO World. " * (_state(patched).snapshot.tripwire.long_chars // 19 + 1)
     old = stock.encode(long)
     for backend in held:
         _lowercase(backend)
     assert stock.encode(long) != old
+    if sessions:  # seen by the count: within check_every calls
+        for _ in range(8):
+            patched.encode("x")
     assert patched.encode(long) == stock.encode(long)
 
 

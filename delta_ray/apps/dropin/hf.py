@@ -38,7 +38,7 @@ import threading
 from typing import Any
 
 from .scope import current_scope
-from .snapshot import RENDER_DEFAULT, RENDER_KEY, LazyEncoding, Snapshot
+from .snapshot import RENDER_DEFAULT, RENDER_KEY, SESSIONS_KEY, LazyEncoding, Snapshot
 
 log = logging.getLogger("delta_ray.apps.dropin")
 
@@ -170,7 +170,10 @@ def _delta_encode_plus(self, state: DropinState, texts: list[str], is_batched: b
     """The BatchEncoding stock ``_encode_plus`` builds, with IDs from delta-ray; None to fall back."""
     from transformers.tokenization_utils_base import BatchEncoding
 
-    snap = state.current(self, sum(map(len, texts)))
+    # A long call triggers the tripwire's full check because it costs far more than the check; a
+    # session turn's cost is its change, not its length, so its length does not count.
+    session_turn = len(texts) == 1 and not is_batched and state.options.get(SESSIONS_KEY, False)
+    snap = state.current(self, 0 if session_turn else sum(map(len, texts)))
     if snap is None:
         return None
     if return_token_type_ids is None:
