@@ -104,6 +104,7 @@ class TokenizerCore:
         self._store = SessionStore(cfg.max_session_bytes, cfg.max_sessions)
         self._content = ContentIndex() if cfg.reuse == "content" else None
         self.router = Router(self._predicate is not None, cfg.cut_threshold, content_reuse=self._content is not None)
+        self._session_route = self.router.session_route()  # decided once: admission is fixed for this core
         self._entry_ids = itertools.count()
         self._threads = PieceThreads()  # long texts' pieces, on up to ``threads`` threads
         self.stats: Counter[str] = Counter()
@@ -161,13 +162,12 @@ class TokenizerCore:
         """
         if type(session) is not str or type(delta) is not str:  # one test on the common path
             check_text(session, "session"), check_text(delta, "delta")
-        route = self.router.decide("", session)
         with self._lock_for(session):
             state = self._states().peek(session)  # a turn's put marks it recently used
             if state is None:
                 raise SessionNotFound(f"{describe(session)} is not held (unknown or evicted): "
                                       "send the whole text with encode(text, session=...)")
-            if route is REFERENCE_SESSION:
+            if self._session_route is REFERENCE_SESSION:
                 return one_chunk(self._reference_session(session, state.text + delta, add_special_tokens))
             turn = self._turn(session, state, None, delta, peeked=True)
         return self._chunked(turn[0], add_special_tokens)
@@ -446,9 +446,9 @@ class TokenizerCore:
         runs the general repair's own steps in fewer native calls, or declines (None), and then
         the general repair runs. ``peeked``: the caller read ``state`` without marking it used."""
         if delta is not None:
-            parts, n, lcp, continues = state.text_parts + (delta,), state.n_chars + len(delta), state.n_chars, True
+            n, lcp, continues = state.n_chars + len(delta), state.n_chars, True
         else:
-            parts, n = (text,), len(text)
+            n = len(text)
             continues = state is not None and state.prefix_of(text)
             if continues:
                 lcp = state.n_chars
@@ -463,9 +463,10 @@ class TokenizerCore:
         generation = switch.generation
         route = self.router.turn(lcp, fast=switch.current is not self._reference) if state is not None else REENCODE
         if route is not REENCODE and continues:
-            done = self._turn_path.step(key, state, parts[-1] if delta is not None else text[state.n_chars:])
+            done = self._turn_path.step(key, state, delta if delta is not None else text[state.n_chars:])
             if done is not None:
                 return done
+        parts = state.text_parts + (delta,) if delta is not None else (text,)  # the new text, as a rope
         if peeked:
             self._store.get(key)
         if route is REENCODE and state is not None:
