@@ -21,7 +21,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 VENV = Path(os.environ.get("DELTA_RAY_VLLM_VENV", ROOT / ".venv-vllm"))
 VLLM = "vllm==0.33.0"
-TORCH = os.environ.get("DELTA_RAY_VLLM_TORCH", "torch==2.14.0")
+TORCH = os.environ.get("DELTA_RAY_VLLM_TORCH", "torch==2.13.0")
 # What `import vllm` and its tokenizer/renderer modules import (vLLM 0.33.0), without the GPU stack.
 PURE_PYTHON = [
     "transformers==5.23.*", "safetensors>=0.8.0", "cbor2", "psutil", "pyzmq", "oss-harmony", "openai>=2.25.0",
