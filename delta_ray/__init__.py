@@ -24,7 +24,7 @@ from delta_ray.core.heap import freeze_heap as freeze_heap  # noqa: E402
 __all__ = ["Admission", "DeltaRayError", "DeltaTokenizer", "FastEngineUnavailable", "PoolAuthError",
            "PoolClosed", "PoolConfig", "PoolStartupError", "SessionNotFound", "TokenizerConfig", "TokenizerPool",
            "UnsupportedReference",
-           "freeze_heap", "load_tokenizer", "patch_transformers", "serve_app", "tokenize_dataset", "unpatch_transformers"]
+           "freeze_heap", "load_tokenizer", "patch_transformers", "request_scope", "serve_app", "tokenize_dataset", "unpatch_transformers"]
 
 _LAZY = {
     "TokenizerPool": ("delta_ray.actors.pool", "TokenizerPool"),
@@ -32,6 +32,7 @@ _LAZY = {
     "tokenize_dataset": ("delta_ray.actors.data", "tokenize_dataset"),
     "patch_transformers": ("delta_ray.apps.dropin", "patch_transformers"),  # transformers only when used
     "unpatch_transformers": ("delta_ray.apps.dropin", "unpatch_transformers"),
+    "request_scope": ("delta_ray.apps.dropin.scope", "request_scope"),  # a request's session and tenant
 }
 
 

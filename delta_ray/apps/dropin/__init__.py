@@ -7,6 +7,7 @@ transformers is imported on first use. The vLLM tokenizer mode lives in
 """
 from .patch import (is_wrapped, loading_wrapped, patch_transformers, refresh, unpatch_transformers,
                     unwrap_tokenizer, wrap_tokenizer)
+from .scope import request_scope
 
-__all__ = ["is_wrapped", "loading_wrapped", "patch_transformers", "refresh", "unpatch_transformers",
+__all__ = ["is_wrapped", "loading_wrapped", "patch_transformers", "refresh", "request_scope", "unpatch_transformers",
            "unwrap_tokenizer", "wrap_tokenizer"]
