@@ -1,4 +1,4 @@
-"""The engines' request identity (``apps/dropin/binding.py``, ``vllm_plugin.ScopedRenderer``), default tier:
+"""The engines' request identity (``apps/dropin/binding.py``, ``vllm_scope.ScopedRenderer``), default tier:
 which tenant and session key a request binds, the thread pools that carry it into the tokenizing
 thread, the ``x-session-id`` middleware, and vLLM's renderer entry points over a stand-in with vLLM
 0.33's structure (the real renderer is tested in the vLLM tier, ``test_dropin_vllm.py``)."""
@@ -15,7 +15,7 @@ from delta_ray.apps.dropin import binding
 from delta_ray.apps.dropin.binding import (MAX_SESSION_CHARS, SessionHeader, carry_scope, engine_scope,
                                            serve_session_id, session_or_none)
 from delta_ray.apps.dropin.scope import Scope, current_scope, request_scope
-from delta_ray.apps.dropin.vllm_plugin import ScopedRenderer, request_tenant
+from delta_ray.apps.dropin.vllm_scope import ScopedRenderer, request_tenant
 
 
 def test_session_keys_are_bounded_strings():

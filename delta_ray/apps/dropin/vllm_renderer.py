@@ -1,11 +1,11 @@
 """vLLM's renderer for ``tokenizer_mode="delta_ray"``: ``HfRenderer`` binding each request's identity
-(:class:`~delta_ray.apps.dropin.vllm_plugin.ScopedRenderer`). Only vLLM imports this module, through
+(:class:`~delta_ray.apps.dropin.vllm_scope.ScopedRenderer`). Only vLLM imports this module, through
 its renderer registry (``vllm_plugin.register``), so importing vLLM here costs nothing elsewhere."""
 from __future__ import annotations
 
 from vllm.renderers.hf import HfRenderer
 
-from .vllm_plugin import ScopedRenderer
+from .vllm_scope import ScopedRenderer
 
 __all__ = ["DeltaRayRenderer"]
 
