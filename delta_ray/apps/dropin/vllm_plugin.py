@@ -23,7 +23,7 @@ import os
 
 MODE = "delta_ray"
 RENDERER = ("delta_ray.apps.dropin.vllm_renderer", "DeltaRayRenderer")  # binds each request's identity
-__all__ = ["MODE", "DeltaRayTokenizer", "register"]
+__all__ = ["MODE", "DeltaRayTokenizer", "env_options", "register"]
 
 
 def _flag(name: str, default: str) -> bool:
@@ -37,6 +37,12 @@ def _options() -> dict:
     return {"content_reuse": _flag("DELTA_RAY_CONTENT_REUSE", "0"),
             "engine": os.environ.get("DELTA_RAY_ENGINE", "auto"),
             "fast_render": _flag("DELTA_RAY_FAST_RENDER", "1")}
+
+
+def env_options() -> dict:
+    """The drop-in's options from the ``DELTA_RAY_*`` environment (above): engines pass none to a
+    tokenizer they load (the SGLang integration reads the same)."""
+    return _options()
 
 
 def register() -> None:
