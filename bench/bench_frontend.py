@@ -26,7 +26,10 @@ engine. Side by side, each in its own process, driven one at a time by this one:
 Where the installed delta-ray's drop-in has no sessions, the three delta-ray rows are the same path
 (the output says so). Every request's prompt IDs are compared with the ``vllm`` row's for the same
 request (a digest of each list, made after each run, outside the clock). Reported per rate: P50/P99
-(ms) and, per row, the highest rate with P99 <= ``--slo-ms`` (50). Targets (issue 50): delta-ray with
+(ms) and, per row, the highest rate with P99 <= ``--slo-ms`` (50), the process's CPU time per
+request (all its threads: fastokens' native threads count) and how late the event loop started an
+arrival at most (large values mean the process was descheduled: on a shared machine the P99s then
+measure the machine). Targets (issue 50): delta-ray with
 sessions has a lower P99 than fastokens at every rate, and a sustainable rate >= 1.5x fastokens' at
 1M-character conversations.
 
@@ -144,8 +147,11 @@ def child_main() -> int:
     for line in sys.stdin:
         cmd = json.loads(line)
         plan = work.next_requests(cmd["n"], cmd["rate"])
-        lat, got = asyncio.run(_replay(plan, serve))
-        print(json.dumps({"lat_ms": lat, "digests": [digest(ids) for ids in got]}), file=proto, flush=True)
+        cpu = time.process_time()
+        lat, got, late = asyncio.run(_replay(plan, serve))
+        cpu_ms = (time.process_time() - cpu) * 1000.0 / len(plan)
+        print(json.dumps({"lat_ms": lat, "cpu_ms": cpu_ms, "late_ms": late,
+                          "digests": [digest(ids) for ids in got]}), file=proto, flush=True)
     return 0
 
 
@@ -159,9 +165,10 @@ def _has_sessions(tok) -> bool | None:
     return getattr(snap, "sessions", None) is not None
 
 
-async def _replay(plan, serve) -> tuple[list[float], list[list[int]]]:
+async def _replay(plan, serve) -> tuple[list[float], list[list[int]], float]:
     """Start each request at its arrival; one in flight per conversation (FIFO); latency = arrival
-    to prompt IDs at the engine."""
+    to prompt IDs at the engine. Also returns how late (ms) the loop started the latest-started
+    arrival: the process was busy or descheduled then, which its own work cannot explain at low rates."""
     loop = asyncio.get_running_loop()
     locks: dict[int, asyncio.Lock] = {}
     lat: list[float] = [0.0] * len(plan)
@@ -180,7 +187,10 @@ async def _replay(plan, serve) -> tuple[list[float], list[list[int]]]:
             ids, at = await serve(conv, messages, salt)
         lat[k], got[k] = (at - arrived) * 1000.0, ids
 
+    late = [0.0]
+
     def launch(k, conv, messages, due):
+        late[0] = max(late[0], (loop.time() - due) * 1000.0)
         tasks.append(loop.create_task(one(k, conv, messages, due)))
 
     for k, (offset, conv, messages) in enumerate(plan):
@@ -189,7 +199,7 @@ async def _replay(plan, serve) -> tuple[list[float], list[list[int]]]:
     while len(tasks) < len(plan):
         await asyncio.sleep(0.01)
     await asyncio.gather(*tasks)
-    return lat, got
+    return lat, got, late[0]
 
 
 class Child:
@@ -260,6 +270,8 @@ def main() -> int:
         if has == {None}:
             print("note: this delta-ray's drop-in has no sessions: the dr-* rows are the same path")
         results: dict[str, dict[float, list[float]]] = {v: {} for v in variants}
+        cpu: dict[str, dict[float, float]] = {v: {} for v in variants}
+        late: dict[str, dict[float, float]] = {v: {} for v in variants}
         mismatches = 0
         for r_i, rate in enumerate(rates):
             order = children[r_i % len(children):] + children[:r_i % len(children)]  # rotate who goes first
@@ -268,6 +280,7 @@ def main() -> int:
                 c.send({"rate": rate, "n": args.requests})
                 out = c.recv()
                 results[c.variant][rate] = out["lat_ms"]
+                cpu[c.variant][rate], late[c.variant][rate] = out["cpu_ms"], out["late_ms"]
                 digests[c.variant] = out["digests"]
             for v in variants[1:]:
                 bad = sum(a != b for a, b in zip(digests[v], digests["vllm"]))
@@ -284,6 +297,10 @@ def main() -> int:
     for rate in rates:
         print(f"| {rate:g} | " + " | ".join(f"{pct(results[v][rate], .5):.1f} / {pct(results[v][rate], .99):.1f}"
                                           for v in variants) + " |")
+    print("| CPU ms a request (median over rates) | " + " | ".join(
+        f"{sorted(cpu[v].values())[len(rates) // 2]:.1f}" for v in variants) + " |")
+    print("| loop started an arrival late by, at most (ms) | " + " | ".join(
+        f"{max(late[v].values()):.0f}" for v in variants) + " |")
     sustain = {v: max((r for r in rates if pct(results[v][r], .99) <= args.slo_ms), default=0.0) for v in variants}
     print(f"| P99 <= {args.slo_ms:g} ms up to | " + " | ".join(f"{sustain[v]:g}/s" if sustain[v] else f"< {rates[0]:g}/s"
                                                             for v in variants) + " |")
