@@ -8,7 +8,9 @@ size, seen once). Requests arrive as a Poisson process at each rate of ``--rates
 second, rising), each to a random conversation, at most one request in flight per conversation (a
 turn that arrives while its conversation's previous one is still tokenizing waits, and its wait
 counts). Every conversation's first request is served once before the clock starts (the replay
-measures a server whose conversations are under way); four tenants, by ``cache_salt``.
+measures a server whose conversations are under way); four tenants, by ``cache_salt``. Before the
+rates, ``--serial`` requests are served one at a time in each process (the service time, wall and
+CPU, without queueing: on a shared machine the steadier comparison).
 
 Each request goes through vLLM 0.33's OpenAI chat front end, in full: ``OpenAIServingChat`` ->
 ``OnlineRenderer`` -> the tokenizer mode's renderer (template render and encode on the renderer's
@@ -140,12 +142,24 @@ def child_main() -> int:
         await serve(-1, [{"role": "user", "content": "warm up"}], "tenant0")
         for i, chat in enumerate(work.chats):
             await serve(i, chat, f"tenant{i % TENANTS}")
+        # vLLM's tokenizer pool deep-copies the tokenizer when more calls overlap than it holds copies
+        # (and keeps the copy): a burst grows it now, as a server's first busy second would.
+        await asyncio.gather(*(serve(-1, [{"role": "user", "content": f"warm up {k}"}], "tenant0") for k in range(16)))
         return time.perf_counter() - t
     warm_s = asyncio.run(warm())
     print(json.dumps({"ready": True, "warm_s": warm_s, "sessions": sessions}), file=proto, flush=True)
 
     for line in sys.stdin:
         cmd = json.loads(line)
+        if "serial" in cmd:  # one request at a time: the service time, without queueing
+            walls, cpus = [], []
+            for _, conv, messages in work.next_requests(cmd["serial"], 1.0):
+                w, c = time.perf_counter(), time.process_time()
+                _, at = asyncio.run(serve(conv, messages, f"tenant{max(conv, 0) % TENANTS}"))
+                walls.append((at - w) * 1000.0)
+                cpus.append((time.process_time() - c) * 1000.0)
+            print(json.dumps({"wall_ms": walls, "cpu_ms": cpus}), file=proto, flush=True)
+            continue
         plan = work.next_requests(cmd["n"], cmd["rate"])
         cpu = time.process_time()
         lat, got, late = asyncio.run(_replay(plan, serve))
@@ -241,6 +255,7 @@ def main() -> int:
     ap.add_argument("--docs", type=float, default=0.025, help="share of stateless documents")
     ap.add_argument("--rates", default="10,20,40,80,160", help="requests per second, rising")
     ap.add_argument("--requests", type=int, default=200, help="requests per rate")
+    ap.add_argument("--serial", type=int, default=20, help="requests served one at a time first (service time)")
     ap.add_argument("--slo-ms", type=float, default=50.0)
     ap.add_argument("--variants", default=",".join(VARIANTS))
     ap.add_argument("--engine", default="fast", help="DELTA_RAY_ENGINE for the delta-ray rows")
@@ -269,6 +284,12 @@ def main() -> int:
         has = {h["sessions"] for v, h in hello.items() if v.startswith("dr-") and v != "dr-stateless"}
         if has == {None}:
             print("note: this delta-ray's drop-in has no sessions: the dr-* rows are the same path")
+        serial = {}
+        for c in children:  # one child at a time, one request at a time
+            c.send({"serial": args.serial})
+            serial[c.variant] = c.recv()
+        print("service time, one request at a time (median ms, wall / CPU): " + ", ".join(
+            f"{v} {pct(o['wall_ms'], .5):.1f} / {pct(o['cpu_ms'], .5):.1f}" for v, o in serial.items()), flush=True)
         results: dict[str, dict[float, list[float]]] = {v: {} for v in variants}
         cpu: dict[str, dict[float, float]] = {v: {} for v in variants}
         late: dict[str, dict[float, float]] = {v: {} for v in variants}
@@ -292,6 +313,8 @@ def main() -> int:
         for c in children:
             c.close()
     print(f"\nP50/P99 ms from arrival to prompt IDs (vLLM's chat front end, {args.tokenizer}):")
+    print("| one at a time (median wall / CPU) | " + " | ".join(
+        f"{pct(serial[v]['wall_ms'], .5):.1f} / {pct(serial[v]['cpu_ms'], .5):.1f}" for v in variants) + " |")
     print("| rate/s | " + " | ".join(variants) + " |")
     print("| --- |" + " --- |" * len(variants))
     for rate in rates:
