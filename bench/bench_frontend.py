@@ -246,6 +246,16 @@ def pct(values: list[float], q: float) -> float:
     return s[min(len(s) - 1, int(q * len(s)))]
 
 
+def _sustained(rates: list[float], p99: list[float], slo: float) -> float:
+    """The highest tested rate up to which every tested rate met the SLO (0: not even the first)."""
+    best = 0.0
+    for rate, p in zip(rates, p99):
+        if p > slo:
+            break
+        best = rate
+    return best
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--quick", action="store_true", help="16 conversations of 20K characters, two rates")
@@ -324,8 +334,8 @@ def main() -> int:
         f"{sorted(cpu[v].values())[len(rates) // 2]:.1f}" for v in variants) + " |")
     print("| loop started an arrival late by, at most (ms) | " + " | ".join(
         f"{max(late[v].values()):.0f}" for v in variants) + " |")
-    sustain = {v: max((r for r in rates if pct(results[v][r], .99) <= args.slo_ms), default=0.0) for v in variants}
-    print(f"| P99 <= {args.slo_ms:g} ms up to | " + " | ".join(f"{sustain[v]:g}/s" if sustain[v] else f"< {rates[0]:g}/s"
+    sustain = {v: _sustained(rates, [pct(results[v][r], .99) for r in rates], args.slo_ms) for v in variants}
+    print(f"| P99 <= {args.slo_ms:g} ms at every rate up to | " + " | ".join(f"{sustain[v]:g}/s" if sustain[v] else f"< {rates[0]:g}/s"
                                                             for v in variants) + " |")
     if "fastokens" in variants:
         for v in (x for x in variants if x.startswith("dr-")):
