@@ -164,7 +164,7 @@ def child_main() -> int:
         cpu = time.process_time()
         lat, got, late = asyncio.run(_replay(plan, serve))
         cpu_ms = (time.process_time() - cpu) * 1000.0 / len(plan)
-        print(json.dumps({"lat_ms": lat, "cpu_ms": cpu_ms, "late_ms": late,
+        print(json.dumps({"lat_ms": lat, "cpu_ms": cpu_ms, "late_ms": late, "table": _table_stats(front),
                           "digests": [digest(ids) for ids in got]}), file=proto, flush=True)
     return 0
 
@@ -177,6 +177,14 @@ def _has_sessions(tok) -> bool | None:
     from delta_ray.apps.dropin.hf import STATE_ATTR
     snap = tok.__dict__[STATE_ATTR].current(tok)
     return getattr(snap, "sessions", None) is not None
+
+
+def _table_stats(front) -> dict | None:
+    """The drop-in's session table counters (new, continued, evicted...), where it has one."""
+    from delta_ray.apps.dropin.hf import STATE_ATTR
+    state = front.renderer.tokenizer.__dict__.get(STATE_ATTR)
+    table = getattr(state.current(front.renderer.tokenizer), "sessions", None) if state is not None else None
+    return dict(table.stats) if table is not None and hasattr(table, "stats") else None
 
 
 async def _replay(plan, serve) -> tuple[list[float], list[list[int]], float]:
@@ -221,7 +229,7 @@ class Child:
 
     def __init__(self, variant: str, setup: dict):
         env = dict(os.environ, DELTA_RAY_FAST_BACKGROUND="0", VLLM_TARGET_DEVICE="cpu", **VARIANTS[variant][3])
-        self.variant = variant
+        self.variant, self.last = variant, {}
         self.proc = subprocess.Popen([sys.executable, os.path.abspath(__file__), "--child"], stdin=subprocess.PIPE,
                                      stdout=subprocess.PIPE, text=True, env=env, cwd=_ROOT)
         self.send({**setup, "variant": variant})
@@ -309,7 +317,7 @@ def main() -> int:
             digests = {}
             for c in order:
                 c.send({"rate": rate, "n": args.requests})
-                out = c.recv()
+                out = c.last = c.recv()
                 results[c.variant][rate] = out["lat_ms"]
                 cpu[c.variant][rate], late[c.variant][rate] = out["cpu_ms"], out["late_ms"]
                 digests[c.variant] = out["digests"]
@@ -318,6 +326,9 @@ def main() -> int:
                 mismatches += bad
                 if bad:
                     print(f"MISMATCH: {v} at {rate:g}/s: {bad} of {args.requests} prompts differ from vLLM's")
+            tables = {c.variant: c.last.get("table") for c in children if c.last.get("table")}
+            if tables:
+                print("   session tables: " + "; ".join(f"{v} {t}" for v, t in tables.items()))
             print(f"{rate:7g}/s  " + "  ".join(f"{v} {pct(results[v][rate], .5):7.1f}/{pct(results[v][rate], .99):7.1f}"
                                                 for v in variants), flush=True)
         for c in children:
