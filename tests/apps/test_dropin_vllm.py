@@ -1,9 +1,12 @@
-"""The vLLM tier: ``tokenizer_mode="delta_ray"`` through vLLM's own loader and chat renderer equals
-vLLM's default mode. Opt-in: ``python3 tests/tools/vllm_tier.py`` builds .venv-vllm (vllm --no-deps and a
+"""The vLLM tier: ``tokenizer_mode="delta_ray"`` through vLLM's own loader, chat renderer and OpenAI chat
+front end (a stub engine client) equals vLLM's default mode, and each request's tenant and session key
+reach the tokenizing thread. Opt-in: ``python3 tests/tools/vllm_tier.py`` builds .venv-vllm (vllm --no-deps and a
 torch) and runs this file there; in the default environment it is skipped."""
 from __future__ import annotations
 
+import asyncio
 import copy
+import json
 import pickle
 
 import pytest
@@ -81,3 +84,140 @@ def test_chat_renderer_equals_default_mode(both, real_texts):
         chat.append({"role": "assistant", "content": real_texts["code"][turn * 4000:(turn + 1) * 4000]})
     from delta_ray.apps.dropin import render
     assert template in render._compiled  # the mode's renders went through the memoized sandbox
+
+
+# -- vLLM's OpenAI chat front end (bench/peers/vllm_front.py: vLLM's own request path, a stub engine) -----
+@pytest.fixture(scope="module")
+def served(tmp_path_factory):
+    """qwen-3 served by vLLM's chat front end in the default mode and in ``delta_ray``'s."""
+    from bench.peers.vllm_front import FrontEnd, model_folder
+    folder = model_folder("qwen-3", tmp_path_factory.mktemp("served"))
+    return FrontEnd(folder, "hf"), FrontEnd(folder, "delta_ray")
+
+
+class _ScopeSpy:
+    """Every encode transformers' backend runs on a wrapped tokenizer, with the scope its thread saw
+    (the class hook is delta-ray's; the spy wraps it, so it sees what the drop-in reads)."""
+
+    def __init__(self, monkeypatch):
+        from transformers.tokenization_utils_tokenizers import TokenizersBackend
+
+        from delta_ray.apps.dropin.scope import current_scope
+        self.calls: list[tuple[str, object]] = []
+        hook = TokenizersBackend._encode_plus
+
+        def spy(tok, text, *args, **kwargs):
+            if STATE_ATTR in tok.__dict__ and isinstance(text, str):
+                self.calls.append((text, current_scope()))
+            return hook(tok, text, *args, **kwargs)
+        monkeypatch.setattr(TokenizersBackend, "_encode_plus", spy)
+
+
+def _agent_chat(real_texts, marker: str, turns: int, first: int = 12000, step: int = 700):
+    """An agent's chat as it grows: a long first message, then assistant turns (with reasoning and a
+    tool call) and tool/user messages; ``marker`` makes every render of it recognisable."""
+    eng, code = real_texts["english"], real_texts["code"]
+    chat = [{"role": "system", "content": f"[{marker}] You are an agent."},
+            {"role": "user", "content": eng[:first]}]
+    out = [list(chat)]
+    for t in range(1, turns):
+        a = eng[first + t * step:first + t * step + step]
+        if t % 2:
+            chat.append({"role": "assistant", "content": f"<think>{a[:200]}</think>{a[200:]}",
+                         "tool_calls": [{"id": f"c{t}", "type": "function",
+                                         "function": {"name": "read", "arguments": json.dumps({"line": t})}}]})
+            chat.append({"role": "tool", "tool_call_id": f"c{t}", "content": code[t * step:(t + 1) * step]})
+        else:
+            chat.append({"role": "assistant", "content": a})
+            chat.append({"role": "user", "content": code[(t + 7) * step:(t + 8) * step]})
+        out.append(list(chat))
+    return out
+
+
+def test_the_mode_serves_through_the_scoped_renderer(served):
+    from delta_ray.apps.dropin.binding import is_carrying
+    from delta_ray.apps.dropin.vllm_scope import POOLS
+    hf, ours = served
+    assert type(hf.renderer).__name__ == "HfRenderer" and type(ours.renderer).__name__ == "DeltaRayRenderer"
+    assert all(is_carrying(getattr(ours.renderer, pool)) for pool in POOLS)
+    assert STATE_ATTR in ours.renderer.tokenizer.__dict__
+
+
+def test_served_turns_equal_the_default_mode_and_see_their_own_tenant(served, real_texts, monkeypatch):
+    """Agent chats through vLLM's OpenAI chat layer, concurrently: keyed (the session bound as the
+    x-session-id middleware binds it) and keyless, in two cache_salt tenants and without one; every
+    turn's prompt IDs equal the default mode's, and every encode on vLLM's renderer threads sees its
+    own request's tenant and key. Fails if the renderer's pools do not carry the scope (the threads
+    would tokenize in the shared namespace) or a request is bound another's salt."""
+    from delta_ray.apps.dropin.scope import Scope, request_scope
+    hf, ours = served
+    spy = _ScopeSpy(monkeypatch)
+    plan = [(f"conv{i}", ("alpha", "beta", None)[i % 3], i % 2 == 0) for i in range(6)]
+    chats = {m: _agent_chat(real_texts, m, turns=5, first=9000 + 700 * i) for i, (m, _, _) in enumerate(plan)}
+
+    async def turn(front, t):
+        async def one(marker, salt, keyed):
+            request = front.request(chats[marker][t], cache_salt=salt)
+            if keyed:
+                with request_scope(session=marker):
+                    return (await front.chat(request))[0]
+            return (await front.chat(request))[0]
+        return await asyncio.gather(*(one(*p) for p in plan))
+
+    for t in range(5):
+        want, got = asyncio.run(turn(hf, t)), asyncio.run(turn(ours, t))
+        assert got == want, f"turn {t}"
+    seen = {}
+    for text, scope in spy.calls:
+        markers = [m for m, _, _ in plan if f"[{m}]" in text]
+        assert len(markers) == 1, text[:80]
+        seen.setdefault(markers[0], set()).add(scope)
+    for marker, salt, keyed in plan:
+        assert seen[marker] == {Scope(marker if keyed else None, salt)}, (marker, seen[marker])
+
+
+def test_served_request_options_equal_the_default_mode(served, real_texts):
+    """Request fields that change the encode: ``add_special_tokens``, ``truncate_prompt_tokens``
+    (vLLM's renderer truncates through the tokenizer), a completion-style continued final message."""
+    hf, ours = served
+    chat = _agent_chat(real_texts, "opts", turns=3)[-1]
+    variants = [{}, {"add_special_tokens": True}, {"truncate_prompt_tokens": 1000},
+                {"truncate_prompt_tokens": 1000, "truncation_side": "left"},
+                {"add_generation_prompt": False, "continue_final_message": True}]
+    for fields in variants:
+        want = asyncio.run(hf.chat(hf.request(chat, cache_salt="x", **fields)))[0]
+        got = asyncio.run(ours.chat(ours.request(chat, cache_salt="x", **fields)))[0]
+        assert got == want, fields
+
+
+def test_no_state_crosses_tenants_through_the_front_end(served, real_texts):
+    """With the drop-in's sessions: the same chat in two cache_salt tenants (and the same session key)
+    never continues the other tenant's conversation, while within a tenant it does. Skipped where the
+    drop-in has no sessions."""
+    from delta_ray.apps.dropin.scope import request_scope
+    hf, ours = served
+    snap = ours.renderer.tokenizer.__dict__[STATE_ATTR].current(ours.renderer.tokenizer)
+    table = getattr(snap, "sessions", None)
+    if table is None:
+        pytest.skip("this drop-in has no sessions")
+    turns = _agent_chat(real_texts, "tenants", turns=3, first=20000)
+
+    def serve(t, salt, keyed):
+        async def go():
+            request = ours.request(turns[t], cache_salt=salt)
+            if keyed:
+                with request_scope(session="same-key"):
+                    return (await ours.chat(request))[0]
+            return (await ours.chat(request))[0]
+        got = asyncio.run(go())
+        assert got == asyncio.run(hf.chat(hf.request(turns[t], cache_salt=salt)))[0]
+
+    for keyed in (True, False):
+        table.clear()
+        before = dict(table.stats)
+        serve(0, "tenant-a", keyed)
+        serve(1, "tenant-b", keyed)  # extends tenant-a's conversation: must not continue it
+        serve(1, None, keyed)
+        assert table.stats["continued"] == before["continued"], keyed
+        serve(1, "tenant-a", keyed)  # within tenant-a it does
+        assert table.stats["continued"] == before["continued"] + 1, keyed

@@ -6,12 +6,15 @@ and ``engine_kwargs={"tokenizer_mode": "delta_ray"}`` both find the mode. The to
 ``CachedHfTokenizer`` loaded with the drop-in attached to the transformers object BEFORE vLLM
 wraps it: vLLM's cached tokenizer (and its thread pool) pickles by rebuilding its subclass around
 that original object (``__reduce__``), and deep-copies it, so the drop-in state must live on the
-original, where both carry it along. The renderer is vLLM's ``HfRenderer``: it calls
-``apply_chat_template(tokenize=True)``, which the drop-in serves.
+original, where both carry it along. The renderer is vLLM's ``HfRenderer`` with the request's
+identity bound around its tokenization (``delta_ray.apps.dropin.vllm_renderer``).
+
+How a request's identity (tenant, session key) reaches the tokenizer: :mod:`delta_ray.apps.dropin.vllm_scope`.
 
 Options come from the environment, since vLLM passes none to a tokenizer mode:
-``DELTA_RAY_CONTENT_REUSE=1`` turns keyless content reuse on (off by default: one server holds
-many tenants), ``DELTA_RAY_ENGINE`` picks the engine (``auto`` by default),
+``DELTA_RAY_SESSIONS=0`` makes every call stateless (sessions are on by default, inside each
+request's tenant, as vLLM's prefix cache is), ``DELTA_RAY_CONTENT_REUSE=0`` keeps keyed sessions
+but finds no conversation by content, ``DELTA_RAY_ENGINE`` picks the engine (``auto`` by default),
 ``DELTA_RAY_FAST_RENDER=0`` renders chat templates as transformers does (the memoized sandbox,
 ``delta_ray.apps.dropin.render``, is on by default).
 """
@@ -20,7 +23,8 @@ from __future__ import annotations
 import os
 
 MODE = "delta_ray"
-__all__ = ["MODE", "DeltaRayTokenizer", "register"]
+RENDERER = ("delta_ray.apps.dropin.vllm_renderer", "DeltaRayRenderer")  # binds each request's identity
+__all__ = ["MODE", "DeltaRayTokenizer", "env_options", "register"]
 
 
 def _flag(name: str, default: str) -> bool:
@@ -31,9 +35,17 @@ def _flag(name: str, default: str) -> bool:
 
 
 def _options() -> dict:
-    return {"content_reuse": _flag("DELTA_RAY_CONTENT_REUSE", "0"),
+    reuse = os.environ.get("DELTA_RAY_CONTENT_REUSE")  # unset: follows the sessions (the drop-in's default)
+    return {"sessions": _flag("DELTA_RAY_SESSIONS", "1"),
+            "content_reuse": None if reuse is None else _flag("DELTA_RAY_CONTENT_REUSE", "0"),
             "engine": os.environ.get("DELTA_RAY_ENGINE", "auto"),
             "fast_render": _flag("DELTA_RAY_FAST_RENDER", "1")}
+
+
+def env_options() -> dict:
+    """The drop-in's options from the ``DELTA_RAY_*`` environment (above): engines pass none to a
+    tokenizer they load (the SGLang integration reads the same)."""
+    return _options()
 
 
 def register() -> None:
@@ -43,8 +55,8 @@ def register() -> None:
 
     if MODE not in TokenizerRegistry.tokenizers:
         TokenizerRegistry.register(MODE, __name__, "DeltaRayTokenizer")
-    if MODE not in RENDERER_REGISTRY.renderers:
-        RENDERER_REGISTRY.register(MODE, "vllm.renderers.hf", "HfRenderer")
+    if RENDERER_REGISTRY.renderers.get(MODE) != RENDERER:
+        RENDERER_REGISTRY.register(MODE, *RENDERER)
 
 
 class DeltaRayTokenizer:
