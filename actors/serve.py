@@ -68,7 +68,7 @@ class TokenizerService:
             replica_id = ""
         self.handler = build_handler(loaded, chat_config, config, pool=self.pool, replica_id=replica_id,
                                      record=metrics)
-        from delta_ray.core.heap import freeze_heap
+        from delta_ray.runtime.heap import freeze_heap
         freeze_heap()  # a replica's process is ours: its full collections skip what set-up built
 
     def __serve_build_asgi_app__(self) -> TokenizerASGI:

@@ -19,7 +19,7 @@ from delta_ray.core.session_store import SessionNotFound as SessionNotFound  # n
 from delta_ray.tokenizer import DeltaTokenizer as DeltaTokenizer  # noqa: E402
 from delta_ray.core.config import PoolConfig as PoolConfig  # noqa: E402
 from delta_ray.core.config import TokenizerConfig as TokenizerConfig  # noqa: E402
-from delta_ray.core.heap import freeze_heap as freeze_heap  # noqa: E402
+from delta_ray.runtime.heap import freeze_heap as freeze_heap  # noqa: E402
 
 __all__ = ["Admission", "DeltaRayError", "DeltaTokenizer", "FastEngineUnavailable", "PoolAuthError",
            "PoolClosed", "PoolConfig", "PoolStartupError", "SessionNotFound", "TokenizerConfig", "TokenizerPool",

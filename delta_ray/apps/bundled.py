@@ -61,7 +61,7 @@ def bundled_tokenizer_json(name: str) -> bytes:
 
 def bundled_tokenizer_path(name: str) -> str:
     """Unpack (once) and return a checked path to a bundled tokenizer.json."""
-    from ..core.cache_store import atomic_write, cache_root
+    from ..runtime.cache_store import atomic_write, cache_root
     data = bundled_tokenizer_json(name)
     digest = BUNDLED[name][2]
     out = cache_root() / "bundled" / f"{name}-{digest[:16]}" / "tokenizer.json"

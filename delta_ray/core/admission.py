@@ -144,13 +144,13 @@ def admit(loaded: LoadedTokenizer) -> Admission:
     """Decide admission from the configuration, then confirm the template against the reference.
 
     A lazily loaded tokenizer whose reference is not built yet (a Ray Data worker) first looks the
-    decision up in the on-disk cache (:mod:`delta_ray.core.cache_store`, a checked record bound to
+    decision up in the on-disk cache (:mod:`delta_ray.runtime.cache_store`, a checked record bound to
     the configuration's SHA-256, the reference's version and these rules): the decision is a
     function of exactly those, so a cached one is the one this process would compute, without
     building the reference (about a CPU-second). A miss computes it and records it."""
     if loaded.built:
         return _admit(loaded)
-    from .cache_store import load_record, save_record
+    from ..runtime.cache_store import load_record, save_record
     key = _admission_key(loaded.digest)
     rec = load_record("admission", key, validate=_valid_admission)
     if rec is not None:

@@ -20,7 +20,7 @@ from functools import lru_cache
 import numpy as np
 
 from .reference_api import FULL_API
-from .cache_store import cached_table
+from .table_cache import cached_table
 
 # One bit per property the families' patterns use. \s is the regex engine's whitespace.
 L, LU, LL, LT, LM, LO, M, N, P, S, W = (1 << i for i in range(11))

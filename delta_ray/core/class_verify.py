@@ -37,7 +37,7 @@ import numpy as np
 
 from delta_ray.core import charclass as cc
 from .reference_api import PROBE_SEPARATOR, encode_batch_ids, split_probe_tokenizer
-from .cache_store import cached_table
+from .table_cache import cached_table
 from .case_groups import alternatives, case_insensitive_groups, fold_letters, letter_runs, unicode_folds
 
 VERIFY_VERSION = 3

@@ -28,7 +28,7 @@ from functools import lru_cache
 import numpy as np
 from .charclass import M, N_CODEPOINTS, all_codepoints_text, class_table
 from .reference_api import FULL_API, normalizer
-from .cache_store import cached_table
+from .table_cache import cached_table
 
 TABLE_VERSION = 1
 _SEP = "\n"  # a starter that composes with nothing; the probes are joined with it and split back

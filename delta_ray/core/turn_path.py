@@ -27,7 +27,7 @@ import pyarrow as pa
 
 from delta_ray.core import constants as C
 from .assembly import COPY_POOL
-from .exit_guard import checkpoint
+from ..runtime.exit_guard import checkpoint
 from .planner import tail_cut
 from .repair import WINDOW_BACK
 from .rope import MERGE_IDS_BELOW, MERGE_TEXT_BELOW, CheckpointLog, merge_start

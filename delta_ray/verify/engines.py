@@ -9,7 +9,7 @@ the reference and admits the fast tier in a background thread (one process per m
 probe, under a lock file), switching when it passes. The cuts, repairs, store and pool never care
 which encoder ran.
 
-An admission is one record (:mod:`delta_ray.core.cache_store`) bound to the tokenizer's SHA-256, the
+An admission is one record (:mod:`delta_ray.runtime.cache_store`) bound to the tokenizer's SHA-256, the
 engine's name and version, the reference's version, delta-ray's version, the probe's and the
 battery's formats, and carrying the guard set with its own digest. A record that fails validation is
 discarded and the admission re-run; a rejection (failed battery, a shadow mismatch) is persisted so
@@ -25,7 +25,7 @@ from typing import Any, Callable, NamedTuple
 
 from delta_ray.core import constants as C
 from ..core.encoder import Encoder, ReferenceEncoder
-from ..core.exit_guard import checkpoint, start_thread
+from ..runtime.exit_guard import checkpoint, start_thread
 from .shadow import ShadowVerifier
 
 log = logging.getLogger("delta_ray.verify.engines")
@@ -61,7 +61,7 @@ def load_verdict(key: dict) -> dict | None:
     """The validated admission record for ``key``, or None (absent, altered, or caching off).
 
     A persisted rejection wins over any passing record for the same key."""
-    from ..core.cache_store import load_record
+    from ..runtime.cache_store import load_record
     rejected = load_record(REJECTION_KIND, key, validate=_valid_verdict)
     if rejected is not None and not rejected["ok"]:
         return rejected
@@ -71,13 +71,13 @@ def load_verdict(key: dict) -> dict | None:
 def save_verdict(key: dict, ok: bool, reason: str, ranges: list, stats: dict | None = None) -> bool:
     """Persist an admission verdict; a rejection (``ok=False``) goes to its own record, which a later
     passing verdict cannot overwrite. False when caching is off or the write failed."""
-    from ..core.cache_store import save_record
+    from ..runtime.cache_store import save_record
     from .guard_runtime import ranges_digest
     ranges = [list(map(int, r)) for r in ranges]
     payload = {"ok": bool(ok), "reason": str(reason), "at": time.time(),
                "ranges": ranges, "ranges_sha256": ranges_digest(ranges), "stats": stats or {}}
     if ok:
-        from ..core.cache_store import load_record
+        from ..runtime.cache_store import load_record
         old = load_record("verdict", key, validate=_valid_verdict)
         if old is not None and not old["ok"]:  # a rejection written before rejections had their own record
             return False
@@ -328,14 +328,14 @@ def select_engine(engine: str, config_bytes: bytes, switch: EngineSwitch, *, dig
 
 
 def _start_background(config_bytes: bytes, switch: EngineSwitch, digest: str, on_ready) -> None:
-    """Admit the fast tier in a background thread (see :mod:`delta_ray.core.exit_guard` for how it ends
+    """Admit the fast tier in a background thread (see :mod:`delta_ray.runtime.exit_guard` for how it ends
     when the process exits: at its next checkpoint, before finalization, recording nothing)."""
     def waiting(msg: str) -> None:  # shown by DeltaTokenizer.admission.engine while the lock is busy
         if switch.disabled_reason is None:
             switch.reason = f"reference (fast tier admission {msg})"
 
     def run():
-        from ..core.cache_lock import bounded_lock
+        from ..runtime.cache_lock import bounded_lock
         from .fast_engine import FastEngineUnavailable
         try:
             # one probing process per machine; a stopped or hung holder is waited for with a bound

@@ -66,8 +66,8 @@ from typing import Sequence, Union
 import numpy as np
 from ..core.assembly import flat_from_pieces
 from ..core.errors import DeltaRayError
-from ..core import exit_guard
-from ..core.exit_guard import checkpoint
+from ..runtime import exit_guard
+from ..runtime.exit_guard import checkpoint
 
 _LITTLE = sys.byteorder == "little"
 _I32, _I64 = np.dtype(np.int32), np.dtype(np.int64)

@@ -11,7 +11,7 @@ from typing import Iterable
 
 import numpy as np
 
-from ..core.exit_guard import checkpoint
+from ..runtime.exit_guard import checkpoint
 from .guard_runtime import GuardSet
 from ..core.reference_api import added_token_contents, encode_batch_ids
 

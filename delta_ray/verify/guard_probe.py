@@ -64,8 +64,8 @@ from typing import Callable, Sequence
 
 import numpy as np
 
-from ..core.cache_store import load_record, save_record
-from ..core.exit_guard import checkpoint
+from ..runtime.cache_store import load_record, save_record
+from ..runtime.exit_guard import checkpoint
 from .fast_engine import FastEncoder, FastEngineUnavailable, engine_key
 from .guard_runtime import GuardSet, guard_from_ranges, ranges_digest, valid_guard_payload
 from .probe_contexts import BASE_CONTEXTS, derived_contexts
@@ -177,7 +177,7 @@ def _encode_ref_parallel(ref_tokenizer, texts: list[str], pool) -> list[np.ndarr
 
 @contextlib.contextmanager
 def _cancel_queued_on_error(pool):
-    """On any exception (an exit's :class:`~delta_ray.core.exit_guard.ExitCancelled` included), drop the
+    """On any exception (an exit's :class:`~delta_ray.runtime.exit_guard.ExitCancelled` included), drop the
     reference slices still queued: the pool's shutdown then waits only for those already running."""
     try:
         yield

@@ -157,7 +157,7 @@ class ShadowVerifier:
             self._queue.join()
 
     def _ensure_thread(self) -> None:
-        from ..core.exit_guard import start_thread
+        from ..runtime.exit_guard import start_thread
         with self._thread_lock:
             if self._thread is None:
                 # stopped and joined at exit before finalization: the reference's batch encode drops

@@ -346,7 +346,7 @@ def test_admission_is_cached_for_lazy_loads(private_cache, tokenizer_paths):
     body = _json.loads(record.read_bytes())
     body["payload"]["family"] = "no-such-family"  # re-sealed but invalid: discarded too
     body.pop("sha256")
-    from delta_ray.core.cache_store import _canonical
+    from delta_ray.runtime.cache_store import _canonical
     body["sha256"] = hashlib.sha256(_canonical(body)).hexdigest()
     record.write_text(_json.dumps(body))
     fourth = LoadedTokenizer.from_bytes(data, lazy=True)

@@ -33,11 +33,12 @@ BENCH = {"bench": "bench"}  # not installed: the benchmarks, the demo, the peers
 SCHEDULER = {"clock", "constants", "dispatcher", "estimates", "placement", "policies", "queues", "routing", "tasks"}
 # What each part may import (module level and inside functions alike), besides itself.
 ALLOWED = {
-    "core": set(),
-    "verify": {"core"},
-    "top": {"core", "verify", "apps", "actors"},  # __init__ exposes the pool lazily
-    "apps": {"core", "verify", "top", "actors"},
-    "actors": {"core", "verify", "top", "apps", "scheduler"},
+    "runtime": set(),
+    "core": {"runtime"},
+    "verify": {"core", "runtime"},
+    "top": {"core", "runtime", "verify", "apps", "actors"},  # __init__ exposes the pool lazily
+    "apps": {"core", "runtime", "verify", "top", "actors"},
+    "actors": {"core", "runtime", "verify", "top", "apps", "scheduler"},
     "scheduler": set(),
 }
 LAZY_ONLY = {("apps", "actors"), ("top", "actors"), ("top", "apps")}  # allowed inside functions only
@@ -60,7 +61,7 @@ def _part(module: str) -> str:
     rest = module.split(".")[1:]
     if not rest:
         return "top"
-    if rest[0] in ("core", "verify", "apps", "actors", "scheduler"):
+    if rest[0] in ALLOWED:
         return rest[0]
     return "top"
 

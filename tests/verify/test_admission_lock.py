@@ -28,7 +28,7 @@ time.sleep(600)
 
 HOLD_RECORDED = """
 import sys, time
-from delta_ray.core.cache_lock import bounded_lock
+from delta_ray.runtime.cache_lock import bounded_lock
 with bounded_lock(sys.argv[1]) as lock:
     assert lock.held
     print("held", flush=True)
@@ -98,7 +98,7 @@ def test_a_hung_holder_is_waited_for_with_a_bound_and_the_reason_is_shown(switch
 
 def test_a_stopped_holder_is_detected_and_named(switch, tmp_path, monkeypatch):
     monkeypatch.setenv("DELTA_RAY_ADMISSION_LOCK_TIMEOUT_S", "600")  # only the detection can end the wait
-    from delta_ray.core import cache_lock
+    from delta_ray.runtime import cache_lock
     sw0, _ = switch
     name = os.path.basename(_lock_path(tmp_path, sw0))
     holder = _holder(HOLD_RECORDED, name)

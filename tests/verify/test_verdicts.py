@@ -8,7 +8,7 @@ import os
 
 import pytest
 
-from delta_ray.core import cache_store
+from delta_ray.runtime import cache_store
 from delta_ray.verify.engines import load_verdict, reject_verdict, save_verdict, verdict_key
 
 HAS_FAST = importlib.util.find_spec("fastokens") is not None

@@ -107,7 +107,7 @@ def bounded_lock(name: str, *, sub: str = "guard", timeout: float | None = None,
     Yields a :class:`LockWait`: ``held=True``, or ``held=False`` with the reason it goes on without
     the lock (caching off, timeout, a stale holder). ``on_wait(reason)`` is called when the wait
     starts and whenever the holder's description changes (the caller shows it: ``admission``).
-    A background thread's wait ends at the process's exit (:func:`delta_ray.core.exit_guard.checkpoint`).
+    A background thread's wait ends at the process's exit (:func:`delta_ray.runtime.exit_guard.checkpoint`).
     """
     if timeout is None:
         timeout = float(os.environ.get("DELTA_RAY_ADMISSION_LOCK_TIMEOUT_S", LOCK_TIMEOUT_S))
