@@ -13,7 +13,7 @@ from delta_ray.core.reference_version import check_reference as _check_reference
 _check_reference()  # a clear error under an unsupported tokenizers (1.x), before anything imports it
 
 from delta_ray.core.admission import Admission as Admission  # noqa: E402
-from delta_ray.verify.fast_engine import FastEngineUnavailable as FastEngineUnavailable  # noqa: E402
+from delta_ray.engine.native import FastEngineUnavailable as FastEngineUnavailable  # noqa: E402
 from delta_ray.core.loading import load_tokenizer as load_tokenizer  # noqa: E402
 from delta_ray.core.session_store import SessionNotFound as SessionNotFound  # noqa: E402
 from delta_ray.tokenizer import DeltaTokenizer as DeltaTokenizer  # noqa: E402

@@ -24,7 +24,8 @@ from .core.confine import ConfiningEncoder
 from .core.content_index import ContentIndex
 from .core.cut_predicate import CutPredicate
 from .core.encoder import Encoder, ReferenceEncoder
-from .verify.engines import EngineSwitch, select_engine
+from .engine.switch import EngineSwitch
+from .verify.admit import select_engine
 from .core.families import FAMILIES
 from .core.keys import content_key, describe
 from .core.loading import LoadedTokenizer, TokenizerLike, load_tokenizer

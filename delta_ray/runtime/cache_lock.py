@@ -2,7 +2,7 @@
 
 The fast tier's admission takes one such lock so that one process per machine probes a tokenizer
 while the others keep serving with the reference. The lock only saves duplicate work (verdicts are
-written atomically, and a rejection cannot be overwritten: :mod:`delta_ray.verify.engines`), so a waiter
+written atomically, and a rejection cannot be overwritten: :mod:`delta_ray.engine.verdicts`), so a waiter
 never waits without bound: after ``timeout`` seconds, or as soon as the holder is seen to be stopped
 (``SIGSTOP``, a debugger), a zombie, or gone while the lock is still held (an inherited descriptor),
 it goes on without the lock. Its holder writes ``pid start-ticks acquired-at`` into the file so that

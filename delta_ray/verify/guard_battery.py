@@ -12,7 +12,7 @@ from typing import Iterable
 import numpy as np
 
 from ..runtime.exit_guard import checkpoint
-from .guard_runtime import GuardSet
+from ..engine.guard import GuardSet
 from ..core.reference_api import added_token_contents, encode_batch_ids
 
 REAL_TEXT = (

@@ -1,6 +1,6 @@
 r"""The guard probe: where a fast engine may disagree with the reference, per tokenizer (cached).
 
-A native engine (:mod:`delta_ray.verify.fast_engine`) reimplements the reference's normalizer, pre-tokenizer
+A native engine (:mod:`delta_ray.engine.native`) reimplements the reference's normalizer, pre-tokenizer
 regex and BPE. Its Unicode tables are not the reference's: the reference's regex classes come from its
 Oniguruma build (Unicode 16) and its NFC from Unicode 9.0 tables, while an engine may use older or newer
 ones. So, per tokenizer (SHA-256 of its tokenizer.json) and per installed pair of versions, this module
@@ -9,7 +9,7 @@ ones. So, per tokenizer (SHA-256 of its tokenizer.json) and per installed pair o
    reference and collects the code points on which the engine's IDs differ -- the *guard set*;
 2. caches that set on disk (``$DELTA_RAY_CACHE/guard`` or ``~/.cache/delta_ray/guard``), keyed by
    (tokenizer digest, tokenizers version, engine name + version, probe format);
-3. hands it to :class:`delta_ray.verify.guard_runtime.GuardSet`, whose ``allows(text)`` lets the fast engine
+3. hands it to :class:`delta_ray.engine.guard.GuardSet`, whose ``allows(text)`` lets the fast engine
    encode a text only when it holds none of the guarded code points; the admission battery that
    follows is :mod:`delta_ray.verify.guard_battery`.
 
@@ -66,8 +66,8 @@ import numpy as np
 
 from ..runtime.cache_store import load_record, save_record
 from ..runtime.exit_guard import checkpoint
-from .fast_engine import FastEncoder, FastEngineUnavailable, engine_key
-from .guard_runtime import GuardSet, guard_from_ranges, ranges_digest, valid_guard_payload
+from ..engine.native import FastEncoder, FastEngineUnavailable, engine_key
+from ..engine.guard import GuardSet, guard_from_ranges, ranges_digest, valid_guard_payload
 from .probe_contexts import BASE_CONTEXTS, derived_contexts
 from ..core.reference_api import encode_batch_ids, tokenizer_from_str
 

@@ -35,10 +35,11 @@ SCHEDULER = {"clock", "constants", "dispatcher", "estimates", "placement", "poli
 ALLOWED = {
     "runtime": set(),
     "core": {"runtime"},
-    "verify": {"core", "runtime"},
-    "top": {"core", "runtime", "verify", "apps", "actors"},  # __init__ exposes the pool lazily
-    "apps": {"core", "runtime", "verify", "top", "actors"},
-    "actors": {"core", "runtime", "verify", "top", "apps", "scheduler"},
+    "engine": {"core", "runtime"},
+    "verify": {"core", "runtime", "engine"},
+    "top": {"core", "runtime", "engine", "verify", "apps", "actors"},  # __init__ exposes the pool lazily
+    "apps": {"core", "runtime", "engine", "verify", "top", "actors"},
+    "actors": {"core", "runtime", "engine", "verify", "top", "apps", "scheduler"},
     "scheduler": set(),
 }
 LAZY_ONLY = {("apps", "actors"), ("top", "actors"), ("top", "apps")}  # allowed inside functions only
@@ -263,6 +264,6 @@ def test_the_core_loads_without_the_verifier_or_ray():
             f"sys.modules['delta_ray'].__path__ = [{str(ROOT / 'delta_ray')!r}]\n"
             f"for m in {core!r}:\n    importlib.import_module(m)\n"
             "bad = sorted(m for m in sys.modules if m == 'ray' or m.startswith(('ray.', 'delta_ray.verify',"
-            " 'delta_ray.actors', 'delta_ray.apps', 'fastokens', 'gigatoken')))\n"
+            " 'delta_ray.engine', 'delta_ray.actors', 'delta_ray.apps', 'fastokens', 'gigatoken')))\n"
             "assert not bad, bad\n")
     subprocess.run([sys.executable, "-c", code], check=True, cwd=ROOT)

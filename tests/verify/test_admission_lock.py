@@ -13,9 +13,10 @@ import time
 
 import pytest
 
-from delta_ray.verify import engines
-from delta_ray.verify.engines import EngineSwitch, select_engine
-from delta_ray.verify.fast_engine import FastEngineUnavailable
+from delta_ray.engine.switch import EngineSwitch
+from delta_ray.verify import admit
+from delta_ray.verify.admit import select_engine
+from delta_ray.engine.native import FastEngineUnavailable
 from delta_ray.core.reference_api import tokenizer_from_str
 
 HOLD_RAW = """
@@ -63,8 +64,8 @@ def _admit_in_background(switch_and_data, monkeypatch) -> tuple[EngineSwitch, th
         ran.append(time.monotonic())
         raise FastEngineUnavailable("stand-in admission for the lock test")
 
-    monkeypatch.setattr(engines, "admit_fast", fake_admit)
-    monkeypatch.setattr(engines, "cached_admission_exists", lambda *a, **k: False)
+    monkeypatch.setattr(admit, "admit_fast", fake_admit)
+    monkeypatch.setattr(admit, "cached_admission_exists", lambda *a, **k: False)
     monkeypatch.setenv("DELTA_RAY_FAST_BACKGROUND", "1")
     done = threading.Event()
     digest = "ab" * 32

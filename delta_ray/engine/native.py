@@ -47,7 +47,7 @@ process.
 
 An engine is only as exact as its checks: :mod:`delta_ray.verify.guard_probe` derives, per tokenizer and per
 installed versions, the code points on which the engine may disagree with the reference, and runs a
-verification battery before the engine is admitted. Use :func:`delta_ray.verify.engines.admit_fast`
+verification battery before the engine is admitted. Use :func:`delta_ray.verify.admit.admit_fast`
 or ``GuardSet.allows`` before trusting a :class:`FastEncoder` with a text.
 """
 from __future__ import annotations
@@ -306,8 +306,8 @@ class FastEncoder:
 
     ``encode_pieces`` returns one int32 array per text, meant to equal the reference's IDs with
     ``add_special_tokens=False``. Exactness is *checked*, not assumed: gate texts with
-    :class:`delta_ray.verify.guard_runtime.GuardSet` and admit the engine with
-    :func:`delta_ray.verify.engines.admit_fast`.
+    :class:`delta_ray.engine.guard.GuardSet` and admit the engine with
+    :func:`delta_ray.verify.admit.admit_fast`.
 
     ``backend="auto"`` takes the first loadable engine among :data:`FAST_BACKENDS` (fastokens, then
     gigatoken). A missing package or a tokenizer.json the engine refuses raises

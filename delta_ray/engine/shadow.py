@@ -22,7 +22,7 @@ from typing import Callable, Sequence
 
 import numpy as np
 
-log = logging.getLogger("delta_ray.verify.shadow")
+log = logging.getLogger("delta_ray.verify.shadow")  # its name before the move: logging configurations name it
 
 
 def describe_text(text: str) -> str:
