@@ -45,7 +45,7 @@ from typing import Any, Iterator
 import pyarrow as pa
 
 from delta_ray.core import constants as C
-from delta_ray.apps.batch_inputs import byte_slices
+from delta_ray.batch.inputs import byte_slices
 from delta_ray.core.config import TokenizerConfig
 from delta_ray.runtime.exit_guard import start_thread
 from delta_ray.core.loading import LoadedTokenizer, load_tokenizer

@@ -12,7 +12,7 @@ a session's requests to the replica that holds it, by the ``x-session-id`` heade
 ``num_workers``) takes what one replica should not do alone: long keyless texts, cut into chunks
 that run on its workers and tasks, and keyless overflow while the replica is busy.
 
-A replica answers with the Ray-free handler and ASGI app of ``delta_ray/apps/server``; on one
+A replica answers with the Ray-free handler and ASGI app of ``delta_ray/server``; on one
 machine ``delta-ray serve --local`` runs the same two in one process without Ray. Serve is the
 path for replicas, nodes, autoscaling and a pool.
 """
@@ -23,10 +23,10 @@ from typing import Any
 from ray import serve
 from ray.serve.config import RequestRouterConfig
 
-from delta_ray.apps.server.asgi import TokenizerASGI
-from delta_ray.apps.server.serve_config import (DEFAULT_MAX_BODY_BYTES, DEFAULT_MAX_DETOKENIZE_TOKENS,
+from delta_ray.server.asgi import TokenizerASGI
+from delta_ray.server.serve_config import (DEFAULT_MAX_BODY_BYTES, DEFAULT_MAX_DETOKENIZE_TOKENS,
                                                 DEFAULT_MAX_JSON_ITEMS, ServeConfig)
-from delta_ray.apps.server.service import build_handler, service_spec
+from delta_ray.server.service import build_handler, service_spec
 from delta_ray.core.loading import TokenizerLike
 
 from . import metrics
@@ -43,11 +43,11 @@ FAST_REPLICA_ENV = {"RAY_SERVE_RUN_USER_CODE_IN_SEPARATE_THREAD": "0", "RAY_SERV
 @serve.ingress()
 class TokenizerService:
     """One replica: a :class:`~delta_ray.tokenizer_core.TokenizerCore` with its sessions, an optional pool, and
-    the Ray-free :class:`~delta_ray.apps.server.serve_handler.RequestHandler` that answers requests.
+    the Ray-free :class:`~delta_ray.server.serve_handler.RequestHandler` that answers requests.
 
     Built by :func:`serve_app` (deployment options, the tokenizer's bytes, its chat config and a
     :class:`ServeConfig`); this class only binds the handler to Serve: its HTTP ingress is the
-    same ASGI app the one-process server runs (``apps/server/asgi.py``), built over this replica's
+    same ASGI app the one-process server runs (``server/asgi.py``), built over this replica's
     handler, and its handle methods take the same JSON bodies.
     """
 

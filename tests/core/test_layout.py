@@ -38,8 +38,10 @@ ALLOWED = {
     "engine": {"core", "runtime"},
     "verify": {"core", "runtime", "engine"},
     "top": {"core", "runtime", "engine", "verify", "apps", "actors"},  # __init__ exposes the pool lazily
-    "apps": {"core", "runtime", "engine", "verify", "top", "actors"},
-    "actors": {"core", "runtime", "engine", "verify", "top", "apps", "scheduler"},
+    "batch": {"core", "runtime", "top"},
+    "server": {"core", "runtime", "top"},
+    "actors": {"core", "runtime", "engine", "verify", "top", "batch", "server", "scheduler"},
+    "apps": {"core", "runtime", "engine", "verify", "top", "batch", "server", "actors"},
     "scheduler": set(),
 }
 LAZY_ONLY = {("apps", "actors"), ("top", "actors"), ("top", "apps")}  # allowed inside functions only

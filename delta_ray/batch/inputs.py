@@ -2,7 +2,7 @@
 
 Parquet row groups (a large one streamed in batches of about ``batch_bytes``); text and JSONL,
 compressed or not, streamed in pieces of about ``batch_bytes`` of input cut after a newline, never
-held whole (one line is capped at ``max_record_bytes``, so a newline-free input is refused, not held). :mod:`delta_ray.apps.batch_files` runs the units; :func:`byte_slices` also bounds what a
+held whole (one line is capped at ``max_record_bytes``, so a newline-free input is refused, not held). :mod:`delta_ray.batch.files` runs the units; :func:`byte_slices` also bounds what a
 Ray Data actor encodes at once.
 """
 from __future__ import annotations

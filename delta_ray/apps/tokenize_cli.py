@@ -4,14 +4,14 @@
                        [--threads N] [--verify N] [--no-special-tokens] [--drop-text] [--ray-data]
                        [--max-record-bytes N]
 
-By default the job runs on this machine at its limit, without Ray (:mod:`delta_ray.apps.batch_files`):
+By default the job runs on this machine at its limit, without Ray (:mod:`delta_ray.batch.files`):
 one Parquet file per input, read in parallel and encoded on every core from the engine's flat
 buffers, each written atomically; a rerun skips the inputs already done, so a killed run rerun
 gives exactly the output of an uninterrupted one. It shows a progress bar with tokens/s, ends with
 a summary, and ``--verify N`` checks N random rows against the reference. ``--ray-data`` runs the
 same encode on Ray Data instead (for a cluster; one directory of part files): tasks fused with the
 reads and writes by default (one read task per file where Ray Data would split the files:
-:func:`.data_reads.per_file_read`), an actor pool with ``--concurrency``. Both
+:func:`delta_ray.actors.data_reads.per_file_read`), an actor pool with ``--concurrency``. Both
 paths take one :class:`~delta_ray.core.text_columns.BatchSpec` built from the options (:func:`spec_of`):
 the columns, ``--no-special-tokens``, ``--drop-text``, ``--batch-bytes``, ``--engine`` and
 ``--threads`` mean the same on both; ``--concurrency``, ``--num-cpus`` and ``--batch-size`` size the
@@ -41,8 +41,6 @@ import time
 from pathlib import Path
 
 from delta_ray.core import constants as C
-
-from .data_reads import per_file_read
 
 
 class UsageError(Exception):
@@ -112,7 +110,7 @@ def _check_inputs(paths: list[str]) -> dict[str, list[str]]:
     """The inputs grouped by kind, or a UsageError: a missing file, a directory, an unknown type,
     one file listed twice (by two spellings or a link: its documents would be written twice)."""
     # pyarrow comes with batch_inputs: imported here, as the command runs, not when the CLI parses.
-    from delta_ray.apps.batch_inputs import COMPRESSED, DuplicateInput, check_distinct, input_kind
+    from delta_ray.batch.inputs import COMPRESSED, DuplicateInput, check_distinct, input_kind
 
     groups: dict[str, list[str]] = {}
     for p in paths:
@@ -137,7 +135,7 @@ def _check_output(out: str, ray_data: bool) -> None:
         if not ray_data:
             raise UsageError(f"{out}: a URI output needs --ray-data")
         return
-    from delta_ray.apps.batch_files import is_previous_output
+    from delta_ray.batch.files import is_previous_output
     p = Path(out)
     if p.exists() and not p.is_dir():
         raise UsageError(f"{out}: output must be a new or empty directory")
@@ -147,6 +145,8 @@ def _check_output(out: str, ray_data: bool) -> None:
 
 def _read(groups: dict[str, list[str]], text_column: str):
     import ray.data
+
+    from delta_ray.actors.data_reads import per_file_read  # lazy: the Ray glue, for --ray-data only
 
     readers = {"text": ray.data.read_text, "json": ray.data.read_json, "parquet": ray.data.read_parquet}
     parts = []
@@ -160,7 +160,7 @@ def _read(groups: dict[str, list[str]], text_column: str):
 
 def _run_local(args: argparse.Namespace, loaded, spec) -> int:
     """This machine at its limit: threads over every core, atomic per-input outputs, resumable."""
-    from delta_ray.apps.batch_files import OutputLocked, tokenize_files, verify_outputs
+    from delta_ray.batch.files import OutputLocked, tokenize_files, verify_outputs
     from delta_ray.tokenizer_core import TokenizerCore
 
     opts = spec
@@ -271,7 +271,7 @@ def run(args: argparse.Namespace) -> int:
         except (OSError, ValueError) as exc:
             raise UsageError(f"--tokenizer: {exc}") from exc
         if not args.ray_data:
-            from delta_ray.apps.batch_files import check_text_column
+            from delta_ray.batch.files import check_text_column
             for p in args.inputs:
                 try:
                     check_text_column(p, spec)
