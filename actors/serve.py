@@ -23,13 +23,15 @@ from typing import Any
 from ray import serve
 from ray.serve.config import RequestRouterConfig
 
+from delta_ray.core.loading import LoadedTokenizer, TokenizerLike
+from delta_ray.runtime.heap import freeze_heap
 from delta_ray.server.asgi import TokenizerASGI
 from delta_ray.server.serve_config import (DEFAULT_MAX_BODY_BYTES, DEFAULT_MAX_DETOKENIZE_TOKENS,
-                                                DEFAULT_MAX_JSON_ITEMS, ServeConfig)
+                                           DEFAULT_MAX_JSON_ITEMS, ServeConfig)
 from delta_ray.server.service import build_handler, service_spec
-from delta_ray.core.loading import TokenizerLike
 
 from . import metrics
+from .pool import TokenizerPool
 from .serve_router import SessionRouter
 
 # Serve settings read by each replica process at import (Ray 2.60; RAY_SERVE_THROUGHPUT_OPTIMIZED sets
@@ -52,15 +54,11 @@ class TokenizerService:
     """
 
     def __init__(self, config_bytes: bytes, digest: str, chat_config: "dict | None", config: ServeConfig):
-        from delta_ray.core.loading import LoadedTokenizer
-
         loaded = LoadedTokenizer.from_bytes(config_bytes, expected_digest=digest)
         self.pool = None
         if config.pool_name:
-            from .pool import TokenizerPool  # a replica without a pool never imports it
             self.pool = TokenizerPool.connect(config.pool_name, config.pool_secret)
         elif config.pool is not None:
-            from .pool import TokenizerPool
             self.pool = TokenizerPool(loaded, config.pool)
         try:
             replica_id = serve.get_replica_context().replica_id.unique_id
@@ -68,7 +66,6 @@ class TokenizerService:
             replica_id = ""
         self.handler = build_handler(loaded, chat_config, config, pool=self.pool, replica_id=replica_id,
                                      record=metrics)
-        from delta_ray.runtime.heap import freeze_heap
         freeze_heap()  # a replica's process is ours: its full collections skip what set-up built
 
     def __serve_build_asgi_app__(self) -> TokenizerASGI:

@@ -3,6 +3,8 @@
 The core (everything imported eagerly here) never imports Ray; the Ray-backed entry points
 (``TokenizerPool``, ``serve_app``, ``tokenize_dataset``) are loaded on first use.
 """
+import importlib
+
 from delta_ray.core.errors import DeltaRayError as DeltaRayError
 from delta_ray.core.errors import PoolAuthError as PoolAuthError
 from delta_ray.core.errors import PoolClosed as PoolClosed
@@ -38,8 +40,6 @@ _LAZY = {
 
 def __getattr__(name: str):
     if name in _LAZY:
-        import importlib
-
         module, attr = _LAZY[name]
         value = getattr(importlib.import_module(module), attr)
         globals()[name] = value

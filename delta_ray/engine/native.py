@@ -60,12 +60,17 @@ import json
 import os
 import sys
 import threading
+import unicodedata
 from pathlib import Path
 from typing import Sequence, Union
 
 import numpy as np
+
 from ..core.assembly import flat_from_pieces
+from ..core.charclass import candidate_source
 from ..core.errors import DeltaRayError
+from ..core.reference_api import FULL_API
+from ..core.reference_version import reference_version
 from ..runtime import exit_guard
 from ..runtime.exit_guard import checkpoint
 
@@ -119,16 +124,11 @@ def engine_key(tokenizer_json_bytes: bytes, backend: str | None, backend_version
 
     Computable from package metadata alone: loading an engine costs seconds, a cache lookup should not.
     """
-    import unicodedata
-
-    from ..core.reference_api import FULL_API
-    from ..core.reference_version import reference_version
     key = {"tokenizer_sha256": hashlib.sha256(tokenizer_json_bytes).hexdigest(),
            "tokenizers": reference_version(),
            "backend": backend, "backend_version": backend_version,
            "python_unicodedata": unicodedata.unidata_version}
     if not FULL_API:  # 1.x: the fold set and class checks start from the regex package's tables
-        from ..core.charclass import candidate_source
         key["reference_tables"] = candidate_source()
     return key
 

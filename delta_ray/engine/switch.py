@@ -12,7 +12,7 @@ import logging
 import threading
 from typing import Any, Callable, NamedTuple
 
-from ..core.encoder import Encoder, ReferenceEncoder
+from ..core.encoder import Encoder, ReferenceEncoder, encode_flat
 from .shadow import ShadowVerifier
 from .verdicts import reject_verdict, watch_verdict
 
@@ -78,7 +78,6 @@ class EngineSwitch:
         return self.current.encode_pieces(texts)
 
     def encode_flat(self, texts):
-        from ..core.encoder import encode_flat
         return encode_flat(self.current, texts)
 
     def add_disable_listener(self, fn: Callable[[str], None]) -> None:

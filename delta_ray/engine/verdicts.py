@@ -12,12 +12,14 @@ from __future__ import annotations
 
 import threading
 import time
+import weakref
 
+from ..runtime import cache_store
 from ..runtime.exit_guard import start_thread
+from .guard import ranges_digest, valid_guard_payload
 
 
 def _valid_verdict(p: dict) -> bool:
-    from .guard import valid_guard_payload
     return (isinstance(p.get("ok"), bool) and isinstance(p.get("reason"), str)
             and isinstance(p.get("at"), (int, float)) and valid_guard_payload(p))
 
@@ -32,27 +34,23 @@ def load_verdict(key: dict) -> dict | None:
     """The validated admission record for ``key``, or None (absent, altered, or caching off).
 
     A persisted rejection wins over any passing record for the same key."""
-    from ..runtime.cache_store import load_record
-    rejected = load_record(REJECTION_KIND, key, validate=_valid_verdict)
+    rejected = cache_store.load_record(REJECTION_KIND, key, validate=_valid_verdict)
     if rejected is not None and not rejected["ok"]:
         return rejected
-    return load_record("verdict", key, validate=_valid_verdict)
+    return cache_store.load_record("verdict", key, validate=_valid_verdict)
 
 
 def save_verdict(key: dict, ok: bool, reason: str, ranges: list, stats: dict | None = None) -> bool:
     """Persist an admission verdict; a rejection (``ok=False``) goes to its own record, which a later
     passing verdict cannot overwrite. False when caching is off or the write failed."""
-    from ..runtime.cache_store import save_record
-    from .guard import ranges_digest
     ranges = [list(map(int, r)) for r in ranges]
     payload = {"ok": bool(ok), "reason": str(reason), "at": time.time(),
                "ranges": ranges, "ranges_sha256": ranges_digest(ranges), "stats": stats or {}}
     if ok:
-        from ..runtime.cache_store import load_record
-        old = load_record("verdict", key, validate=_valid_verdict)
+        old = cache_store.load_record("verdict", key, validate=_valid_verdict)
         if old is not None and not old["ok"]:  # a rejection written before rejections had their own record
             return False
-    return save_record("verdict" if ok else REJECTION_KIND, key, payload)
+    return cache_store.save_record("verdict" if ok else REJECTION_KIND, key, payload)
 
 
 def reject_verdict(key: dict | None, reason: str) -> None:
@@ -68,7 +66,6 @@ def watch_verdict(switch, key: dict) -> None:
     """Poll the admission record of ``switch``'s engine (an :class:`~delta_ray.engine.switch.EngineSwitch`):
     a rejection persisted by another process (a pool worker whose shadow verifier caught the engine)
     disables the fast tier here too, with the same purge."""
-    import weakref
     ref = weakref.ref(switch)
     stop = threading.Event()
 

@@ -90,7 +90,7 @@ def describe_holder(fd: int) -> tuple[str, bool]:
 
 
 def _try_flock(fd: int) -> bool:
-    import fcntl
+    import fcntl  # lazy: Unix only; the module imports elsewhere
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         return True

@@ -14,6 +14,7 @@ rejection is persisted so that no later process admits the engine again for the 
 """
 from __future__ import annotations
 
+import json
 import logging
 import os
 import threading
@@ -21,9 +22,15 @@ from typing import Callable
 
 from delta_ray.core import constants as C
 from ..core.encoder import Encoder, ReferenceEncoder
+from ..engine.guard import GuardedEncoder, GuardSet, guard_from_ranges
+from ..engine.native import FAST_BACKENDS, FastEngineUnavailable, cached_fast_encoder, package_version
 from ..engine.switch import EngineSwitch
 from ..engine.verdicts import load_verdict, save_verdict
+from ..runtime.cache_lock import bounded_lock
 from ..runtime.exit_guard import checkpoint, start_thread
+from .fuzz import fuzz, fuzz_alphabet
+from .guard_battery import verify_fast_engine
+from .guard_probe import guard_key, guard_set_for
 
 log = logging.getLogger("delta_ray.verify.engines")
 BATTERY_FORMAT = 2  # bump when the battery or the admission fuzz changes
@@ -31,22 +38,17 @@ ADMISSION_FUZZ_SECONDS = 4.0  # fuzzing at admission (DELTA_RAY_ADMISSION_FUZZ_S
 
 
 def _delta_ray_version() -> str:
-    from ..engine.native import package_version
     return package_version("delta-ray") or "0+unknown"
 
 
 def verdict_key(config_bytes: bytes, backend: str, backend_version: str | None) -> dict:
     """The whole key of an admission record (cheap: package metadata, no tokenizer.json parse)."""
-    from .guard_probe import guard_key
     return {**guard_key(config_bytes, backend=backend, backend_version=backend_version),
             "delta_ray": _delta_ray_version(), "battery": BATTERY_FORMAT}
 
 
 def _fuzz_at_admission(config_bytes: bytes, reference: ReferenceEncoder, fast, guard) -> tuple[set[int], list[str]]:
     """Fuzz the guarded engine; returns (code points to guard, disagreements with nothing to guard)."""
-    import json
-
-    from .fuzz import fuzz, fuzz_alphabet
     seconds = float(os.environ.get("DELTA_RAY_ADMISSION_FUZZ_SECONDS", ADMISSION_FUZZ_SECONDS))
     if seconds <= 0:
         return set(), []
@@ -74,11 +76,6 @@ def _fuzz_at_admission(config_bytes: bytes, reference: ReferenceEncoder, fast, g
 
 def admit_fast(config_bytes: bytes, reference: ReferenceEncoder, backend: str = "auto") -> Encoder:
     """Load, guard, fuzz and verify the fast engine (cached); a GuardedEncoder or FastEngineUnavailable."""
-    from ..engine.native import FastEngineUnavailable, cached_fast_encoder
-    from .guard_battery import verify_fast_engine
-    from .guard_probe import guard_set_for
-    from ..engine.guard import GuardedEncoder, GuardSet, guard_from_ranges
-
     checkpoint()
     fast = cached_fast_encoder(config_bytes, backend)
     checkpoint()
@@ -97,7 +94,6 @@ def admit_fast(config_bytes: bytes, reference: ReferenceEncoder, backend: str = 
         if unguardable:
             ok, reason = False, f"the fuzzer found an ASCII text the engine gets wrong: {unguardable[0][:80]!r}"
         else:
-            import json
             ok, reason = verify_fast_engine(reference.tokenizer, fast, guard=guard, config=json.loads(config_bytes))
         checkpoint()  # an admission cut short by the exit records nothing
         save_verdict(key, ok, reason, [list(r) for r in guard.ranges()], guard.stats)
@@ -117,7 +113,6 @@ def cached_admission_exists(config_bytes: bytes, backend: str = "auto") -> bool:
 
     Computed from package metadata alone (loading an engine costs seconds).
     """
-    from ..engine.native import FAST_BACKENDS, package_version
     for cand in (FAST_BACKENDS if backend == "auto" else (backend,)):
         version = package_version(cand)
         if version is None:
@@ -139,7 +134,6 @@ def select_engine(engine: str, config_bytes: bytes, switch: EngineSwitch, *, dig
     if engine == "reference":
         switch.reason = "reference (requested)"
         return switch.reason
-    from ..engine.native import FastEngineUnavailable
     if engine == "fast" or cached_admission_exists(config_bytes):
         try:
             enc = admit_fast(config_bytes, switch.reference)
@@ -167,8 +161,6 @@ def _start_background(config_bytes: bytes, switch: EngineSwitch, digest: str, on
             switch.reason = f"reference (fast tier admission {msg})"
 
     def run():
-        from ..runtime.cache_lock import bounded_lock
-        from ..engine.native import FastEngineUnavailable
         try:
             # one probing process per machine; a stopped or hung holder is waited for with a bound
             with bounded_lock(f"admitting-{digest[:16]}.lock", on_wait=waiting) as lock:

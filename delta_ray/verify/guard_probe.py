@@ -58,18 +58,19 @@ import json
 import os
 import time
 import unicodedata
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Sequence
 
 import numpy as np
 
+from ..core.reference_api import encode_batch_ids, tokenizer_from_str
+from ..engine.guard import GuardSet, guard_from_ranges, ranges_digest, valid_guard_payload
+from ..engine.native import FastEncoder, FastEngineUnavailable, engine_key
 from ..runtime.cache_store import load_record, save_record
 from ..runtime.exit_guard import checkpoint
-from ..engine.native import FastEncoder, FastEngineUnavailable, engine_key
-from ..engine.guard import GuardSet, guard_from_ranges, ranges_digest, valid_guard_payload
-from .probe_contexts import BASE_CONTEXTS, derived_contexts
-from ..core.reference_api import encode_batch_ids, tokenizer_from_str
+from .probe_contexts import BASE_CONTEXTS, derived_contexts, fold_sensitive_code_points
 
 GUARD_FORMAT = 5  # bump when the probe changes: old cache entries are then ignored
 
@@ -244,8 +245,6 @@ def probe_disagreements(ref_tokenizer, fast: FastEncoder | Callable[[list[str]],
     reference's IDs, filled in as the reference runs) lets a later probe of the same tokenizer skip
     the reference on every chunk where the engine's IDs hash to the recorded ones.
     """
-    from concurrent.futures import ThreadPoolExecutor
-
     t0 = time.perf_counter()
     fast_encode = fast.encode_pieces if hasattr(fast, "encode_pieces") else fast
     if contexts is None:
@@ -423,7 +422,6 @@ def guard_set_for(tokenizer_json_bytes: bytes | str | os.PathLike, backend: str 
             return hit
     if ref_tokenizer is None:
         ref_tokenizer = tokenizer_from_str(data.decode("utf-8"))
-    from .probe_contexts import fold_sensitive_code_points
     cfg = json.loads(data)
     ref_key = {"tokenizer_sha256": key["tokenizer_sha256"], "tokenizers": key["tokenizers"]}
     ref_digests: dict[str, str] = {}

@@ -45,6 +45,7 @@ import threading
 from typing import Any
 
 from ...core.config import tokenizer_config
+from ...engine.native import allow_native_threads
 from .hf import STATE_ATTR, DropinState, hooks_installed, install_hooks, remove_hooks, state_of
 from .snapshot import CHECK_KEY, CONTENT_KEY, NATIVE_KEY, RENDER_DEFAULT, RENDER_KEY, SESSIONS_KEY
 
@@ -66,7 +67,6 @@ def _native(native_threads: bool | None) -> bool:
         raise TypeError(f"native_threads must be a bool or None, not {type(native_threads).__name__}")
     if native_threads is False:
         return False
-    from ...engine.native import allow_native_threads
     # None: yes, unless this is a Ray worker (a task or actor holds the CPUs Ray gave it); True: yes
     return allow_native_threads(in_worker=native_threads is True)
 

@@ -19,6 +19,8 @@ from __future__ import annotations
 
 import os
 
+from .patch import loading_wrapped
+
 MODE = "delta_ray"
 __all__ = ["MODE", "DeltaRayTokenizer", "register"]
 
@@ -54,8 +56,6 @@ class DeltaRayTokenizer:
     @classmethod
     def from_pretrained(cls, path_or_repo_id, *args, **kwargs):
         from vllm.tokenizers.hf import CachedHfTokenizer
-
-        from .patch import loading_wrapped
 
         kwargs.pop("mistral_format", None)  # set by vLLM for its "hf" mode only
         with loading_wrapped(**_options()):
