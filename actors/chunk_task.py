@@ -71,8 +71,6 @@ def encode_whole(config: tuple, digest: str, text: str, add_special_tokens: bool
 def warm_chunk_process(config: tuple, digest: str, options: TokenizerConfig, nice: int, hold_s: float) -> int:
     """Load the tokenizer in a chunk-task process and hold it ``hold_s`` seconds, so that n warm-up
     tasks occupy n distinct processes at once instead of reusing the first one."""
-    import time
-
     _lower_priority(nice)
     _tokenizer(config, digest, options).run_pieces(["warm up"])
     time.sleep(hold_s)

@@ -45,13 +45,13 @@ from typing import Any, Iterator
 import pyarrow as pa
 
 from delta_ray.core import constants as C
-from delta_ray.apps.batch_inputs import byte_slices
+from delta_ray.batch.inputs import byte_slices
 from delta_ray.core.config import TokenizerConfig
-from delta_ray.core.exit_guard import start_thread
+from delta_ray.runtime.exit_guard import start_thread
 from delta_ray.core.loading import LoadedTokenizer, load_tokenizer
 from delta_ray.core.text_columns import BatchSpec, checked_text_column, encode_table
-from delta_ray.verify.engines import cached_admission_exists
-from delta_ray.verify.fast_engine import FastEngineUnavailable
+from delta_ray.verify.admit import cached_admission_exists
+from delta_ray.engine.native import FastEngineUnavailable
 from delta_ray.tokenizer import DeltaTokenizer
 from delta_ray.tokenizer_core import TokenizerCore
 

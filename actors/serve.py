@@ -12,7 +12,7 @@ a session's requests to the replica that holds it, by the ``x-session-id`` heade
 ``num_workers``) takes what one replica should not do alone: long keyless texts, cut into chunks
 that run on its workers and tasks, and keyless overflow while the replica is busy.
 
-A replica answers with the Ray-free handler and ASGI app of ``delta_ray/apps/server``; on one
+A replica answers with the Ray-free handler and ASGI app of ``delta_ray/server``; on one
 machine ``delta-ray serve --local`` runs the same two in one process without Ray. Serve is the
 path for replicas, nodes, autoscaling and a pool.
 """
@@ -23,13 +23,15 @@ from typing import Any
 from ray import serve
 from ray.serve.config import RequestRouterConfig
 
-from delta_ray.apps.server.asgi import TokenizerASGI
-from delta_ray.apps.server.serve_config import (DEFAULT_MAX_BODY_BYTES, DEFAULT_MAX_DETOKENIZE_TOKENS,
-                                                DEFAULT_MAX_JSON_ITEMS, ServeConfig)
-from delta_ray.apps.server.service import build_handler, service_spec
-from delta_ray.core.loading import TokenizerLike
+from delta_ray.core.loading import LoadedTokenizer, TokenizerLike
+from delta_ray.runtime.heap import freeze_heap
+from delta_ray.server.asgi import TokenizerASGI
+from delta_ray.server.serve_config import (DEFAULT_MAX_BODY_BYTES, DEFAULT_MAX_DETOKENIZE_TOKENS,
+                                           DEFAULT_MAX_JSON_ITEMS, ServeConfig)
+from delta_ray.server.service import build_handler, service_spec
 
 from . import metrics
+from .pool import TokenizerPool
 from .serve_router import SessionRouter
 
 # Serve settings read by each replica process at import (Ray 2.60; RAY_SERVE_THROUGHPUT_OPTIMIZED sets
@@ -43,24 +45,20 @@ FAST_REPLICA_ENV = {"RAY_SERVE_RUN_USER_CODE_IN_SEPARATE_THREAD": "0", "RAY_SERV
 @serve.ingress()
 class TokenizerService:
     """One replica: a :class:`~delta_ray.tokenizer_core.TokenizerCore` with its sessions, an optional pool, and
-    the Ray-free :class:`~delta_ray.apps.server.serve_handler.RequestHandler` that answers requests.
+    the Ray-free :class:`~delta_ray.server.serve_handler.RequestHandler` that answers requests.
 
     Built by :func:`serve_app` (deployment options, the tokenizer's bytes, its chat config and a
     :class:`ServeConfig`); this class only binds the handler to Serve: its HTTP ingress is the
-    same ASGI app the one-process server runs (``apps/server/asgi.py``), built over this replica's
+    same ASGI app the one-process server runs (``server/asgi.py``), built over this replica's
     handler, and its handle methods take the same JSON bodies.
     """
 
     def __init__(self, config_bytes: bytes, digest: str, chat_config: "dict | None", config: ServeConfig):
-        from delta_ray.core.loading import LoadedTokenizer
-
         loaded = LoadedTokenizer.from_bytes(config_bytes, expected_digest=digest)
         self.pool = None
         if config.pool_name:
-            from .pool import TokenizerPool  # a replica without a pool never imports it
             self.pool = TokenizerPool.connect(config.pool_name, config.pool_secret)
         elif config.pool is not None:
-            from .pool import TokenizerPool
             self.pool = TokenizerPool(loaded, config.pool)
         try:
             replica_id = serve.get_replica_context().replica_id.unique_id
@@ -68,7 +66,6 @@ class TokenizerService:
             replica_id = ""
         self.handler = build_handler(loaded, chat_config, config, pool=self.pool, replica_id=replica_id,
                                      record=metrics)
-        from delta_ray.core.heap import freeze_heap
         freeze_heap()  # a replica's process is ours: its full collections skip what set-up built
 
     def __serve_build_asgi_app__(self) -> TokenizerASGI:

@@ -15,9 +15,10 @@ import numpy as np
 import ray
 
 from delta_ray.core.config import TokenizerConfig
+from delta_ray.core.hosts import SessionHost
 from delta_ray.core.keys import describe
 from delta_ray.core.session_store import SessionState
-from delta_ray.core.hosts import SessionHost
+from delta_ray.core.state_seal import verify_state
 
 from . import metrics
 from . import worker_channel
@@ -61,7 +62,6 @@ class WorkerService:
     @_locked
     def install(self, key: str, state: SessionState, seal: bytes) -> bool:
         """Adopt a state the pool computed (chunked initialization); refused unless its seal verifies."""
-        from delta_ray.core.state_seal import verify_state
         if not verify_state(self._secret, key, state, seal):
             raise PermissionError(f"refused to install {describe(key)}: the state is not sealed by this pool")
         self._dt.install_session(key, state)

@@ -255,7 +255,7 @@ def serve_handler(loaded, local: TokenizerCore, seconds: float) -> list[tuple[st
     """One replica's request handling without the network: its real Ray-free ``RequestHandler``
     (body read, JSON parse, validation, tenant key, versioned append, JSON answer), driven on one
     loop; each append names the ``session_version`` of the previous answer, as a client does."""
-    from delta_ray.apps.server.serve_handler import RequestHandler
+    from delta_ray.server.serve_handler import RequestHandler
 
     handler = RequestHandler(loaded, local, served={"delta-ray"})
     loop = asyncio.new_event_loop()

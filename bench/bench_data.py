@@ -14,7 +14,7 @@ Pipelines, each timed end to end (read -> tokenize -> ``write_parquet`` / Parque
 
 * ``plain``: the script a user would write without Ray: pyarrow batches + fastokens
   ``encode_batch_flat`` + a ParquetWriter, one process, fastokens with its default threads;
-* ``cli``: ``delta-ray tokenize``'s local path (:func:`delta_ray.apps.batch_files.tokenize_files`);
+* ``cli``: ``delta-ray tokenize``'s local path (:func:`delta_ray.batch.files.tokenize_files`);
 * ``ray-fastokens``: the Ray Data pipeline a user would write with fastokens: ``read_parquet(dir)``
   / ``read_json(dir)``, ``map_batches`` with an actor pool of ``os.cpu_count()`` actors,
   ``num_cpus=0.5``, ``batch_format="pyarrow"``, Ray Data's default blocks and batches, the IDs
@@ -113,7 +113,7 @@ def make_corpora(root: str, mb: int, files: int, which: list[str]) -> dict[str, 
 def cli(path_json: str, inputs: list[str], out: str) -> tuple[float, int]:
     """``delta-ray tokenize``'s local path, as the command runs it."""
     from delta_ray import DeltaTokenizer
-    from delta_ray.apps.batch_files import Options, tokenize_files
+    from delta_ray.batch.files import Options, tokenize_files
     # "fast": the admission blocking and cached (bench_files does the same); "auto" with nothing
     # cached would start on the reference while admitting in the background.
     dt = DeltaTokenizer(path_json, engine="fast", reuse="none")
@@ -331,7 +331,7 @@ def start_ray(ray, cores: int) -> None:
 
 
 def _texts_of(files: list[str]) -> pa.Table:
-    from delta_ray.apps.batch_inputs import read_json  # streamed; holds records over 1 MiB
+    from delta_ray.batch.inputs import read_json  # streamed; holds records over 1 MiB
     tables = [pq.read_table(f) if f.endswith(".parquet") else read_json(f) for f in files]
     return pa.concat_tables([t.select(["id", "text"]) for t in tables])
 

@@ -436,7 +436,7 @@ def main(argv=None) -> int:
     peer = None
     if not args.fastokens_in_process:
         peer = Peer(folder, args.cache_mib, {"chat": chats if has_chat else [], "raw": raw}, args.fastokens_threads)
-        from delta_ray.verify.fast_engine import fast_engine_threads
+        from delta_ray.engine.native import fast_engine_threads
         mine = fast_engine_threads()
         print(f"fastokens timed in a child process, FASTOKENS_BPE_THREADS={peer.threads} there; "
               f"delta-ray here: FASTOKENS_BPE_THREADS={mine['FASTOKENS_BPE_THREADS']} "

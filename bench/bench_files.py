@@ -4,7 +4,7 @@ Pipelines, each writing Parquet with a ``list<int32>`` IDs column:
 
 * ``plain``: the script a user would write: pyarrow batches of 8,192 rows + fastokens
   ``encode_batch_flat`` + a ParquetWriter, one process;
-* ``delta-ray``: ``delta-ray tokenize``'s path (:func:`delta_ray.apps.batch_files.tokenize_files`);
+* ``delta-ray``: ``delta-ray tokenize``'s path (:func:`delta_ray.batch.files.tokenize_files`);
 * ``naive Ray Data``: ``map_batches`` with the reference tokenizer (``--ray`` only: slow);
 * the machine's limit: the larger of a read+write pass with no encode and a raw fastokens encode of
   the same texts, both measured here.
@@ -38,7 +38,7 @@ from bench.harness import ActorPeakRSS, in_own_process  # noqa: E402
 from bench.peers.plain_script import timed_run as plain  # noqa: E402
 from bench.peers.ray_data import ReferenceTokenize  # noqa: E402
 from delta_ray import DeltaTokenizer  # noqa: E402
-from delta_ray.apps.batch_files import Options, tokenize_files, verify_outputs  # noqa: E402
+from delta_ray.batch.files import Options, tokenize_files, verify_outputs  # noqa: E402
 from delta_ray.apps.bundled import bundled_tokenizer_path  # noqa: E402
 from delta_ray.apps.sample_text import corpus, doc_source  # noqa: E402
 

@@ -399,7 +399,7 @@ def main() -> None:
 
 def local_server(tokenizer_path: str, port: str, model: str) -> None:
     """delta-ray's one-process server (what ``delta-ray serve --local`` runs), the fast tier required."""
-    from delta_ray.apps.server.local import run_local
+    from delta_ray.server.local import run_local
     run_local(tokenizer_path, "127.0.0.1", int(port), model_name=model, engine="fast")
 
 

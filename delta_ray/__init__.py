@@ -3,6 +3,8 @@
 The core (everything imported eagerly here) never imports Ray; the Ray-backed entry points
 (``TokenizerPool``, ``serve_app``, ``tokenize_dataset``) are loaded on first use.
 """
+import importlib
+
 from delta_ray.core.errors import DeltaRayError as DeltaRayError
 from delta_ray.core.errors import PoolAuthError as PoolAuthError
 from delta_ray.core.errors import PoolClosed as PoolClosed
@@ -13,13 +15,13 @@ from delta_ray.core.reference_version import check_reference as _check_reference
 _check_reference()  # a clear error under an unsupported tokenizers (1.x), before anything imports it
 
 from delta_ray.core.admission import Admission as Admission  # noqa: E402
-from delta_ray.verify.fast_engine import FastEngineUnavailable as FastEngineUnavailable  # noqa: E402
+from delta_ray.engine.native import FastEngineUnavailable as FastEngineUnavailable  # noqa: E402
 from delta_ray.core.loading import load_tokenizer as load_tokenizer  # noqa: E402
 from delta_ray.core.session_store import SessionNotFound as SessionNotFound  # noqa: E402
 from delta_ray.tokenizer import DeltaTokenizer as DeltaTokenizer  # noqa: E402
 from delta_ray.core.config import PoolConfig as PoolConfig  # noqa: E402
 from delta_ray.core.config import TokenizerConfig as TokenizerConfig  # noqa: E402
-from delta_ray.core.heap import freeze_heap as freeze_heap  # noqa: E402
+from delta_ray.runtime.heap import freeze_heap as freeze_heap  # noqa: E402
 
 __all__ = ["Admission", "DeltaRayError", "DeltaTokenizer", "FastEngineUnavailable", "PoolAuthError",
            "PoolClosed", "PoolConfig", "PoolStartupError", "SessionNotFound", "TokenizerConfig", "TokenizerPool",
@@ -38,8 +40,6 @@ _LAZY = {
 
 def __getattr__(name: str):
     if name in _LAZY:
-        import importlib
-
         module, attr = _LAZY[name]
         value = getattr(importlib.import_module(module), attr)
         globals()[name] = value

@@ -24,7 +24,6 @@ from .core.confine import ConfiningEncoder
 from .core.content_index import ContentIndex
 from .core.cut_predicate import CutPredicate
 from .core.encoder import Encoder, ReferenceEncoder
-from .verify.engines import EngineSwitch, select_engine
 from .core.families import FAMILIES
 from .core.keys import content_key, describe
 from .core.loading import LoadedTokenizer, TokenizerLike, load_tokenizer
@@ -32,14 +31,16 @@ from .core.nfc_anchors import anchor_table
 from .core.parallel_encode import LIST_PIECES_PER_THREAD, PieceThreads, ids_list
 from .core.plan import (CHUNKED, CONTENT, HERE, REENCODE, REFERENCE_SESSION, SESSION, UNADMITTED, Plan, Route,
                         Router)
-from .core.reference_api import api_generation
 from .core.planner import chunk_count, plan_cuts
+from .core.reference_api import api_generation, normalizer
 from .core.repair import RepairPlan, common_prefix_len, encode_turn, encode_with_base, plan_repair
 from .core.rope import rope_common_prefix
 from .core.session_store import SessionNotFound, SessionState, SessionStore
 from .core.special_tokens import SpecialTokenIndex
 from .core.template import Template
 from .core.turn_path import TurnPath
+from .engine.switch import EngineSwitch
+from .verify.admit import select_engine
 
 _INT32 = pa.int32()
 
@@ -51,7 +52,6 @@ def build_predicate(loaded: LoadedTokenizer, admission: Admission) -> CutPredica
     fam = FAMILIES[admission.family]
     specials = SpecialTokenIndex(admission.added_tokens)
     if admission.normalizer == "nfc":
-        from .core.reference_api import normalizer  # the reference's own NFC (0.x and 1.x)
         return CutPredicate(fam, specials, normalizer("NFC"), anchor_table())
     return CutPredicate(fam, specials)
 

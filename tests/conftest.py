@@ -37,7 +37,7 @@ def run_own_process():
 @pytest.fixture
 def private_cache(tmp_path, monkeypatch):
     """A fresh admission cache for one test (verdicts, probes, locks), its warnings not yet given."""
-    from delta_ray.core import cache_store
+    from delta_ray.runtime import cache_store
     monkeypatch.setenv("DELTA_RAY_CACHE", str(tmp_path / "cache"))
     cache_store._WARNED.clear()
     return tmp_path / "cache"

@@ -1,6 +1,6 @@
 """The corpus section: Parquet files tokenized to Parquet, throughput against a plain script.
 
-delta-ray runs ``delta-ray tokenize``'s local path (:func:`delta_ray.apps.batch_files.tokenize_files`:
+delta-ray runs ``delta-ray tokenize``'s local path (:func:`delta_ray.batch.files.tokenize_files`:
 this machine, every core, no Ray; the ``--ray-data`` path is for clusters and is not shown here).
 The plain script (:mod:`bench.peers.plain_script`, pyarrow + fastokens with its defaults) runs in
 its own process. The reference's ``encode_batch`` (all cores) then encodes every document, and every row of
@@ -18,7 +18,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from bench.peers import plain_script
-from delta_ray.apps.batch_files import Options, output_name, tokenize_files
+from delta_ray.batch.files import Options, output_name, tokenize_files
 from delta_ray.apps.sample_text import doc_source
 from delta_ray.tokenizer import DeltaTokenizer
 from delta_ray.tokenizer_core import TokenizerCore

@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import time
 
-from delta_ray.verify.engines import cached_admission_exists
-from delta_ray.verify.fast_engine import FastEngineUnavailable, available_backends
+from delta_ray.verify.admit import cached_admission_exists
+from delta_ray.engine.native import FastEngineUnavailable, available_backends
 from delta_ray.core.loading import LoadedTokenizer
 from delta_ray.tokenizer import DeltaTokenizer
 

@@ -7,9 +7,13 @@ from __future__ import annotations
 
 import hashlib
 import importlib.util
+import json
+import tempfile
 import zipfile
 from pathlib import Path
+
 from ..core.errors import DeltaRayError
+from ..runtime.cache_store import atomic_write, cache_root
 
 # name -> (package, relative path inside the package, sha256 of tokenizer.json)
 BUNDLED: dict[str, tuple[str, str, str]] = {
@@ -61,7 +65,6 @@ def bundled_tokenizer_json(name: str) -> bytes:
 
 def bundled_tokenizer_path(name: str) -> str:
     """Unpack (once) and return a checked path to a bundled tokenizer.json."""
-    from ..core.cache_store import atomic_write, cache_root
     data = bundled_tokenizer_json(name)
     digest = BUNDLED[name][2]
     out = cache_root() / "bundled" / f"{name}-{digest[:16]}" / "tokenizer.json"
@@ -69,7 +72,6 @@ def bundled_tokenizer_path(name: str) -> str:
         out.parent.mkdir(parents=True, exist_ok=True)
         atomic_write(out, data)
         if not out.exists():  # an unwritable cache: a private temporary copy instead
-            import tempfile
             tmpdir = Path(tempfile.mkdtemp(prefix="delta-ray-"))
             out = tmpdir / "tokenizer.json"
             out.write_bytes(data)
@@ -78,7 +80,6 @@ def bundled_tokenizer_path(name: str) -> str:
 
 def bundled_tokenizer_config(name: str) -> dict | None:
     """The tokenizer_config.json shipped beside a bundled tokenizer (chat template), if any."""
-    import json
     package, rel, _ = BUNDLED[name]
     spec = importlib.util.find_spec(package)
     if spec is None or not spec.submodule_search_locations:

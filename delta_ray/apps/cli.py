@@ -8,10 +8,10 @@ import sys
 # Each subcommand's module offers add_arguments(parser) and run(args), and imports Ray only in run(),
 # where it needs it (tokenize's Ray path lives in actors/; serve --local never imports Ray).
 _COMMANDS = {
-    "serve": ("delta_ray.apps.server.cli",
+    "serve": ("delta_ray.apps.serve_cli",
               "start the HTTP tokenization service (vLLM/SGLang-compatible /tokenize): --local in this process, "
               "or on Ray Serve"),
-    "tokenize": ("delta_ray.actors.tokenize_job",
+    "tokenize": ("delta_ray.apps.tokenize_cli",
                  "tokenize text/JSONL/Parquet files into Parquet (this machine, or a cluster with --ray-data)"),
 }
 

@@ -9,6 +9,7 @@ import gzip
 import inspect
 import os
 import random
+import re
 import sysconfig
 from functools import lru_cache
 from pathlib import Path
@@ -36,7 +37,6 @@ def stdlib_code(max_chars: int = 4_000_000) -> str:
 @lru_cache(maxsize=None)
 def stdlib_prose(max_chars: int = 2_000_000) -> str:
     """Docstrings of standard-library modules: English prose."""
-    import re
     docs = re.findall(r'"""(.*?)"""', stdlib_code(), flags=re.S)
     text = "\n\n".join(inspect.cleandoc(d) for d in docs if len(d) > 60)
     return text[:max_chars]
@@ -71,7 +71,6 @@ def chat_transcript(context_chars: int, turns: int, message_chars: int = 1300,
     tokens (plain text for a tokenizer without them). Every turn's text extends the previous one,
     as a transcript re-sent by an agent does.
     """
-    import random
     rng = random.Random(seed)
     prose, code = corpus("english", 3_000_000), corpus("code", 3_000_000)
 

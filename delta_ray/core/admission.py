@@ -6,12 +6,15 @@ Everything not admitted still works: every request goes to the reference encode,
 from __future__ import annotations
 
 import functools
+import importlib.metadata
 from dataclasses import dataclass, field
 from typing import Any
 
-from .families import Family, family_for_patterns
-from .loading import LoadedTokenizer
+from ..runtime import cache_store
 from .errors import DeltaRayError
+from .families import FAMILIES, Family, family_for_patterns
+from .loading import LoadedTokenizer
+from .reference_version import reference_version
 
 
 @dataclass(frozen=True)
@@ -114,7 +117,6 @@ ADMISSION_FORMAT = 1  # bump when admit()'s rules change: cached decisions of ol
 def _our_version() -> str:
     """delta-ray's installed version, read once per process (``importlib.metadata`` scans every
     distribution on ``sys.path``: milliseconds, on every lazy admission before this cache)."""
-    import importlib.metadata
     try:
         return importlib.metadata.version("delta-ray")
     except importlib.metadata.PackageNotFoundError:  # pragma: no cover - run from a source tree
@@ -124,13 +126,11 @@ def _our_version() -> str:
 def _admission_key(digest: str) -> dict:
     """What an admission depends on: the configuration's bytes, the reference (the template check
     runs on it) and these rules (delta-ray's version and ADMISSION_FORMAT)."""
-    from .reference_version import reference_version
     return {"digest": digest, "reference": reference_version(), "delta_ray": _our_version(),
             "format": ADMISSION_FORMAT}
 
 
 def _valid_admission(p: dict) -> bool:
-    from .families import FAMILIES
     ints = lambda v: isinstance(v, list) and all(type(i) is int for i in v)  # noqa: E731
     return (set(p) == {"admitted", "reason", "family", "normalizer", "prefix_ids", "suffix_ids", "added_tokens"}
             and isinstance(p["admitted"], bool) and isinstance(p["reason"], str)
@@ -144,21 +144,20 @@ def admit(loaded: LoadedTokenizer) -> Admission:
     """Decide admission from the configuration, then confirm the template against the reference.
 
     A lazily loaded tokenizer whose reference is not built yet (a Ray Data worker) first looks the
-    decision up in the on-disk cache (:mod:`delta_ray.core.cache_store`, a checked record bound to
+    decision up in the on-disk cache (:mod:`delta_ray.runtime.cache_store`, a checked record bound to
     the configuration's SHA-256, the reference's version and these rules): the decision is a
     function of exactly those, so a cached one is the one this process would compute, without
     building the reference (about a CPU-second). A miss computes it and records it."""
     if loaded.built:
         return _admit(loaded)
-    from .cache_store import load_record, save_record
     key = _admission_key(loaded.digest)
-    rec = load_record("admission", key, validate=_valid_admission)
+    rec = cache_store.load_record("admission", key, validate=_valid_admission)
     if rec is not None:
         return Admission(rec["admitted"], rec["reason"], family=rec["family"], normalizer=rec["normalizer"],
                          prefix_ids=tuple(rec["prefix_ids"]), suffix_ids=tuple(rec["suffix_ids"]),
                          added_tokens=tuple(rec["added_tokens"]))
     adm = _admit(loaded)
-    save_record("admission", key, {"admitted": adm.admitted, "reason": adm.reason, "family": adm.family,
+    cache_store.save_record("admission", key, {"admitted": adm.admitted, "reason": adm.reason, "family": adm.family,
                                    "normalizer": adm.normalizer, "prefix_ids": list(adm.prefix_ids),
                                    "suffix_ids": list(adm.suffix_ids), "added_tokens": list(adm.added_tokens)})
     return adm

@@ -18,9 +18,10 @@ from __future__ import annotations
 from functools import lru_cache
 
 import numpy as np
+import regex
 
 from .reference_api import FULL_API
-from .cache_store import cached_table
+from .table_cache import cached_table
 
 # One bit per property the families' patterns use. \s is the regex engine's whitespace.
 L, LU, LL, LT, LM, LO, M, N, P, S, W = (1 << i for i in range(11))
@@ -40,7 +41,7 @@ def all_codepoints_text() -> tuple[str, np.ndarray]:
 
 def derive_class_table() -> np.ndarray:
     """Run the reference's regex engine over all code points once per property; return uint16 bits."""
-    from tokenizers import Regex, pre_tokenizers
+    from tokenizers import Regex, pre_tokenizers  # lazy: tokenizers 0.x only (1.x has no Regex)
 
     text, cps = all_codepoints_text()
     table = np.zeros(N_CODEPOINTS, dtype=np.uint16)
@@ -53,8 +54,6 @@ def derive_class_table() -> np.ndarray:
 
 def derive_candidate_table() -> np.ndarray:
     """The same bits from the ``regex`` package (tokenizers 1.x): a candidate, verified before use."""
-    import regex
-
     text, cps = all_codepoints_text()
     table = np.zeros(N_CODEPOINTS, dtype=np.uint16)
     for bit, prop in _PROPS:
@@ -67,7 +66,6 @@ def candidate_source() -> str:
     """What the table was derived with (part of every cache key built on it)."""
     if FULL_API:
         return "reference"
-    import regex
     return f"regex-{regex.__version__}"
 
 

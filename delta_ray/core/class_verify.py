@@ -34,10 +34,11 @@ from functools import lru_cache
 from typing import Sequence
 
 import numpy as np
+import regex
 
 from delta_ray.core import charclass as cc
 from .reference_api import PROBE_SEPARATOR, encode_batch_ids, split_probe_tokenizer
-from .cache_store import cached_table
+from .table_cache import cached_table
 from .case_groups import alternatives, case_insensitive_groups, fold_letters, letter_runs, unicode_folds
 
 VERIFY_VERSION = 3
@@ -118,7 +119,6 @@ def _fragments(templates: Sequence[str]) -> list[str]:
 
 def _brackets(patterns: Sequence[str]):
     """Compiled bracket expressions of the patterns that name non-ASCII characters (DeepSeek's CJK range)."""
-    import regex
     out = []
     for pat in patterns:
         for m in regex.finditer(r"\[(?:\\.|[^\]\\])*\]", pat):
@@ -129,8 +129,6 @@ def _brackets(patterns: Sequence[str]):
 
 def fold_sensitive_regex(patterns: Sequence[str]) -> set[int]:
     """Non-ASCII code points the ``regex`` package matches to a letter of a case-insensitive group."""
-    import regex
-
     letters = fold_letters(patterns)
     if not letters:
         return set()
@@ -164,7 +162,6 @@ def signatures(patterns: Sequence[str]) -> np.ndarray:
 
 def _simulate(stages: list[dict], text: str) -> list[str]:
     """The pieces of ``text`` under Split stages, computed with the ``regex`` package."""
-    import regex
     pieces = [text]
     for st in stages:
         rx = _compiled(st["pattern"]["Regex"])
@@ -187,13 +184,11 @@ def _simulate(stages: list[dict], text: str) -> list[str]:
                     continue
                 nxt.append(p[a:b])
         pieces = nxt
-    del regex
     return pieces
 
 
 @lru_cache(maxsize=64)
 def _compiled(pattern: str):
-    import regex
     return regex.compile(pattern)
 
 

@@ -26,7 +26,7 @@ class ConfiningEncoder:
     """Encoder: like ``inner``, with guarded pieces split so only windows reach the reference."""
 
     def __init__(self, engine, predicate, window: int = WINDOW):
-        self.engine = engine  # the engine object (verify.engines.EngineSwitch): the encoder in use, its shadow
+        self.engine = engine  # the engine object (engine.switch.EngineSwitch): the encoder in use, its shadow
         self.inner = engine.shadow  # the engine in use, its answers sampled by the shadow verifier
         self.predicate = predicate
         self.window = window

@@ -23,12 +23,14 @@ exclusions only remove anchors, which costs cuts, never IDs).
 """
 from __future__ import annotations
 
+import unicodedata
 from functools import lru_cache
 
 import numpy as np
-from .charclass import M, N_CODEPOINTS, all_codepoints_text, class_table
+
+from .charclass import M, N_CODEPOINTS, all_codepoints_text, candidate_source, class_table
 from .reference_api import FULL_API, normalizer
-from .cache_store import cached_table
+from .table_cache import cached_table
 
 TABLE_VERSION = 1
 _SEP = "\n"  # a starter that composes with nothing; the probes are joined with it and split back
@@ -51,7 +53,6 @@ def derive_anchor_table() -> np.ndarray:
     cp_of = np.fromiter((ord(c) for c in chars), dtype=np.int64, count=len(chars))
     ok = ~((class_table()[cp_of] & M) > 0)
     if not FULL_API:  # candidate classes (regex package): also exclude what unicodedata calls a mark
-        import unicodedata
         ok &= np.fromiter((not unicodedata.category(c).startswith("M") for c in chars), dtype=bool, count=len(chars))
     for before, after in (("", ""), ("\u0301", ""), ("", "\u0335"), ("\u1100", ""), ("\uac00", "")):
         ok &= _probe_unchanged(nfc, chars, before, after)
@@ -72,6 +73,5 @@ def derive_anchor_table() -> np.ndarray:
 @lru_cache(maxsize=1)
 def anchor_table() -> np.ndarray:
     """The cached anchor flags (bool per code point) of the installed reference NFC."""
-    from .charclass import candidate_source
     name = "nfc-anchors" if FULL_API else f"nfc-anchors-{candidate_source()}"
     return cached_table(name, TABLE_VERSION, derive_anchor_table, (N_CODEPOINTS,), np.bool_)

@@ -27,7 +27,7 @@ def reference_version() -> str:
     try:
         return importlib.metadata.version("tokenizers")
     except importlib.metadata.PackageNotFoundError:  # pragma: no cover - a broken environment
-        import tokenizers
+        import tokenizers  # lazy: this module is read before the reference is imported (to refuse a version)
         return getattr(tokenizers, "__version__", "0")
 
 

@@ -14,6 +14,7 @@ from collections import OrderedDict
 import numpy as np
 
 from delta_ray.core import constants as C
+from .assembly import to_arrow
 from .errors import DeltaRayError
 from .rope import MERGE_IDS_BELOW, CheckpointLog, merge_start, prefix_parts, rope_is_prefix, suffix_parts
 
@@ -112,7 +113,6 @@ def _to_arrow(p: np.ndarray):
     # assembly imports this module's neighbours: imported on first use, then bound here (an import
     # statement per call walked importlib's machinery on every turn)
     global _to_arrow
-    from .assembly import to_arrow
     _to_arrow = to_arrow
     return to_arrow(p)
 

@@ -1,6 +1,6 @@
 """One batch specification for every batch path: the columns read and written, and how to encode them.
 
-``delta-ray tokenize`` (local: ``batch_files.py``; ``--ray-data``: ``actors/tokenize_job.py``) and
+``delta-ray tokenize`` (``apps/tokenize_cli.py``; local: ``batch/files.py``, ``--ray-data``: ``actors/data.py``) and
 ``tokenize_dataset`` (``actors/data.py``, whose actors are ``TokenizeBatch``) all take one
 :class:`BatchSpec`, check a schema with :meth:`BatchSpec.check_schema` and a batch's text column
 with :func:`checked_text_column` (one null rule: a missing text has no reference IDs, so nulls are

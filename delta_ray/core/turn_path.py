@@ -11,7 +11,7 @@ It is the general turn restricted to the case where the general turn would do ex
 §15): the stored state's last checkpoint is valid for the new text (its evidence lies in the stored
 text), the span after it is too short for chunk cuts or intermediate checkpoints, the repair is
 the router's choice (not a whole re-encode: its caller asks the router once), a tail cut exists, and the engine in use now offers
-its native flat call (:meth:`~delta_ray.verify.engines.EngineSwitch.fast_path`) behind a guard that
+its native flat call (:meth:`~delta_ray.engine.switch.EngineSwitch.fast_path`) behind a guard that
 allows both pieces; anything else returns None and the caller runs the general turn. Every step is
 the general turn's own, called, not copied: the tail cut (:func:`~delta_ray.core.planner.tail_cut`),
 the guard's test, the shadow verifier's sampling step, the checkpoint log's append
@@ -27,7 +27,7 @@ import pyarrow as pa
 
 from delta_ray.core import constants as C
 from .assembly import COPY_POOL
-from .exit_guard import checkpoint
+from ..runtime.exit_guard import checkpoint
 from .planner import tail_cut
 from .repair import WINDOW_BACK
 from .rope import MERGE_IDS_BELOW, MERGE_TEXT_BELOW, CheckpointLog, merge_start
@@ -51,7 +51,7 @@ class TurnPath:
     """The compact continuation of one :class:`~delta_ray.tokenizer_core.TokenizerCore`."""
 
     def __init__(self, engine, store, predicate, margin: int, planner, stats):
-        self._engine = engine  # verify.engines.EngineSwitch: the engine in use, its generation and fast path
+        self._engine = engine  # engine.switch.EngineSwitch: the engine in use, its generation and fast path
         self._store = store
         self._pred = predicate
         self._margin = margin

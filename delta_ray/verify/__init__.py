@@ -1,1 +1,1 @@
-"""The fast tier: native engines and the verification that admits them (probe, fuzz, battery, guard), and the shadow check at run time. Imports only the core."""
+"""Admitting a native engine: the probe (contexts, guard set), the fuzzer, the verification battery, and the admission that runs them and chooses the engine (``admit``). Imports the core, the runtime and the engine it admits."""

@@ -27,6 +27,7 @@ from typing import Callable, Sequence
 import numpy as np
 
 from ..core.case_groups import case_insensitive_groups, fold_letters, split_patterns
+from .guard_battery import ALPHABETS, REAL_TEXT
 from .probe_contexts import CLASS_NEIGHBOURS, contraction_witness, fold_sensitive_code_points
 
 EncodeFn = Callable[[list[str]], list[np.ndarray]]
@@ -51,8 +52,6 @@ def _case_variants(s: str, rng: random.Random, n: int = 3) -> list[str]:
 
 def fuzz_alphabet(tokenizer_json: dict, added_tokens: Sequence[str], *, seed: int = 0) -> list[str]:
     """The fragments the fuzzer concatenates, derived from this tokenizer's pipeline."""
-    from .guard_battery import ALPHABETS, REAL_TEXT
-
     rng = random.Random(seed)
     frags: list[str] = list(CLASS_NEIGHBOURS)
     frags += [v for vals in ALPHABETS.values() for v in vals]

@@ -7,12 +7,13 @@ text at a time in reverse order.
 """
 from __future__ import annotations
 
+import random
 from typing import Iterable
 
 import numpy as np
 
-from ..core.exit_guard import checkpoint
-from .guard_runtime import GuardSet
+from ..runtime.exit_guard import checkpoint
+from ..engine.guard import GuardSet
 from ..core.reference_api import added_token_contents, encode_batch_ids
 
 REAL_TEXT = (
@@ -69,8 +70,6 @@ def adversarial_battery(ref_tokenizer, *, seed: int = 0, n_random: int = 1000,
                         config: dict | None = None) -> list[str]:
     """Deterministic adversarial texts for this tokenizer (special-token strings included; under
     tokenizers 1.x they are read from ``config``, the tokenizer.json)."""
-    import random
-
     rng = random.Random(seed)
     specials = all_specials = _special_strings(ref_tokenizer, config)
     if len(specials) > 12:  # a spread of them: shortest, longest and between

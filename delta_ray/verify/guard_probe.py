@@ -1,6 +1,6 @@
 r"""The guard probe: where a fast engine may disagree with the reference, per tokenizer (cached).
 
-A native engine (:mod:`delta_ray.verify.fast_engine`) reimplements the reference's normalizer, pre-tokenizer
+A native engine (:mod:`delta_ray.engine.native`) reimplements the reference's normalizer, pre-tokenizer
 regex and BPE. Its Unicode tables are not the reference's: the reference's regex classes come from its
 Oniguruma build (Unicode 16) and its NFC from Unicode 9.0 tables, while an engine may use older or newer
 ones. So, per tokenizer (SHA-256 of its tokenizer.json) and per installed pair of versions, this module
@@ -9,7 +9,7 @@ ones. So, per tokenizer (SHA-256 of its tokenizer.json) and per installed pair o
    reference and collects the code points on which the engine's IDs differ -- the *guard set*;
 2. caches that set on disk (``$DELTA_RAY_CACHE/guard`` or ``~/.cache/delta_ray/guard``), keyed by
    (tokenizer digest, tokenizers version, engine name + version, probe format);
-3. hands it to :class:`delta_ray.verify.guard_runtime.GuardSet`, whose ``allows(text)`` lets the fast engine
+3. hands it to :class:`delta_ray.engine.guard.GuardSet`, whose ``allows(text)`` lets the fast engine
    encode a text only when it holds none of the guarded code points; the admission battery that
    follows is :mod:`delta_ray.verify.guard_battery`.
 
@@ -58,18 +58,19 @@ import json
 import os
 import time
 import unicodedata
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Sequence
 
 import numpy as np
 
-from ..core.cache_store import load_record, save_record
-from ..core.exit_guard import checkpoint
-from .fast_engine import FastEncoder, FastEngineUnavailable, engine_key
-from .guard_runtime import GuardSet, guard_from_ranges, ranges_digest, valid_guard_payload
-from .probe_contexts import BASE_CONTEXTS, derived_contexts
 from ..core.reference_api import encode_batch_ids, tokenizer_from_str
+from ..engine.guard import GuardSet, guard_from_ranges, ranges_digest, valid_guard_payload
+from ..engine.native import FastEncoder, FastEngineUnavailable, engine_key
+from ..runtime.cache_store import load_record, save_record
+from ..runtime.exit_guard import checkpoint
+from .probe_contexts import BASE_CONTEXTS, derived_contexts, fold_sensitive_code_points
 
 GUARD_FORMAT = 5  # bump when the probe changes: old cache entries are then ignored
 
@@ -177,7 +178,7 @@ def _encode_ref_parallel(ref_tokenizer, texts: list[str], pool) -> list[np.ndarr
 
 @contextlib.contextmanager
 def _cancel_queued_on_error(pool):
-    """On any exception (an exit's :class:`~delta_ray.core.exit_guard.ExitCancelled` included), drop the
+    """On any exception (an exit's :class:`~delta_ray.runtime.exit_guard.ExitCancelled` included), drop the
     reference slices still queued: the pool's shutdown then waits only for those already running."""
     try:
         yield
@@ -244,8 +245,6 @@ def probe_disagreements(ref_tokenizer, fast: FastEncoder | Callable[[list[str]],
     reference's IDs, filled in as the reference runs) lets a later probe of the same tokenizer skip
     the reference on every chunk where the engine's IDs hash to the recorded ones.
     """
-    from concurrent.futures import ThreadPoolExecutor
-
     t0 = time.perf_counter()
     fast_encode = fast.encode_pieces if hasattr(fast, "encode_pieces") else fast
     if contexts is None:
@@ -423,7 +422,6 @@ def guard_set_for(tokenizer_json_bytes: bytes | str | os.PathLike, backend: str 
             return hit
     if ref_tokenizer is None:
         ref_tokenizer = tokenizer_from_str(data.decode("utf-8"))
-    from .probe_contexts import fold_sensitive_code_points
     cfg = json.loads(data)
     ref_key = {"tokenizer_sha256": key["tokenizer_sha256"], "tokenizers": key["tokenizers"]}
     ref_digests: dict[str, str] = {}

@@ -35,9 +35,10 @@ from functools import lru_cache
 import numpy as np
 
 from ..core.case_groups import (alternatives, case_insensitive_groups, fold_letters, letter_runs, split_patterns,
-                          unicode_folds)
+                                unicode_folds)
 from ..core.class_verify import fold_sensitive_regex, verified_mask
 from ..core.families import FAMILIES
+from ..core.reference_api import FULL_API
 
 # The fixed chain the probe used before (format 3); kept as the first derived context.
 BASE_CONTEXTS: tuple[str, ...] = (
@@ -63,10 +64,9 @@ CLASS_NEIGHBOURS: tuple[str, ...] = (
 
 def _reference_folds(letters: frozenset[str], groups: list[str], patterns: tuple[str, ...] = ()) -> set[int] | None:
     """Non-ASCII code points the reference's regex engine matches to a group's letters (0.x API)."""
-    from ..core.reference_api import FULL_API
     if not FULL_API:
         return _reference_folds_1x(tuple(patterns))
-    from tokenizers import Regex, pre_tokenizers
+    from tokenizers import Regex, pre_tokenizers  # lazy: tokenizers 0.x only (1.x has no Regex)
     cps = [c for c in range(0x110000) if not 0xD800 <= c < 0xE000]
     text = "\x00".join(map(chr, cps))  # one code point per slot: no match can span two of them
     runs = {a.lstrip("'") for g in groups for a in alternatives(g)}

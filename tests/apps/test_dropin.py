@@ -323,9 +323,9 @@ def test_minimax_long_s_with_the_fast_tier(folders, pairs):
     from transformers import AutoTokenizer
 
     from delta_ray.core.encoder import ReferenceEncoder
-    from delta_ray.verify.fast_engine import FastEncoder
+    from delta_ray.engine.native import FastEncoder
     from delta_ray.verify.guard_probe import guard_set_for
-    from delta_ray.verify.guard_runtime import GuardedEncoder
+    from delta_ray.engine.guard import GuardedEncoder
 
     stock, patched = pairs("minimax-m3")
     loaded = patched.__dict__[dropin_hf.STATE_ATTR].current(patched).tokenizer.core.loaded
@@ -355,9 +355,9 @@ def test_list_path_on_threads_equals_stock(pairs, real_texts):
     pytest.importorskip("fastokens", reason="the fast tier's engine (fastokens) is not installed")
     from delta_ray.core.encoder import ReferenceEncoder
     from delta_ray.core.parallel_encode import MIN_PARALLEL_CHARS
-    from delta_ray.verify.fast_engine import FastEncoder
+    from delta_ray.engine.native import FastEncoder
     from delta_ray.verify.guard_probe import guard_set_for
-    from delta_ray.verify.guard_runtime import GuardedEncoder
+    from delta_ray.engine.guard import GuardedEncoder
 
     for name in ("qwen-3", "llama3.2"):  # no template / a BOS template
         stock, patched = pairs(name)

@@ -34,10 +34,10 @@ _PRELUDE = textwrap.dedent("""
     from delta_ray.apps.dropin.folders import bundled_hf_folder
     from delta_ray.apps.sample_text import corpus
     from delta_ray.core.encoder import ReferenceEncoder
-    from delta_ray.verify import fast_engine
-    from delta_ray.verify.fast_engine import FastEncoder
+    from delta_ray.engine import native
+    from delta_ray.engine.native import FastEncoder
     from delta_ray.verify.guard_probe import guard_set_for
-    from delta_ray.verify.guard_runtime import GuardedEncoder
+    from delta_ray.engine.guard import GuardedEncoder
 
     class WrongOnLongS(FastEncoder):
         calls = 0
@@ -87,7 +87,7 @@ def test_native_threads_equal_stock_above_the_cut_threshold():
     several pieces that the engine encodes on its own threads, joined in order; a guarded code point
     inside some pieces (the engine is made wrong on it, so a skipped guard fails); equal to stock."""
     out = _run("""
-        assert fast_engine.allow_native_threads(in_worker=True), fast_engine.fast_engine_threads()
+        assert native.allow_native_threads(in_worker=True), native.fast_engine_threads()
         cores = len(os.sched_getaffinity(0))
         for name in ("qwen-3", "llama3.2"):
             folder = bundled_hf_folder(name, root)
@@ -140,7 +140,7 @@ def test_native_threads_minimax_long_s_equal_stock():
     """minimax-m3, where fastokens itself is wrong on " I'\u017f": inside long texts on native threads,
     the guarded engine gives stock's IDs and the unguarded one does not."""
     out = _run("""
-        assert fast_engine.allow_native_threads(in_worker=True)
+        assert native.allow_native_threads(in_worker=True)
         folder = bundled_hf_folder("minimax-m3", root)
         stock = AutoTokenizer.from_pretrained(folder)
         loaded = live(wrap_tokenizer(copy.copy(stock), native_threads=True, engine="reference")).loaded
@@ -166,7 +166,7 @@ def test_native_threads_stay_pinned_in_a_ray_worker_and_after_a_load():
     out = _run("""
         from delta_ray.apps.dropin.patch import _options
         os.environ["RAY_RAYLET_PID"] = "1"  # what the raylet sets in every worker it starts
-        assert fast_engine.in_ray_worker()
+        assert native.in_ray_worker()
         assert _options(True, None, {})["native_threads"] is False
         assert os.environ["FASTOKENS_BPE_THREADS"] == "1"
         del os.environ["RAY_RAYLET_PID"]
@@ -184,7 +184,7 @@ def test_engine_lists_are_used_only_once_they_match_the_flat_output(tokenizer_pa
     ``encode_flat``'s IDs on the check texts; an entry point that disagrees is never used, and the
     list path (``parallel_encode.ids_list``) then converts the flat output instead."""
     from delta_ray.core.parallel_encode import ids_list
-    from delta_ray.verify.fast_engine import FastEncoder, list_entry_texts
+    from delta_ray.engine.native import FastEncoder, list_entry_texts
 
     good = FastEncoder(tokenizer_paths["qwen-3"], "fastokens")
     texts = ["Hello world, it's 12:45.", "caf\u00e9 " * 5000]
@@ -207,7 +207,7 @@ def test_the_list_check_never_runs_on_the_request_path(tokenizer_paths):
     import time
 
     from delta_ray.core.parallel_encode import ids_list
-    from delta_ray.verify.fast_engine import FastEncoder
+    from delta_ray.engine.native import FastEncoder
 
     enc = FastEncoder(tokenizer_paths["qwen-3"], "fastokens")
     texts = ["Hello world, it's 12:45.", "caf\u00e9 " * 5000]

@@ -10,8 +10,8 @@ import pytest
 
 from delta_ray import DeltaTokenizer
 from delta_ray.tokenizer_core import TokenizerCore
-from delta_ray.apps.batch_files import Options, output_name, tokenize_files, verify_outputs
-from delta_ray.apps.batch_inputs import byte_slices
+from delta_ray.batch.files import Options, output_name, tokenize_files, verify_outputs
+from delta_ray.batch.inputs import byte_slices
 
 
 @pytest.fixture(scope="module")
@@ -132,7 +132,7 @@ def test_a_large_row_group_is_split_into_units_that_encode_in_parallel(tmp_path,
                                                                       references, monkeypatch):
     """pyarrow writes a file as one row group by default: it must not become one unit (one thread,
     every text of the file as Python strings at once). Its batches keep the input's row order."""
-    import delta_ray.apps.batch_files as bf
+    import delta_ray.batch.files as bf
     src = real_texts["english"] + real_texts["multilingual"] + real_texts["code"]
     rows = [src[i * 173:i * 173 + 20 + (i * 131) % 2500] for i in range(900)] + [src[:60_000], "", src[5:9]]
     path = tmp_path / "layout.parquet"
@@ -171,7 +171,7 @@ def test_a_second_run_on_a_locked_output_directory_is_refused(inputs, tmp_path, 
     import fcntl
     import os
 
-    from delta_ray.apps.batch_files import is_previous_output
+    from delta_ray.batch.files import is_previous_output
 
     out = tmp_path / "out"
     out.mkdir()
@@ -207,7 +207,7 @@ def test_a_rerun_redoes_an_output_whose_rows_differ_from_its_manifest(inputs, tm
 _STREAM_PROBE = r"""
 import resource, sys
 import pyarrow.compute
-from delta_ray.apps.batch_inputs import input_kind, units
+from delta_ray.batch.inputs import input_kind, units
 from delta_ray.core.text_columns import BatchSpec
 path = sys.argv[1]
 before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
@@ -250,7 +250,7 @@ def test_a_compressed_input_is_streamed_not_decompressed_whole(tmp_path, kind):
 def test_a_jsonl_record_longer_than_a_mebibyte(tmp_path, real_texts, tokenizer_paths, references):
     """pyarrow's JSON reader refuses a record longer than its block (1 MiB by default): a corpus
     with one long document must still be read, checked and tokenized."""
-    from delta_ray.apps.batch_files import check_text_column
+    from delta_ray.batch.files import check_text_column
 
     long_doc = (real_texts["english"] * 40)[:1_500_000]
     path = tmp_path / "long.jsonl"
@@ -301,7 +301,7 @@ def test_temporary_names_are_never_shared(tmp_path):
     never share a temporary file: each name carries the process id and a random part."""
     import os
 
-    from delta_ray.apps.batch_files import TMP_MARK, temp_path
+    from delta_ray.batch.files import TMP_MARK, temp_path
 
     names = {temp_path(tmp_path, "x-0123456789.parquet") for _ in range(200)}
     assert len(names) == 200
@@ -317,7 +317,7 @@ def test_a_rerun_redoes_an_output_replaced_by_one_with_the_same_rows(inputs, tmp
     count kept (one ID changed), is redone on the rerun, not trusted."""
     import os
 
-    from delta_ray.apps.batch_files import MANIFESTS
+    from delta_ray.batch.files import MANIFESTS
 
     dt = TokenizerCore(tokenizer_paths["qwen-3"], reuse="none")
     src = inputs[1]  # b.txt

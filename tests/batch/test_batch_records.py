@@ -10,9 +10,9 @@ import zlib
 
 import pytest
 
-import delta_ray.apps.batch_inputs as bi
-from delta_ray.apps.batch_files import check_text_column
-from delta_ray.apps.batch_inputs import RecordTooLong, line_chunks, stream_tables
+import delta_ray.batch.inputs as bi
+from delta_ray.batch.files import check_text_column
+from delta_ray.batch.inputs import RecordTooLong, line_chunks, stream_tables
 from delta_ray.core.text_columns import BatchSpec
 
 MiB = 1 << 20

@@ -162,7 +162,7 @@ def test_file_reads_fuse_where_ray_would_split_them(ray_session, tokenizer_paths
     ray = ray_session
     import delta_ray.actors.data as data_mod
     from delta_ray.actors.data import tokenize_dataset
-    from delta_ray.actors.tokenize_job import _read
+    from delta_ray.apps.tokenize_cli import _read
 
     path = tokenizer_paths["llama3.2"]
     files, docs = _jsonl_files(real_texts, tmp_path, int(ray.cluster_resources()["CPU"]))
@@ -346,7 +346,7 @@ def test_admission_is_cached_for_lazy_loads(private_cache, tokenizer_paths):
     body = _json.loads(record.read_bytes())
     body["payload"]["family"] = "no-such-family"  # re-sealed but invalid: discarded too
     body.pop("sha256")
-    from delta_ray.core.cache_store import _canonical
+    from delta_ray.runtime.cache_store import _canonical
     body["sha256"] = hashlib.sha256(_canonical(body)).hexdigest()
     record.write_text(_json.dumps(body))
     fourth = LoadedTokenizer.from_bytes(data, lazy=True)
@@ -543,7 +543,7 @@ def test_cli_jsonl_and_txt(ray_session, tokenizer_paths, real_texts, tmp_path, c
 
 @pytest.mark.parametrize("path", ["local", "ray-data"])
 def test_cli_text_column_no_special_tokens(ray_session, tokenizer_paths, real_texts, tmp_path, path):
-    from delta_ray.actors import tokenize_job
+    from delta_ray.apps import tokenize_cli
     import argparse
 
     name = "qwen-3"
@@ -551,14 +551,14 @@ def test_cli_text_column_no_special_tokens(ray_session, tokenizer_paths, real_te
     src = tmp_path / "docs.jsonl"
     src.write_text("".join(json.dumps({"body": t, "n": i}) + "\n" for i, t in enumerate(docs)), encoding="utf-8")
     parser = argparse.ArgumentParser()
-    tokenize_job.add_arguments(parser)
+    tokenize_cli.add_arguments(parser)
     extra = ["--ray-data", "--concurrency", "1", "--engine", "fast", "--threads", "2", "--verify", "20"] \
         if path == "ray-data" else ["--engine", "fast", "--threads", "2"]
     args = parser.parse_args(["--tokenizer", tokenizer_paths[name], str(src), "--output", str(tmp_path / "o"),
                               "--text-column", "body", "--no-special-tokens", *extra])
-    assert tokenize_job.run(args) == 0
+    assert tokenize_cli.run(args) == 0
     missing = parser.parse_args(["--tokenizer", tokenizer_paths[name], str(src), "--output", str(tmp_path / "o2")])
-    assert tokenize_job.run(missing) == 2  # no "text" column: refused before the pool starts
+    assert tokenize_cli.run(missing) == 2  # no "text" column: refused before the pool starts
     table = _read_output(tmp_path / "o")
     assert set(table.column_names) == {"body", "n", "input_ids", "num_tokens"}
     _compare_by_text(table, docs, Tokenizer.from_file(tokenizer_paths[name]), "body", False)
@@ -634,14 +634,14 @@ def test_every_cli_option_reaches_both_paths(ray_session, tokenizer_paths, tmp_p
     import dataclasses
 
     import delta_ray.actors.data as data_mod
-    import delta_ray.apps.batch_files as bf
-    from delta_ray.actors import tokenize_job
+    import delta_ray.batch.files as bf
+    from delta_ray.apps import tokenize_cli
     from delta_ray.core.text_columns import BatchSpec
 
     src = tmp_path / "docs.jsonl"
     src.write_text(json.dumps({"body": "hello", "k": 1}) + "\n", encoding="utf-8")
     parser = argparse.ArgumentParser()
-    tokenize_job.add_arguments(parser)
+    tokenize_cli.add_arguments(parser)
     spec_flags = ["--text-column", "body", "--output-column", "ids", "--count-column", "n",
                   "--no-special-tokens", "--drop-text", "--batch-bytes", "12345", "--engine", "reference",
                   "--threads", "3"]
@@ -653,10 +653,10 @@ def test_every_cli_option_reaches_both_paths(ray_session, tokenizer_paths, tmp_p
     dests = {a.dest for a in parser._actions if a.dest != "help"}
     spec_dests = {"text_column", "output_column", "count_column", "no_special_tokens", "drop_text", "batch_bytes",
                   "engine", "threads"}
-    assert set(tokenize_job.LOCAL_ONLY) == {"max_record_bytes"}
-    assert dests == spec_dests | set(tokenize_job.RAY_ONLY) | set(tokenize_job.LOCAL_ONLY) | run_options
+    assert set(tokenize_cli.LOCAL_ONLY) == {"max_record_bytes"}
+    assert dests == spec_dests | set(tokenize_cli.RAY_ONLY) | set(tokenize_cli.LOCAL_ONLY) | run_options
     assert {f.name for f in dataclasses.fields(BatchSpec)} == \
-        (spec_dests - {"no_special_tokens"}) | {"add_special_tokens"} | set(tokenize_job.LOCAL_ONLY)
+        (spec_dests - {"no_special_tokens"}) | {"add_special_tokens"} | set(tokenize_cli.LOCAL_ONLY)
 
     seen = {}
 
@@ -675,17 +675,17 @@ def test_every_cli_option_reaches_both_paths(ray_session, tokenizer_paths, tmp_p
     monkeypatch.setattr(data_mod, "tokenize_dataset", fake_dataset)
     base = ["--tokenizer", tokenizer_paths["qwen-3"], str(src)]
     args = parser.parse_args(base + ["--output", str(tmp_path / "a")] + spec_flags + local_flags)
-    assert tokenize_job.run(args) == 1
+    assert tokenize_cli.run(args) == 1
     spec, fast, kw = seen["local"]
     assert spec == dataclasses.replace(want, max_record_bytes=4321)
     assert fast is False and kw.get("threads") is None  # threads travel in the spec
     args = parser.parse_args(base + ["--output", str(tmp_path / "b"), "--ray-data"] + spec_flags + pool_flags)
-    assert tokenize_job.run(args) == 1
+    assert tokenize_cli.run(args) == 1
     spec, kw = seen["ray"]
     assert spec == want
     assert kw == {"concurrency": 2, "num_cpus": 0.25, "batch_size": 7}
     for flag, value in zip(pool_flags[::2], pool_flags[1::2]):  # pool options without --ray-data: refused
         args = parser.parse_args(base + ["--output", str(tmp_path / "c"), flag, value])
-        assert tokenize_job.run(args) == 2
+        assert tokenize_cli.run(args) == 2
     args = parser.parse_args(base + ["--output", str(tmp_path / "d"), "--ray-data"] + local_flags)
-    assert tokenize_job.run(args) == 2  # the local reader's bound with --ray-data: refused
+    assert tokenize_cli.run(args) == 2  # the local reader's bound with --ray-data: refused

@@ -24,8 +24,8 @@ pytestmark = pytest.mark.skipif(importlib.util.find_spec("fastokens") is None, r
 
 def _fast(tokenizer_paths, references, name: str, guard=(), **options):
     """A tokenizer on the guarded fastokens engine (given, so no admission runs) and that engine."""
-    from delta_ray.verify.fast_engine import cached_fast_encoder
-    from delta_ray.verify.guard_runtime import GuardedEncoder, GuardSet
+    from delta_ray.engine.native import cached_fast_encoder
+    from delta_ray.engine.guard import GuardedEncoder, GuardSet
     fast = cached_fast_encoder(open(tokenizer_paths[name], "rb").read(), "fastokens")
     enc = GuardedEncoder(fast, GuardSet(frozenset(guard)), ReferenceEncoder(references[name]))
     return DeltaTokenizer(tokenizer_paths[name], encoder=enc, **options), enc

@@ -57,7 +57,7 @@ RUNNABLE = "<!-- runnable"
 PENDING: set[str] = set()
 # Paths that are placeholders or live outside this repository.
 NOT_OURS = {"DIR/_delta_ray_done/"}
-PACKAGE_PARTS = ("core/", "verify/", "apps/")  # cited without their delta_ray/ prefix
+PACKAGE_PARTS = ("runtime/", "core/", "engine/", "verify/", "batch/", "server/", "apps/")  # cited without their delta_ray/ prefix
 SKIP_DIRS = {".git", "__pycache__", "node_modules", "build", "dist"}
 
 

@@ -11,8 +11,8 @@ ROOT = pathlib.Path(__file__).resolve().parents[2]
 USES = [("actors/orchestrator.py", "self.local", PoolLocal),
         ("actors/pool.py", "self._orch.local", PoolLocal),
         ("actors/worker.py", "self._dt", SessionHost),
-        ("delta_ray/apps/server/serve_handler.py", "self.delta", SessionHost),
-        ("delta_ray/apps/server/serve_handler.py", "delta", SessionHost)]
+        ("delta_ray/server/serve_handler.py", "self.delta", SessionHost),
+        ("delta_ray/server/serve_handler.py", "delta", SessionHost)]
 
 
 def _members(protocol: type) -> set[str]:

@@ -1,18 +1,24 @@
 """The package's dependency rule, read from the source (function-local imports included).
 
 Parts, bottom up (docs/design.md, "Map"):
+  delta_ray/runtime  what a process needs around the core: the private cache and its lock, clean
+                     exit, the heap kept out of full collections. Imports nothing else of the project.
   delta_ray/core     the exact core: loading, admission, cut predicate, planner, repair, session
-                     store, assembly, the encoder protocol. Imports nothing else of the project.
-  delta_ray/verify   the fast tier's verification and its engines. Imports core.
-  delta_ray/*.py     the tokenizer (TokenizerCore composes core and verify; DeltaTokenizer is the
-                     user's facade) and the package's lazy front door.
-  delta_ray/apps     what is built on the tokenizer: batch files, chat templates, CLI, drop-in.
-  actors             the Ray glue (pool, workers, chunk tasks, Serve, Data).
+                     store, assembly, the encoder protocol. Imports the runtime.
+  delta_ray/engine   what runs an engine at request time: the native engines, the guard, the switch
+                     and its fast path, the shadow verifier, the admission records. Imports core, runtime.
+  delta_ray/verify   what admits an engine: probe, fuzzer, battery, admission. Imports core, runtime, engine.
+  delta_ray/*.py     the tokenizer (TokenizerCore composes core, engine and verify; DeltaTokenizer is
+                     the user's facade) and the package's lazy front door.
+  delta_ray/batch    batch files without Ray (inputs, local tokenization). Imports the tokenizer and below.
+  delta_ray/server   the HTTP service without Ray (handler, ASGI app, one-process server). Same.
   scheduler          Ray-free queue policy: routing, queues, policies, estimates, dispatcher,
                      placement (and the clock, constants and task records they use). Imports only itself.
-An application imports actors only inside a function (Ray stays lazy); nothing below the
-applications imports them. No import cycle among modules; no module imports another module's
-underscore names.
+  actors             the Ray glue (pool, workers, chunk tasks, Serve, Data): everything above, never apps.
+  delta_ray/apps     the applications: the CLI, the drop-in, the bundled tokenizers. Everything; actors
+                     only inside a function (Ray stays lazy).
+No import cycle among modules; no module imports another module's underscore names; an import inside
+a function imports a heavy or optional module (LAZY_MODULES) or says why it is there (``# lazy: ...``).
 
 Outside the package, bench/ (the benchmarks, the demo, the peers, the scale-out lab) may import
 the package; the package never imports bench/. Within bench/ the same two rules hold (no cycle, no
@@ -27,20 +33,30 @@ import subprocess
 import sys
 import warnings
 
+import pytest
+
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 FOLDERS = {"delta_ray": "delta_ray", "actors": "delta_ray.actors", "scheduler": "delta_ray.scheduler"}
 BENCH = {"bench": "bench"}  # not installed: the benchmarks, the demo, the peers, the scale-out lab
 SCHEDULER = {"clock", "constants", "dispatcher", "estimates", "placement", "policies", "queues", "routing", "tasks"}
 # What each part may import (module level and inside functions alike), besides itself.
 ALLOWED = {
-    "core": set(),
-    "verify": {"core"},
-    "top": {"core", "verify", "apps", "actors"},  # __init__ exposes the pool lazily
-    "apps": {"core", "verify", "top", "actors"},
-    "actors": {"core", "verify", "top", "apps", "scheduler"},
+    "runtime": set(),
+    "core": {"runtime"},
+    "engine": {"core", "runtime"},
+    "verify": {"core", "runtime", "engine"},
+    "top": {"core", "runtime", "engine", "verify", "apps", "actors"},  # __init__ exposes the pool lazily
+    "batch": {"core", "runtime", "top"},
+    "server": {"core", "runtime", "top"},
+    "actors": {"core", "runtime", "engine", "verify", "top", "batch", "server", "scheduler"},
+    "apps": {"core", "runtime", "engine", "verify", "top", "batch", "server", "actors"},
     "scheduler": set(),
 }
 LAZY_ONLY = {("apps", "actors"), ("top", "actors"), ("top", "apps")}  # allowed inside functions only
+# Imported inside a function without a comment: Ray, and what only some processes load (transformers, an
+# inference engine, a native tokenizer engine). Any other function-level import says why (LAZY_MARK).
+LAZY_MODULES = {"ray", "transformers", "vllm", "sglang", "fastokens", "gigatoken"}
+LAZY_MARK = "# lazy:"
 # A signal, not a rule: a module this long may hold more than one concept. It is split by concept
 # when it does, never trimmed of its comments to fit a number.
 SOFT_MAX_LINES = 800
@@ -60,7 +76,7 @@ def _part(module: str) -> str:
     rest = module.split(".")[1:]
     if not rest:
         return "top"
-    if rest[0] in ("core", "verify", "apps", "actors", "scheduler"):
+    if rest[0] in ALLOWED:
         return rest[0]
     return "top"
 
@@ -211,6 +227,61 @@ def test_the_private_read_check_catches_one(tmp_path):
         probe.unlink()
 
 
+def _unexplained_local_imports(path: pathlib.Path) -> list[str]:
+    """Imports inside a function that neither import a module of LAZY_MODULES nor say why: ``# lazy:
+    reason`` on the import, or on a comment line just above the run of imports it belongs to."""
+    source = path.read_text(encoding="utf-8")
+    lines = source.splitlines()
+    tree = ast.parse(source)
+    import_lines = {i for n in ast.walk(tree) if isinstance(n, (ast.Import, ast.ImportFrom))
+                    for i in range(n.lineno, n.end_lineno + 1)}
+    local = {}
+    for f in ast.walk(tree):
+        if isinstance(f, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            local.update({id(n): n for n in ast.walk(f) if isinstance(n, (ast.Import, ast.ImportFrom))})
+    out = []
+    for node in sorted(local.values(), key=lambda n: n.lineno):
+        mods = [a.name for a in node.names] if isinstance(node, ast.Import) else [node.module or ""]
+        if not getattr(node, "level", 0) and all(m.split(".")[0] in LAZY_MODULES for m in mods):
+            continue
+        if any(LAZY_MARK in lines[i - 1] for i in range(node.lineno, node.end_lineno + 1)):
+            continue
+        above = node.lineno - 1
+        while above in import_lines:
+            above -= 1
+        if above >= 1 and lines[above - 1].strip().startswith(LAZY_MARK):
+            continue
+        out.append(f"{path.relative_to(ROOT)}:{node.lineno}: {lines[node.lineno - 1].strip()}")
+    return out
+
+
+def test_function_level_imports_say_why():
+    """A module's imports are at its top, where a reader sees what it depends on; one inside a
+    function keeps a heavy or optional module out of the processes that do not need it, and says so."""
+    bad = [line for path in sorted(_modules().values()) for line in _unexplained_local_imports(path)]
+    assert not bad, "imports inside functions without a reason (# lazy: ...):\n" + "\n".join(bad)
+
+
+def test_the_local_import_check_catches_one():
+    probe = ROOT / "delta_ray" / "core" / "_probe_local_import.py"
+    probe.write_text("def f():\n    import json\n    import ray\n    from transformers import x\n"
+                     "    import fcntl  # lazy: Unix only\n\n    # lazy: the Ray glue\n"
+                     "    from delta_ray.actors import pool\n    from delta_ray.actors import data\n\n"
+                     "    from . import plan\n    return json, ray, x, fcntl, pool, data, plan\n", encoding="utf-8")
+    try:
+        assert [x.split(": ", 1)[1] for x in _unexplained_local_imports(probe)] == ["import json", "from . import plan"]
+    finally:
+        probe.unlink()
+
+
+def test_every_package_is_installed():
+    """pyproject's package list names every folder of the package (a new part would not be in the wheel)."""
+    tomllib = pytest.importorskip("tomllib")
+    listed = set(tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))["tool"]["setuptools"]["packages"])
+    found = {name for name, path in _modules().items() if path.name == "__init__.py"}
+    assert found == listed, {"not listed": sorted(found - listed), "listed, not found": sorted(listed - found)}
+
+
 def test_long_modules_are_flagged():
     """A module past SOFT_MAX_LINES gets a warning in the run's summary; nothing fails for length."""
     modules = _modules()
@@ -254,14 +325,26 @@ def test_scheduler_holds_the_queue_policy_only():
     assert held == SCHEDULER, held ^ SCHEDULER
 
 
-def test_the_core_loads_without_the_verifier_or_ray():
-    """In a fresh interpreter: the exact core's modules import neither ray nor the fast tier."""
-    core = sorted(n for n in _modules() if _part(n) == "core" and n != "delta_ray.core")
+# What a part's modules must not load in a fresh interpreter: the parts above it, Ray, the native engines.
+ABOVE = {
+    "runtime": ("delta_ray.core", "delta_ray.engine", "delta_ray.verify", "delta_ray.tokenizer", "delta_ray.batch",
+                "delta_ray.server", "delta_ray.actors", "delta_ray.apps", "ray", "fastokens", "gigatoken"),
+    "core": ("delta_ray.engine", "delta_ray.verify", "delta_ray.tokenizer", "delta_ray.batch", "delta_ray.server",
+             "delta_ray.actors", "delta_ray.apps", "ray", "fastokens", "gigatoken"),
+    "engine": ("delta_ray.verify", "delta_ray.tokenizer", "delta_ray.batch", "delta_ray.server", "delta_ray.actors",
+               "delta_ray.apps", "ray", "fastokens", "gigatoken"),
+}
+
+
+@pytest.mark.parametrize("part", sorted(ABOVE))
+def test_a_part_loads_without_the_parts_above_it_or_ray(part):
+    """In a fresh interpreter: the runtime's, the core's and the engine's modules import neither ray
+    nor a native engine nor anything of the project above them."""
+    mods = sorted(n for n in _modules() if _part(n) == part and n != f"delta_ray.{part}")
     code = ("import importlib, sys\n"
             "sys.modules['delta_ray'] = type(sys)('delta_ray')\n"  # skip the package's front door
             f"sys.modules['delta_ray'].__path__ = [{str(ROOT / 'delta_ray')!r}]\n"
-            f"for m in {core!r}:\n    importlib.import_module(m)\n"
-            "bad = sorted(m for m in sys.modules if m == 'ray' or m.startswith(('ray.', 'delta_ray.verify',"
-            " 'delta_ray.actors', 'delta_ray.apps', 'fastokens', 'gigatoken')))\n"
+            f"for m in {mods!r}:\n    importlib.import_module(m)\n"
+            f"bad = sorted(m for m in sys.modules if any(m == p or m.startswith(p + '.') for p in {ABOVE[part]!r}))\n"
             "assert not bad, bad\n")
     subprocess.run([sys.executable, "-c", code], check=True, cwd=ROOT)

@@ -156,8 +156,8 @@ def test_fast_tier_is_admitted_against_the_installed_reference(references, real_
     the verdict is keyed by its version; the admitted engine's answers equal the reference's."""
     pytest.importorskip("fastokens")
     from delta_ray import DeltaTokenizer
-    from delta_ray.verify.engines import verdict_key
-    from delta_ray.verify.fast_engine import package_version
+    from delta_ray.verify.admit import verdict_key
+    from delta_ray.engine.native import package_version
     from delta_ray.core.reference_version import reference_version
     name = "llama3.2"
     path = bundled_tokenizer_path(name)

@@ -64,8 +64,9 @@ def test_is_small_is_the_utf8_size(text, small_bytes):
 
 
 HOSTS = ["delta_ray/tokenizer.py", "delta_ray/tokenizer_core.py", "actors/orchestrator.py", "actors/pool.py",
-         "actors/worker.py", "actors/tokenize_job.py", "actors/data.py",
-         *sorted(str(p.relative_to(ROOT)) for p in (ROOT / "delta_ray" / "apps").rglob("*.py"))]
+         "actors/worker.py", "actors/data.py",
+         *sorted(str(p.relative_to(ROOT)) for part in ("apps", "server", "batch")
+                 for p in (ROOT / "delta_ray" / part).rglob("*.py"))]
 THRESHOLDS = {"cut_threshold", "min_cut_text", "small_bytes", "pool_from", "LOCAL_MAX_BYTES"}
 ADMISSION = {"admitted", "predicate", "_predicate"}
 

@@ -94,8 +94,8 @@ def test_the_direct_path_keeps_the_guard_and_the_shadow(tokenizer_paths, referen
     """A turn with the guarded fast tier calls the engine directly, but only when the guard allows
     every piece (minimax-m3: fastokens splits " I'\u017f" differently from the reference, so a
     turn that skipped the guard would return wrong IDs), and the shadow verifier still samples it."""
-    from delta_ray.verify.fast_engine import cached_fast_encoder
-    from delta_ray.verify.guard_runtime import GuardedEncoder, GuardSet
+    from delta_ray.engine.native import cached_fast_encoder
+    from delta_ray.engine.guard import GuardedEncoder, GuardSet
     name = "minimax-m3"
     ref = references[name]
     fast = cached_fast_encoder(open(tokenizer_paths[name], "rb").read(), "fastokens")
@@ -238,7 +238,7 @@ def test_shadow_sampling_by_gaps_keeps_the_rate():
     """The shadow verifier draws the gap to its next sample instead of a number per call: each call
     is still sampled with probability ``rate`` (binomial bounds, fixed seed), 0 samples nothing, 1
     samples every call, and setting ``rate`` takes effect at once."""
-    from delta_ray.verify.shadow import ShadowVerifier
+    from delta_ray.engine.shadow import ShadowVerifier
 
     class _Switch:
         reference = None

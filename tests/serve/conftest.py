@@ -32,7 +32,7 @@ class LocalThread:
     """``local_app`` on uvicorn in a daemon thread of this process, until :meth:`stop`."""
 
     def __init__(self, tokenizer: str, **options):
-        from delta_ray.apps.server.local import local_app, local_server
+        from delta_ray.server.local import local_app, local_server
         self.port = free_port()
         self.server = local_server(local_app(tokenizer, **options), "127.0.0.1", self.port)
         self.thread = threading.Thread(target=self.server.run, name="local-server", daemon=True)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 
-from delta_ray.apps.server.asgi import TokenizerASGI
+from delta_ray.server.asgi import TokenizerASGI
 
 
 class _Handler:

@@ -13,7 +13,7 @@ import pytest
 from tokenizers import Tokenizer
 
 from delta_ray.apps.bundled import bundled_tokenizer_config
-from delta_ray.apps.chat_template import ChatTemplate
+from delta_ray.server.chat_template import ChatTemplate
 
 
 def _post(url, body, raw=None, headers=None):

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import pytest
 
-from delta_ray.apps.server.http_api import BadRequest, parse_detokenize, parse_tokenize
+from delta_ray.server.http_api import BadRequest, parse_detokenize, parse_tokenize
 
 
 def test_prompt_and_defaults():
@@ -33,7 +33,7 @@ def test_detokenize_and_sessions():
 
 
 def test_nested_or_malformed_json_is_a_400():
-    from delta_ray.apps.server.http_api import loads_json
+    from delta_ray.server.http_api import loads_json
     for raw in (b"[" * 100_000 + b"]" * 100_000, b'{"prompt": ', b"\xff\xfe", b'{"a": NaN'):
         with pytest.raises(BadRequest) as exc:
             loads_json(raw)
@@ -42,7 +42,7 @@ def test_nested_or_malformed_json_is_a_400():
 
 def test_ids_serialize_from_their_buffer():
     import numpy as np
-    from delta_ray.apps.server.http_api import dumps_json
+    from delta_ray.server.http_api import dumps_json
     out = dumps_json({"count": 3, "tokens": np.array([1, 2, 3], dtype=np.int32)})
     assert out == b'{"count":3,"tokens":[1,2,3]}'
 
@@ -72,7 +72,7 @@ def test_append_takes_a_version_and_its_sessions_flag_by_default():
 
 
 def test_detokenize_size_is_capped_before_validation():
-    from delta_ray.apps.server.http_api import detokenize_size
+    from delta_ray.server.http_api import detokenize_size
     assert detokenize_size({"tokens": [1, 2]}, 2) == 2 and detokenize_size({"tokens": "x"}, 2) == 0
     with pytest.raises(BadRequest) as info:
         detokenize_size({"tokens": [1, 2, 3]}, 2)

@@ -19,7 +19,7 @@ def test_serve_local_refuses_what_needs_ray(flags, capsys):
 
 
 def test_local_app_refuses_a_pool(tokenizer_paths):
-    from delta_ray.apps.server.local import local_app
+    from delta_ray.server.local import local_app
     with pytest.raises(TypeError, match="pool runs on Ray"):
         local_app(tokenizer_paths["qwen-3"], num_workers=2)
     with pytest.raises(ValueError, match="reuse"):  # the same validation as serve_app's

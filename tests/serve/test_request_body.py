@@ -1,4 +1,4 @@
-"""Request bodies parsed in steps that hold the GIL briefly (delta_ray/apps/server/request_body.py), Ray-free: the
+"""Request bodies parsed in steps that hold the GIL briefly (delta_ray/server/request_body.py), Ray-free: the
 item bound is an upper bound of what a parse creates, and the sliced /detokenize parse answers
 exactly as one orjson parse of the whole body does."""
 from __future__ import annotations
@@ -9,8 +9,8 @@ import random
 import orjson
 import pytest
 
-from delta_ray.apps.server import request_body as rb
-from delta_ray.apps.server.http_api import BadRequest
+from delta_ray.server import request_body as rb
+from delta_ray.server.http_api import BadRequest
 
 
 def _items(value) -> int:

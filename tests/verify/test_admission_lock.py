@@ -13,9 +13,10 @@ import time
 
 import pytest
 
-from delta_ray.verify import engines
-from delta_ray.verify.engines import EngineSwitch, select_engine
-from delta_ray.verify.fast_engine import FastEngineUnavailable
+from delta_ray.engine.switch import EngineSwitch
+from delta_ray.verify import admit
+from delta_ray.verify.admit import select_engine
+from delta_ray.engine.native import FastEngineUnavailable
 from delta_ray.core.reference_api import tokenizer_from_str
 
 HOLD_RAW = """
@@ -28,7 +29,7 @@ time.sleep(600)
 
 HOLD_RECORDED = """
 import sys, time
-from delta_ray.core.cache_lock import bounded_lock
+from delta_ray.runtime.cache_lock import bounded_lock
 with bounded_lock(sys.argv[1]) as lock:
     assert lock.held
     print("held", flush=True)
@@ -63,8 +64,8 @@ def _admit_in_background(switch_and_data, monkeypatch) -> tuple[EngineSwitch, th
         ran.append(time.monotonic())
         raise FastEngineUnavailable("stand-in admission for the lock test")
 
-    monkeypatch.setattr(engines, "admit_fast", fake_admit)
-    monkeypatch.setattr(engines, "cached_admission_exists", lambda *a, **k: False)
+    monkeypatch.setattr(admit, "admit_fast", fake_admit)
+    monkeypatch.setattr(admit, "cached_admission_exists", lambda *a, **k: False)
     monkeypatch.setenv("DELTA_RAY_FAST_BACKGROUND", "1")
     done = threading.Event()
     digest = "ab" * 32
@@ -98,7 +99,7 @@ def test_a_hung_holder_is_waited_for_with_a_bound_and_the_reason_is_shown(switch
 
 def test_a_stopped_holder_is_detected_and_named(switch, tmp_path, monkeypatch):
     monkeypatch.setenv("DELTA_RAY_ADMISSION_LOCK_TIMEOUT_S", "600")  # only the detection can end the wait
-    from delta_ray.core import cache_lock
+    from delta_ray.runtime import cache_lock
     sw0, _ = switch
     name = os.path.basename(_lock_path(tmp_path, sw0))
     holder = _holder(HOLD_RECORDED, name)

@@ -52,9 +52,9 @@ def test_core_battery_with_the_fast_engine(name, fast_deltas, references, real_t
 def test_guard_confines_a_disagreeing_engine_to_its_chunk(tokenizer_paths, references, real_texts):
     """gigatoken disagrees with the reference on some recent code points: with its guard, only the
     chunk holding one goes to the reference and the IDs stay exact; without it they would not."""
-    from delta_ray.verify.fast_engine import cached_fast_encoder
+    from delta_ray.engine.native import cached_fast_encoder
     from delta_ray.verify.guard_probe import guard_set_for
-    from delta_ray.verify.guard_runtime import GuardedEncoder
+    from delta_ray.engine.guard import GuardedEncoder
 
     name = "qwen-3"
     ref = references[name]
@@ -116,7 +116,8 @@ def test_engine_argument(tokenizer_paths):
 def test_a_caught_mismatch_leaves_nothing_wrong_behind(tokenizer_paths, references, tmp_path, monkeypatch):
     """After the shadow verifier catches the engine, the sessions and content entries it produced are
     gone, the next turns of those sessions are exact, and the rejection is persisted."""
-    from delta_ray.verify.engines import load_verdict, save_verdict, verdict_key
+    from delta_ray.engine.verdicts import load_verdict, save_verdict
+    from delta_ray.verify.admit import verdict_key
     monkeypatch.setenv("DELTA_RAY_CACHE", str(tmp_path / "cache"))
     name = "glm-4"
     ref = references[name]
@@ -164,10 +165,11 @@ def test_in_process_shadow_is_on_by_default(tokenizer_paths):
 def test_a_rejection_elsewhere_disables_the_fast_tier_here(tokenizer_paths, references, tmp_path, monkeypatch):
     """Another process (a pool worker) persisting a rejection makes this one purge and switch too."""
     import time as _time
-    from delta_ray.verify import engines
-    from delta_ray.verify.engines import reject_verdict, save_verdict, verdict_key
+    from delta_ray.engine import verdicts
+    from delta_ray.engine.verdicts import reject_verdict, save_verdict
+    from delta_ray.verify.admit import verdict_key
     monkeypatch.setenv("DELTA_RAY_CACHE", str(tmp_path / "cache"))
-    monkeypatch.setattr(engines, "VERDICT_POLL_S", 0.05)
+    monkeypatch.setattr(verdicts, "VERDICT_POLL_S", 0.05)
     name = "glm-4"
     ref = references[name]
     enc = _WrongEncoder(ref)
@@ -189,7 +191,7 @@ def test_no_turn_reuses_a_disabled_engine_state_before_its_purge_has_run(tokeniz
     """The switch to the reference is immediate; the purge listener runs after the rejection is
     persisted. Turns that come in between (here: while the rejection is being written) must not
     replay or extend the disabled engine's IDs."""
-    from delta_ray.verify import engines
+    from delta_ray.engine import switch
     monkeypatch.setenv("DELTA_RAY_CACHE", str(tmp_path / "cache"))
     ref = references["glm-4"]
     dt = DeltaTokenizer(tokenizer_paths["glm-4"], encoder=_WrongEncoder(ref), shadow_rate=0.0, reuse="content")
@@ -197,7 +199,7 @@ def test_no_turn_reuses_a_disabled_engine_state_before_its_purge_has_run(tokeniz
     assert dt.encode(text, session="a").to_pylist() != ref.encode(text).ids  # wrong, unchecked
     dt.encode(text * 3)  # a content entry too
     seen = {}
-    real_reject = engines.reject_verdict
+    real_reject = switch.reject_verdict
 
     def reject_meanwhile(key, reason):
         # back_to_reference has switched the engine; its listeners (the purge) have not run
@@ -206,7 +208,7 @@ def test_no_turn_reuses_a_disabled_engine_state_before_its_purge_has_run(tokeniz
         seen["content"] = dt.encode(text * 3).to_pylist()
         real_reject(key, reason)
 
-    monkeypatch.setattr(engines, "reject_verdict", reject_meanwhile)
+    monkeypatch.setattr(switch, "reject_verdict", reject_meanwhile)
     dt.core.engine_switch.back_to_reference("caught in a test")
     assert seen["replay"] == ref.encode(text).ids
     assert seen["extend"] == ref.encode(text + " and more").ids
@@ -217,8 +219,8 @@ def test_no_turn_reuses_a_disabled_engine_state_before_its_purge_has_run(tokeniz
 def test_a_guarded_code_point_sends_only_a_window_to_the_reference(tokenizer_paths, references, real_texts):
     """One guarded character in a long text: the reference encodes a few thousand characters
     around it, not its whole chunk, and the IDs are exact."""
-    from delta_ray.verify.fast_engine import cached_fast_encoder
-    from delta_ray.verify.guard_runtime import GuardedEncoder, GuardSet
+    from delta_ray.engine.native import cached_fast_encoder
+    from delta_ray.engine.guard import GuardedEncoder, GuardSet
     name = "minimax-m3"
     ref = references[name]
 

@@ -12,7 +12,7 @@ import pytest
 
 from delta_ray.apps.bundled import TEST_TOKENIZERS, BundledTokenizerError, bundled_tokenizer_path
 from delta_ray.core.encoder import Encoder
-from delta_ray.verify.fast_engine import (
+from delta_ray.engine.native import (
     DEFAULT_BACKEND,
     FAST_BACKENDS,
     FastEncoder,
@@ -70,7 +70,7 @@ def test_fast_encoder_equals_reference_on_adversarial_battery(name, backend, tok
     if backend == "gigatoken":
         # gigatoken's Unicode tables are not the reference's: judge it where its guard lets it work
         from delta_ray.verify.guard_battery import ALPHABETS as _ALPHABETS
-        from delta_ray.verify.guard_runtime import GuardSet
+        from delta_ray.engine.guard import GuardSet
         recent = {ord(ch) for s in _ALPHABETS["recent"] for ch in s}
         ok, reason = verify_fast_engine(ref, fast, guard=GuardSet(frozenset(recent)))
     else:
@@ -155,10 +155,10 @@ def test_battery_catches_a_wrong_engine(tokenizer_paths, references):
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="counts threads in /proc")
 @pytest.mark.skipif(importlib.util.find_spec("fastokens") is None, reason="fastokens is not installed")
 def test_fastokens_runs_on_the_calling_thread(tokenizer_paths):
-    """With FASTOKENS_BPE_THREADS unset, importing fast_engine pins fastokens' pool to one thread."""
+    """With FASTOKENS_BPE_THREADS unset, importing engine.native pins fastokens' pool to one thread."""
     code = textwrap.dedent(f"""
         import os
-        from delta_ray.verify.fast_engine import FastEncoder
+        from delta_ray.engine.native import FastEncoder
         assert os.environ["FASTOKENS_BPE_THREADS"] == "1"
         fast = FastEncoder({tokenizer_paths["qwen-3"]!r}, "fastokens")
         before = len(os.listdir("/proc/self/task"))

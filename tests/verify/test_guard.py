@@ -11,10 +11,10 @@ import pytest
 
 from delta_ray.apps.bundled import TEST_TOKENIZERS, BundledTokenizerError, bundled_tokenizer_json, bundled_tokenizer_path
 from delta_ray.core.encoder import Encoder, ReferenceEncoder
-from delta_ray.verify.fast_engine import cached_fast_encoder
+from delta_ray.engine.native import cached_fast_encoder
 from delta_ray.verify.guard_battery import verify_fast_engine
 from delta_ray.verify.guard_probe import CONTEXTS, _pick_separator, check_probe_isolation, guard_set_for, probe_disagreements
-from delta_ray.verify.guard_runtime import GuardedEncoder, GuardSet
+from delta_ray.engine.guard import GuardedEncoder, GuardSet
 
 tokenizers = pytest.importorskip("tokenizers")
 HAS_GIGATOKEN = importlib.util.find_spec("gigatoken") is not None

@@ -96,7 +96,7 @@ def test_control_derived_contexts_catch_a_contraction_fold_bug(references, confi
 def test_fastokens_long_s_contraction_is_guarded(references, configs, tokenizer_paths):
     """fastokens 0.3.5 does not fold U+017F into o200k's contraction group; the reference does.
     Minimal reproduction: " I'\u017f" (reference [" I'", "\u017f"], fastokens [" I", "'", "\u017f"])."""
-    from delta_ray.verify.fast_engine import cached_fast_encoder
+    from delta_ray.engine.native import cached_fast_encoder
     name = "minimax-m3"
     ref, cfg = references[name], configs[name]
     fast = cached_fast_encoder(open(tokenizer_paths[name], "rb").read(), "fastokens")

@@ -37,6 +37,7 @@ import sys
 import threading
 from typing import Any
 
+from .render import install, memo_render, uninstall
 from .scope import current_scope
 from .snapshot import RENDER_DEFAULT, RENDER_KEY, SESSIONS_KEY, LazyEncoding, Snapshot
 
@@ -275,8 +276,6 @@ def _make_encode_plus(original):
 def _make_apply_chat_template(original):
     """Wrap ``apply_chat_template``: a wrapped tokenizer's template renders through the memoized
     sandbox (:mod:`delta_ray.apps.dropin.render`; same text, same refusals)."""
-    from .render import memo_render
-
     def apply_chat_template(self, *args, **kwargs):
         state = self.__dict__.get(STATE_ATTR)
         if state is None or not state.options.get(RENDER_KEY, RENDER_DEFAULT):
@@ -349,7 +348,6 @@ def install_hooks() -> bool:
         cls._add_tokens = _make_invalidating(_originals["_add_tokens"])
         cls.update_post_processor = _make_invalidating(_originals["update_post_processor"])
         cls.backend_tokenizer = _make_backend_property(_originals["backend_tokenizer"])
-        from .render import install
         if install():
             # inherited from PreTrainedTokenizerBase: removing ours restores it (None: delete)
             _originals["apply_chat_template"] = cls.__dict__.get("apply_chat_template")
@@ -369,7 +367,6 @@ def remove_hooks() -> None:
             else:
                 setattr(cls, name, fn)
         _originals.clear()
-        from .render import uninstall
         uninstall()
 
 

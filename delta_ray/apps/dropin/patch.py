@@ -45,6 +45,7 @@ import threading
 from typing import Any
 
 from ...core.config import tokenizer_config
+from ...engine.native import allow_native_threads
 from .hf import STATE_ATTR, DropinState, hooks_installed, install_hooks, remove_hooks, state_of
 from .snapshot import CHECK_KEY, CONTENT_KEY, NATIVE_KEY, RENDER_DEFAULT, RENDER_KEY, SESSIONS_KEY
 
@@ -61,12 +62,11 @@ _scoped = threading.local()  # loading_wrapped(): wrap loads on this thread only
 
 def _native(native_threads: bool | None) -> bool:
     """Whether the fast engine may spread one text over its own native threads in this process
-    (decided once per process: see :func:`delta_ray.verify.fast_engine.allow_native_threads`)."""
+    (decided once per process: see :func:`delta_ray.engine.native.allow_native_threads`)."""
     if native_threads is not None and not isinstance(native_threads, bool):
         raise TypeError(f"native_threads must be a bool or None, not {type(native_threads).__name__}")
     if native_threads is False:
         return False
-    from ...verify.fast_engine import allow_native_threads
     # None: yes, unless this is a Ray worker (a task or actor holds the CPUs Ray gave it); True: yes
     return allow_native_threads(in_worker=native_threads is True)
 

@@ -32,6 +32,12 @@ import types
 from collections import OrderedDict
 from typing import Any, Callable
 
+import jinja2
+from jinja2 import nodes
+from jinja2.runtime import LoopContext
+from jinja2.sandbox import ImmutableSandboxedEnvironment
+from jinja2.utils import Namespace
+
 _BUILTINS = frozenset({str, dict, list, tuple, int, float, bool, type(None)})
 _METHODS = (types.MethodType, types.BuiltinMethodType)
 _WRAPPED_BY_SANDBOX = ("format", "format_map")  # str.format / format_map: wrapped per object
@@ -52,7 +58,6 @@ _original_compile: Callable[[str], Any] | None = None
 
 def supported() -> bool:
     """Whether this jinja2 is the one the memo's argument was checked against (3.1.x)."""
-    import jinja2
     return jinja2.__version__.split(".")[:2] == ["3", "1"]
 
 
@@ -60,8 +65,6 @@ class MemoGetattr:
     """A sandbox's ``getattr`` that remembers the decisions that depend only on (type, name)."""
 
     def __init__(self, env, holders: tuple[type, ...] = (), names: frozenset[str] = frozenset()):
-        from jinja2.runtime import LoopContext
-        from jinja2.utils import Namespace
         self.env = env
         self.names = names  # the template's own attribute names: the only ones remembered
         self.sandbox_getattr = env.getattr  # the class's own method, bound before we shadow it
@@ -124,8 +127,6 @@ def memoize(template, source: str):
     """Give ``template``'s own environment a :class:`MemoGetattr` remembering the attribute names
     ``source`` (the template's text) writes; returns the template. A template whose environment is
     not exactly jinja's ``ImmutableSandboxedEnvironment`` is left as it is."""
-    from jinja2 import nodes
-    from jinja2.sandbox import ImmutableSandboxedEnvironment
     env = template.environment
     if type(env) is ImmutableSandboxedEnvironment and "getattr" not in env.__dict__:
         namespace = env.globals.get("namespace")

@@ -22,6 +22,8 @@ from __future__ import annotations
 
 import os
 
+from .patch import loading_wrapped
+
 MODE = "delta_ray"
 RENDERER = ("delta_ray.apps.dropin.vllm_renderer", "DeltaRayRenderer")  # binds each request's identity
 __all__ = ["MODE", "DeltaRayTokenizer", "env_options", "register"]
@@ -66,8 +68,6 @@ class DeltaRayTokenizer:
     @classmethod
     def from_pretrained(cls, path_or_repo_id, *args, **kwargs):
         from vllm.tokenizers.hf import CachedHfTokenizer
-
-        from .patch import loading_wrapped
 
         kwargs.pop("mistral_format", None)  # set by vLLM for its "hf" mode only
         with loading_wrapped(**_options()):

@@ -18,7 +18,7 @@ from typing import Iterable, Sequence
 import numpy as np
 
 from ..core.assembly import flat_from_pieces
-from .fast_engine import FastEncoder
+from .native import FastEncoder
 
 
 def _ranges(cps: Iterable[int]) -> list[tuple[int, int]]:

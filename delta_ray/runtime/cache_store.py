@@ -2,8 +2,8 @@
 
 Everything cached (per-code-point tables derived from the reference, guard sets, admission
 verdicts, the probe's reference digests) goes under :func:`cache_root`, written by
-:func:`atomic_write` alone. Tables (:func:`cached_table`) are keyed by their name, a format version
-and the reference's version, so an upgrade of ``tokenizers`` re-derives every table. A cached *decision* (a guard set, a verdict) decides which engine
+:func:`atomic_write` alone. Tables (:func:`delta_ray.core.table_cache.cached_table`) are keyed by their
+name, a format version and the reference's version, so an upgrade of ``tokenizers`` re-derives every table. A cached *decision* (a guard set, a verdict) decides which engine
 encodes a user's text, so it is never trusted blindly:
 
 * the directory must be a real directory owned by this user and writable by nobody else (created
@@ -174,32 +174,3 @@ def load_record(kind: str, key: dict, *, sub: str = "guard",
         log.warning("discarding an invalid %s record in %s", kind, cache_root() / sub)
         return None
     return body["payload"]
-
-
-def cached_table(name: str, version: int, derive: Callable[[], Any], shape: tuple, dtype) -> Any:
-    """A per-code-point numpy table derived from the installed reference: the cached copy (right
-    shape and dtype), or ``derive()`` stored atomically and returned."""
-    import io
-
-    import numpy as np
-
-    from .reference_version import reference_version
-    name = f"{name}-v{version}-tokenizers-{reference_version()}.npy"
-    with private_dir_fd() as dfd:
-        raw = read_file(name, dir_fd=dfd) if dfd is not None else None
-    if raw is not None:
-        try:
-            table = np.load(io.BytesIO(raw), allow_pickle=False)
-            if table.shape == shape and table.dtype == np.dtype(dtype):
-                return table
-        except Exception:  # noqa: BLE001 - a damaged file is derived again
-            pass
-    table = derive()
-    buf = io.BytesIO()
-    np.save(buf, table, allow_pickle=False)
-    with private_dir_fd() as dfd:
-        if dfd is not None:
-            atomic_write(name, buf.getvalue(), dir_fd=dfd)
-    return table
-
-

@@ -11,8 +11,8 @@ import os
 import sys
 import time
 
-from ..bundled import BUNDLED, bundled_tokenizer_config, bundled_tokenizer_path
-from .serve_config import DEFAULT_MAX_BODY_BYTES
+from .bundled import BUNDLED, bundled_tokenizer_config, bundled_tokenizer_path
+from ..server.serve_config import DEFAULT_MAX_BODY_BYTES
 
 # Options only Ray Serve has: refused with --local, which runs one process
 RAY_ONLY = {"workers": None, "replicas": 1, "autoscale": None, "direct_ingress": False}
@@ -65,7 +65,7 @@ def _run_local(args: argparse.Namespace, tok: str, common: dict) -> int:
     if ray_only:
         print(f"delta-ray serve --local: {', '.join(ray_only)} need Ray Serve (run without --local)", file=sys.stderr)
         return 2
-    from .local import run_local  # uvicorn and the tokenizer load only for this path
+    from ..server.local import run_local  # lazy: uvicorn, for --local only
     print(f"delta-ray serving {args.tokenizer} on http://{args.host}:{args.port} from this process, without Ray "
           "(Ctrl-C to stop)", flush=True)
     run_local(tok, args.host, args.port, **common)
@@ -77,6 +77,7 @@ def _run_serve(args: argparse.Namespace, tok: str, common: dict) -> int:
     import ray  # the Ray path only: --local never imports it
     from ray import serve
 
+    # lazy: the Ray glue, for the Ray path only
     from delta_ray.actors.local_ray import local_init_kwargs
     from delta_ray.actors.serve import replica_endpoints, serve_app
 

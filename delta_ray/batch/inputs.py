@@ -2,7 +2,7 @@
 
 Parquet row groups (a large one streamed in batches of about ``batch_bytes``); text and JSONL,
 compressed or not, streamed in pieces of about ``batch_bytes`` of input cut after a newline, never
-held whole (one line is capped at ``max_record_bytes``, so a newline-free input is refused, not held). :mod:`delta_ray.apps.batch_files` runs the units; :func:`byte_slices` also bounds what a
+held whole (one line is capped at ``max_record_bytes``, so a newline-free input is refused, not held). :mod:`delta_ray.batch.files` runs the units; :func:`byte_slices` also bounds what a
 Ray Data actor encodes at once.
 """
 from __future__ import annotations
@@ -12,6 +12,7 @@ from typing import Callable, Iterator
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.json as pj
 import pyarrow.parquet as pq
 
 from delta_ray.core import constants as C
@@ -132,7 +133,6 @@ def lines_table(chunk: bytes, column: str) -> pa.Table:
 def json_table(chunk: bytes) -> pa.Table:
     """The JSON lines of a piece; its block size holds the piece whole (pyarrow's default, 1 MiB,
     refuses a record longer than that: "straddles two block boundaries")."""
-    import pyarrow.json as pj
     return pj.read_json(pa.BufferReader(chunk), read_options=pj.ReadOptions(block_size=len(chunk) + 1))
 
 

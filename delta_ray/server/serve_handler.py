@@ -29,7 +29,7 @@ from typing import Any, AsyncIterable, Callable
 
 import numpy as np
 
-from delta_ray.apps.chat_template import ChatTemplateError
+from delta_ray.server.chat_template import ChatTemplateError
 from delta_ray.core.assembly import ids_to_numpy
 from delta_ray.core.hosts import SessionHost
 from delta_ray.core.keys import ContentDigest, content_key, session_key

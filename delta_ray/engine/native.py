@@ -47,7 +47,7 @@ process.
 
 An engine is only as exact as its checks: :mod:`delta_ray.verify.guard_probe` derives, per tokenizer and per
 installed versions, the code points on which the engine may disagree with the reference, and runs a
-verification battery before the engine is admitted. Use :func:`delta_ray.verify.engines.admit_fast`
+verification battery before the engine is admitted. Use :func:`delta_ray.verify.admit.admit_fast`
 or ``GuardSet.allows`` before trusting a :class:`FastEncoder` with a text.
 """
 from __future__ import annotations
@@ -60,14 +60,19 @@ import json
 import os
 import sys
 import threading
+import unicodedata
 from pathlib import Path
 from typing import Sequence, Union
 
 import numpy as np
+
 from ..core.assembly import flat_from_pieces
+from ..core.charclass import candidate_source
 from ..core.errors import DeltaRayError
-from ..core import exit_guard
-from ..core.exit_guard import checkpoint
+from ..core.reference_api import FULL_API
+from ..core.reference_version import reference_version
+from ..runtime import exit_guard
+from ..runtime.exit_guard import checkpoint
 
 _LITTLE = sys.byteorder == "little"
 _I32, _I64 = np.dtype(np.int32), np.dtype(np.int64)
@@ -119,16 +124,11 @@ def engine_key(tokenizer_json_bytes: bytes, backend: str | None, backend_version
 
     Computable from package metadata alone: loading an engine costs seconds, a cache lookup should not.
     """
-    import unicodedata
-
-    from ..core.reference_api import FULL_API
-    from ..core.reference_version import reference_version
     key = {"tokenizer_sha256": hashlib.sha256(tokenizer_json_bytes).hexdigest(),
            "tokenizers": reference_version(),
            "backend": backend, "backend_version": backend_version,
            "python_unicodedata": unicodedata.unidata_version}
     if not FULL_API:  # 1.x: the fold set and class checks start from the regex package's tables
-        from ..core.charclass import candidate_source
         key["reference_tables"] = candidate_source()
     return key
 
@@ -306,8 +306,8 @@ class FastEncoder:
 
     ``encode_pieces`` returns one int32 array per text, meant to equal the reference's IDs with
     ``add_special_tokens=False``. Exactness is *checked*, not assumed: gate texts with
-    :class:`delta_ray.verify.guard_runtime.GuardSet` and admit the engine with
-    :func:`delta_ray.verify.engines.admit_fast`.
+    :class:`delta_ray.engine.guard.GuardSet` and admit the engine with
+    :func:`delta_ray.verify.admit.admit_fast`.
 
     ``backend="auto"`` takes the first loadable engine among :data:`FAST_BACKENDS` (fastokens, then
     gigatoken). A missing package or a tokenizer.json the engine refuses raises

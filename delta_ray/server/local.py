@@ -22,7 +22,7 @@ from typing import Any
 
 import uvicorn
 
-from delta_ray.core.heap import freeze_heap
+from delta_ray.runtime.heap import freeze_heap
 from delta_ray.core.loading import TokenizerLike
 
 from .asgi import TokenizerASGI

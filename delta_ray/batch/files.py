@@ -46,7 +46,7 @@ import pyarrow.parquet as pq
 from ..core.text_columns import BatchSpec, encode_table
 from ..tokenizer import DeltaTokenizer
 from ..tokenizer_core import TokenizerCore
-from .batch_inputs import check_distinct, conform, input_kind, json_table, line_chunks, stream_tables, units
+from .inputs import check_distinct, conform, input_kind, json_table, line_chunks, stream_tables, units
 
 MANIFEST_FORMAT = 2  # 2: the output's size and SHA-256 (a manifest without them is redone)
 TMP_MARK = ".delta-ray-tmp"

@@ -11,6 +11,10 @@ from datetime import datetime
 from functools import lru_cache
 from pathlib import Path
 from typing import Any
+
+from jinja2.exceptions import TemplateError
+from jinja2.sandbox import ImmutableSandboxedEnvironment
+
 from ..core.errors import DeltaRayError
 
 
@@ -26,9 +30,6 @@ def _token_text(value: Any) -> str | None:
 
 @lru_cache(maxsize=16)
 def _compile(source: str):
-    from jinja2.exceptions import TemplateError
-    from jinja2.sandbox import ImmutableSandboxedEnvironment
-
     def raise_exception(message):
         raise TemplateError(message)
 
@@ -74,7 +75,6 @@ class ChatTemplate:
     def render(self, messages: list[dict], *, add_generation_prompt: bool = False, tools: list | None = None,
                **kwargs: Any) -> str:
         """The rendered conversation; ChatTemplateError with the template's message on refusal."""
-        from jinja2.exceptions import TemplateError
         if not isinstance(messages, list) or not all(isinstance(m, dict) for m in messages):
             raise ChatTemplateError("messages must be a list of objects")
         try:

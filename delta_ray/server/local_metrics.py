@@ -18,7 +18,7 @@ COUNTERS = {
 
 
 class Counters:
-    """What :class:`~delta_ray.apps.server.serve_handler.RequestHandler` records, counted here."""
+    """What :class:`~delta_ray.server.serve_handler.RequestHandler` records, counted here."""
 
     def __init__(self):
         self._lock = threading.Lock()  # the handler records from its loop and from worker threads

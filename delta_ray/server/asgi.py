@@ -4,7 +4,7 @@ The one-process server (``local.py``) runs it on uvicorn; a Ray Serve replica (`
 builds the same app over its own handler (``__serve_build_asgi_app__``), whether Serve's proxy or
 the replica's own server (direct ingress) receives the request. So routing, the body's stream
 under its limit, status codes and the JSON answers are one implementation; what a request means
-is :class:`~delta_ray.apps.server.serve_handler.RequestHandler`'s.
+is :class:`~delta_ray.server.serve_handler.RequestHandler`'s.
 
 A plain ASGI callable rather than a framework's router: a request costs a dict lookup and two
 ``send`` calls here, and the handler already does what a framework would add (validation, errors

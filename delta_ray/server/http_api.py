@@ -5,8 +5,14 @@ body and returns a normalized request or raises :class:`BadRequest` with the HTT
 """
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from typing import Any
+
+try:
+    import orjson
+except ImportError:  # pragma: no cover - orjson is a dependency; the stdlib as a fallback
+    orjson = None
 
 from delta_ray.core.errors import DeltaRayError
 
@@ -145,8 +151,7 @@ def parse_detokenize(body: Any, served: set[str], vocab_size: int) -> list[int]:
 
 def loads_json(raw: bytes) -> Any:
     """Parse a request body; malformed or too deeply nested JSON is a :class:`BadRequest` (400)."""
-    try:
-        import orjson
+    if orjson is not None:
         try:
             return orjson.loads(raw)
         except orjson.JSONDecodeError as exc:
@@ -154,24 +159,19 @@ def loads_json(raw: bytes) -> Any:
             if "recursion" in msg.lower():
                 raise BadRequest("malformed JSON: nested too deeply") from None
             raise BadRequest(f"malformed JSON: {msg[:200]}") from None
-    except ImportError:  # pragma: no cover - orjson is a dependency; the stdlib as a fallback
-        import json
-        try:
-            return json.loads(raw)
-        except RecursionError:
-            raise BadRequest("malformed JSON: nested too deeply") from None
-        except (ValueError, UnicodeDecodeError) as exc:
-            raise BadRequest(f"malformed JSON: {str(exc)[:200]}") from None
+    try:  # pragma: no cover - without orjson
+        return json.loads(raw)
+    except RecursionError:
+        raise BadRequest("malformed JSON: nested too deeply") from None
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise BadRequest(f"malformed JSON: {str(exc)[:200]}") from None
 
 
 def dumps_json(obj: dict) -> bytes:
     """A response body; numpy int32 IDs are written straight from their buffer (orjson)."""
-    try:
-        import orjson
+    if orjson is not None:
         return orjson.dumps(obj, option=orjson.OPT_SERIALIZE_NUMPY)
-    except ImportError:  # pragma: no cover
-        import json
-        tokens = obj.get("tokens")
-        if tokens is not None and hasattr(tokens, "tolist"):
-            obj = {**obj, "tokens": tokens.tolist()}
-        return json.dumps(obj).encode()
+    tokens = obj.get("tokens")  # pragma: no cover - without orjson
+    if tokens is not None and hasattr(tokens, "tolist"):
+        obj = {**obj, "tokens": tokens.tolist()}
+    return json.dumps(obj).encode()

@@ -4,14 +4,14 @@
                        [--threads N] [--verify N] [--no-special-tokens] [--drop-text] [--ray-data]
                        [--max-record-bytes N]
 
-By default the job runs on this machine at its limit, without Ray (:mod:`delta_ray.apps.batch_files`):
+By default the job runs on this machine at its limit, without Ray (:mod:`delta_ray.batch.files`):
 one Parquet file per input, read in parallel and encoded on every core from the engine's flat
 buffers, each written atomically; a rerun skips the inputs already done, so a killed run rerun
 gives exactly the output of an uninterrupted one. It shows a progress bar with tokens/s, ends with
 a summary, and ``--verify N`` checks N random rows against the reference. ``--ray-data`` runs the
 same encode on Ray Data instead (for a cluster; one directory of part files): tasks fused with the
 reads and writes by default (one read task per file where Ray Data would split the files:
-:func:`.data_reads.per_file_read`), an actor pool with ``--concurrency``. Both
+:func:`delta_ray.actors.data_reads.per_file_read`), an actor pool with ``--concurrency``. Both
 paths take one :class:`~delta_ray.core.text_columns.BatchSpec` built from the options (:func:`spec_of`):
 the columns, ``--no-special-tokens``, ``--drop-text``, ``--batch-bytes``, ``--engine`` and
 ``--threads`` mean the same on both; ``--concurrency``, ``--num-cpus`` and ``--batch-size`` size the
@@ -36,13 +36,17 @@ from __future__ import annotations
 
 import argparse
 import os
+import random
 import sys
 import time
 from pathlib import Path
 
+from delta_ray.batch import files as batch_files
+from delta_ray.batch.inputs import COMPRESSED, DuplicateInput, check_distinct, input_kind
 from delta_ray.core import constants as C
-
-from .data_reads import per_file_read
+from delta_ray.core.loading import load_tokenizer
+from delta_ray.core.text_columns import BatchSpec
+from delta_ray.tokenizer_core import TokenizerCore
 
 
 class UsageError(Exception):
@@ -94,8 +98,6 @@ LOCAL_ONLY = ("max_record_bytes",)
 
 def spec_of(args: argparse.Namespace):
     """The one batch specification both paths run with, from the command line."""
-    from delta_ray.core.text_columns import BatchSpec
-
     fields = dict(text_column=args.text_column, output_column=args.output_column,
                   count_column=args.count_column or None, add_special_tokens=not args.no_special_tokens,
                   drop_text=args.drop_text, engine=args.engine, threads=args.threads)
@@ -111,9 +113,6 @@ def spec_of(args: argparse.Namespace):
 def _check_inputs(paths: list[str]) -> dict[str, list[str]]:
     """The inputs grouped by kind, or a UsageError: a missing file, a directory, an unknown type,
     one file listed twice (by two spellings or a link: its documents would be written twice)."""
-    # pyarrow comes with batch_inputs: imported here, as the command runs, not when the CLI parses.
-    from delta_ray.apps.batch_inputs import COMPRESSED, DuplicateInput, check_distinct, input_kind
-
     groups: dict[str, list[str]] = {}
     for p in paths:
         if not os.path.exists(p):
@@ -137,16 +136,17 @@ def _check_output(out: str, ray_data: bool) -> None:
         if not ray_data:
             raise UsageError(f"{out}: a URI output needs --ray-data")
         return
-    from delta_ray.apps.batch_files import is_previous_output
     p = Path(out)
     if p.exists() and not p.is_dir():
         raise UsageError(f"{out}: output must be a new or empty directory")
-    if p.exists() and any(p.iterdir()) and (ray_data or not is_previous_output(out)):
+    if p.exists() and any(p.iterdir()) and (ray_data or not batch_files.is_previous_output(out)):
         raise UsageError(f"{out}: output must be a new or empty directory (or an earlier run's, to resume)")
 
 
 def _read(groups: dict[str, list[str]], text_column: str):
     import ray.data
+
+    from delta_ray.actors.data_reads import per_file_read  # lazy: the Ray glue, for --ray-data only
 
     readers = {"text": ray.data.read_text, "json": ray.data.read_json, "parquet": ray.data.read_parquet}
     parts = []
@@ -160,16 +160,13 @@ def _read(groups: dict[str, list[str]], text_column: str):
 
 def _run_local(args: argparse.Namespace, loaded, spec) -> int:
     """This machine at its limit: threads over every core, atomic per-input outputs, resumable."""
-    from delta_ray.apps.batch_files import OutputLocked, tokenize_files, verify_outputs
-    from delta_ray.tokenizer_core import TokenizerCore
-
     opts = spec
     inputs = [os.path.abspath(p) for p in args.inputs]
     dt = TokenizerCore(loaded, engine=spec.engine, reuse="none")
     bar = _progress()
     try:
-        summary = tokenize_files(inputs, args.output, dt, spec, progress=bar)
-    except (ValueError, TypeError, OSError, OutputLocked) as exc:
+        summary = batch_files.tokenize_files(inputs, args.output, dt, spec, progress=bar)
+    except (ValueError, TypeError, OSError, batch_files.OutputLocked) as exc:
         print(f"\ndelta-ray tokenize: failed: {exc}", file=sys.stderr)
         return 1
     finally:
@@ -178,7 +175,7 @@ def _run_local(args: argparse.Namespace, loaded, spec) -> int:
           f"{summary.tokens_per_s:,.0f} tokens/s ({summary.inputs - summary.skipped} of {summary.inputs} inputs; "
           f"{summary.skipped} already done) -> {args.output}   [{dt.admission.engine}]")
     if args.verify:
-        checked, bad = verify_outputs(inputs, args.output, loaded.tokenizer, opts, args.verify)
+        checked, bad = batch_files.verify_outputs(inputs, args.output, loaded.tokenizer, opts, args.verify)
         if bad:
             print(f"verify: {len(bad)} of {checked} rows differ from the reference: {bad[:5]}", file=sys.stderr)
             return 1
@@ -194,7 +191,7 @@ class _progress:
         self._t0 = time.perf_counter()
         if sys.stderr.isatty():
             try:
-                from tqdm import tqdm
+                from tqdm import tqdm  # lazy: optional; without it, no bar
                 self._bar = tqdm(total=0, unit="B", unit_scale=True, desc="tokenize", file=sys.stderr)
             except ImportError:
                 pass
@@ -214,6 +211,7 @@ class _progress:
 
 
 def _written_totals(out: str, count_column: str | None, output_column: str) -> tuple[int, int]:
+    # lazy: pyarrow.dataset is heavy at import, and only the summary and --verify read outputs back
     import pyarrow.compute as pc
     import pyarrow.dataset as pds
 
@@ -229,9 +227,7 @@ def _written_totals(out: str, count_column: str | None, output_column: str) -> t
 def _verify_output(out: str, reference, spec, n: int, seed: int = 0) -> tuple[int, list[str]]:
     """``n`` random rows of a ``--ray-data`` output compared with the reference by their own text
     column (Ray Data does not keep the inputs' row order, so rows are checked by content)."""
-    import random
-
-    import pyarrow.dataset as pds
+    import pyarrow.dataset as pds  # lazy: heavy at import, as above
 
     table = pds.dataset(out, format="parquet").to_table(columns=[spec.text_column, spec.output_column])
     rng = random.Random(seed)
@@ -265,16 +261,14 @@ def run(args: argparse.Namespace) -> int:
             raise UsageError("--batch-size must be >= 1 and --num-cpus > 0")
         if args.ray_data and args.verify and spec.drop_text:
             raise UsageError("--verify with --ray-data checks rows by their text: not with --drop-text")
-        from delta_ray.core.loading import load_tokenizer
         try:
             loaded = load_tokenizer(args.tokenizer)
         except (OSError, ValueError) as exc:
             raise UsageError(f"--tokenizer: {exc}") from exc
         if not args.ray_data:
-            from delta_ray.apps.batch_files import check_text_column
             for p in args.inputs:
                 try:
-                    check_text_column(p, spec)
+                    batch_files.check_text_column(p, spec)
                 except (ValueError, TypeError) as exc:
                     raise UsageError(str(exc)) from exc
     except UsageError as exc:
@@ -293,12 +287,12 @@ def _run_ray_data(args: argparse.Namespace, loaded, spec, groups: dict[str, list
 
     started = False
     if not ray.is_initialized():
-        from delta_ray.actors.local_ray import local_init_kwargs
+        from delta_ray.actors.local_ray import local_init_kwargs  # lazy: the Ray glue
 
         ray.init(**local_init_kwargs())
         started = True
     try:
-        from delta_ray.actors.data import tokenize_dataset
+        from delta_ray.actors.data import tokenize_dataset  # lazy: the Ray glue
 
         t0 = time.perf_counter()
         ds = _read(groups, spec.text_column)

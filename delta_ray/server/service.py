@@ -15,7 +15,7 @@ from typing import Any
 from delta_ray.core.loading import LoadedTokenizer, TokenizerLike, load_tokenizer
 from delta_ray.tokenizer_core import TokenizerCore
 
-from ..chat_template import ChatTemplate
+from .chat_template import ChatTemplate
 from .serve_config import ServeConfig
 from .serve_handler import RequestHandler
 

@@ -2,7 +2,7 @@
 
 The fast tier's admission takes one such lock so that one process per machine probes a tokenizer
 while the others keep serving with the reference. The lock only saves duplicate work (verdicts are
-written atomically, and a rejection cannot be overwritten: :mod:`delta_ray.verify.engines`), so a waiter
+written atomically, and a rejection cannot be overwritten: :mod:`delta_ray.engine.verdicts`), so a waiter
 never waits without bound: after ``timeout`` seconds, or as soon as the holder is seen to be stopped
 (``SIGSTOP``, a debugger), a zombie, or gone while the lock is still held (an inherited descriptor),
 it goes on without the lock. Its holder writes ``pid start-ticks acquired-at`` into the file so that
@@ -90,7 +90,7 @@ def describe_holder(fd: int) -> tuple[str, bool]:
 
 
 def _try_flock(fd: int) -> bool:
-    import fcntl
+    import fcntl  # lazy: Unix only; the module imports elsewhere
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         return True
@@ -107,7 +107,7 @@ def bounded_lock(name: str, *, sub: str = "guard", timeout: float | None = None,
     Yields a :class:`LockWait`: ``held=True``, or ``held=False`` with the reason it goes on without
     the lock (caching off, timeout, a stale holder). ``on_wait(reason)`` is called when the wait
     starts and whenever the holder's description changes (the caller shows it: ``admission``).
-    A background thread's wait ends at the process's exit (:func:`delta_ray.core.exit_guard.checkpoint`).
+    A background thread's wait ends at the process's exit (:func:`delta_ray.runtime.exit_guard.checkpoint`).
     """
     if timeout is None:
         timeout = float(os.environ.get("DELTA_RAY_ADMISSION_LOCK_TIMEOUT_S", LOCK_TIMEOUT_S))

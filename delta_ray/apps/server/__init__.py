@@ -1,3 +1,0 @@
-"""The HTTP tokenization service without Ray: the request handler, its ASGI app, and the one-process
-server (``delta-ray serve --local``). Ray Serve (``actors/serve.py``) runs the same handler and app
-in each replica."""
