@@ -121,7 +121,7 @@ def child_main() -> int:
     from bench.peers.vllm_front import FrontEnd
 
     from delta_ray.apps.dropin.scope import request_scope
-    from delta_ray.verify.fast_engine import allow_native_threads
+    from delta_ray.engine.native import allow_native_threads
     allow_native_threads()  # delta-ray's import pinned fastokens to one thread; users of its patch run its default
     if use_fastokens:
         import fastokens
