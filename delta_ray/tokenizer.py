@@ -78,8 +78,9 @@ class DeltaTokenizer:
         """
         if add_special_tokens is not True and add_special_tokens is not False:
             add_special_tokens = check_flag(add_special_tokens)
-        return self._core.extend(session_key(check_text(session, "session")), delta,
-                                 add_special_tokens=add_special_tokens)
+        if type(session) is not str:  # one test on the common path
+            check_text(session, "session")
+        return self._core.extend(session_key(session), delta, add_special_tokens=add_special_tokens)
 
     def encode_batch(self, texts: Sequence[str], *, add_special_tokens: bool = True) -> list[pa.Int32Array]:
         """Reference IDs of many stateless texts, all pieces encoded in one parallel batch."""
