@@ -33,8 +33,11 @@ try:
     assert repairs >= 6 * 2, stats  # sticky: later turns repaired on the same worker
     assert pool.encode(text).to_pylist() == ref.encode(text).ids
     # Remove a node that holds workers: its sessions move to their new home and stay exact.
+    # The victim is a node whose worker holds sessions, so the next turns must notice the death
+    # (a worker with none is only found dead when a call reaches it).
+    holding = {wid for wid, s in stats.items() if s["sessions"]}
     worker_nodes = {ray.get(w.ready.remote())["node"]: wid for wid, w in pool._workers.items()}
-    victim = next(n for n in nodes if n.node_id in worker_nodes)
+    victim = next(n for n in nodes if worker_nodes.get(n.node_id) in holding)
     cluster.remove_node(victim)
     for key in sessions:
         sessions[key] += " after removal"
