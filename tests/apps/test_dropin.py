@@ -179,6 +179,56 @@ def test_chat_turns_equal_stock(pair, real_texts):
     _same(patched.apply_chat_template(batch, tokenize=True), stock.apply_chat_template(batch, tokenize=True))
 
 
+def test_a_chat_call_as_vllm_makes_it_takes_the_ids_directly_and_leaves_what_stock_leaves(pair, real_texts,
+                                                                                          monkeypatch):
+    """``apply_chat_template(tokenize=True, return_dict=False)`` (vLLM's and SGLang's call) takes its
+    IDs from the rendered text without transformers' BatchEncoding: the same list as stock, the
+    same backend settings after it, the same too-long warning; every other call shape, or a class
+    whose ``__call__`` is its own, takes stock's tokenize step."""
+    stock, patched = pair
+    if stock.chat_template is None:
+        pytest.skip("no chat template shipped for this tokenizer")
+    direct = []
+    real = dropin_hf._chat_ids
+    monkeypatch.setattr(dropin_hf, "_chat_ids", lambda *a: direct.append(1) or real(*a))
+    chat = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": real_texts["english"][:3000]}]
+    vllm_kw = dict(tools=None, chat_template=None, tokenize=True, return_dict=False, add_generation_prompt=True)
+    for tok in (stock, patched):
+        tok("abc", truncation=True, max_length=3)  # a previous call left truncation on the backend
+    want = stock.apply_chat_template(conversation=chat, **vllm_kw)
+    _same(patched.apply_chat_template(conversation=chat, **vllm_kw), want)
+    assert direct == [1]
+    assert patched._tokenizer.truncation == stock._tokenizer.truncation is None  # stock's tokenize step cleared it
+    _same(patched.apply_chat_template(chat, **vllm_kw), want)  # the chat given positionally
+    assert direct == [1, 1]
+    key = "sequence-length-is-longer-than-the-specified-maximum"
+    saved = stock.model_max_length, patched.model_max_length
+    try:
+        for tok in (stock, patched):
+            tok.model_max_length = 16
+            tok.deprecation_warnings.pop(key, None)
+        _same(patched.apply_chat_template(chat, **vllm_kw), stock.apply_chat_template(chat, **vllm_kw))
+        assert patched.deprecation_warnings.get(key) is stock.deprecation_warnings.get(key) is True
+    finally:
+        stock.model_max_length, patched.model_max_length = saved
+    taken = len(direct)
+    for kw in ({"return_dict": True}, {"truncation": True, "max_length": 40}, {"padding": "max_length", "max_length": 4000},
+               {"tokenizer_kwargs": {"return_attention_mask": False}}, {"tokenize": False}):
+        _same(patched.apply_chat_template(chat, **{**vllm_kw, **kw}), stock.apply_chat_template(chat, **{**vllm_kw, **kw}))
+    _same(patched.apply_chat_template([chat, chat[:1]], **vllm_kw), stock.apply_chat_template([chat, chat[:1]], **vllm_kw))
+    assert len(direct) == taken  # none of those is the plain call
+
+    class OwnCall(type(patched)):
+        def __call__(self, *args, **kwargs):
+            out = super().__call__(*args, **kwargs)
+            out["input_ids"] = out["input_ids"][:5]
+            return out
+    own = copy.copy(patched)
+    own.__class__ = OwnCall
+    assert own.apply_chat_template(chat, **vllm_kw) == want[:5]  # its own __call__ ran, as in stock
+    assert len(direct) == taken
+
+
 def test_lazy_encoding_fields_are_the_references(pair, real_texts):
     stock, patched = pair
     t = "Hello  world!\n" + real_texts["multilingual"][:300]

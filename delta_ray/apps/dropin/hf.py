@@ -30,7 +30,9 @@ in between still encode with the old snapshot. :func:`refresh` makes a change se
 """
 from __future__ import annotations
 
+import contextlib
 import copy
+import functools
 import inspect
 import logging
 import sys
@@ -52,7 +54,8 @@ _EXPECTED_PARAMS = (
     "return_special_tokens_mask", "return_offsets_mapping", "return_length", "verbose",
     "split_special_tokens", "kwargs",
 )
-_NO_SCOPE = (None, None)  # no request_scope: keyless, in the shared namespace
+_NO_SCOPE = (None, None)
+_no_memo = contextlib.nullcontext()  # no request_scope: keyless, in the shared namespace
 _hook_lock = threading.Lock()
 _originals: dict[str, Any] = {}  # method name -> the function TokenizersBackend had before the hooks
 
@@ -165,25 +168,18 @@ def _truncated(ids: list[int], template, add_special_tokens: bool, trunc: dict |
     return ids[:p] + body + ids[len(ids) - s:]
 
 
-def _delta_encode_plus(self, state: DropinState, texts: list[str], is_batched: bool, add_special_tokens: bool,
-                       trunc: dict | None, max_length, return_tensors, return_token_type_ids,
-                       return_attention_mask, return_length: bool, verbose: bool):
-    """The BatchEncoding stock ``_encode_plus`` builds, with IDs from delta-ray; None to fall back."""
-    from transformers.tokenization_utils_base import BatchEncoding
-
+def _snapshot_for(self, state: DropinState, texts: list[str], is_batched: bool) -> Snapshot | None:
+    """The snapshot a call encodes with (the tripwire checked), or None: the tokenizer is stock."""
     # A long call triggers the tripwire's full check because it costs far more than the check; a
     # session turn's cost is its change, not its length, so its length does not count.
     session_turn = len(texts) == 1 and not is_batched and state.options.get(SESSIONS_KEY, False)
-    snap = state.current(self, 0 if session_turn else sum(map(len, texts)))
-    if snap is None:
-        return None
-    if return_token_type_ids is None:
-        return_token_type_ids = "token_type_ids" in self.model_input_names
-    if return_attention_mask is None:
-        return_attention_mask = "attention_mask" in self.model_input_names
-    template = snap.template
-    if return_token_type_ids and (template is None or not template.zero_type_ids):
-        return None
+    return state.current(self, 0 if session_turn else sum(map(len, texts)))
+
+
+def _delta_lists(snap: Snapshot, texts: list[str], is_batched: bool, add_special_tokens: bool) -> list[list[int]] | None:
+    """One fresh list of IDs per text (templates in, untruncated) from delta-ray; one text that is
+    not a batch continues its conversation. None to fall back: a text the reference refuses (the
+    original call raises its own error)."""
     core = snap.tokenizer.core
     try:
         if len(texts) == 1:  # a chat turn: the IDs straight into the list transformers returns
@@ -192,11 +188,31 @@ def _delta_encode_plus(self, state: DropinState, texts: list[str], is_batched: b
             if sessions is not None and not is_batched:  # one text: its conversation's state, if any
                 scope = current_scope()
                 ids = sessions.encode(texts[0], *(scope or _NO_SCOPE), add_special_tokens)
-            lists = [ids if ids is not None else core.encode_list(texts[0], add_special_tokens=add_special_tokens)]
-        else:
-            lists = [a.tolist() for a in core.encode_batch_ids(texts, add_special_tokens=add_special_tokens)]
+            return [ids if ids is not None else core.encode_list(texts[0], add_special_tokens=add_special_tokens)]
+        return [a.tolist() for a in core.encode_batch_ids(texts, add_special_tokens=add_special_tokens)]
     except (TypeError, ValueError):
-        return None  # e.g. text the reference refuses: the original call raises its own error
+        return None
+
+
+def _delta_encode_plus(self, state: DropinState, texts: list[str], is_batched: bool, add_special_tokens: bool,
+                       trunc: dict | None, max_length, return_tensors, return_token_type_ids,
+                       return_attention_mask, return_length: bool, verbose: bool):
+    """The BatchEncoding stock ``_encode_plus`` builds, with IDs from delta-ray; None to fall back."""
+    from transformers.tokenization_utils_base import BatchEncoding
+
+    if return_token_type_ids is None:
+        return_token_type_ids = "token_type_ids" in self.model_input_names
+    if return_attention_mask is None:
+        return_attention_mask = "attention_mask" in self.model_input_names
+    snap = _snapshot_for(self, state, texts, is_batched)
+    if snap is None:
+        return None
+    template = snap.template
+    if return_token_type_ids and (template is None or not template.zero_type_ids):
+        return None
+    lists = _delta_lists(snap, texts, is_batched, add_special_tokens)
+    if lists is None:
+        return None
     all_ids = []
     for ids in lists:
         ids = _truncated(ids, template, add_special_tokens, trunc)
@@ -218,6 +234,16 @@ def _delta_encode_plus(self, state: DropinState, texts: list[str], is_batched: b
         out = BatchEncoding({k: (v[0] if v and isinstance(v[0], list) else v) for k, v in out.items()},
                             out.encodings)
     return out
+
+
+def _stock_side_effects(self, padding_strategy, truncation_strategy, max_length, stride, pad_to_multiple_of,
+                        padding_side) -> None:
+    """What stock ``_encode_plus`` leaves on the backend (later direct backend calls see it)."""
+    self.set_truncation_and_padding(padding_strategy=padding_strategy, truncation_strategy=truncation_strategy,
+                                    max_length=max_length, stride=stride, pad_to_multiple_of=pad_to_multiple_of,
+                                    padding_side=padding_side)
+    if self._tokenizer.encode_special_tokens:  # third-party seam: transformers' backend object
+        self._tokenizer.encode_special_tokens = False
 
 
 def _make_encode_plus(original):
@@ -246,13 +272,8 @@ def _make_encode_plus(original):
             else:
                 texts = None
             if texts is not None:
-                # The same side effects on the backend as stock (later direct backend calls see them).
-                self.set_truncation_and_padding(padding_strategy=padding_strategy,
-                                                truncation_strategy=truncation_strategy, max_length=max_length,
-                                                stride=stride, pad_to_multiple_of=pad_to_multiple_of,
-                                                padding_side=padding_side)
-                if self._tokenizer.encode_special_tokens:
-                    self._tokenizer.encode_special_tokens = False
+                _stock_side_effects(self, padding_strategy, truncation_strategy, max_length, stride,
+                                    pad_to_multiple_of, padding_side)
                 trunc = None if truncation_strategy == do_not_truncate else {
                     "max_length": max_length, "stride": stride, "strategy": truncation_strategy.value,
                     "direction": self.truncation_side}
@@ -273,15 +294,80 @@ def _make_encode_plus(original):
     return _encode_plus
 
 
+# apply_chat_template's parameters that reach its tokenize step, at the values under which that step is
+# ``self(text, add_special_tokens=False)["input_ids"]`` with every other option at its default
+_PLAIN_TOKENIZE = (("sanitize_control_tokens", False), ("padding", False), ("truncation", False),
+                   ("max_length", None), ("return_tensors", None), ("return_assistant_tokens_mask", False),
+                   ("tokenizer_kwargs", None))
+_plain_classes: dict[type, bool] = {}  # tokenizer class -> whether its __call__ is stock's over the hook
+
+
+def _plain_class(cls: type) -> bool:
+    """Whether ``cls`` tokenizes one text exactly as transformers' own ``__call__`` over the hooked
+    ``_encode_plus`` (a subclass that overrides either, or switches input modes, is not)."""
+    plain = _plain_classes.get(cls)
+    if plain is None:
+        from transformers.tokenization_utils_base import PreTrainedTokenizerBase
+        plain = _plain_classes[cls] = (cls.__call__ is PreTrainedTokenizerBase.__call__
+                                       and cls._encode_plus is _backend_class().__dict__["_encode_plus"]
+                                       and getattr(cls, "_switch_to_input_mode", None) is None)
+    return plain
+
+
+@functools.lru_cache(maxsize=None)
+def _plain_strategies() -> tuple:
+    """(no padding, no truncation): what ``padding=False, truncation=False`` resolve to (imported on
+    first use: transformers stays lazy)."""
+    from transformers.tokenization_utils_base import TruncationStrategy
+    from transformers.utils import PaddingStrategy
+    return PaddingStrategy.DO_NOT_PAD, TruncationStrategy.DO_NOT_TRUNCATE
+
+
+def _plain_chat(args: tuple, kwargs: dict) -> bool:
+    """Whether an ``apply_chat_template`` call renders one chat and returns its IDs as a list
+    (``tokenize=True, return_dict=False``, as vLLM and SGLang call it) with a plain tokenize step."""
+    if kwargs.get("tokenize", True) is not True or kwargs.get("return_dict", True) is not False or len(args) > 1:
+        return False
+    for name, default in _PLAIN_TOKENIZE:
+        if kwargs.get(name, default) is not default:
+            return False
+    chat = args[0] if args else kwargs.get("conversation")
+    return isinstance(chat, list) and bool(chat) and type(chat[0]) is dict  # one chat, not a batch
+
+
+def _chat_ids(self, state: DropinState, text: str) -> list[int] | None:
+    """What stock's tokenize step of a plain chat call returns for the rendered ``text``
+    (``self(text, add_special_tokens=False)["input_ids"]``, with the same side effects on the
+    backend and the same length warning), without building the BatchEncoding only to read one key
+    of it; None where the hooked ``_encode_plus`` would fall back."""
+    if self.split_special_tokens:
+        return None
+    _stock_side_effects(self, *_plain_strategies(), None, 0, None, None)
+    snap = _snapshot_for(self, state, [text], False)
+    lists = None if snap is None else _delta_lists(snap, [text], False, False)
+    if lists is None:
+        return None
+    self._eventual_warn_about_too_long_sequence(lists[0], None, True)
+    return lists[0]
+
+
 def _make_apply_chat_template(original):
     """Wrap ``apply_chat_template``: a wrapped tokenizer's template renders through the memoized
-    sandbox (:mod:`delta_ray.apps.dropin.render`; same text, same refusals)."""
+    sandbox (:mod:`delta_ray.apps.dropin.render`; same text, same refusals), and a plain chat call
+    (:func:`_plain_chat`) takes its IDs from the rendered text directly (:func:`_chat_ids`)."""
     def apply_chat_template(self, *args, **kwargs):
         state = self.__dict__.get(STATE_ATTR)
-        if state is None or not state.options.get(RENDER_KEY, RENDER_DEFAULT):
+        if state is None:
             return original(self, *args, **kwargs)
-        with memo_render():
-            return original(self, *args, **kwargs)
+        with memo_render() if state.options.get(RENDER_KEY, RENDER_DEFAULT) else _no_memo:
+            if not (_plain_chat(args, kwargs) and _plain_class(type(self))):
+                return original(self, *args, **kwargs)
+            text = original(self, *args, **{**kwargs, "tokenize": False})
+            ids = _chat_ids(self, state, text)
+            if ids is None:  # stock's own tokenize step, as stock calls it
+                ids = self(text, padding=False, truncation=False, max_length=None, add_special_tokens=False,
+                           return_tensors=None, sanitize_control_tokens=False)["input_ids"]
+            return ids
 
     apply_chat_template.__wrapped__ = original
     apply_chat_template.__name__ = original.__name__
@@ -348,10 +434,10 @@ def install_hooks() -> bool:
         cls._add_tokens = _make_invalidating(_originals["_add_tokens"])
         cls.update_post_processor = _make_invalidating(_originals["update_post_processor"])
         cls.backend_tokenizer = _make_backend_property(_originals["backend_tokenizer"])
-        if install():
-            # inherited from PreTrainedTokenizerBase: removing ours restores it (None: delete)
-            _originals["apply_chat_template"] = cls.__dict__.get("apply_chat_template")
-            cls.apply_chat_template = _make_apply_chat_template(cls.apply_chat_template)
+        install()  # the memoized render: where it cannot hook, templates render as stock
+        # inherited from PreTrainedTokenizerBase: removing ours restores it (None: delete)
+        _originals["apply_chat_template"] = cls.__dict__.get("apply_chat_template")
+        cls.apply_chat_template = _make_apply_chat_template(cls.apply_chat_template)
         return True
 
 
