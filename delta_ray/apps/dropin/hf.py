@@ -54,8 +54,8 @@ _EXPECTED_PARAMS = (
     "return_special_tokens_mask", "return_offsets_mapping", "return_length", "verbose",
     "split_special_tokens", "kwargs",
 )
-_NO_SCOPE = (None, None)
-_no_memo = contextlib.nullcontext()  # no request_scope: keyless, in the shared namespace
+_NO_SCOPE = (None, None)  # no request_scope: keyless, in the shared namespace
+_no_memo = contextlib.nullcontext()  # fast_render off: the template renders as stock
 _hook_lock = threading.Lock()
 _originals: dict[str, Any] = {}  # method name -> the function TokenizersBackend had before the hooks
 
@@ -434,6 +434,7 @@ def install_hooks() -> bool:
         cls._add_tokens = _make_invalidating(_originals["_add_tokens"])
         cls.update_post_processor = _make_invalidating(_originals["update_post_processor"])
         cls.backend_tokenizer = _make_backend_property(_originals["backend_tokenizer"])
+        _plain_classes.clear()  # judged against the hook installed now
         install()  # the memoized render: where it cannot hook, templates render as stock
         # inherited from PreTrainedTokenizerBase: removing ours restores it (None: delete)
         _originals["apply_chat_template"] = cls.__dict__.get("apply_chat_template")
