@@ -12,6 +12,7 @@ as JSON). Ray-free.
 """
 from __future__ import annotations
 
+import asyncio
 from typing import Any, AsyncIterator, Callable
 
 from .http_api import BadRequest, dumps_json
@@ -20,15 +21,23 @@ from .http_api import BadRequest, dumps_json
 ENDPOINTS = {"/tokenize": "tokenize", "/detokenize": "detokenize"}
 JSON = (b"content-type", b"application/json")
 CLIENT_GONE = 499  # the client closed the connection before its body arrived (nginx's code; nothing is sent)
+# A whole request body must arrive within this: neither uvicorn nor Serve's proxy times out a body
+# that a client drips, so without it each such client holds a connection and a request forever.
+DEFAULT_BODY_TIMEOUT_S = 120.0
 
 
 class TokenizerASGI:
     """``POST /tokenize``, ``POST /detokenize``, ``GET /health`` and, where ``metrics`` is given,
-    ``GET /metrics`` (its text), over a handler's ``http(endpoint, content_length, chunks)``."""
+    ``GET /metrics`` (its text), over a handler's ``http(endpoint, content_length, chunks)``. A body
+    that has not arrived whole within ``body_timeout_s`` ends its request with a 408."""
 
-    def __init__(self, handler: Any, metrics: "Callable[[], bytes] | None" = None):
+    def __init__(self, handler: Any, metrics: "Callable[[], bytes] | None" = None,
+                 body_timeout_s: float = DEFAULT_BODY_TIMEOUT_S):
+        if not body_timeout_s > 0:
+            raise ValueError(f"body_timeout_s must be positive, not {body_timeout_s!r}")
         self.handler = handler
         self.metrics = metrics
+        self.body_timeout_s = body_timeout_s
 
     async def __call__(self, scope: dict, receive: Callable, send: Callable) -> None:
         kind = scope["type"]
@@ -42,7 +51,8 @@ class TokenizerASGI:
         if endpoint is not None:
             if method != "POST":
                 return await _error(send, 405, f"{path} takes POST", "MethodNotAllowed", [(b"allow", b"POST")])
-            status, data, headers = await self.handler.http(endpoint, _content_length(scope), _body(receive))
+            status, data, headers = await self.handler.http(endpoint, _content_length(scope),
+                                                              _body(receive, self.body_timeout_s))
             return await _send(send, status, data, [JSON, *((k.encode(), v.encode()) for k, v in headers.items())])
         if path == "/health" or (path == "/metrics" and self.metrics is not None):
             if method not in ("GET", "HEAD"):
@@ -69,17 +79,60 @@ def _content_length(scope: dict) -> "str | None":
     return None
 
 
-async def _body(receive: Callable) -> AsyncIterator[bytes]:
-    """The request body's chunks as they arrive; a client gone mid-body ends the request (499)."""
-    while True:
-        message = await receive()
-        if message["type"] == "http.disconnect":
-            raise BadRequest("the client closed the connection", CLIENT_GONE)
-        chunk = message.get("body", b"")
-        if chunk:
-            yield chunk
-        if not message.get("more_body", False):
-            return
+class _BodyDeadline:
+    """One timer per request (not a task per chunk): when it fires while the request waits for its
+    body, the request's task is cancelled and the wait ends in a 408; fired at any other moment, the
+    next wait ends so."""
+
+    __slots__ = ("expired", "waiting", "_task", "_handle")
+
+    def __init__(self, timeout_s: float):
+        self.expired = self.waiting = False
+        self._task = asyncio.current_task()
+        self._handle = asyncio.get_running_loop().call_later(timeout_s, self._expire)
+
+    def _expire(self) -> None:
+        self.expired = True
+        if self.waiting:
+            self._task.cancel()
+
+    def absorb(self) -> None:
+        """The cancel that ended the wait was this deadline's: the task is not being cancelled."""
+        uncancel = getattr(self._task, "uncancel", None)  # Python 3.11+ counts cancels
+        if uncancel is not None:
+            uncancel()
+
+    def done(self) -> None:
+        self._handle.cancel()
+
+
+async def _body(receive: Callable, timeout_s: float) -> AsyncIterator[bytes]:
+    """The request body's chunks as they arrive; a client gone mid-body ends the request (499), a
+    body not whole within ``timeout_s`` ends it with a 408."""
+    deadline = _BodyDeadline(timeout_s)
+    try:
+        while True:
+            if deadline.expired:
+                raise BadRequest(f"the request body did not arrive within {timeout_s:g} s", 408)
+            deadline.waiting = True
+            try:
+                message = await receive()
+            except asyncio.CancelledError:
+                if not deadline.expired:
+                    raise
+                deadline.absorb()
+                raise BadRequest(f"the request body did not arrive within {timeout_s:g} s", 408) from None
+            finally:
+                deadline.waiting = False
+            if message["type"] == "http.disconnect":
+                raise BadRequest("the client closed the connection", CLIENT_GONE)
+            chunk = message.get("body", b"")
+            if chunk:
+                yield chunk
+            if not message.get("more_body", False):
+                return
+    finally:
+        deadline.done()
 
 
 async def _send(send: Callable, status: int, data: bytes, headers: list, length: "int | None" = None) -> None:

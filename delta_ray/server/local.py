@@ -25,7 +25,7 @@ import uvicorn
 from delta_ray.runtime.heap import freeze_heap
 from delta_ray.core.loading import TokenizerLike
 
-from .asgi import TokenizerASGI
+from .asgi import DEFAULT_BODY_TIMEOUT_S, TokenizerASGI
 from .local_metrics import Counters
 from .serve_config import (DEFAULT_MAX_BODY_BYTES, DEFAULT_MAX_DETOKENIZE_TOKENS, DEFAULT_MAX_JSON_ITEMS,
                            POOL_OPTIONS)
@@ -36,12 +36,14 @@ def local_app(tokenizer: TokenizerLike, *, model_name: "str | None" = None, toke
               max_model_len: "int | None" = None, threads: "int | None" = None, require_tenant: bool = False,
               max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
               max_detokenize_tokens: int = DEFAULT_MAX_DETOKENIZE_TOKENS,
-              max_json_items: int = DEFAULT_MAX_JSON_ITEMS, **options: Any) -> TokenizerASGI:
+              max_json_items: int = DEFAULT_MAX_JSON_ITEMS, body_timeout_s: float = DEFAULT_BODY_TIMEOUT_S,
+              **options: Any) -> TokenizerASGI:
     """The service as an ASGI app for this process (any ASGI server runs it; :func:`run_local`
     runs it on uvicorn). The options are ``serve_app``'s that make sense in one process: the model's
     name, the chat configuration, ``threads`` for long texts (default: the CPU count), the tenant
-    requirement and the request limits, and :class:`~delta_ray.core.config.TokenizerConfig` fields
-    (``engine``, ``chunk_size``, ``max_sessions``, ...). A pool option is a TypeError: a pool runs
+    requirement and the request limits (a body must arrive whole within ``body_timeout_s``), and
+    :class:`~delta_ray.core.config.TokenizerConfig` fields (``engine``, ``chunk_size``,
+    ``max_sessions``, ...). A pool option is a TypeError: a pool runs
     on Ray (``serve_app(num_workers=...)``)."""
     pool_options = sorted(set(options) & (POOL_OPTIONS | {"num_workers", "pool_name", "pool_secret"}))
     if pool_options:
@@ -52,7 +54,7 @@ def local_app(tokenizer: TokenizerLike, *, model_name: "str | None" = None, toke
                         max_json_items=max_json_items)
     counters = Counters()
     handler = build_handler(spec.loaded, spec.chat_config, spec.config, record=counters)
-    return TokenizerASGI(handler, metrics=counters.render)
+    return TokenizerASGI(handler, metrics=counters.render, body_timeout_s=body_timeout_s)
 
 
 def local_server(app: TokenizerASGI, host: str = "127.0.0.1", port: int = 8000, **uvicorn_options: Any):

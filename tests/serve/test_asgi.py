@@ -5,6 +5,8 @@ from __future__ import annotations
 import asyncio
 import json
 
+import pytest
+
 from delta_ray.server.asgi import TokenizerASGI
 
 
@@ -70,3 +72,61 @@ def test_lifespan_startup_and_shutdown_complete():
     sent = _run(TokenizerASGI(_Handler()), {"type": "lifespan"},
                 [{"type": "lifespan.startup"}, {"type": "lifespan.shutdown"}])
     assert [m["type"] for m in sent] == ["lifespan.startup.complete", "lifespan.shutdown.complete"]
+
+
+def test_a_body_that_does_not_arrive_in_time_ends_the_request_with_408():
+    """A client that sends its headers and then drips (or nothing) holds no request past the
+    deadline: the wait ends in a 408, and the request's task is not left cancelled."""
+    h = _Handler()
+    sent, state = [], {}
+
+    async def main():
+        started = asyncio.get_running_loop().time()
+
+        async def receive():
+            if not state:
+                state["first"] = True
+                return {"type": "http.request", "body": b'{"prompt": "', "more_body": True}
+            await asyncio.sleep(3600)  # the rest never comes
+
+        async def send(message):
+            sent.append(message)
+        # (bounded here too, so a missing deadline fails the test instead of hanging it)
+        await asyncio.wait_for(TokenizerASGI(h, body_timeout_s=0.2)(_http("/tokenize"), receive, send), 10)
+        state["elapsed"] = asyncio.get_running_loop().time() - started
+        task = asyncio.current_task()
+        state["cancelling"] = task.cancelling() if hasattr(task, "cancelling") else 0
+        await asyncio.sleep(0)  # still runs: nothing left to cancel it
+    asyncio.run(main())
+    assert sent[0]["status"] == 408 and "did not arrive within 0.2 s" in h.calls[0][2]
+    assert 0.2 <= state["elapsed"] < 2 and state["cancelling"] == 0
+
+
+def test_a_body_deadline_that_passes_between_chunks_ends_the_next_wait():
+    """Fired while the body was being handed on (not while waiting for it), the deadline cancels
+    nothing: the next wait for a chunk ends in a 408 instead."""
+    sent, chunks = [], iter([b'{"pro', b'mpt": "x"}'])
+
+    async def main():
+        async def receive():
+            await asyncio.sleep(0)
+            return {"type": "http.request", "body": next(chunks), "more_body": True}
+
+        async def send(message):
+            sent.append(message)
+
+        class SlowHandler(_Handler):
+            async def http(self, endpoint, content_length, stream):
+                async def slow():
+                    async for c in stream:
+                        await asyncio.sleep(0.3)  # past the deadline, awaiting something else
+                        yield c
+                return await super().http(endpoint, content_length, slow())
+        await TokenizerASGI(SlowHandler(), body_timeout_s=0.1)(_http("/tokenize"), receive, send)
+    asyncio.run(main())
+    assert sent[0]["status"] == 408
+
+
+def test_a_body_timeout_must_be_positive():
+    with pytest.raises(ValueError, match="body_timeout_s"):
+        TokenizerASGI(_Handler(), body_timeout_s=0)

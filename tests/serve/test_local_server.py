@@ -24,3 +24,32 @@ def test_local_app_refuses_a_pool(tokenizer_paths):
         local_app(tokenizer_paths["qwen-3"], num_workers=2)
     with pytest.raises(ValueError, match="reuse"):  # the same validation as serve_app's
         local_app(tokenizer_paths["qwen-3"], reuse="content")
+
+
+def test_a_dripping_client_gets_a_408_and_the_server_keeps_serving(tokenizer_paths):
+    """uvicorn has no body-read timeout: the app's own deadline answers a client that sends its
+    headers and part of its body, then nothing, and the next request is served."""
+    import json
+    import socket
+    import urllib.request
+
+    from conftest import LocalThread
+    srv = LocalThread(tokenizer_paths["qwen-3"], body_timeout_s=0.5)
+    try:
+        with socket.create_connection(("127.0.0.1", srv.port), timeout=10) as s:
+            s.sendall(b"POST /tokenize HTTP/1.1\r\nHost: x\r\ncontent-type: application/json\r\n"
+                      b"content-length: 100\r\n\r\n{\"prompt\": \"")
+            answer = b""
+            while b"\r\n\r\n" not in answer or not answer.rstrip().endswith(b"}"):
+                data = s.recv(4096)  # a missing deadline ends here in socket.timeout, not a hang
+                if not data:
+                    break
+                answer += data
+        assert answer.startswith(b"HTTP/1.1 408"), answer[:200]
+        assert "did not arrive within 0.5 s" in json.loads(answer.split(b"\r\n\r\n", 1)[1])["error"]["message"]
+        req = urllib.request.Request(srv.base + "/tokenize", data=b'{"prompt": "Hello world"}',
+                                     headers={"content-type": "application/json"})
+        with urllib.request.urlopen(req, timeout=30) as r:
+            assert json.loads(r.read())["count"] == 2
+    finally:
+        srv.stop()
