@@ -106,6 +106,10 @@ class _BodyDeadline:
         self._handle.cancel()
 
 
+def _late(timeout_s: float) -> BadRequest:
+    return BadRequest(f"the request body did not arrive within {timeout_s:g} s", 408)
+
+
 async def _body(receive: Callable, timeout_s: float) -> AsyncIterator[bytes]:
     """The request body's chunks as they arrive; a client gone mid-body ends the request (499), a
     body not whole within ``timeout_s`` ends it with a 408."""
@@ -113,7 +117,7 @@ async def _body(receive: Callable, timeout_s: float) -> AsyncIterator[bytes]:
     try:
         while True:
             if deadline.expired:
-                raise BadRequest(f"the request body did not arrive within {timeout_s:g} s", 408)
+                raise _late(timeout_s)
             deadline.waiting = True
             try:
                 message = await receive()
@@ -121,7 +125,7 @@ async def _body(receive: Callable, timeout_s: float) -> AsyncIterator[bytes]:
                 if not deadline.expired:
                     raise
                 deadline.absorb()
-                raise BadRequest(f"the request body did not arrive within {timeout_s:g} s", 408) from None
+                raise _late(timeout_s) from None
             finally:
                 deadline.waiting = False
             if message["type"] == "http.disconnect":
