@@ -24,6 +24,7 @@ from .core.confine import ConfiningEncoder
 from .core.content_index import ContentIndex
 from .core.cut_predicate import CutPredicate
 from .core.encoder import Encoder, ReferenceEncoder
+from .core.id_lists import int_list
 from .core.families import FAMILIES
 from .core.keys import content_key, describe
 from .core.loading import LoadedTokenizer, TokenizerLike, load_tokenizer
@@ -310,7 +311,7 @@ class TokenizerCore:
         check_text(text)
         route = self.router.decide(text)
         if route is not HERE and route is not CHUNKED:
-            return self.encode_routed(route, text, None, add_special_tokens).tolist()
+            return int_list(self.encode_routed(route, text, None, add_special_tokens))
         plan = self.plan(text, LIST_PIECES_PER_THREAD * self.threads) if route is CHUNKED else None
         if plan is not None and plan.cuts:
             self.stats["chunked"] += 1

@@ -9,6 +9,7 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 
 from .encoder import Encoder, encode_flat
+from .id_lists import int_list
 
 MIN_PARALLEL_CHARS = 65536  # below this a second thread costs more than it saves
 STRAGGLER_SLACK_S = 0.0002  # encode_list: added to a late helper's expected time before the caller takes over
@@ -22,7 +23,7 @@ def ids_list(encoder: Encoder, pieces: list[str]) -> list[int]:
     lists_of = getattr(encoder, "encode_lists", None)
     lists = lists_of(pieces) if lists_of is not None else None
     if lists is None:
-        return encode_flat(encoder, pieces)[0].tolist()
+        return int_list(encode_flat(encoder, pieces)[0])
     out = lists[0]
     for part in lists[1:]:
         out += part

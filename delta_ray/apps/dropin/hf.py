@@ -39,6 +39,7 @@ import sys
 import threading
 from typing import Any
 
+from ...core.id_lists import int_list
 from .render import install, memo_render, uninstall
 from .scope import current_scope
 from .snapshot import RENDER_DEFAULT, RENDER_KEY, SESSIONS_KEY, LazyEncoding, Snapshot
@@ -189,7 +190,7 @@ def _delta_lists(snap: Snapshot, texts: list[str], is_batched: bool, add_special
                 scope = current_scope()
                 ids = sessions.encode(texts[0], *(scope or _NO_SCOPE), add_special_tokens)
             return [ids if ids is not None else core.encode_list(texts[0], add_special_tokens=add_special_tokens)]
-        return [a.tolist() for a in core.encode_batch_ids(texts, add_special_tokens=add_special_tokens)]
+        return [int_list(a) for a in core.encode_batch_ids(texts, add_special_tokens=add_special_tokens)]
     except (TypeError, ValueError):
         return None
 

@@ -1,0 +1,63 @@
+"""int32 IDs as the Python list transformers and the engines hand on, built from shared int objects.
+
+``ndarray.tolist()`` allocates one int object per ID above CPython's small-int cache: at a
+long text's 250K+ tokens that allocation is most of the conversion, and costs more than the
+encode itself (the native engines' own list entry points avoid it by keeping their ints). Here one
+process-wide table holds the int objects ``0 .. n-1`` (an object array), and a long array of IDs
+becomes a list by one gather from it: the same values (``table[i] == i``), no allocation per ID,
+and the lists share their ints (ints are immutable: a caller that mutates its list replaces an
+element, never changes a shared int).
+
+The table grows to the largest ID seen, in steps of :data:`_STEP`, up to :data:`MAX_SHARED` (above
+it, ``tolist``). :func:`int_list` converts a short array with ``tolist`` (the gather's fixed cost,
+about a microsecond, exceeds the allocation there); :func:`shared_int_list`, for lists kept for
+long, always gathers and says whether it could.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+__all__ = ["MAX_SHARED", "int_list", "shared_int_list"]
+
+MAX_SHARED = 1 << 20  # the largest vocabulary whose ints are shared (about 40 MB of table at most)
+_GATHER_MIN = 4096  # below: ``tolist`` is as fast as the gather
+_STEP = 1 << 14
+_table = np.zeros(0, dtype=object)
+_I32 = np.dtype(np.int32)
+
+
+def _grown(needed: int) -> np.ndarray:
+    """The table, grown to hold ``needed`` ints (threads that grow it at once build equal tables;
+    whichever is kept, every reader's table maps ``i`` to ``i``)."""
+    global _table
+    table = _table
+    if needed > len(table):
+        size = -(-needed // _STEP) * _STEP
+        table = np.empty(size, dtype=object)
+        table[:] = range(size)
+        _table = table
+    return table
+
+
+def shared_int_list(ids: np.ndarray) -> tuple[list[int], bool]:
+    """``ids`` (a 1-D array of IDs) as a new Python list equal to ``ids.tolist()``, and whether its
+    ints are all the shared table's (an int32 array whose IDs are below :data:`MAX_SHARED`): a list
+    kept for long then costs its pointers only."""
+    if ids.dtype != _I32:
+        return ids.tolist(), False
+    index = ids.view(np.uint32)  # a negative ID (never an engine's) reads as >= 2**31: out of range
+    try:
+        return _table[index].tolist(), True
+    except IndexError:
+        top = int(index.max())
+        if top >= MAX_SHARED:
+            return ids.tolist(), False
+        return _grown(top + 1)[index].tolist(), True
+
+
+def int_list(ids: np.ndarray) -> list[int]:
+    """``ids`` (a 1-D array of IDs) as a new Python list equal to ``ids.tolist()``: through the
+    shared table where that is faster (a long int32 array), else ``tolist``."""
+    if len(ids) < _GATHER_MIN:
+        return ids.tolist()
+    return shared_int_list(ids)[0]
