@@ -15,8 +15,8 @@ state ``version``'s predecessor's first ``k`` then ``tail``, with ``k`` nonzero 
 predecessor is the state the caller named. Each entry keeps the raw IDs (no template) of its
 session's current state as a Python list whose ints are the process's shared table's
 (:mod:`delta_ray.core.id_lists`: no int allocated per ID, and a kept list costs its pointers), so a
-turn truncates it to ``k`` and appends ``tail`` (O(change)), then hands the caller a copy with the template around it: the caller may mutate what
-it got; the kept list is never handed out. The list is tied to a state version, so a state the core
+turn truncates it to ``k`` and appends ``tail`` (O(change)), then hands the caller a copy with the
+template around it: the caller may mutate what it got; the kept list is never handed out. The list is tied to a state version, so a state the core
 replaced, evicted or purged (a fast tier found wrong) makes the next turn rebuild the list from the
 core's answer, never reuse it.
 
@@ -27,10 +27,9 @@ shared prefix itself under the session's lock. A wrong candidate costs a compari
 
 Bounds: one table per snapshot, LRU over entries (keyed and keyless, every tenant), bounded by
 ``max_bytes`` (each entry's kept list at :func:`list_bytes`: 8 bytes an ID when its ints are shared,
-36 otherwise; its core state's bytes and its key:
-a hostile key costs its own size) and ``max_entries``; at most :data:`CANDIDATES` conversations per
-head and tenant. The core's store is bounded by the same numbers, and an entry the table drops is
-dropped from the core too.
+36 otherwise; its core state's bytes and its key: a hostile key costs its own size) and
+``max_entries``; at most :data:`CANDIDATES` conversations per head and tenant. The core's store is
+bounded by the same numbers, and an entry the table drops is dropped from the core too.
 """
 from __future__ import annotations
 
