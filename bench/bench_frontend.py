@@ -29,9 +29,10 @@ Where the installed delta-ray's drop-in has no sessions, the three delta-ray row
 (the output says so). Every request's prompt IDs are compared with the ``vllm`` row's for the same
 request (a digest of each list, made after each run, outside the clock). Reported per rate: P50/P99
 (ms) and, per row, the highest rate with P99 <= ``--slo-ms`` (50), the process's CPU time per
-request (all its threads: fastokens' native threads count) and how late the event loop started an
+request (all its threads: fastokens' native threads count), how late the event loop started an
 arrival at most (large values mean the process was descheduled: on a shared machine the P99s then
-measure the machine). Targets (issue 50): delta-ray with
+measure the machine) and the longest pause of Python's cyclic collector. Each process freezes its
+startup heap out of the collector's sight before it serves, as ``vllm serve`` does. Targets (issue 50): delta-ray with
 sessions has a lower P99 than fastokens at every rate, and a sustainable rate >= 1.5x fastokens' at
 1M-character conversations.
 
@@ -127,6 +128,9 @@ def child_main() -> int:
         import fastokens
         fastokens.patch_transformers()
     front = FrontEnd(setup["folder"], mode)
+    from vllm.utils.gc_utils import freeze_gc_heap
+    freeze_gc_heap()  # as `vllm serve` does once its app is built, before it serves (server_utils.py)
+    pauses = GCPauses()
     work = Workload(setup["sessions"], setup["chars"], setup["append"], setup["docs"], setup["seed"])
     sessions = _has_sessions(front.renderer.tokenizer) if mode == "delta_ray" else None
 
@@ -162,11 +166,29 @@ def child_main() -> int:
             continue
         plan = work.next_requests(cmd["n"], cmd["rate"])
         cpu = time.process_time()
+        pauses.longest = 0.0
         lat, got, late = asyncio.run(_replay(plan, serve))
         cpu_ms = (time.process_time() - cpu) * 1000.0 / len(plan)
-        print(json.dumps({"lat_ms": lat, "cpu_ms": cpu_ms, "late_ms": late, "table": _table_stats(front),
+        print(json.dumps({"lat_ms": lat, "cpu_ms": cpu_ms, "late_ms": late, "gc_ms": pauses.longest * 1000.0,
+                          "table": _table_stats(front),
                           "digests": [digest(ids) for ids in got]}), file=proto, flush=True)
     return 0
+
+
+class GCPauses:
+    """The longest pause of Python's cyclic collector since ``longest`` was reset (``gc.callbacks``):
+    a collection stops every thread of the process, whatever its tokenizer."""
+
+    def __init__(self):
+        import gc
+        self.longest, self._start = 0.0, 0.0
+        gc.callbacks.append(self._on)
+
+    def _on(self, phase: str, info: dict) -> None:
+        if phase == "start":
+            self._start = time.perf_counter()
+        else:
+            self.longest = max(self.longest, time.perf_counter() - self._start)
 
 
 def _has_sessions(tok) -> bool | None:
@@ -311,6 +333,7 @@ def main() -> int:
         results: dict[str, dict[float, list[float]]] = {v: {} for v in variants}
         cpu: dict[str, dict[float, float]] = {v: {} for v in variants}
         late: dict[str, dict[float, float]] = {v: {} for v in variants}
+        gc_ms: dict[str, dict[float, float]] = {v: {} for v in variants}
         mismatches = 0
         for r_i, rate in enumerate(rates):
             order = children[r_i % len(children):] + children[:r_i % len(children)]  # rotate who goes first
@@ -320,6 +343,7 @@ def main() -> int:
                 out = c.last = c.recv()
                 results[c.variant][rate] = out["lat_ms"]
                 cpu[c.variant][rate], late[c.variant][rate] = out["cpu_ms"], out["late_ms"]
+                gc_ms[c.variant][rate] = out["gc_ms"]
                 digests[c.variant] = out["digests"]
             for v in variants[1:]:
                 bad = sum(a != b for a, b in zip(digests[v], digests["vllm"]))
@@ -345,6 +369,8 @@ def main() -> int:
         f"{sorted(cpu[v].values())[len(rates) // 2]:.1f}" for v in variants) + " |")
     print("| loop started an arrival late by, at most (ms) | " + " | ".join(
         f"{max(late[v].values()):.0f}" for v in variants) + " |")
+    print("| longest pause of Python's collector (ms) | " + " | ".join(
+        f"{max(gc_ms[v].values()):.0f}" for v in variants) + " |")
     sustain = {v: _sustained(rates, [pct(results[v][r], .99) for r in rates], args.slo_ms) for v in variants}
     print(f"| P99 <= {args.slo_ms:g} ms at every rate up to | " + " | ".join(f"{sustain[v]:g}/s" if sustain[v] else f"< {rates[0]:g}/s"
                                                             for v in variants) + " |")
