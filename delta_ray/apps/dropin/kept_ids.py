@@ -1,11 +1,10 @@
 """A conversation's IDs kept between turns, out of the cyclic garbage collector's sight.
 
 A Python list is a container the collector traverses element by element on every full collection,
-and it is never untracked: two dozen kept lists of 290K IDs added about 45 ms to each full
-collection of a small process, and a server's process (vLLM's front end) paused 250 ms where the
-same server without kept lists paused 125. A tuple of ints is untracked by the first collection it
-survives (CPython untracks tuples that hold no container), so the IDs are kept as tuples of
-:data:`BLOCK` IDs: the collector sees one short list of blocks per conversation.
+and it is never untracked: two dozen kept lists of 290K IDs made each full collection of a small
+process take 47 ms instead of 4. A tuple of ints is untracked by the first collection it survives
+(CPython untracks tuples that hold no container), so the IDs are kept as tuples of :data:`BLOCK`
+IDs: the collector sees one short list of blocks per conversation (4.2 ms in the same process).
 
 Every block but the last holds exactly :data:`BLOCK` IDs, so position ``k`` is in block
 ``k // BLOCK``: a turn that keeps the first ``k`` IDs rebuilds at most one block and appends its
