@@ -32,9 +32,9 @@ request (a digest of each list, made after each run, outside the clock). Reporte
 request (all its threads: fastokens' native threads count), how late the event loop started an
 arrival at most (large values mean the process was descheduled: on a shared machine the P99s then
 measure the machine) and the longest pause of Python's cyclic collector. Each process freezes its
-startup heap out of the collector's sight before it serves, as ``vllm serve`` does. Targets (issue 50): delta-ray with
-sessions has a lower P99 than fastokens at every rate, and a sustainable rate >= 1.5x fastokens' at
-1M-character conversations.
+startup heap out of the collector's sight before it serves, as ``vllm serve`` does. Targets (issue
+50): delta-ray with sessions has a lower P99 than fastokens at every rate, and a sustainable rate
+>= 1.5x fastokens' at 1M-character conversations.
 
 Needs the vLLM tier's environment (``python3 tests/tools/vllm_tier.py`` builds ``.venv-vllm``):
 
@@ -181,7 +181,6 @@ class GCPauses:
     a collection stops every thread of the process, whatever its tokenizer."""
 
     def __init__(self):
-        import gc
         self.longest, self._start = 0.0, 0.0
         gc.callbacks.append(self._on)
 

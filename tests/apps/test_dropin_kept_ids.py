@@ -16,7 +16,8 @@ def test_turns_read_back_as_the_model_list():
     for _ in range(300):
         k = rng.choice([0, len(model), rng.randrange(len(model) + 1),
                         max(0, len(model) - rng.randrange(40)), (len(model) // BLOCK) * BLOCK])
-        tail = [rng.randrange(1000, 150_000) for _ in range(rng.choice([0, 1, 17, 600, BLOCK - 1, BLOCK, 3 * BLOCK + 5]))]
+        size = rng.choice([0, 1, 17, 600, BLOCK - 1, BLOCK, 3 * BLOCK + 5])
+        tail = [rng.randrange(1000, 150_000) for _ in range(size)]
         model = model[:k] + tail
         kept.replace_tail(k, tail, True)
         assert kept.n == len(model)
