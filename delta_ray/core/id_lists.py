@@ -4,20 +4,21 @@
 long text's 250K+ tokens that allocation is most of the conversion, and costs more than the
 encode itself (the native engines' own list entry points avoid it by keeping their ints). Here one
 process-wide table holds the int objects ``0 .. n-1`` (an object array), and a long array of IDs
-becomes a list by one gather from it: the same values (``table[i] == i``), no allocation per ID,
-and the lists share their ints (ints are immutable: a caller that mutates its list replaces an
-element, never changes a shared int).
+becomes a list by one gather from it: the same values (``table[i] == i``), no allocation per ID
+(ints are immutable: a caller that mutates its list replaces an element, never changes a shared
+int). The table grows to the largest ID seen, in steps of :data:`_STEP`, up to :data:`MAX_SHARED`;
+above it, for a short array (where the gather's fixed microsecond exceeds the allocation) and for a
+non-int32 array, ``tolist``.
 
-The table grows to the largest ID seen, in steps of :data:`_STEP`, up to :data:`MAX_SHARED` (above
-it, ``tolist``). :func:`int_list` converts a short array with ``tolist`` (the gather's fixed cost,
-about a microsecond, exceeds the allocation there); :func:`shared_int_list`, for lists kept for
-long, always gathers and says whether it could.
+A list made here holds ints scattered over the table, in the order of the vocabulary, not of the
+text: copying it touches them at random. A list kept and copied every turn (a drop-in session's
+IDs) is made with ``tolist`` instead, whose ints lie in the list's order.
 """
 from __future__ import annotations
 
 import numpy as np
 
-__all__ = ["MAX_SHARED", "int_list", "shared_int_list"]
+__all__ = ["MAX_SHARED", "int_list"]
 
 MAX_SHARED = 1 << 20  # the largest vocabulary whose ints are shared (about 40 MB of table at most)
 _GATHER_MIN = 4096  # below: ``tolist`` is as fast as the gather
@@ -39,25 +40,16 @@ def _grown(needed: int) -> np.ndarray:
     return table
 
 
-def shared_int_list(ids: np.ndarray) -> tuple[list[int], bool]:
-    """``ids`` (a 1-D array of IDs) as a new Python list equal to ``ids.tolist()``, and whether its
-    ints are all the shared table's (an int32 array whose IDs are below :data:`MAX_SHARED`): a list
-    kept for long then costs its pointers only."""
-    if ids.dtype != _I32:
-        return ids.tolist(), False
-    index = ids.view(np.uint32)  # a negative ID (never an engine's) reads as >= 2**31: out of range
-    try:
-        return _table[index].tolist(), True
-    except IndexError:
-        top = int(index.max())
-        if top >= MAX_SHARED:
-            return ids.tolist(), False
-        return _grown(top + 1)[index].tolist(), True
-
-
 def int_list(ids: np.ndarray) -> list[int]:
     """``ids`` (a 1-D array of IDs) as a new Python list equal to ``ids.tolist()``: through the
     shared table where that is faster (a long int32 array), else ``tolist``."""
-    if len(ids) < _GATHER_MIN:
+    if len(ids) < _GATHER_MIN or ids.dtype != _I32:
         return ids.tolist()
-    return shared_int_list(ids)[0]
+    index = ids.view(np.uint32)  # a negative ID (never an engine's) reads as >= 2**31: out of range
+    try:
+        return _table[index].tolist()
+    except IndexError:
+        top = int(index.max())
+        if top >= MAX_SHARED:
+            return ids.tolist()
+        return _grown(top + 1)[index].tolist()

@@ -13,13 +13,11 @@ shares, exact for any new text: a continuation, a chat template that rewrote its
 text). ``TokenizerCore.encode_session_delta`` answers ``(version, k, tail)``: the new raw IDs are
 state ``version``'s predecessor's first ``k`` then ``tail``, with ``k`` nonzero only when the
 predecessor is the state the caller named. Each entry keeps the raw IDs (no template) of its
-session's current state as :class:`~delta_ray.apps.dropin.kept_ids.KeptIds` (immutable blocks out
-of the garbage collector's sight, whose ints are the process's shared table's,
-:mod:`delta_ray.core.id_lists`), so a turn keeps its first ``k`` and appends ``tail``
-(O(change)), then hands the caller a fresh list with the template around it: the caller may mutate
-what it got, and nothing kept is ever handed out. The kept IDs are tied to a state version, so a
-state the core replaced, evicted or purged (a fast tier found wrong) makes the next turn rebuild
-them from the core's answer, never reuse them.
+session's current state as a Python list, so a turn truncates it to ``k`` and appends ``tail``
+(O(change)), then hands the caller a copy with the template around it: the caller may mutate what
+it got; the kept list is never handed out. The list is tied to a state version, so a state the core
+replaced, evicted or purged (a fast tier found wrong) makes the next turn rebuild the list from the
+core's answer, never reuse it.
 
 The content lookup never decides an ID. Candidates are found by a keyed digest of the text's first
 4 KB (``ContentDigest``, so no hash of the whole text) and compared with the stored text in place
@@ -27,10 +25,10 @@ The content lookup never decides an ID. Candidates are found by a keyed digest o
 shared prefix itself under the session's lock. A wrong candidate costs a comparison.
 
 Bounds: one table per snapshot, LRU over entries (keyed and keyless, every tenant), bounded by
-``max_bytes`` (each entry's kept IDs at ``KeptIds.nbytes``: 8 bytes an ID when their ints are
-shared, 36 otherwise; its core state's bytes and its key: a hostile key costs its own size) and
-``max_entries``; at most :data:`CANDIDATES` conversations per head and tenant. The core's store is
-bounded by the same numbers, and an entry the table drops is dropped from the core too.
+``max_bytes`` (each entry's kept list at :func:`list_bytes`, its core state's bytes and its key:
+a hostile key costs its own size) and ``max_entries``; at most :data:`CANDIDATES` conversations per
+head and tenant. The core's store is bounded by the same numbers, and an entry the table drops is
+dropped from the core too.
 """
 from __future__ import annotations
 
@@ -38,12 +36,10 @@ import sys
 import threading
 from collections import OrderedDict
 
-from ...core.id_lists import shared_int_list
-from .kept_ids import KeptIds
 from ...core.keys import CONTENT_HEAD_CHARS, ContentDigest, content_key, session_key
 from ...core.rope import rope_common_prefix
 
-__all__ = ["CANDIDATES", "DropinSessions", "HEAD_CHARS"]
+__all__ = ["CANDIDATES", "DropinSessions", "HEAD_CHARS", "list_bytes"]
 
 HEAD_CHARS = CONTENT_HEAD_CHARS  # keyless texts shorter than the digested head are not kept
 CANDIDATES = 8  # recent conversations kept per (tenant, head): agents share system prompts
@@ -54,18 +50,25 @@ CANDIDATES = 8  # recent conversations kept per (tenant, head): agents share sys
 # dropping the reasoning of the turns since the last user message) diverges within this.
 TAIL_SLACK_CHARS = 32768
 FORK_MIN_CHARS = 16384
+_INT_BYTES = sys.getsizeof(1 << 20)  # a token ID above the small-int cache: its own int object
 _LOCK_STRIPES = 64
 
 
+def list_bytes(ids: list) -> int:
+    """What a kept list of IDs holds: the list (its pointer array) and one int object per ID (the
+    few IDs under 257 are shared singletons: counted anyway, an upper bound)."""
+    return sys.getsizeof(ids) + _INT_BYTES * len(ids)
+
+
 class _Entry:
-    """One conversation: its core key, the raw IDs of the core state ``version`` (never handed
-    out), its counted bytes, and the content key it is a candidate under (keyless)."""
+    """One conversation: its core key, the raw IDs of the core state ``version`` as a Python list
+    (never handed out), its counted bytes, and the content key it is a candidate under (keyless)."""
 
     __slots__ = ("key", "ids", "version", "nbytes", "head")
 
     def __init__(self, key: str, head: str | None):
         self.key, self.head = key, head
-        self.ids = KeptIds()
+        self.ids: list[int] = []
         self.version: int | None = None
         self.nbytes = 0
 
@@ -155,15 +158,13 @@ class DropinSessions:
                     self.core.install_session(key, state)  # states are immutable: shared, not copied
             try:
                 version, k, tail = self.core.encode_session_delta(key, text, known_version=entry.version)
-                new, shared = shared_int_list(tail)
-                prefix, suffix = self._affix[add_special_tokens]
-                if k:  # the core reused the state these IDs belong to: keep their first k
-                    entry.ids.replace_tail(k, new, shared)
-                    out = entry.ids.to_list(prefix, suffix)
+                ids = entry.ids
+                if k:  # the core reused the state this list belongs to: keep its first k IDs
+                    del ids[k:]
+                    ids += tail.tolist()
                     self.stats["forked" if fork is not None else "continued"] += 1
-                else:  # the caller gets the fresh list itself; the blocks kept are copies
-                    entry.ids = KeptIds(new, shared)
-                    out = prefix + new + suffix if prefix or suffix else new
+                else:
+                    ids = entry.ids = tail.tolist()
                     self.stats["new"] += 1
                 entry.version = version
             except BaseException:
@@ -174,13 +175,17 @@ class DropinSessions:
             if state is None or state.version != version:
                 self._drop(key)  # the core did not keep the state (over its bound, an engine switch)
             else:
-                self._put(entry, sys.getsizeof(key) + entry.ids.nbytes + state.nbytes)
+                self._put(entry, sys.getsizeof(key) + list_bytes(ids) + state.nbytes)
+            prefix, suffix = self._affix[add_special_tokens]
+            if not (prefix or suffix):
+                return ids.copy()  # the caller may mutate what it gets: never the kept list
+            out = prefix + ids
+            out += suffix
             return out
 
     def _fork_source(self, base: str) -> tuple | None:
-        """(the state, another holder of its IDs) of the entry ``base`` if its IDs are that
-        state's: a new conversation sharing a long start with it begins from there without
-        replacing it."""
+        """(the state, a copy of its list) of the entry ``base`` if its list is that state's: a new
+        conversation sharing a long start with it begins from there without replacing it."""
         with self._stripes[hash(base) % _LOCK_STRIPES]:
             with self._lock:
                 entry = self._entries.get(base)
