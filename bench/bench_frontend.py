@@ -232,7 +232,8 @@ async def _replay(plan, serve) -> tuple[list[float], list[list[int]], float]:
         lat[k], got[k] = (at - arrived) * 1000.0, ids
         # Kept for the digests after the run, where a server drops a prompt once the engine has it:
         # out of the collector's sight (frozen: O(1)), or each collection would traverse every kept
-        # list (about 50 ns an ID on this VM: 100-200 ms pauses, and 10 ms a request, at 1M).
+        # list. The freeze takes every object tracked now, so the lists a drop-in session keeps are
+        # frozen too, and the traversal a server pays for them is not counted (docs/performance.md).
         gc.freeze()
 
     late = [0.0]
