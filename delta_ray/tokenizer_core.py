@@ -212,6 +212,22 @@ class TokenizerCore:
         """Whether the fast tier encodes now (it may be switched off for good by the shadow check)."""
         return getattr(self.engine_switch.current, "fast", None) is not None
 
+    def fast_allows(self, text: str) -> bool:
+        """Whether the fast engine in use now would encode all of ``text`` (its guard allows every
+        code point of it): the text then costs the fast engine's time, not the reference's."""
+        fp = self.engine_switch.fast_path()
+        return fp is not None and (fp.allows is None or fp.allows(text))
+
+    def turn_chars(self, session: str, delta_chars: int) -> int:
+        """The characters a turn appending ``delta_chars`` to ``session`` re-encodes, read in O(1)
+        from the stored state: everything after its last checkpoint, or the whole text where it has
+        none (or is not held: the append is then refused at no cost)."""
+        state = self._states().peek(session)
+        if state is None:
+            return delta_chars
+        last = state.last_checkpoint
+        return state.n_chars + delta_chars - (last[0] if last is not None else 0)
+
     def run_pieces(self, pieces: list[str]) -> list[np.ndarray]:
         """The in-process executor: each piece's IDs (no post-processing) from the current engine."""
         return self.encoder.encode_pieces(pieces)

@@ -12,10 +12,16 @@ import sys
 import time
 
 from .bundled import BUNDLED, bundled_tokenizer_config, bundled_tokenizer_path
-from ..server.serve_config import DEFAULT_MAX_BODY_BYTES
+from ..server.serve_config import (DEFAULT_HEADER_TIMEOUT_S, DEFAULT_MAX_BODY_BYTES, DEFAULT_MAX_CLIENT_INFLIGHT_BYTES,
+                                   DEFAULT_MAX_CONNECTIONS, DEFAULT_MAX_HEADER_BYTES, DEFAULT_MAX_INFLIGHT_BYTES)
 
 # Options only Ray Serve has: refused with --local, which runs one process
 RAY_ONLY = {"workers": None, "replicas": 1, "autoscale": None, "direct_ingress": False}
+# Options only the one-process server has (on Serve its proxy holds connections, Ray exports metrics):
+# refused without --local. flag -> run_local's option
+LOCAL_ONLY = {"metrics": "metrics", "max_connections": "max_connections", "max_header_bytes": "max_header_bytes",
+              "header_timeout": "header_timeout_s", "max_inflight_bytes": "max_inflight_bytes",
+              "max_client_inflight_bytes": "max_client_inflight_bytes"}
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -37,6 +43,25 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "only when this command starts Ray; replica ports from 30000)")
     p.add_argument("--model-name", default=None, help="the name clients send as 'model'")
     p.add_argument("--max-body-bytes", type=int, default=None)
+    local = p.add_argument_group("--local limits (defaults in delta_ray/server/serve_config.py; docs/serving.md)")
+    local.add_argument("--metrics", action="store_true",
+                       help="serve the request counters at GET /metrics (they tell held from new content: keep the "
+                            "port behind your network)")
+    local.add_argument("--max-connections", type=int, default=None, metavar="N",
+                       help="open connections; the next is answered 503 and closed "
+                            f"(default {DEFAULT_MAX_CONNECTIONS})")
+    local.add_argument("--max-header-bytes", type=int, default=None, metavar="BYTES",
+                       help="a request's line and headers; more is a 431 "
+                            f"(default {DEFAULT_MAX_HEADER_BYTES >> 10} KiB)")
+    local.add_argument("--header-timeout", type=float, default=None, metavar="S",
+                       help="seconds for a request's line and headers to arrive; else a 408 "
+                            f"(default {DEFAULT_HEADER_TIMEOUT_S:g})")
+    local.add_argument("--max-inflight-bytes", type=int, default=None, metavar="BYTES",
+                       help="body bytes all requests in progress hold; past it a 503 "
+                            f"(default {DEFAULT_MAX_INFLIGHT_BYTES >> 20} MiB, or one client's if larger)")
+    local.add_argument("--max-client-inflight-bytes", type=int, default=None, metavar="BYTES",
+                       help="body bytes one client address's requests in progress hold; past it a 429 "
+                            f"(default {DEFAULT_MAX_CLIENT_INFLIGHT_BYTES >> 20} MiB, or --max-body-bytes if larger)")
 
 
 def _autoscaling(spec: "str | None") -> "dict | None":
@@ -66,13 +91,20 @@ def _run_local(args: argparse.Namespace, tok: str, common: dict) -> int:
         print(f"delta-ray serve --local: {', '.join(ray_only)} need Ray Serve (run without --local)", file=sys.stderr)
         return 2
     from ..server.local import run_local  # lazy: uvicorn, for --local only
+    limits = {option: getattr(args, flag) for flag, option in LOCAL_ONLY.items()
+              if getattr(args, flag) not in (None, False)}
     print(f"delta-ray serving {args.tokenizer} on http://{args.host}:{args.port} from this process, without Ray "
           "(Ctrl-C to stop)", flush=True)
-    run_local(tok, args.host, args.port, **common)
+    run_local(tok, args.host, args.port, **common, **limits)
     return 0
 
 
 def _run_serve(args: argparse.Namespace, tok: str, common: dict) -> int:
+    local_only = [f"--{k.replace('_', '-')}" for k in LOCAL_ONLY if getattr(args, k) not in (None, False)]
+    if local_only:
+        print(f"delta-ray serve: {', '.join(local_only)} are the one-process server's (--local); on Ray Serve "
+              "its proxy holds the connections and Ray exports the metrics", file=sys.stderr)
+        return 2
     os.environ.setdefault("RAY_ENABLE_AUTO_CONNECT", "0")
     import ray  # the Ray path only: --local never imports it
     from ray import serve

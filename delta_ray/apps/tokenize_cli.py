@@ -24,7 +24,9 @@ Inputs by extension: ``.txt`` is one document per line (empty lines skipped; Ray
 ``read_text``), ``.jsonl``/``.json`` newline-delimited JSON objects (``read_json``), ``.parquet``
 (``read_parquet``); ``.txt``/``.jsonl``/``.json`` may end in ``.gz``, ``.bz2`` or ``.zst`` (streamed
 in pieces of ``--batch-bytes``, never decompressed whole; without ``--ray-data`` a line longer than
-``--max-record-bytes``, 64 MiB by default, is refused naming the file and the line's offset). The
+``--max-record-bytes``, 64 MiB by default, is refused naming the file and the line's offset; on both
+paths a JSONL line nested too deep or holding too many items or keys is refused the same way, before
+pyarrow parses it: :mod:`delta_ray.core.json_scan`). The
 output keeps the input columns (``--drop-text`` omits the text) and adds the ``list<int32>`` IDs and
 an ``int32`` count column; ``--output`` is a new or empty local directory (on a multi-node cluster,
 one every node can write: a shared file system) or a URI Ray Data can write to; its rows keep the
@@ -42,7 +44,7 @@ import time
 from pathlib import Path
 
 from delta_ray.batch import files as batch_files
-from delta_ray.batch.inputs import COMPRESSED, DuplicateInput, check_distinct, input_kind
+from delta_ray.batch.inputs import COMPRESSED, DuplicateInput, check_distinct, check_json_file, input_kind
 from delta_ray.core import constants as C
 from delta_ray.core.loading import load_tokenizer
 from delta_ray.core.text_columns import BatchSpec
@@ -149,6 +151,8 @@ def _read(groups: dict[str, list[str]], text_column: str):
     from delta_ray.actors.data_reads import per_file_read  # lazy: the Ray glue, for --ray-data only
 
     readers = {"text": ray.data.read_text, "json": ray.data.read_json, "parquet": ray.data.read_parquet}
+    for path in groups.get("json", []):  # Ray Data hands the file to pyarrow's reader: bounded first
+        check_json_file(path)
     parts = []
     for kind, paths in groups.items():
         ds = per_file_read(readers[kind](paths))

@@ -115,7 +115,7 @@ def check_text_column(path: str, opts: BatchSpec) -> None:
             head = next(chunks, b"")  # the first MiB of whole lines (at least one line)
         finally:
             chunks.close()
-        schema = json_table(head).schema if head.strip() else None
+        schema = json_table(head, path).schema if head.strip() else None
     else:
         return
     if schema is not None:

@@ -3,7 +3,8 @@
 Parquet row groups (a large one streamed in batches of about ``batch_bytes``); text and JSONL,
 compressed or not, streamed in pieces of about ``batch_bytes`` of input cut after a newline, never
 held whole (one line is capped at ``max_record_bytes``, so a newline-free input is refused, not held). :mod:`delta_ray.batch.files` runs the units; :func:`byte_slices` also bounds what a
-Ray Data actor encodes at once.
+Ray Data actor encodes at once. JSONL is scanned before pyarrow parses it (:func:`json_table`,
+:func:`check_json_file`): nesting depth, items and keys per line are bounded.
 """
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ import pyarrow.json as pj
 import pyarrow.parquet as pq
 
 from delta_ray.core import constants as C
+from ..core.json_scan import JsonLinesBound
 from ..core.text_columns import BatchSpec
 
 KINDS = {".txt": "text", ".jsonl": "json", ".json": "json", ".parquet": "parquet"}
@@ -130,24 +132,54 @@ def lines_table(chunk: bytes, column: str) -> pa.Table:
     return pa.table({column: pa.array(lines, pa.string())})
 
 
-def json_table(chunk: bytes) -> pa.Table:
+def json_table(chunk: bytes, where: str = "JSON input", offset: int = 0) -> pa.Table:
     """The JSON lines of a piece; its block size holds the piece whole (pyarrow's default, 1 MiB,
-    refuses a record longer than that: "straddles two block boundaries")."""
+    refuses a record longer than that: "straddles two block boundaries").
+
+    The piece is first scanned at the bytes level (:class:`~delta_ray.core.json_scan.JsonLinesBound`):
+    a line nested deeper than ``MAX_JSON_DEPTH`` (pyarrow's recursive parser overflows its stack,
+    SIGSEGV, at about 15,000 levels) or holding more than ``MAX_JSON_ITEMS`` items or
+    ``MAX_JSON_KEYS`` keys (pyarrow's memory: a column per distinct key) is refused with a
+    ValueError naming ``where`` and the line's byte offset (``offset``: the piece's own)."""
+    JsonLinesBound(where, offset).feed(chunk)
     return pj.read_json(pa.BufferReader(chunk), read_options=pj.ReadOptions(block_size=len(chunk) + 1))
+
+
+def check_json_file(path: str, block_bytes: int = C.BATCH_BYTES) -> None:
+    """The check of :func:`json_table` over a whole JSONL input (decompressed as streamed, any line
+    length), for readers that hand the file to pyarrow themselves (``delta-ray tokenize
+    --ray-data``: Ray Data's ``read_json``). One scan carried across the blocks: a value spanning
+    lines is bounded as pyarrow's reader would parse it, from any line end its blocks may start at."""
+    bound = JsonLinesBound(path)
+    with pa.input_stream(path, compression="detect") as fh:
+        while block := fh.read(block_bytes):
+            bound.feed(block)
+
+
+def json_pieces(path: str, max_bytes: int, max_record_bytes: int = C.MAX_RECORD_BYTES) -> Iterator[pa.Table]:
+    """A JSONL input as tables of about ``max_bytes`` of input each (:func:`line_chunks` through
+    :func:`json_table`), each piece scanned with its offset in the input."""
+    offset = 0
+    for chunk in line_chunks(path, max_bytes, max_record_bytes):
+        yield json_table(chunk, path, offset)
+        offset += len(chunk)
 
 
 def stream_tables(path: str, kind: str, spec: BatchSpec) -> Iterator[pa.Table]:
     """A text or JSONL input as tables of about ``spec.batch_bytes`` of input each, read as drawn."""
-    for chunk in line_chunks(path, spec.batch_bytes, spec.max_record_bytes):
-        table = lines_table(chunk, spec.text_column) if kind == "text" else json_table(chunk)
+    if kind == "text":
+        chunks = line_chunks(path, spec.batch_bytes, spec.max_record_bytes)
+        tables = (lines_table(c, spec.text_column) for c in chunks)
+    else:
+        tables = json_pieces(path, spec.batch_bytes, spec.max_record_bytes)
+    for table in tables:
         if table.num_rows:
             yield table
 
 
 def read_json(path: str) -> pa.Table:
     """A whole JSONL input, streamed in pieces (their schemas unified)."""
-    parts = [json_table(c) for c in line_chunks(path, C.BATCH_BYTES)]
-    parts = [p for p in parts if p.num_rows]
+    parts = [p for p in json_pieces(path, C.BATCH_BYTES) if p.num_rows]
     if not parts:
         return pa.table({})
     return pa.concat_tables(parts, promote_options="permissive")

@@ -21,6 +21,13 @@ MAX_SESSIONS = 4096
 
 BATCH_BYTES = 8 << 20  # text per batch encode in the batch pipelines (bounds Python strings and buffers)
 MAX_RECORD_BYTES = 64 << 20  # longest line of a text/JSONL input the batch reader holds (a longer one is refused)
+# A JSONL line is checked by a bytes-level scan (core/json_scan.py) before pyarrow's reader parses
+# it: pyarrow's parser recurses per level (about 15,000 levels overflowed its stack: SIGSEGV), and
+# its memory grows with the items (about 30 bytes each) and much faster with distinct keys (a
+# column each: about 3 KB for one row). A line past any of these is refused naming its offset.
+MAX_JSON_DEPTH = 64  # arrays and objects nested in one JSONL record (clamped count, carried across lines)
+MAX_JSON_ITEMS = 1 << 20  # values and keys on one JSONL line (",:[{" outside strings, plus one)
+MAX_JSON_KEYS = 1 << 16  # object keys on one JSONL line (":" outside strings)
 
 CONTENT_MIN_BYTES = 4096  # keyless content reuse starts at this size
 CONTENT_MAX_ENTRIES = 1024

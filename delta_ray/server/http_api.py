@@ -115,6 +115,11 @@ def parse_tokenize(body: Any, served: set[str]) -> TokenizeRequest:
     tenant = _typed(body, "cache_salt", str)
     if session is not None and not session:
         raise BadRequest("session_id must not be empty")
+    if tenant is not None and (not tenant or tenant.isspace()):
+        # A blank salt is never a tenant: every client whose salt came out blank (an unset variable)
+        # would share one namespace, which --require-tenant exists to prevent. Refused, not read as
+        # no tenant, so such a client learns it has none (vLLM refuses an empty cache_salt too).
+        raise BadRequest("cache_salt must not be empty or only whitespace (omit it for no tenant)")
     return TokenizeRequest(
         prompt=prompt, messages=messages,
         # an append without the flag takes its session's (None); prompts default as vLLM's

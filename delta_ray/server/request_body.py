@@ -17,10 +17,11 @@ from typing import Any
 
 import orjson
 
+from ..core.json_scan import SLICE_BYTES, Structure, items_in
 from .http_api import BadRequest, loads_json
 from .serve_config import DEFAULT_MAX_JSON_ITEMS  # noqa: F401 - the bound's default, re-exported
 BOUND_FROM_BYTES = 16 * 1024  # smaller bodies are parsed at once (under 8,192 items: well under a millisecond)
-SCAN_SLICE_BYTES = 1 << 20  # bytes one step of the item scan reads
+SCAN_SLICE_BYTES = SLICE_BYTES  # bytes one step of the item scan reads
 ID_SLICE_BYTES = 256 * 1024  # bytes of a /detokenize ID list one orjson call parses (under 128K IDs)
 BYTES_PER_ID = 16  # a /detokenize body may spend this many bytes per allowed ID ("\n        128000,")
 ID_BODY_OTHER_BYTES = 64 * 1024  # what a sliced /detokenize body may carry besides its ID list
@@ -42,28 +43,19 @@ def item_bound(raw: bytes, limit: int) -> int:
     or some number past ``limit`` as soon as that is certain.
 
     Counts ``,`` ``:`` ``[`` ``{`` outside strings, plus one: each container's first item, each
-    further item and each key needs one of them. Strings are found after deleting escaped
-    backslashes and quotes, slice by slice (a slice never ends inside a run of backslashes: the
-    run's parity carries over). A byte that is not valid JSON where it stands only makes the
-    count after it inexact, and a parse stops there, so the bound holds for what a parse reads.
+    further item and each key needs one of them. Strings are found by the shared bytes-level scan
+    (:class:`delta_ray.core.json_scan.Structure`, which bounds JSONL inputs too), slice by slice: a
+    slice may end inside a string or a run of backslashes. A byte that is not valid JSON where it
+    stands only makes the count after it inexact, and a parse stops there, so the bound holds for
+    what a parse reads.
     """
-    n, pos, inside, count, quotes = len(raw), 0, False, 1, 0
-    carry = b""
-    while pos < n:
-        end = min(n, pos + SCAN_SLICE_BYTES)
-        part = carry + raw[pos:end]
-        pos = end
-        run = len(part) - len(part.rstrip(b"\\"))  # backslashes at the end escape the next slice's byte
-        carry = b"\\" if run % 2 else b""
-        part = part[:len(part) - run].replace(b"\\\\", b"").replace(b'\\"', b"")
-        q = part.count(b'"')
+    structure, count, quotes = Structure(), 1, 0
+    for pos in range(0, len(raw), SCAN_SLICE_BYTES):
+        _, codes, q = structure.scan(raw[pos:pos + SCAN_SLICE_BYTES])
         quotes += q
         if quotes > 2 * limit + 2:  # more strings than the limit allows items
             return limit + 1
-        pieces = part.split(b'"')
-        outside = b"".join(pieces[1::2] if inside else pieces[0::2])
-        inside ^= bool(q & 1)
-        count += len(outside.translate(None, _NOT_STRUCTURAL))
+        count += items_in(codes)
         if count > limit:
             return count
     return count

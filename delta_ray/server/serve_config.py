@@ -20,6 +20,21 @@ DEFAULT_MAX_BODY_BYTES = 64 * 1024 * 1024
 DEFAULT_MAX_DETOKENIZE_TOKENS = 1 << 20
 DEFAULT_MAX_JSON_ITEMS = 65_536  # JSON values and keys per request body; more is a 413
 
+# What the one-process server (``delta-ray serve --local``, ``server/local.py``) lets clients hold.
+# uvicorn's own settings where it has one (``server/http_limits.py`` says which are whose).
+DEFAULT_MAX_CONNECTIONS = 1024  # open connections; the one past it is answered 503 and closed unread
+DEFAULT_MAX_HEADER_BYTES = 32 * 1024  # a request's line and headers; more is a 431 and a close
+# A request's line and headers must be in within this, from the connection's start (its first
+# request) or the head's first byte (later ones); else a 408 and a close (a close if nothing came).
+DEFAULT_HEADER_TIMEOUT_S = 10.0
+DEFAULT_KEEP_ALIVE_S = 5.0  # an idle connection between requests is closed after this (uvicorn's)
+DEFAULT_BACKLOG = 2048  # connections the kernel queues before they are accepted (uvicorn's)
+# Request body bytes held at once by the requests in progress: by all of them (past it a 503) and
+# by those of one client address (past it a 429). Either is raised to max_body_bytes where that is
+# larger, so the largest body a request may send always fits one client's share.
+DEFAULT_MAX_INFLIGHT_BYTES = 256 * 1024 * 1024
+DEFAULT_MAX_CLIENT_INFLIGHT_BYTES = 128 * 1024 * 1024
+
 TOKENIZER_OPTIONS = frozenset(f.name for f in fields(TokenizerConfig))
 POOL_OPTIONS = frozenset(f.name for f in fields(PoolConfig)) - {"tokenizer"}
 # The replica's session store bounds are the replica's alone: a pool's workers keep their defaults.
@@ -85,6 +100,22 @@ class ServeConfig:
             raise TypeError(f"pool option(s) {sorted(set(options) & POOL_OPTIONS)} need num_workers "
                             "(a pool per replica); a named pool keeps its own")
         return cls(tokenizer=replica, pool=pool, **fields_)
+
+
+def inflight_limits(max_body_bytes: int, max_inflight_bytes: "int | None" = None,
+                    max_client_inflight_bytes: "int | None" = None) -> "tuple[int, int]":
+    """(in all, per client): the body bytes requests may hold at once. Given values are kept; a
+    default is raised to what one largest body (``max_body_bytes``) needs, and the total to the
+    per-client share."""
+    client = max_client_inflight_bytes
+    if client is None:
+        client = max(DEFAULT_MAX_CLIENT_INFLIGHT_BYTES, max_body_bytes)
+    total = max_inflight_bytes
+    if total is None:
+        total = max(DEFAULT_MAX_INFLIGHT_BYTES, client)
+    _positive("max_client_inflight_bytes", client)
+    _positive("max_inflight_bytes", total)
+    return total, client
 
 
 def _positive(name: str, value: Any) -> None:

@@ -47,8 +47,10 @@ from .serve_config import DEFAULT_MAX_BODY_BYTES, DEFAULT_MAX_DETOKENIZE_TOKENS,
 log = logging.getLogger("delta_ray.serve")
 
 OFF_LOOP_BYTES = 256 * 1024  # bodies larger than this are parsed and serialized in a thread
-OFF_LOOP_CHARS = 128 * 1024  # texts longer than this are encoded in a thread (the fast engine: ~1 ms)
-OFF_LOOP_CHARS_REFERENCE = 16 * 1024  # ... where the reference encodes them (1-2 MB/s: 128K chars held the loop 45 ms)
+# The loop rule: a request is encoded on the event loop only when its work is bounded by a small
+# constant, estimated in O(1) from the characters it encodes and which engine encodes them.
+OFF_LOOP_CHARS = 128 * 1024  # at most this many characters the fast engine encodes whole (~1 ms)
+OFF_LOOP_CHARS_REFERENCE = 16 * 1024  # ... or this many where the reference may encode them (1-2 MB/s)
 OFF_LOOP_IDS = 16384  # ID lists longer than this are validated, decoded or named (token_strs) in a thread
 MANY_TOKENS = 65536  # answers with more IDs than this are serialized in a thread
 MANY_MESSAGES = 64  # chats with more messages than this are validated in a thread (all are rendered in one)
@@ -253,7 +255,7 @@ class RequestHandler:
             tokens = ids_to_numpy(arr)
             self._record.record_path("serve_pool")
         elif route is HERE or route is UNADMITTED:
-            tokens = await self._off_loop_if(len(text) > self._loop_chars(), self.delta.encode_routed,
+            tokens = await self._off_loop_if(not self._on_loop(len(text), text), self.delta.encode_routed,
                                              route, text, None, add)
         else:
             content = route is CONTENT
@@ -262,10 +264,12 @@ class RequestHandler:
                 # so one tenant's timing can never reveal another's text.
                 key, route = content_key(self._content_digest.of(text), req.tenant), self.router.session_route()
             tokens, where, version = await self._off_loop_if(
-                len(text) > self._loop_chars() or self._locks.busy(key), self._session, route, key, text, add)
+                not self._on_loop(len(text), text) or self._locks.busy(key), self._session, route, key, text, add)
             self._record.record_path(f"serve_session_{where}")
             if content:
                 version = None  # content keys are the replica's, not a session the client extends
+                if req.tenant is None:  # content every tenantless client shares: held/new is no client's to read
+                    where = ""
         out: dict[str, Any] = {"count": int(len(tokens)), "max_model_len": self.max_model_len, "tokens": tokens}
         if version is not None:
             out["session_version"] = version
@@ -285,10 +289,15 @@ class RequestHandler:
         return self.template.render(req.messages, add_generation_prompt=req.add_generation_prompt, tools=req.tools,
                                     **req.chat_template_kwargs)
 
-    def _loop_chars(self) -> int:
-        """The longest text encoded on the loop: the fast engine's budget, or the reference's
-        (an unadmitted configuration, or the fast tier switched off)."""
-        return OFF_LOOP_CHARS if self.delta.uses_fast_engine else OFF_LOOP_CHARS_REFERENCE
+    def _on_loop(self, chars: int, text: str, stored: int = 0) -> bool:
+        """Whether work of ``chars`` characters (``text`` the new ones, ``stored`` the rest: a
+        session's text after its last checkpoint) is bounded enough for the event loop: at most the
+        reference's budget, or the fast engine's where it encodes all of it (the fast tier in use,
+        its guard allowing the new text, the stored part within the reference's budget: a guarded
+        code point there costs at most that much of the reference). Anything else runs in a thread."""
+        if chars <= OFF_LOOP_CHARS_REFERENCE:
+            return True
+        return chars <= OFF_LOOP_CHARS and stored <= OFF_LOOP_CHARS_REFERENCE and self.delta.fast_allows(text)
 
     @staticmethod
     async def _off_loop_if(cond: bool, fn: Callable, *args):
@@ -320,7 +329,10 @@ class RequestHandler:
 
     async def _append_request(self, req: TokenizeRequest) -> "tuple[dict, str]":
         key = session_key(req.session, req.tenant)  # an append names its session (parse_tokenize checks)
-        big = len(req.append) > self._loop_chars() or self._locks.busy(key)
+        # By work, not by the delta's size: a turn re-encodes everything after the stored state's
+        # last checkpoint, which a long run without a safe cut can put megabytes back.
+        chars = self.delta.turn_chars(key, len(req.append))
+        big = not self._on_loop(chars, req.append, chars - len(req.append)) or self._locks.busy(key)
         try:
             start, count, tail, version = await self._off_loop_if(
                 big, self._append, key, req.session, req.append, req.add_special_tokens, req.session_version)

@@ -9,6 +9,7 @@ fast engine, whose continuation is the core's compact turn.
 """
 from __future__ import annotations
 
+import contextlib
 import copy
 import sys
 import threading
@@ -396,3 +397,108 @@ def test_memory_per_token_is_what_the_docs_say(stocks, real_texts):
     per_token = table.resident_bytes / n
     assert 36 < per_token < 60, per_token
     assert sys.getsizeof([]) < 100 and np.int32  # (numpy imported for the fixtures' arrays)
+
+
+# -- add_special_tokens that is not a bool; lists the caller owns ---------------------------------------
+_NOT_A_BOOL = ["false", "true", "", "0", 0, 1, 2, None, 1.0, 0.0, [], [1], np.bool_(True), np.bool_(False)]
+_SCOPES = {"plain": None, "session": {"session": "ast"}, "tenant-session": {"session": "ast", "tenant": "x"},
+           "tenant": {"tenant": "x"}}
+
+
+def _outcome(call):
+    """("ok", the answer) or ("raised", the exception's type)."""
+    try:
+        return "ok", call()
+    except Exception as exc:  # noqa: BLE001 - compared with stock's
+        return "raised", type(exc)
+
+
+def _in_scope(scope):
+    return request_scope(**scope) if scope is not None else contextlib.nullcontext()
+
+
+@pytest.mark.parametrize("value", _NOT_A_BOOL + [True, False], ids=repr)
+@pytest.mark.parametrize("scope", list(_SCOPES), ids=list(_SCOPES))
+def test_add_special_tokens_that_is_not_a_bool_is_stocks(stocks, real_texts, value, scope):
+    """glm-4 (a two-token prefix template): ``encode``, ``__call__`` (one text, short and long, and a
+    batch) and ``apply_chat_template(tokenize=True)`` with ``add_special_tokens`` of any value raise
+    where stock raises (its backend takes only a bool or a numpy bool: ``0``, ``1``, ``None`` and
+    ``"false"`` are a TypeError), with the same exception type, and answer stock's IDs where stock
+    answers; in a session scope and out, the long text continuing a conversation; a bool turn after
+    them is still stock's. Fails when the drop-in reads such a value by truthiness (``"false"`` adds
+    the prefix) or as a dict key (a KeyError on the session path)."""
+    stock = stocks("glm-4")
+    tok = wrapped(stock)
+    prose = real_texts["english"]
+    text = prose[:6000]  # past the content lookup's head: the keyless path keeps it too
+    chat = [{"role": "user", "content": text}]
+    calls = {
+        "encode": lambda t: t.encode(text, add_special_tokens=value),
+        "call": lambda t: t(text, add_special_tokens=value)["input_ids"],
+        "call-short": lambda t: t("Hello world", add_special_tokens=value)["input_ids"],
+        "batch": lambda t: t([text, "Hello world"], add_special_tokens=value)["input_ids"],
+        "tokenize": lambda t: t.tokenize(text[:300], add_special_tokens=value),
+        "chat": lambda t: t.apply_chat_template(chat, add_special_tokens=value, **CHAT),
+        "chat-dict": lambda t: t.apply_chat_template(chat, add_special_tokens=value, tokenize=True)["input_ids"],
+    }
+    with _in_scope(_SCOPES[scope]):
+        for name, call in calls.items():
+            want = _outcome(lambda: call(stock))
+            assert _outcome(lambda: call(tok)) == want, name
+            assert _outcome(lambda: call(tok)) == want, name  # again: the kept state is intact
+        more = text + prose[6000:6500]
+        assert tok.encode(more) == stock.encode(more)
+        assert tok(more, add_special_tokens=False)["input_ids"] == stock(more, add_special_tokens=False)["input_ids"]
+    if value.__class__ is not bool and not isinstance(value, np.bool_):
+        assert _outcome(lambda: stock.encode(text, add_special_tokens=value))[0] == "raised"  # as measured
+
+
+def _scramble(ids: list) -> None:
+    """What a caller may do to a list it got: every element changed, some removed, some added."""
+    ids.reverse()
+    ids[:3] = [0, 0, 0]
+    del ids[5:9]
+    ids.append(1)
+
+
+@pytest.mark.parametrize("scope", list(_SCOPES), ids=list(_SCOPES))
+@pytest.mark.parametrize("name", ["glm-4", "qwen-3"])  # a prefix template, and none (the kept list's own IDs)
+def test_a_caller_mutating_any_list_it_got_changes_no_later_answer(stocks, real_texts, scope, name):
+    """Every list the drop-in hands out is the caller's alone: ``input_ids`` from ``encode``,
+    ``__call__`` (one text, a batch) and ``apply_chat_template``, in session scope and out, is never
+    the session's kept list nor the list ``encodings[0].ids`` reads (stock's are distinct lists, and
+    a caller's edit of ``input_ids`` never shows in ``encodings``). The caller scrambles each, then
+    the next turn (the same text again, then a longer one) equals stock. Fails when ``input_ids`` and
+    ``encodings[0].ids`` are one list, or when a kept list is handed out."""
+    stock = stocks(name)
+    tok = wrapped(stock)
+    prose = real_texts["english"]
+    with _in_scope(_SCOPES[scope]):
+        for i in range(4):
+            text = prose[:6000 + 700 * (i // 2)]  # each text twice: the second reuses the whole state
+            chat = [{"role": "user", "content": text}]
+            for ast in (True, False):
+                got = tok.encode(text, add_special_tokens=ast)
+                assert got == stock.encode(text, add_special_tokens=ast)
+                _scramble(got)
+            want, out = stock(text), tok(text)
+            assert out["input_ids"] == want["input_ids"] and out.encodings[0].ids == want.encodings[0].ids
+            assert (out["input_ids"] is out.encodings[0].ids) == (want["input_ids"] is want.encodings[0].ids)
+            assert out.encodings[0].ids is not out.encodings[0].ids  # a new list at each read, as stock's
+            _scramble(out["input_ids"])
+            _scramble(want["input_ids"])
+            assert out.encodings[0].ids == want.encodings[0].ids  # the caller's edit does not show there
+            assert out.tokens() == want.tokens() and len(out.encodings[0]) == len(want.encodings[0])
+            _scramble(out.encodings[0].ids)
+            assert out.encodings[0].ids == want.encodings[0].ids
+            batch = tok([text, "Hello world"])
+            assert batch["input_ids"] == stock([text, "Hello world"])["input_ids"]
+            for ids, enc in zip(batch["input_ids"], batch.encodings):
+                assert ids is not enc.ids
+                _scramble(ids)
+            got = tok.apply_chat_template(chat, **CHAT)
+            assert got == stock.apply_chat_template(chat, **CHAT)
+            _scramble(got)
+            got = tok.apply_chat_template(chat, tokenize=True)
+            assert got["input_ids"] == stock.apply_chat_template(chat, tokenize=True)["input_ids"]
+            _scramble(got["input_ids"])

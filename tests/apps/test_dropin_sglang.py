@@ -174,7 +174,7 @@ def test_the_hooks_bind_each_request_where_it_tokenizes():
     seen = dict(spy.seen)
     for r in requests + gens:
         tenant, key = sglang_tenant(r), r.session_id
-        want = Scope(key, tenant) if tenant is not None or key is not None else Scope(None, None)
+        want = Scope(key, tenant) if tenant is not None or key is not None else None  # none bound
         assert seen[r.text] == want, (r.text, seen[r.text])
 
 
@@ -195,6 +195,50 @@ def test_an_unscoped_request_still_goes_through_the_batch():
             await around(original, b, "scoped")
     asyncio.run(main())
     assert calls == ["unscoped"] and spy.seen == [("scoped", Scope(None, "t"))]
+
+
+def test_a_request_without_identity_binds_no_scope_and_is_batched():
+    """A request naming neither a session nor a tenant binds no scope (not ``Scope(None, None)``), so
+    through the manager's hook it reaches SGLang's dynamic batch tokenizer as without delta-ray; one
+    with a tenant or a key is encoded on its own in its scope. Fails when such a request binds an
+    empty scope (the batcher hook then sends every request to a thread of its own)."""
+    assert sglang_tenant(req()) is None and sglang_session(req()) is None
+    with sglang_scope(req()) as s:
+        assert s is None and current_scope() is None
+    with request_scope(session="outer", tenant="t"):  # a scope around the call still fills it in
+        with sglang_scope(req()) as s:
+            assert s == Scope("outer", "t")
+    with request_scope():  # an outer scope with no identity is no identity either
+        with sglang_scope(req()) as s:
+            assert current_scope() == Scope(None, None)
+
+    spy = _SpyTokenizer()
+    _, Batcher, Manager = _stand_ins(spy)
+    made = hooks({})
+    batched: list[str] = []
+    batcher_encode = Batcher.encode
+
+    async def counting_encode(self, prompt, **kwargs):  # SGLang's own batching path
+        batched.append(prompt)
+        return await batcher_encode(self, prompt, **kwargs)
+    Batcher.encode = _Registry.wrap(counting_encode, made["batcher"][1], "AROUND")
+    Manager._tokenize_one_request = _Registry.wrap(Manager._tokenize_one_request, made["tokenize"][1], "AROUND")
+    plain = [req(text=f"plain{i}") for i in range(4)] + [req(text="empty", extra_key="", cache_salt="")]
+    named = [req(text="keyed", session_id="s"), req(text="salted", cache_salt="a"), req(text="extra", extra_key="x")]
+
+    async def main():
+        manager = Manager(use_batcher=True)
+        await asyncio.gather(*(manager._tokenize_one_request(r) for r in plain + named))
+        with request_scope():  # an empty outer scope: still batched
+            await manager._tokenize_one_request(req(text="in-empty-scope"))
+    asyncio.run(main())
+    assert sorted(batched) == sorted([r.text for r in plain] + ["in-empty-scope"])
+    seen = dict(spy.seen)
+    for r in plain:
+        assert seen[r.text] is None, r.text
+    assert seen["in-empty-scope"] is None  # the batch's thread carries no scope: equivalent to (None, None)
+    for r in named:
+        assert seen[r.text] == Scope(sglang_session(r), sglang_tenant(r)), r.text
 
 
 def test_the_manager_tokenizer_is_wrapped_after_init(tmp_path):
@@ -253,7 +297,7 @@ def test_sglang_request_objects_bind_their_identity():
     cont = GenerateReqInput(text="next turn", session_params={"id": "sess"})
     cont.normalize_batch_and_arguments()
     with sglang_scope(cont) as s:
-        assert s == Scope(None, None)
+        assert s is None and current_scope() is None  # no identity: no scope bound
 
 
 def test_sglang_registry_applies_the_hooks_and_its_batcher_keeps_tenants(tmp_path, monkeypatch):

@@ -29,12 +29,14 @@ def free_port() -> int:
 
 
 class LocalThread:
-    """``local_app`` on uvicorn in a daemon thread of this process, until :meth:`stop`."""
+    """``local_app`` on uvicorn in a daemon thread of this process, until :meth:`stop`. Options are
+    ``local_app``'s, and ``local_server``'s connection limits (as ``run_local`` takes them)."""
 
     def __init__(self, tokenizer: str, **options):
-        from delta_ray.server.local import local_app, local_server
+        from delta_ray.server.local import SERVER_OPTIONS, local_app, local_server
+        server = {k: options.pop(k) for k in SERVER_OPTIONS & set(options)}
         self.port = free_port()
-        self.server = local_server(local_app(tokenizer, **options), "127.0.0.1", self.port)
+        self.server = local_server(local_app(tokenizer, **options), "127.0.0.1", self.port, **server)
         self.thread = threading.Thread(target=self.server.run, name="local-server", daemon=True)
         self.thread.start()
         deadline = time.monotonic() + 60
@@ -51,7 +53,8 @@ class LocalThread:
 
 @pytest.fixture(scope="session")
 def local_host(tokenizer_paths):
-    srv = LocalThread(tokenizer_paths["qwen-3"], tokenizer_config=bundled_tokenizer_config("qwen-3"), **OPTIONS)
+    srv = LocalThread(tokenizer_paths["qwen-3"], tokenizer_config=bundled_tokenizer_config("qwen-3"), metrics=True,
+                      **OPTIONS)  # metrics: test_http.py reads the counters
     yield Host("local", srv.base)
     srv.stop()
 

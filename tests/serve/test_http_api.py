@@ -98,3 +98,58 @@ def test_names_are_bounded_and_never_echoed_at_length():
     with pytest.raises(BadRequest) as info:
         parse_tokenize({"prompt": "x", "model": "m" * 4096}, {"m"})
     assert info.value.status == 404 and len(str(info.value)) < 200
+
+
+@pytest.mark.parametrize("salt", ["", " ", "\t\n", "\u3000"])
+def test_a_blank_cache_salt_is_never_a_tenant(salt):
+    """An empty or whitespace-only ``cache_salt`` is refused with a 400 on every /tokenize body
+    (prompt, messages, append): read as a tenant, every client whose salt came out blank would share
+    one namespace, which ``--require-tenant`` exists to prevent. The message never echoes the salt."""
+    bodies = ({"prompt": "x"}, {"prompt": "x", "session_id": "s"},
+              {"messages": [{"role": "user", "content": "x"}]},
+              {"append": "x", "session_id": "s", "session_version": "v1"})
+    for body in bodies:
+        with pytest.raises(BadRequest, match="cache_salt") as info:
+            parse_tokenize({**body, "cache_salt": salt}, set())
+        assert info.value.status == 400
+    # any other string is a tenant, compared exactly (never stripped)
+    for tenant in (" a ", "a", "\x00", "0"):
+        assert parse_tokenize({"prompt": "x", "cache_salt": tenant}, set()).tenant == tenant
+
+
+def test_require_tenant_refuses_a_blank_cache_salt(tokenizer_paths, references):
+    """The replica's handler (Ray-free) under ``require_tenant``: no salt and a blank salt are each a
+    400 naming cache_salt; a real salt is served, equal to the reference. Fails when a blank salt
+    passes as a tenant."""
+    import asyncio
+    import json
+
+    from delta_ray.apps.bundled import bundled_tokenizer_config
+    from delta_ray.core.config import TokenizerConfig
+    from delta_ray.core.loading import load_tokenizer
+    from delta_ray.server.chat_template import ChatTemplate
+    from delta_ray.server.serve_handler import RequestHandler
+    from delta_ray.tokenizer_core import TokenizerCore
+
+    class NoMetrics:
+        def __getattr__(self, name):
+            return lambda *a, **k: None
+
+    async def chunks(raw: bytes):
+        yield raw
+
+    name = "llama3.2"
+    loaded = load_tokenizer(tokenizer_paths[name])
+    config = TokenizerConfig(chunk_size=4096, cut_threshold=12_000, threads=1, engine="reference", shadow_rate=0.0)
+    h = RequestHandler(loaded, TokenizerCore(loaded, config), served={name}, record=NoMetrics(),
+                       template=ChatTemplate.from_config(bundled_tokenizer_config(name)), require_tenant=True)
+
+    def post(body: dict) -> tuple[int, dict]:
+        status, data, _ = asyncio.run(h.http("tokenize", None, chunks(json.dumps(body).encode())))
+        return status, json.loads(data)
+
+    for extra in ({}, {"cache_salt": ""}, {"cache_salt": "   "}, {"cache_salt": None}):
+        status, out = post({"prompt": "hello", "session_id": "shared-name", **extra})
+        assert status == 400 and "cache_salt" in out["error"]["message"], extra
+    status, out = post({"prompt": "hello", "session_id": "s", "cache_salt": "acme"})
+    assert status == 200 and out["tokens"] == references[name].encode("hello").ids

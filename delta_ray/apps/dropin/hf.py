@@ -16,8 +16,10 @@ no ``split_special_tokens``, no offsets, special-tokens mask or overflow; trunca
 ``longest_first``/``only_first`` where the post-processor's template is known (the IDs are cut as
 the reference cuts them: before the template, ``max_length`` minus the special tokens it adds);
 type ids where the template writes only 0. Everything else falls back to the original method.
-Other fields of the returned encodings (tokens, offsets, word ids) come from the reference on first
-use (:class:`~delta_ray.apps.dropin.snapshot.LazyEncoding`).
+The fields of the returned encodings (their IDs, tokens, offsets, word ids) come from the reference
+on first use (:class:`~delta_ray.apps.dropin.snapshot.LazyEncoding`), so ``encodings[0].ids`` is
+never the ``input_ids`` list itself. A non-bool ``add_special_tokens`` (``0``, ``1``, ``None``,
+``"false"``, ``numpy.bool_``) takes the original method, which raises or accepts it as stock does.
 
 The snapshot the IDs come from is the live backend when the tokenizer was wrapped. transformers'
 own mutators (``add_tokens``, ``add_special_tokens``, ``update_post_processor`` behind
@@ -261,7 +263,10 @@ def _make_encode_plus(original):
                      return_offsets_mapping=False, return_length=False, verbose=True, split_special_tokens=None,
                      **kwargs):
         state = self.__dict__.get(STATE_ATTR)
-        if state is not None and text_pair is None and not is_split_into_words \
+        # add_special_tokens exactly a bool: the backend refuses anything else (TypeError, even 0/1 and
+        # None) and accepts numpy.bool_; the original call does either, as stock does
+        if state is not None and type(add_special_tokens) is bool and text_pair is None \
+                and not is_split_into_words \
                 and padding_strategy == do_not_pad and truncation_strategy in covered_truncation \
                 and not (return_overflowing_tokens or return_special_tokens_mask or return_offsets_mapping) \
                 and not kwargs.get("sanitize_control_tokens") \

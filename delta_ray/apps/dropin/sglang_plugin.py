@@ -18,7 +18,9 @@ hooks on SGLang 0.5.23's request path:
 - around ``AsyncDynamicbatchTokenizer.encode`` (``--enable-dynamic-batch-tokenizer``): a request
   with a scope is encoded on its own in a thread that carries its scope (``asyncio.to_thread``)
   instead of joining a batch whose thread would carry none, so no request is encoded outside its
-  tenant; requests without a scope are batched as before.
+  tenant; requests without a scope are batched as before. A request that names no session and no
+  tenant binds no scope at all (the hooks above bind nothing for it), so it joins the batch: the
+  batch's thread, which carries no scope, encodes it exactly as its own scope would.
 
 What a request binds (:func:`sglang_scope`): tenant = its ``extra_key`` and ``cache_salt`` (the pair
 SGLang's radix cache keys its namespaces by; ``None`` for both is the shared namespace); session key =
@@ -35,13 +37,14 @@ drop-in serves.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 from typing import Any
 
 from .binding import engine_scope, session_or_none
 from .patch import wrap_tokenizer
-from .scope import current_scope
+from .scope import Scope, current_scope
 from .vllm_plugin import env_options
 
 ENABLE = "DELTA_RAY_SGLANG"
@@ -93,10 +96,23 @@ def sglang_session(request: Any, raw_request: Any = None, rid_separator: str | N
 
 
 def sglang_scope(request: Any, raw_request: Any = None):
-    """The :func:`~delta_ray.request_scope` a SGLang request binds (see the module's docstring)."""
+    """The :func:`~delta_ray.request_scope` a SGLang request binds (see the module's docstring); a
+    request that names neither a session nor a tenant (nor finds one around it) binds none (a
+    ``nullcontext``, whose ``with`` gives None): it is encoded as without delta-ray's hooks, by the
+    dynamic batch tokenizer too."""
     separator = os.environ.get(RID_SEPARATOR) or None
-    return engine_scope(tenant=sglang_tenant(request),
-                        session=sglang_session(request, raw_request, separator))
+    scope = engine_scope(tenant=sglang_tenant(request),
+                         session=sglang_session(request, raw_request, separator))
+    return scope if _has_identity(scope.scope) else _UNSCOPED
+
+
+_UNSCOPED = contextlib.nullcontext()  # reusable and re-entrant: it binds nothing
+
+
+def _has_identity(scope: Scope | None) -> bool:
+    """Whether ``scope`` names a session or a tenant (``Scope(None, None)`` reads as no scope: the
+    wrapped tokenizer's keyless lookup in the shared namespace, which every thread gets anyway)."""
+    return scope is not None and (scope.session is not None or scope.tenant is not None)
 
 
 def hooks(options: dict[str, Any]) -> dict[str, tuple[str, Any]]:
@@ -117,7 +133,7 @@ def hooks(options: dict[str, Any]) -> dict[str, tuple[str, Any]]:
             return await original(manager, obj, *args, **kwargs)
 
     async def around_batcher(original, batcher, prompt, **kwargs):
-        if current_scope() is None:
+        if not _has_identity(current_scope()):  # SGLang's own batch, as without the hooks
             return await original(batcher, prompt, **kwargs)
         # The batch runs on the batcher's thread, which carries no request's scope: encode this one
         # on its own, in a thread that carries it (to_thread copies the context).

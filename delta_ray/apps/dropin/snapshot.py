@@ -9,9 +9,11 @@ two facts about the post-processor the drop-in needs: how many special tokens it
 after a single sequence, and the type id of every position. Everything it cannot read exactly is
 ``None``, and the caller then falls back to the backend.
 
-:class:`LazyEncoding` stands in for a ``tokenizers.Encoding``: IDs and attention mask are known;
-any other attribute (tokens, offsets, word ids, ``char_to_token``...) encodes the text once with a
-private copy of the snapshot under the same settings, so those are the reference's own values.
+:class:`LazyEncoding` stands in for a ``tokenizers.Encoding``: its length and attention mask are
+known; any other attribute (IDs, tokens, offsets, word ids, ``char_to_token``...) encodes the text
+once with a private copy of the snapshot under the same settings, so those are the reference's own
+values (``ids`` included: a fresh list at each read, as stock's, never the ``input_ids`` list the
+caller got, which it may mutate).
 """
 from __future__ import annotations
 
@@ -144,16 +146,20 @@ def _encoding_from_state(state) -> Encoding:
 
 
 class LazyEncoding:
-    """A ``tokenizers.Encoding`` whose IDs came from delta-ray; other fields come from the reference
-    on first use (transformers keeps encodings in ``BatchEncoding`` for ``tokens()``,
-    ``char_to_token()``, ``word_ids()``...)."""
+    """A ``tokenizers.Encoding`` for IDs that came from delta-ray; its fields, ``ids`` among them,
+    come from the reference on first use (transformers keeps encodings in ``BatchEncoding`` for
+    ``tokens()``, ``char_to_token()``, ``word_ids()``..., and reads none of them on its own path).
 
-    __slots__ = ("ids", "_text", "_add_special_tokens", "_truncation", "_snapshot", "_real")
+    It keeps only the IDs' count, not the list: that list is the caller's ``input_ids``, which the
+    caller may mutate (stock's ``Encoding.ids`` is a new list at each read, so a caller's edit never
+    shows there), and a copy of it would cost every call what only a reader of ``ids`` needs."""
+
+    __slots__ = ("_n", "_text", "_add_special_tokens", "_truncation", "_snapshot", "_real")
     n_sequences = 1  # one sequence (pairs never take this path); read by BatchEncoding on every call
 
     def __init__(self, ids: list[int], text: str, add_special_tokens: bool, truncation: dict | None,
                  snapshot: Snapshot):
-        self.ids = ids
+        self._n = len(ids)
         self._text = text
         self._add_special_tokens = add_special_tokens
         self._truncation = truncation
@@ -161,11 +167,15 @@ class LazyEncoding:
         self._real = None
 
     @property
+    def ids(self) -> list[int]:
+        return self.materialize().ids  # a new list at each read, the reference's (equal to input_ids)
+
+    @property
     def attention_mask(self) -> list[int]:
-        return [1] * len(self.ids)  # no padding on this path
+        return [1] * self._n  # no padding on this path
 
     def __len__(self) -> int:
-        return len(self.ids)
+        return self._n
 
     def materialize(self):
         """The reference ``Encoding`` this stands for (computed once)."""
@@ -184,4 +194,4 @@ class LazyEncoding:
         return getattr(self.materialize(), name)
 
     def __repr__(self) -> str:
-        return f"LazyEncoding(num_tokens={len(self.ids)})"
+        return f"LazyEncoding(num_tokens={self._n})"
