@@ -59,6 +59,7 @@ def test_every_path_stays_within_10x_the_references_cpu(fast, references, shape)
         "stateless": lambda: fast.encode(text).to_pylist(),
         "session's first turn": lambda: fast.encode(text, session=f"s{next(counter)}").to_pylist(),
         "batch (CLI, Ray Data)": lambda: fast.core.encode_batch_flat([text])[0].tolist(),
+        "lists (the drop-in's keyless encode)": lambda: fast.core.encode_list(text),
     }
     ratios = {}
     for name, fn in paths.items():
