@@ -26,6 +26,7 @@ from .core.cut_predicate import CutPredicate
 from .core.encoder import Encoder, ReferenceEncoder
 from .core.id_lists import int_list
 from .core.families import FAMILIES
+from .core.pretok.transitions import derive_transitions
 from .core.keys import content_key, describe
 from .core.loading import LoadedTokenizer, TokenizerLike, load_tokenizer
 from .core.nfc_anchors import anchor_table
@@ -50,11 +51,12 @@ __all__ = ["REUSE_MODES", "TokenizerConfig", "TokenizerCore", "build_predicate"]
 
 def build_predicate(loaded: LoadedTokenizer, admission: Admission) -> CutPredicate:
     """The cut predicate of an admitted configuration."""
-    fam = FAMILIES[admission.family]
+    table = derive_transitions(loaded.config.get("pre_tokenizer")) if admission.guard == "derived" \
+        else FAMILIES[admission.family]
     specials = SpecialTokenIndex(admission.added_tokens)
     if admission.normalizer == "nfc":
-        return CutPredicate(fam, specials, normalizer("NFC"), anchor_table())
-    return CutPredicate(fam, specials)
+        return CutPredicate(table, specials, normalizer("NFC"), anchor_table())
+    return CutPredicate(table, specials)
 
 
 class TokenizerCore:

@@ -14,7 +14,14 @@ from ..runtime import cache_store
 from .errors import DeltaRayError
 from .families import FAMILIES, Family, family_for_patterns
 from .loading import LoadedTokenizer
+from .pretok.regex_syntax import Unsupported
+from .pretok.transitions import derive_transitions
+from .reference_api import FULL_API
 from .reference_version import reference_version
+
+#: How a pre-tokenizer's safe transitions are known: derived from its own steps (the reference exposes
+#: its regex engine), or a hand-written family whose classes the reference confirms (tokenizers 1.x).
+GUARDS = ("derived", "family")
 
 
 @dataclass(frozen=True)
@@ -23,12 +30,13 @@ class Admission:
 
     admitted: bool
     reason: str
-    family: str | None = None
+    family: str | None = None  # the hand-written family the guard is, when ``guard == "family"``
     normalizer: str | None = None  # None (identity) or "nfc"
     prefix_ids: tuple[int, ...] = ()  # post-processing: added before the sequence
     suffix_ids: tuple[int, ...] = ()  # and after it
     added_tokens: tuple[str, ...] = field(default=(), repr=False)
     engine: str = "reference"
+    guard: str | None = None  # one of GUARDS when admitted
 
     def __bool__(self) -> bool:
         return self.admitted
@@ -51,7 +59,8 @@ def _normalizer_kind(cfg: Any) -> str | None:
     raise NotAdmitted(f"normalizer {t!r} is not covered (only none, an empty Sequence or NFC)")
 
 
-def _pre_tokenizer_family(cfg: Any) -> Family:
+def _family_guard(cfg: Any) -> Family:
+    """Under tokenizers 1.x: the hand-written family whose split patterns these are exactly."""
     if not cfg or cfg.get("type") != "Sequence":
         raise NotAdmitted("pre-tokenizer must be a Sequence of Split(s) followed by ByteLevel")
     steps = cfg.get("pretokenizers") or []
@@ -73,11 +82,24 @@ def _pre_tokenizer_family(cfg: Any) -> Family:
         behaviors.append((str(step.get("behavior", "")).lower(), bool(step.get("invert", False))))
     fam = family_for_patterns(tuple(patterns))
     if fam is None:
-        raise NotAdmitted("pre-tokenizer pattern(s) belong to no family with a known transition table")
+        raise NotAdmitted("pre-tokenizer pattern(s) belong to no family with a known transition table "
+                          "(tokenizers 1.x exposes no regex engine to derive one from)")
     allowed = set(fam.split_behaviors)
     if any(b not in allowed for b in behaviors):
         raise NotAdmitted(f"Split behavior {behaviors} is not covered for family {fam.name}")
     return fam
+
+
+def _pre_tokenizer_guard(cfg: Any) -> tuple[str, str | None, str]:
+    """(guard, family, description) of a pre-tokenizer config, or NotAdmitted with the step's reason."""
+    if not FULL_API:
+        fam = _family_guard(cfg)
+        return "family", fam.name, f"family {fam.name}"
+    try:
+        derived = derive_transitions(cfg)
+    except Unsupported as exc:
+        raise NotAdmitted(f"pre-tokenizer: {exc}") from None
+    return "derived", None, f"pre-tokenizer {' + '.join(derived.steps)} ({len(derived.accept)} classes)"
 
 
 def _template_ids(cfg: Any, loaded: LoadedTokenizer) -> tuple[tuple[int, ...], tuple[int, ...]]:
@@ -110,7 +132,7 @@ def _template_ids(cfg: Any, loaded: LoadedTokenizer) -> tuple[tuple[int, ...], t
     raise NotAdmitted(f"post-processor {t!r} may do more than add special tokens")
 
 
-ADMISSION_FORMAT = 1  # bump when admit()'s rules change: cached decisions of older rules are then ignored
+ADMISSION_FORMAT = 2  # bump when admit()'s rules change: cached decisions of older rules are then ignored
 
 
 @functools.lru_cache(maxsize=1)
@@ -132,8 +154,10 @@ def _admission_key(digest: str) -> dict:
 
 def _valid_admission(p: dict) -> bool:
     ints = lambda v: isinstance(v, list) and all(type(i) is int for i in v)  # noqa: E731
-    return (set(p) == {"admitted", "reason", "family", "normalizer", "prefix_ids", "suffix_ids", "added_tokens"}
+    return (set(p) == {"admitted", "reason", "family", "normalizer", "prefix_ids", "suffix_ids", "added_tokens",
+                       "guard"}
             and isinstance(p["admitted"], bool) and isinstance(p["reason"], str)
+            and (p["guard"] in GUARDS if p["admitted"] else p["guard"] is None)
             and (p["family"] is None or p["family"] in FAMILIES) and p["normalizer"] in (None, "nfc")
             and ints(p["prefix_ids"]) and ints(p["suffix_ids"])
             and isinstance(p["added_tokens"], list) and all(isinstance(t, str) for t in p["added_tokens"])
@@ -155,11 +179,12 @@ def admit(loaded: LoadedTokenizer) -> Admission:
     if rec is not None:
         return Admission(rec["admitted"], rec["reason"], family=rec["family"], normalizer=rec["normalizer"],
                          prefix_ids=tuple(rec["prefix_ids"]), suffix_ids=tuple(rec["suffix_ids"]),
-                         added_tokens=tuple(rec["added_tokens"]))
+                         added_tokens=tuple(rec["added_tokens"]), guard=rec["guard"])
     adm = _admit(loaded)
     cache_store.save_record("admission", key, {"admitted": adm.admitted, "reason": adm.reason, "family": adm.family,
                                    "normalizer": adm.normalizer, "prefix_ids": list(adm.prefix_ids),
-                                   "suffix_ids": list(adm.suffix_ids), "added_tokens": list(adm.added_tokens)})
+                                   "suffix_ids": list(adm.suffix_ids), "added_tokens": list(adm.added_tokens),
+                                   "guard": adm.guard})
     return adm
 
 
@@ -168,17 +193,17 @@ def _admit(loaded: LoadedTokenizer) -> Admission:
     try:
         model = cfg.get("model") or {}
         if model.get("type") != "BPE":
-            raise NotAdmitted(f"model {model.get('type')!r} is not byte-level BPE")
+            raise NotAdmitted(f"model {model.get('type')!r} is not BPE")
         if model.get("dropout") not in (None, 0, 0.0):
             raise NotAdmitted("BPE dropout makes encodes random")
-        if model.get("byte_fallback"):
+        if model.get("byte_fallback") and not FULL_API:
             raise NotAdmitted("byte_fallback is not a byte-level configuration")
         if cfg.get("truncation") is not None or loaded.tokenizer.truncation is not None:
             raise NotAdmitted("truncation is set")
         if cfg.get("padding") is not None or loaded.tokenizer.padding is not None:
             raise NotAdmitted("padding is set")
         norm = _normalizer_kind(cfg.get("normalizer"))
-        fam = _pre_tokenizer_family(cfg.get("pre_tokenizer"))
+        guard, family, described = _pre_tokenizer_guard(cfg.get("pre_tokenizer"))
         added = cfg.get("added_tokens") or []
         for tok in added:
             if tok.get("lstrip") or tok.get("rstrip") or tok.get("single_word"):
@@ -195,6 +220,6 @@ def _admit(loaded: LoadedTokenizer) -> Admission:
         bare = ref.encode(probe, add_special_tokens=False).ids
         if whole != list(prefix) + bare + list(suffix):
             return Admission(False, "post-processing is not a fixed prefix/suffix on this tokenizer")
-    return Admission(True, f"admitted: byte-level BPE, family {fam.name}, normalizer {norm or 'none'}",
-                     family=fam.name, normalizer=norm, prefix_ids=prefix, suffix_ids=suffix,
-                     added_tokens=tuple(t["content"] for t in added))
+    return Admission(True, f"admitted: BPE, {described}, normalizer {norm or 'none'}",
+                     family=family, normalizer=norm, prefix_ids=prefix, suffix_ids=suffix,
+                     added_tokens=tuple(t["content"] for t in added), guard=guard)

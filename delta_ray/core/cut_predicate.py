@@ -9,7 +9,8 @@ order (docs/design.md gives the argument for each):
    before which NFC always splits, no added-token occurrence in [a, c), and
    NFC(S[a:c]) == NFC(S[a:b]) + NFC(S[b:c]); the transition is then checked on the normalized
    characters on either side of b;
-3. pre-tokenizer: the family accepts the class transition (x, y) at b (:mod:`families`).
+3. pre-tokenizer: its transition table accepts the class transition (x, y) at b
+   (:mod:`delta_ray.core.pretok.transitions`; under tokenizers 1.x a hand-written :mod:`families` table).
 
 BPE and the byte-level mapping act per pre-tokenized piece, so equal pieces give equal IDs.
 
@@ -22,11 +23,10 @@ neighbours (docs/design.md, "Composing cuts").
 """
 from __future__ import annotations
 
-from typing import Callable
+from typing import Callable, Protocol
 
 import numpy as np
 
-from .families import Family
 from .special_tokens import SpecialTokenIndex
 
 NFC_WINDOW = 256
@@ -36,10 +36,22 @@ SCAN_BLOCK_MAX = 1 << 16
 _NO_POSITIONS = np.zeros(0, dtype=np.int64)
 
 
+class TransitionTable(Protocol):
+    """A pre-tokenizer's character classes and the class transitions at which a cut is safe: derived
+    from its steps (:mod:`delta_ray.core.pretok.transitions`) or a hand-written family (tokenizers 1.x)."""
+
+    def class_table(self) -> np.ndarray:
+        """uint8 class id per code point."""
+
+    @property
+    def accept_matrix(self) -> np.ndarray:
+        """bool (n_classes, n_classes): a cut between classes x and y is safe for the pre-tokenizer."""
+
+
 class CutPredicate:
     """Decides safe cuts for one admitted tokenizer configuration."""
 
-    def __init__(self, family: Family, specials: SpecialTokenIndex,
+    def __init__(self, family: TransitionTable, specials: SpecialTokenIndex,
                  normalize: Callable[[str], str] | None = None,
                  anchors: np.ndarray | None = None):
         self.family = family

@@ -1,0 +1,1 @@
+"""Safe-cut transitions derived from a tokenizer's own pre-tokenizer (no hand-written families)."""

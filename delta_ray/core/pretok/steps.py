@@ -1,0 +1,93 @@
+"""A ``tokenizer.json`` pre-tokenizer, read as a list of split steps the cut rule understands.
+
+Every step the reference runs is a split of each current piece by a pattern's matches, followed by
+one way of folding matches and the gaps between them into pieces (``SplitDelimiterBehavior``):
+
+* ``Split``: its regex (or plain string, matched literally), behavior and ``invert``;
+* ``ByteLevel(use_regex=true)``: GPT-2's pattern (``GPT2_PATTERN``, the one the reference compiles),
+  isolated; its byte mapping acts per piece and moves no boundary;
+* ``Digits``: each numeric character (the reference's predicate) is a match, isolated when
+  ``individual_digits``, else contiguous;
+* ``Punctuation``: each punctuation character, with its behavior;
+* ``WhitespaceSplit``: each whitespace character, removed; ``Whitespace``: its regex ``\\w+|[^\\w\\s]+``,
+  inverted and removed.
+
+Anything else is refused with its reason.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from .positions import Facts, analyze
+from .regex_syntax import Atom, Unsupported, literal_tree, parse
+
+#: The pattern ``ByteLevel(use_regex=true)`` splits with (tokenizers' ``pre_tokenizers/byte_level.rs``).
+GPT2_PATTERN = r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"
+WHITESPACE_PATTERN = r"\w+|[^\w\s]+"
+BEHAVIORS = ("removed", "isolated", "merged_with_previous", "merged_with_next", "contiguous")
+
+
+@dataclass(frozen=True)
+class Step:
+    """One split: the facts of its pattern, how matches fold into pieces, and whether it is inverted."""
+
+    facts: Facts
+    behavior: str
+    invert: bool = False
+    label: str = ""
+
+
+def _predicate_step(name: str, behavior: str, label: str) -> Step:
+    atom = Atom(f"<{name}>")  # a predicate atom: its members come from the reference's step itself
+    facts = Facts((atom,), frozenset(), frozenset((0,)), frozenset((0,)), frozenset())
+    return Step(facts, behavior, False, label)
+
+
+def _behavior(step: dict[str, Any]) -> str:
+    b = str(step.get("behavior", "isolated")).lower()
+    aliases = {"mergedwithprevious": "merged_with_previous", "mergedwithnext": "merged_with_next"}
+    b = aliases.get(b.replace("_", ""), b)
+    if b not in BEHAVIORS:
+        raise Unsupported(f"split behavior {step.get('behavior')!r}")
+    return b
+
+
+def read_steps(cfg: Any) -> tuple[list[Step], bool]:
+    """The split steps of a pre-tokenizer config and whether it ends with a byte-level mapping."""
+    if cfg is None:
+        return [], False
+    flat = list(cfg.get("pretokenizers") or []) if cfg.get("type") == "Sequence" else [cfg]
+    steps: list[Step] = []
+    byte_level = False
+    for i, step in enumerate(flat):
+        t = step.get("type")
+        if byte_level:
+            raise Unsupported(f"pre-tokenizer step {t!r} after ByteLevel")
+        if t == "Split":
+            pat = step.get("pattern") or {}
+            if "Regex" in pat:
+                tree, label = parse(pat["Regex"]), f"Split({pat['Regex']!r})"
+            elif "String" in pat:
+                tree, label = literal_tree(pat["String"]), f"Split(string {pat['String']!r})"
+            else:
+                raise Unsupported("Split without a pattern")
+            steps.append(Step(analyze(tree), _behavior(step), bool(step.get("invert", False)), label))
+        elif t == "ByteLevel":
+            if step.get("add_prefix_space"):
+                raise Unsupported("ByteLevel add_prefix_space adds a space to every piece")
+            if step.get("use_regex", True):
+                steps.append(Step(analyze(parse(GPT2_PATTERN)), "isolated", False, "ByteLevel regex"))
+            byte_level = True
+        elif t == "Digits":
+            individual = bool(step.get("individual_digits", False))
+            steps.append(_predicate_step("digits", "isolated" if individual else "contiguous", "Digits"))
+        elif t == "Punctuation":
+            steps.append(_predicate_step("punctuation", _behavior(step), "Punctuation"))
+        elif t == "WhitespaceSplit":
+            steps.append(_predicate_step("whitespace", "removed", "WhitespaceSplit"))
+        elif t == "Whitespace":
+            steps.append(Step(analyze(parse(WHITESPACE_PATTERN)), "removed", True, "Whitespace"))
+        else:
+            raise Unsupported(f"pre-tokenizer step {t!r} is not covered")
+    return steps, byte_level

@@ -1,0 +1,139 @@
+"""The accepted class transitions of a pre-tokenizer, derived from its own steps (docs/proof.md, "Derived transitions").
+
+A cut at b between x = text[b-1] and y = text[b] is safe for the pre-tokenizer when its pieces of
+the text are its pieces of text[:b] followed by its pieces of text[b:]. Per step, over the step's
+matches and the gaps between them:
+
+* **transparent** (T): no match can contain both x and y, and a lookahead evaluated right after x
+  cannot see y (``Facts.pairs``). Then every match attempt before b returns the same result on the
+  prefix as on the text (a path that reads b either fails there on both or would have made a match
+  across b), and attempts from b on never read before b: the step's segments of the two parts are
+  its segments of the text, with the one holding b split at b.
+* **a boundary** (B): T, and x or y is a character every attempt at which succeeds
+  (``Facts.single``), so b ends a match or starts one.
+* **robust**: B, and the step's behavior does not fold the segments on either side of b together:
+  ``isolated``/``removed`` never do; ``merged_with_previous`` does only when a gap precedes a match,
+  ``merged_with_next`` only when a match precedes a gap, ``contiguous`` only when two matches meet
+  (``invert`` swaps the roles of matches and gaps). A character in no atom the pattern consumes is
+  always in a gap.
+
+Later steps act on each piece alone, so b is safe for the whole pre-tokenizer when some step is
+robust at (x, y) and every earlier step is transparent there. The classes are the code points'
+atom signatures (one class per distinct set of atoms a code point belongs to); a code point that
+alone matches a multi-character ``(?i)`` word, and every surrogate, is its own *poisoned* class that
+no transition accepts.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass
+from functools import lru_cache
+from typing import Any
+
+import numpy as np
+
+from ..charclass import N_CODEPOINTS
+from . import atoms as atom_tables
+from .regex_syntax import Atom, Unsupported
+from .steps import Step, read_steps
+
+MAX_CLASSES = 255
+
+
+@dataclass(frozen=True, eq=False)
+class DerivedTransitions:
+    """A pre-tokenizer's classes and accepted transitions (what :class:`~delta_ray.core.cut_predicate.CutPredicate` reads)."""
+
+    name: str
+    classes: np.ndarray  # uint8 class id per code point
+    accept: np.ndarray  # bool (n_classes, n_classes)
+    byte_level: bool
+    steps: tuple[str, ...]
+
+    def class_table(self) -> np.ndarray:
+        return self.classes
+
+    @property
+    def accept_matrix(self) -> np.ndarray:
+        return self.accept
+
+
+def _members(atom: Atom) -> np.ndarray:
+    s = atom.source
+    if s.startswith("<") and s.endswith(">"):
+        return atom_tables.predicate_members(s[1:-1])
+    return atom_tables.regex_members(atom.pattern)
+
+
+def _step_matrices(step: Step, member: np.ndarray, col: dict[Atom, int]) -> tuple[np.ndarray, np.ndarray]:
+    """(transparent, robust) over classes for one step; ``member`` is (n_classes, n_atoms) bool."""
+    f = step.facts
+    idx = np.array([col[a] for a in f.atoms], dtype=np.int64)
+    m = member[:, idx].astype(np.uint8)  # class x this step's atoms
+    pairs = np.zeros((len(f.atoms), len(f.atoms)), dtype=np.uint8)
+    for a, b in f.pairs:
+        pairs[a, b] = 1
+    forbid = (m @ pairs @ m.T) > 0
+    single = m[:, sorted(f.single)].any(axis=1) if f.single else np.zeros(len(m), dtype=bool)
+    never = ~m[:, sorted(f.consumed)].any(axis=1) if f.consumed else np.ones(len(m), dtype=bool)
+    transparent = ~forbid
+    boundary = transparent & (single[:, None] | single[None, :])
+    match, gap = (never, single) if step.invert else (single, never)
+    if step.behavior in ("isolated", "removed"):
+        keep = np.ones_like(boundary)
+    elif step.behavior == "merged_with_previous":
+        keep = match[:, None] | gap[None, :]
+    elif step.behavior == "merged_with_next":
+        keep = gap[:, None] | match[None, :]
+    else:  # contiguous
+        keep = gap[:, None] | gap[None, :]
+    return transparent, boundary & keep
+
+
+def _derive(steps: list[Step], byte_level: bool, name: str) -> DerivedTransitions:
+    if not steps:
+        raise Unsupported("no pre-tokenizer step splits the text")
+    atoms: list[Atom] = []
+    col: dict[Atom, int] = {}
+    for step in steps:
+        for a in step.facts.atoms:
+            if a not in col:
+                col[a] = len(atoms)
+                atoms.append(a)
+    poison = np.zeros(N_CODEPOINTS, dtype=bool)
+    poison[0xD800:0xE000] = True
+    for word in sorted(set().union(*(s.facts.fold_words for s in steps))):
+        poison |= atom_tables.folded_into(word)
+    bits = np.stack([_members(a) for a in atoms] + [poison], axis=1)  # code point x (atoms + poison)
+    packed = np.packbits(bits, axis=1)
+    keys = np.ascontiguousarray(packed).view(np.dtype((np.void, packed.shape[1]))).ravel()
+    uniq, first, classes = np.unique(keys, return_index=True, return_inverse=True)
+    if len(uniq) > MAX_CLASSES:
+        raise Unsupported(f"the pre-tokenizer's atoms make {len(uniq)} classes (at most {MAX_CLASSES})")
+    member = bits[first]  # class x (atoms + poison), from one representative each
+    accept = np.zeros((len(uniq), len(uniq)), dtype=bool)
+    through = np.ones_like(accept)
+    for step in steps:
+        transparent, robust = _step_matrices(step, member[:, :-1], col)
+        accept |= through & robust
+        through &= transparent
+    bad = member[:, -1]
+    accept[bad, :] = False
+    accept[:, bad] = False
+    return DerivedTransitions(name, classes.astype(np.uint8).reshape(-1), accept, byte_level,
+                              tuple(s.label for s in steps))
+
+
+@lru_cache(maxsize=32)
+def _cached(canonical: str) -> DerivedTransitions:
+    steps, byte_level = read_steps(json.loads(canonical))
+    atom_tables.require_engine()
+    name = "derived-" + hashlib.sha256(canonical.encode("utf-8")).hexdigest()[:12]
+    return _derive(steps, byte_level, name)
+
+
+def derive_transitions(pre_tokenizer: Any) -> DerivedTransitions:
+    """The classes and accepted transitions of a ``tokenizer.json`` pre-tokenizer config; raises
+    :class:`~delta_ray.core.pretok.regex_syntax.Unsupported` with the reason for a step not covered."""
+    return _cached(json.dumps(pre_tokenizer, sort_keys=True, ensure_ascii=False))
