@@ -44,7 +44,7 @@ class DeltaTokenizer:
                  encoder: Encoder | None = None, **options):
         """``config`` (a :class:`~delta_ray.core.config.TokenizerConfig`) and/or its fields as keywords
         (``chunk_size``, ``cut_threshold``, ``max_chunks``, ``threads``, ``reuse``,
-        ``max_session_bytes``, ``max_sessions``, ``engine``, ``shadow_rate``); ``encoder`` replaces
+        ``max_session_bytes``, ``max_sessions``, ``engine``, ``shadow_rate``, ``strict``); ``encoder`` replaces
         the engine (tests)."""
         self._core = TokenizerCore(tokenizer, config, encoder=encoder, **options)
 

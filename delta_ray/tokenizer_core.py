@@ -16,7 +16,7 @@ import numpy as np
 import pyarrow as pa
 
 from delta_ray.core import constants as C
-from .core.admission import Admission, admit
+from .core.admission import Admission, admit, announce_refusal
 from .core.arguments import check_flag, check_text
 from .core.assembly import concat_ids, decode_ids, flat_from_pieces, ids_to_numpy, one_chunk, to_arrow
 from .core.config import REUSE_MODES, TokenizerConfig, tokenizer_config
@@ -79,7 +79,7 @@ class TokenizerCore:
                  encoder: Encoder | None = None, **options):
         """``config`` (a :class:`~delta_ray.core.config.TokenizerConfig`) and/or its fields as keywords
         (``chunk_size``, ``cut_threshold``, ``max_chunks``, ``threads``, ``reuse``,
-        ``max_session_bytes``, ``max_sessions``, ``engine``, ``shadow_rate``); ``encoder`` replaces
+        ``max_session_bytes``, ``max_sessions``, ``engine``, ``shadow_rate``, ``strict``); ``encoder`` replaces
         the engine (tests)."""
         self.config = cfg = tokenizer_config(config, options)  # the options, as given (validated)
         self._loaded = load_tokenizer(tokenizer)
@@ -88,6 +88,7 @@ class TokenizerCore:
         self.reuse = cfg.reuse
         engine, shadow_rate = cfg.engine, cfg.shadow_rate
         self._admission = admit(self._loaded)
+        announce_refusal(self._admission, self._loaded.digest, strict=cfg.strict)
         # The post-processor's fixed IDs (admitted configurations; the reference adds its own)
         self.template = Template.of(self._admission)
         self._reference = ReferenceEncoder(self._loaded)  # a lazy loaded one: built on first use

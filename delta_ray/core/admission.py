@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import functools
 import importlib.metadata
+import threading
+import warnings
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -42,8 +44,34 @@ class Admission:
         return self.admitted
 
 
-class NotAdmitted(DeltaRayError):
-    """Raised internally with the reason a configuration is refused."""
+class NotAdmitted(DeltaRayError, ValueError):
+    """A configuration the exactness argument does not cover; the message names the pipeline step.
+
+    Raised to the caller only with ``strict=True``; otherwise the tokenizer is served by the
+    reference alone and :class:`NotAdmittedWarning` says why, once per configuration."""
+
+
+class NotAdmittedWarning(UserWarning):
+    """A tokenizer is served by the reference alone (no cuts, no session reuse, no fast engine)."""
+
+
+_WARNED: set[str] = set()
+_WARNED_LOCK = threading.Lock()
+
+
+def announce_refusal(admission: Admission, digest: str, *, strict: bool) -> None:
+    """Make a refusal visible: raise :class:`NotAdmitted` under ``strict``, else warn once per configuration."""
+    if admission.admitted:
+        return
+    if strict:
+        raise NotAdmitted(f"delta-ray does not admit this tokenizer: {admission.reason}")
+    with _WARNED_LOCK:
+        if digest in _WARNED:
+            return
+        _WARNED.add(digest)
+    warnings.warn(f"delta-ray serves this tokenizer with the reference alone (no cuts, no session reuse, "
+                  f"no fast engine): {admission.reason}. Pass strict=True to raise instead.",
+                  NotAdmittedWarning, stacklevel=4)
 
 
 def _normalizer_kind(cfg: Any) -> str | None:

@@ -41,6 +41,7 @@ class TokenizerConfig:
     max_sessions: int = C.MAX_SESSIONS
     engine: str = "auto"
     shadow_rate: float = C.SHADOW_RATE
+    strict: bool = False  # raise NotAdmitted for a tokenizer the exactness argument does not cover
 
     def __post_init__(self):
         self.planner  # PlannerConfig validates the planner's three knobs
@@ -53,6 +54,8 @@ class TokenizerConfig:
             raise ValueError(f"engine must be one of {C.ENGINES}, got {self.engine!r}")
         if not isinstance(self.shadow_rate, (int, float)) or not 0.0 <= self.shadow_rate <= 1.0:
             raise ValueError(f"shadow_rate must be in [0, 1], got {self.shadow_rate!r}")
+        if not isinstance(self.strict, bool):
+            raise ValueError(f"strict must be a bool, got {self.strict!r}")
 
     @property
     def planner(self) -> PlannerConfig:

@@ -6,7 +6,7 @@ import json
 import pytest
 from tokenizers import Tokenizer
 
-from delta_ray import DeltaTokenizer, load_tokenizer
+from delta_ray import DeltaTokenizer, NotAdmitted, NotAdmittedWarning, load_tokenizer
 from delta_ray.core.reference_api import tokenizer_from_str
 
 
@@ -18,7 +18,9 @@ def _variant(path: str, edit) -> Tokenizer:
 
 EDITS = {
     "prefix space": (lambda c: c["pre_tokenizer"]["pretokenizers"][-1].update(add_prefix_space=True), "add_prefix_space"),
-    "unknown regex": (lambda c: c["pre_tokenizer"]["pretokenizers"][0]["pattern"].update(Regex="\\w+|\\s+"), "no family"),
+    "lookbehind regex": (lambda c: c["pre_tokenizer"]["pretokenizers"][0]["pattern"].update(Regex="(?<=x)\\w+|\\s+"), "lookbehind"),
+    "anchored regex": (lambda c: c["pre_tokenizer"]["pretokenizers"][0]["pattern"].update(Regex="^\\w+|\\s+"), "anchor"),
+    "nullable regex": (lambda c: c["pre_tokenizer"]["pretokenizers"][0]["pattern"].update(Regex="\\w*"), "empty string"),
     "lstrip token": (lambda c: c["added_tokens"][0].update(lstrip=True), "lstrip"),
     "lowercase": (lambda c: c.update(normalizer={"type": "Lowercase"}), "normalizer"),
     "normalized token under NFC": (lambda c: c["added_tokens"][0].update(normalized=True), "non-identity normalizer"),
@@ -30,8 +32,11 @@ EDITS = {
 def test_not_admitted_falls_back_to_reference(edit, tokenizer_paths):
     fn, reason = EDITS[edit]
     tok = _variant(tokenizer_paths["qwen-3"], fn)
-    dt = DeltaTokenizer(tok, chunk_size=64, cut_threshold=256)
+    with pytest.warns(NotAdmittedWarning, match="reference alone"):
+        dt = DeltaTokenizer(tok, chunk_size=64, cut_threshold=256)
     assert not dt.admission.admitted and reason in dt.admission.reason
+    with pytest.raises(NotAdmitted, match=reason.replace("(", "\\(")):
+        DeltaTokenizer(tok, strict=True)
     text = "Hello   World 12345 don't\n\n" * 40
     for special in (True, False):
         assert dt.encode(text, add_special_tokens=special).to_pylist() == tok.encode(text, add_special_tokens=special).ids
@@ -42,15 +47,21 @@ def test_not_admitted_falls_back_to_reference(edit, tokenizer_paths):
 
 
 def test_admission_of_the_six(tokenizer_paths):
-    families = {}
+    from delta_ray.core.reference_api import FULL_API
+    kinds = {}
     for name, path in tokenizer_paths.items():
-        dt = DeltaTokenizer(path)
+        dt = DeltaTokenizer(path, strict=True)
         assert dt.admission.admitted, dt.admission.reason
-        families[name] = (dt.admission.family, dt.admission.normalizer)
-    assert families["qwen-3"] == ("qwen3", "nfc")
-    assert families["llama3.2"] == ("llama3", None)
-    assert families["deepseek-v3"] == ("deepseek-v3", None)
-    assert families["minimax-m3"] == ("o200k", "nfc")
+        kinds[name] = (dt.admission.guard, dt.admission.family, dt.admission.normalizer)
+    if FULL_API:  # derived from the pre-tokenizer's own steps
+        assert kinds["qwen-3"] == ("derived", None, "nfc")
+        assert kinds["llama3.2"] == ("derived", None, None)
+        assert kinds["minimax-m3"] == ("derived", None, "nfc")
+    else:  # tokenizers 1.x: the hand-written families the reference confirms
+        assert kinds["qwen-3"] == ("family", "qwen3", "nfc")
+        assert kinds["llama3.2"] == ("family", "llama3", None)
+        assert kinds["deepseek-v3"] == ("family", "deepseek-v3", None)
+        assert kinds["minimax-m3"] == ("family", "o200k", "nfc")
     assert DeltaTokenizer(tokenizer_paths["llama3.2"]).admission.prefix_ids == (128000,)
 
 

@@ -112,3 +112,22 @@ def all_strings(alphabet: Sequence[str], max_len: int) -> Iterable[str]:
     for n in range(2, max_len + 1):
         for combo in itertools.product(alphabet, repeat=n):
             yield "".join(combo)
+
+
+def class_representatives(table, per_class: int = 2, seed: int = 0) -> list[str]:
+    """Up to ``per_class`` code points of every class a transition table names (the lowest assigned
+    one and a random other), so that exhaustive strings reach every pair of classes."""
+    import numpy as np
+
+    classes = np.asarray(table.class_table())
+    rnd = np.random.default_rng(seed)
+    out: list[str] = []
+    for c in np.unique(classes).tolist():
+        members = np.flatnonzero(classes == c)
+        members = members[(members < 0xD800) | (members > 0xDFFF)]
+        if len(members) == 0:
+            continue
+        picks = {int(members[0])} | {int(x) for x in rnd.choice(members, size=min(per_class - 1, len(members)),
+                                                                replace=False)}
+        out.extend(chr(cp) for cp in sorted(picks))
+    return out

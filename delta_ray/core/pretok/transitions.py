@@ -91,7 +91,8 @@ def _step_matrices(step: Step, member: np.ndarray, col: dict[Atom, int]) -> tupl
     return transparent, boundary & keep
 
 
-def _derive(steps: list[Step], byte_level: bool, name: str) -> DerivedTransitions:
+def derive_from_steps(steps: list[Step], byte_level: bool = False, name: str = "derived") -> DerivedTransitions:
+    """The classes and accepted transitions of split steps (:func:`~delta_ray.core.pretok.steps.read_steps`)."""
     if not steps:
         raise Unsupported("no pre-tokenizer step splits the text")
     atoms: list[Atom] = []
@@ -130,7 +131,7 @@ def _cached(canonical: str) -> DerivedTransitions:
     steps, byte_level = read_steps(json.loads(canonical))
     atom_tables.require_engine()
     name = "derived-" + hashlib.sha256(canonical.encode("utf-8")).hexdigest()[:12]
-    return _derive(steps, byte_level, name)
+    return derive_from_steps(steps, byte_level, name)
 
 
 def derive_transitions(pre_tokenizer: Any) -> DerivedTransitions:
