@@ -23,7 +23,7 @@ import numpy as np
 from ..charclass import N_CODEPOINTS, all_codepoints_text
 from ..reference_api import FULL_API
 from ..table_cache import cached_table
-from .regex_syntax import Unsupported
+from .regex_syntax import Unsupported, literal_char, literal_source
 
 TABLE_VERSION = 1
 #: Character-predicate atoms (steps without a pattern), by the name a step's atom carries.
@@ -44,23 +44,31 @@ def _packed(key: str, derive) -> np.ndarray:
     return np.unpackbits(packed)[:N_CODEPOINTS].astype(bool)
 
 
+def _runs(pattern: str, text: str, cps: np.ndarray) -> np.ndarray:
+    """Bool per code point inside a match of ``pattern`` over ``text`` (runs: one piece per run)."""
+    from tokenizers import Regex, pre_tokenizers  # lazy: tokenizers 0.x only (1.x has no Regex)
+
+    out = np.zeros(N_CODEPOINTS, dtype=bool)
+    split = pre_tokenizers.Split(Regex(pattern), behavior="removed", invert=True)
+    for _piece, (start, end) in split.pre_tokenize_str(text):
+        out[cps[start:end]] = True
+    return out
+
+
 @lru_cache(maxsize=512)
 def regex_members(pattern: str) -> np.ndarray:
-    """Bool per code point: the reference's engine matches ``pattern`` on that one character."""
+    """Bool per code point: the reference's engine matches ``pattern`` (one character) on it."""
     require_engine()
+    literal = literal_char(pattern)
+    if literal is not None:  # a case-sensitive literal matches its own code point and no other
+        out = np.zeros(N_CODEPOINTS, dtype=bool)
+        out[ord(literal)] = True
+        return out
 
     def derive() -> np.ndarray:
-        from tokenizers import Regex, pre_tokenizers  # lazy: tokenizers 0.x only (1.x has no Regex)
-
+        # Runs of members come back as one piece each: one scan, few Python objects.
         text, cps = all_codepoints_text()
-        out = np.zeros(N_CODEPOINTS, dtype=bool)
-        split = pre_tokenizers.Split(Regex(pattern), behavior="removed", invert=True)
-        for _piece, (start, end) in split.pre_tokenize_str(text):
-            if end - start == 1:
-                out[cps[start]] = True
-            else:  # a one-character atom cannot match more than one character
-                raise Unsupported(f"atom {pattern!r} matched {end - start} characters")
-        return out
+        return _runs(f"(?:{pattern})+", text, cps)
 
     return _packed("re:" + pattern, derive)
 
@@ -94,23 +102,25 @@ def predicate_members(name: str) -> np.ndarray:
     return _packed("pred:" + name, derive)
 
 
-@lru_cache(maxsize=512)
-def folded_into(word: str) -> np.ndarray:
-    """Bool per code point that alone matches ``(?i:word)`` for a word of two or three characters."""
+@lru_cache(maxsize=64)
+def folded_into(words: tuple[str, ...]) -> np.ndarray:
+    """Bool per code point that alone matches ``(?i:w)`` for one of ``words`` (two or three characters)."""
     require_engine()
-    from .regex_syntax import literal_source
-
-    pattern = "(?i:" + "".join(literal_source(c) for c in word) + ")"
+    pattern = "(?i:" + "|".join("".join(literal_source(c) for c in w) for w in sorted(words)) + ")"
 
     def derive() -> np.ndarray:
+        text, cps = all_codepoints_text()
+        # Each code point alone between two separators (in no word): a match inside one code point's
+        # slot is a match of that code point alone.
+        sep = next(c for c in "\n\x00\x01" if not any(c in w for w in words))
+        spaced = sep + sep.join(text) + sep
         from tokenizers import Regex, pre_tokenizers  # lazy: tokenizers 0.x only
 
-        text, cps = all_codepoints_text()
         out = np.zeros(N_CODEPOINTS, dtype=bool)
         split = pre_tokenizers.Split(Regex(pattern), behavior="removed", invert=True)
-        for _piece, (start, end) in split.pre_tokenize_str(text):
-            if end - start == 1:
-                out[cps[start]] = True
+        for _piece, (start, end) in split.pre_tokenize_str(spaced):
+            if end - start == 1 and start % 2 == 1:
+                out[cps[start // 2]] = True
         return out
 
     return _packed("fold:" + pattern, derive)

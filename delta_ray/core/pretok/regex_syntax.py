@@ -82,6 +82,18 @@ def literal_source(ch: str) -> str:
     return "\\x{%x}" % ord(ch)
 
 
+def literal_char(pattern: str) -> str | None:
+    """The character a case-sensitive literal atom's pattern (:func:`literal_source`) stands for, else None."""
+    if len(pattern) == 1 and pattern.isascii() and pattern.isalnum():
+        return pattern
+    if pattern.startswith("\\x{") and pattern.endswith("}") and pattern[3:-1].isalnum():
+        try:
+            return chr(int(pattern[3:-1], 16))
+        except ValueError:
+            return None
+    return None
+
+
 class _Parser:
     def __init__(self, pattern: str):
         self.s = pattern

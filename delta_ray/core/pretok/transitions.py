@@ -104,8 +104,9 @@ def derive_from_steps(steps: list[Step], byte_level: bool = False, name: str = "
                 atoms.append(a)
     poison = np.zeros(N_CODEPOINTS, dtype=bool)
     poison[0xD800:0xE000] = True
-    for word in sorted(set().union(*(s.facts.fold_words for s in steps))):
-        poison |= atom_tables.folded_into(word)
+    words = tuple(sorted(set().union(*(s.facts.fold_words for s in steps))))
+    if words:
+        poison |= atom_tables.folded_into(words)
     bits = np.stack([_members(a) for a in atoms] + [poison], axis=1)  # code point x (atoms + poison)
     packed = np.packbits(bits, axis=1)
     keys = np.ascontiguousarray(packed).view(np.dtype((np.void, packed.shape[1]))).ravel()
