@@ -51,7 +51,7 @@ __all__ = ["REUSE_MODES", "TokenizerConfig", "TokenizerCore", "build_predicate"]
 
 def build_predicate(loaded: LoadedTokenizer, admission: Admission) -> CutPredicate:
     """The cut predicate of an admitted configuration."""
-    table = derive_transitions(loaded.config.get("pre_tokenizer")) if admission.guard == "derived" \
+    table = derive_transitions(loaded.config, loaded.digest) if admission.guard == "derived" \
         else FAMILIES[admission.family]
     specials = SpecialTokenIndex(admission.added_tokens)
     if admission.normalizer == "nfc":

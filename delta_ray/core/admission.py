@@ -17,6 +17,7 @@ from .errors import DeltaRayError
 from .families import FAMILIES, Family, family_for_patterns
 from .loading import LoadedTokenizer
 from .pretok.regex_syntax import Unsupported
+from .pretok.steps import read_normalizer
 from .pretok.transitions import derive_transitions
 from .reference_api import FULL_API
 from .reference_version import reference_version
@@ -33,7 +34,7 @@ class Admission:
     admitted: bool
     reason: str
     family: str | None = None  # the hand-written family the guard is, when ``guard == "family"``
-    normalizer: str | None = None  # None (identity) or "nfc"
+    normalizer: str | None = None  # None (identity), "nfc", or "map" (one-character Replace steps)
     prefix_ids: tuple[int, ...] = ()  # post-processing: added before the sequence
     suffix_ids: tuple[int, ...] = ()  # and after it
     added_tokens: tuple[str, ...] = field(default=(), repr=False)
@@ -84,6 +85,11 @@ def _normalizer_kind(cfg: Any) -> str | None:
         return "nfc"
     if t == "Sequence" and len(cfg["normalizers"]) == 1:
         return _normalizer_kind(cfg["normalizers"][0])
+    if FULL_API:  # one-character Replace maps: the derivation reads them (core/pretok/steps.py)
+        try:
+            return "map" if read_normalizer(cfg) else None
+        except Unsupported as exc:
+            raise NotAdmitted(f"normalizer: {exc}") from None
     raise NotAdmitted(f"normalizer {t!r} is not covered (only none, an empty Sequence or NFC)")
 
 
@@ -118,13 +124,13 @@ def _family_guard(cfg: Any) -> Family:
     return fam
 
 
-def _pre_tokenizer_guard(cfg: Any) -> tuple[str, str | None, str]:
-    """(guard, family, description) of a pre-tokenizer config, or NotAdmitted with the step's reason."""
+def _pre_tokenizer_guard(config: Any, digest: str) -> tuple[str, str | None, str]:
+    """(guard, family, description) of a config's pre-tokenizer, or NotAdmitted with the step's reason."""
     if not FULL_API:
-        fam = _family_guard(cfg)
+        fam = _family_guard(config.get("pre_tokenizer"))
         return "family", fam.name, f"family {fam.name}"
     try:
-        derived = derive_transitions(cfg)
+        derived = derive_transitions(config, digest)
     except Unsupported as exc:
         raise NotAdmitted(f"pre-tokenizer: {exc}") from None
     return "derived", None, f"pre-tokenizer {' + '.join(derived.steps)} ({len(derived.accept)} classes)"
@@ -186,7 +192,7 @@ def _valid_admission(p: dict) -> bool:
                        "guard"}
             and isinstance(p["admitted"], bool) and isinstance(p["reason"], str)
             and (p["guard"] in GUARDS if p["admitted"] else p["guard"] is None)
-            and (p["family"] is None or p["family"] in FAMILIES) and p["normalizer"] in (None, "nfc")
+            and (p["family"] is None or p["family"] in FAMILIES) and p["normalizer"] in (None, "nfc", "map")
             and ints(p["prefix_ids"]) and ints(p["suffix_ids"])
             and isinstance(p["added_tokens"], list) and all(isinstance(t, str) for t in p["added_tokens"])
             and (p["admitted"] or p["family"] is None))
@@ -231,7 +237,7 @@ def _admit(loaded: LoadedTokenizer) -> Admission:
         if cfg.get("padding") is not None or loaded.tokenizer.padding is not None:
             raise NotAdmitted("padding is set")
         norm = _normalizer_kind(cfg.get("normalizer"))
-        guard, family, described = _pre_tokenizer_guard(cfg.get("pre_tokenizer"))
+        guard, family, described = _pre_tokenizer_guard(cfg, loaded.digest)
         added = cfg.get("added_tokens") or []
         for tok in added:
             if tok.get("lstrip") or tok.get("rstrip") or tok.get("single_word"):

@@ -12,13 +12,17 @@ non-int32 array, ``tolist``.
 
 A list made here holds ints scattered over the table, in the order of the vocabulary, not of the
 text: copying it touches them at random. A list kept and copied every turn (a drop-in session's
-IDs) is made with ``tolist`` instead, whose ints lie in the list's order.
+IDs) is made with ``tolist`` instead, whose ints lie in the list's order, and taken out of the cyclic
+collector's sight (:func:`untrack_ints`).
 """
 from __future__ import annotations
 
+import gc
+import platform
+
 import numpy as np
 
-__all__ = ["MAX_SHARED", "int_list"]
+__all__ = ["MAX_SHARED", "int_list", "untrack_ints"]
 
 MAX_SHARED = 1 << 20  # the largest vocabulary whose ints are shared (about 40 MB of table at most)
 _GATHER_MIN = 4096  # below: ``tolist`` is as fast as the gather
@@ -53,3 +57,41 @@ def int_list(ids: np.ndarray) -> list[int]:
         if top >= MAX_SHARED:
             return ids.tolist()
         return _grown(top + 1)[index].tolist()
+
+
+def _untracker():
+    """CPython's ``PyObject_GC_UnTrack`` through ``ctypes`` (None elsewhere: nothing to do there)."""
+    if platform.python_implementation() != "CPython":
+        return None
+    try:
+        import ctypes
+        fn = ctypes.pythonapi.PyObject_GC_UnTrack
+    except (ImportError, AttributeError):  # a build without ctypes, or without the symbol exported
+        return None
+    fn.argtypes, fn.restype = [ctypes.py_object], None
+    return fn
+
+
+_UNTRACK = _untracker()
+
+
+def untrack_ints(ids: list) -> list:
+    """``ids`` itself, out of the cyclic garbage collector's sight: ``gc.is_tracked(ids)`` is False
+    afterwards (on CPython; elsewhere it is returned as it is).
+
+    A list is a tracked container, and every collection of its generation visits each of its
+    pointers: a kept list of 290K IDs costs a full collection about 2 ms on the VM of
+    docs/performance.md, paid by every thread of a serving process at every full collection, for as
+    long as the list is kept. The collector exists to find reference cycles, and a list whose items
+    are all ints can never be on one: an int refers to nothing. So this is sound for a list that
+    holds only ints and that its owner never makes hold anything else (the caller's promise: a
+    drop-in session's kept list, built from an integer array's ``tolist``, later only cut with
+    ``del`` and extended with more such ints). Untracking changes nothing else: the list is freed by
+    reference counting as before (list dealloc untracks again, which is idempotent), a mutation
+    does not track it again, and a copy (``list.copy``, ``+``) is a new tracked list, as a caller's
+    list should be. ``PyObject_GC_UnTrack`` is itself idempotent; it is called with the GIL held
+    (``ctypes.pythonapi``), in a fraction of a microsecond.
+    """
+    if _UNTRACK is not None and type(ids) is list and gc.is_tracked(ids):
+        _UNTRACK(ids)
+    return ids

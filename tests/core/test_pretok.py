@@ -61,7 +61,7 @@ GAINED = {
 @pytest.mark.parametrize("family", sorted(FAMILIES))
 def test_derivation_reproduces_or_extends_the_hand_tables(family):
     fam = FAMILIES[family]
-    derived = derive_transitions(_family_config(fam))
+    derived = derive_transitions({"pre_tokenizer": _family_config(fam)})
     lost, gained = _compare(fam, derived)
     # Only surrogates are lost: the derivation poisons them (no text the reference encodes holds one).
     assert all(any(0xD800 <= ord(c) <= 0xDFFF for c in pair) for _, _, pair in lost), lost
@@ -119,7 +119,7 @@ def test_every_step_kind_exhaustively_over_its_classes(kind, kinds):
     ref = kinds[kind]
     dt = DeltaTokenizer(ref, strict=True)
     pred = dt.core._predicate
-    table = derive_transitions(KINDS[kind])
+    table = derive_transitions({"pre_tokenizer": KINDS[kind]})
     reps = class_representatives(table)
     texts = list(all_strings(reps, 3)) if len(reps) <= 40 else list(all_strings(reps, 2))
     texts += ["".join(t) for t in all_strings(ADVERSARIAL[::3], 2)]
@@ -149,8 +149,8 @@ def test_control_without_the_lookahead_condition_fails(tokenizer_paths, referenc
     pattern = cfg["pretokenizers"][0]["pattern"]["Regex"]
     steps = [Step(analyze(_without_lookaheads(parse(pattern))), "isolated")]
     loose = CutPredicate(derive_from_steps(steps, name="control"), SpecialTokenIndex([]))
-    exact = CutPredicate(derive_transitions(cfg), SpecialTokenIndex([]))
-    reps = class_representatives(derive_transitions(cfg))
+    exact = CutPredicate(derive_transitions({"pre_tokenizer": cfg}), SpecialTokenIndex([]))
+    reps = class_representatives(derive_transitions({"pre_tokenizer": cfg}))
     texts = list(all_strings(reps, 3))
     assert Battery(ref).cut_failures([(t, b) for t in texts for b in accepted_cuts(loose, t)])
     assert Battery(ref).cut_failures([(t, b) for t in texts for b in accepted_cuts(exact, t)]) == []

@@ -19,6 +19,12 @@ it got; the kept list is never handed out. The list is tied to a state version, 
 replaced, evicted or purged (a fast tier found wrong) makes the next turn rebuild the list from the
 core's answer, never reuse it.
 
+The kept lists are out of the cyclic collector's sight (:func:`~delta_ray.core.id_lists.untrack_ints`,
+where each is made: a new state's ``tolist``, a fork's copy): a list of ints can be on no reference
+cycle, and each of these only ever holds ints (cut with ``del``, extended with an integer array's
+``tolist``), so a full collection does not walk the table's IDs (a default 1 GiB table holds about
+25M). What the caller gets is a new list, tracked as any.
+
 The content lookup never decides an ID. Candidates are found by a keyed digest of the text's first
 4 KB (``ContentDigest``, so no hash of the whole text) and compared with the stored text in place
 (``startswith`` per rope part, memcmp speed); whichever state is chosen, the core re-checks the
@@ -36,6 +42,7 @@ import sys
 import threading
 from collections import OrderedDict
 
+from ...core.id_lists import untrack_ints
 from ...core.keys import CONTENT_HEAD_CHARS, ContentDigest, content_key, session_key
 from ...core.rope import rope_common_prefix
 
@@ -62,7 +69,8 @@ def list_bytes(ids: list) -> int:
 
 class _Entry:
     """One conversation: its core key, the raw IDs of the core state ``version`` as a Python list
-    (never handed out), its counted bytes, and the content key it is a candidate under (keyless)."""
+    (never handed out, holding only ints, untracked by the collector), its counted bytes, and the
+    content key it is a candidate under (keyless)."""
 
     __slots__ = ("key", "ids", "version", "nbytes", "head")
 
@@ -164,7 +172,7 @@ class DropinSessions:
                     ids += tail.tolist()
                     self.stats["forked" if fork is not None else "continued"] += 1
                 else:
-                    ids = entry.ids = tail.tolist()
+                    ids = entry.ids = untrack_ints(tail.tolist())  # ints only: no cycle to find
                     self.stats["new"] += 1
                 entry.version = version
             except BaseException:
@@ -192,7 +200,7 @@ class DropinSessions:
             state = self.core.store.peek(base)
             if entry is None or state is None or state.version != entry.version:
                 return None
-            return state, entry.ids.copy()
+            return state, untrack_ints(entry.ids.copy())  # the fork's kept list: ints only
 
     # -- the table ---------------------------------------------------------------------------------
     def _put(self, entry: _Entry, nbytes: int) -> None:

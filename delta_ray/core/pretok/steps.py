@@ -38,6 +38,9 @@ class Step:
     label: str = ""
 
 
+_NEVER = Facts((), frozenset(), frozenset(), frozenset(), frozenset())  # a step that never splits
+
+
 def _predicate_step(name: str, behavior: str, label: str) -> Step:
     atom = Atom(f"<{name}>")  # a predicate atom: its members come from the reference's step itself
     facts = Facts((atom,), frozenset(), frozenset((0,)), frozenset((0,)), frozenset())
@@ -53,6 +56,56 @@ def _behavior(step: dict[str, Any]) -> str:
     return b
 
 
+@dataclass(frozen=True)
+class Pipeline:
+    """What the cut rule reads of a normalizer and pre-tokenizer: the split steps, the one-to-one
+    character map applied before them (``Replace`` of one character by one, ``Metaspace``'s space),
+    whether bytes are mapped last, and the characters a piece after a cut must start with (a
+    ``Metaspace`` that prepends its separator to a piece that does not start with it)."""
+
+    steps: tuple[Step, ...]
+    byte_level: bool
+    char_map: tuple[tuple[str, str], ...] = ()
+    right_required: str | None = None
+
+
+def read_normalizer(cfg: Any) -> tuple[tuple[str, str], ...]:
+    """The character map of a normalizer made of one-character ``Replace`` steps (none: empty)."""
+    if cfg is None:
+        return ()
+    items = cfg.get("normalizers") if cfg.get("type") == "Sequence" else [cfg]
+    if [n.get("type") for n in items or []] == ["NFC"]:
+        return ()  # not a character map: the cut predicate's NFC guard covers it (core/cut_predicate.py)
+    out = []
+    for n in items or []:
+        if n.get("type") == "Prepend":
+            raise Unsupported("a Prepend normalizer adds its string to every chunk")
+        if n.get("type") != "Replace":
+            raise Unsupported(f"normalizer {n.get('type')!r} is not a one-character map")
+        pat, content = n.get("pattern") or {}, n.get("content")
+        if "String" not in pat or len(pat["String"]) != 1 or not isinstance(content, str) or len(content) != 1:
+            raise Unsupported("a Replace normalizer that is not one character by one")
+        out.append((pat["String"], content))
+    return tuple(out)
+
+
+def read_pipeline(normalizer: Any, pre_tokenizer: Any) -> Pipeline:
+    """The steps, character map and constraints of a normalizer (one-character maps) and pre-tokenizer."""
+    char_map = read_normalizer(normalizer)
+    steps, byte_level = read_steps(pre_tokenizer)
+    right = None
+    if pre_tokenizer is not None and pre_tokenizer.get("type") == "Metaspace":
+        rep = pre_tokenizer.get("replacement", "\u2581")
+        if not isinstance(rep, str) or len(rep) != 1:
+            raise Unsupported("Metaspace with a replacement that is not one character")
+        if pre_tokenizer.get("prepend_scheme", "always") not in ("always", "first", "never"):
+            raise Unsupported(f"Metaspace prepend_scheme {pre_tokenizer.get('prepend_scheme')!r}")
+        char_map = char_map + ((" ", rep),)
+        if pre_tokenizer.get("prepend_scheme", "always") != "never":
+            right = rep  # a piece that starts with the separator gets none prepended
+    return Pipeline(tuple(steps), byte_level, char_map, right)
+
+
 def read_steps(cfg: Any) -> tuple[list[Step], bool]:
     """The split steps of a pre-tokenizer config and whether it ends with a byte-level mapping."""
     if cfg is None:
@@ -64,6 +117,15 @@ def read_steps(cfg: Any) -> tuple[list[Step], bool]:
         t = step.get("type")
         if byte_level:
             raise Unsupported(f"pre-tokenizer step {t!r} after ByteLevel")
+        if t == "Metaspace":
+            if len(flat) != 1:
+                raise Unsupported("Metaspace in a sequence of pre-tokenizers")
+            if step.get("split", True):  # the separator is a match, merged with the piece after it
+                sep = step.get("replacement", "\u2581")
+                steps.append(Step(analyze(literal_tree(sep)), "merged_with_next", False, "Metaspace"))
+            else:
+                steps.append(Step(_NEVER, "isolated", False, "Metaspace"))
+            continue
         if t == "Split":
             pat = step.get("pattern") or {}
             if "Regex" in pat:

@@ -28,15 +28,15 @@ from __future__ import annotations
 import hashlib
 import json
 from dataclasses import dataclass
-from functools import lru_cache
 from typing import Any
 
 import numpy as np
 
 from ..charclass import N_CODEPOINTS
 from . import atoms as atom_tables
+from .merges import ModelGuard, model_guard
 from .regex_syntax import Atom, Unsupported
-from .steps import Step, read_steps
+from .steps import Pipeline, Step, read_pipeline
 
 MAX_CLASSES = 255
 
@@ -91,9 +91,12 @@ def _step_matrices(step: Step, member: np.ndarray, col: dict[Atom, int]) -> tupl
     return transparent, boundary & keep
 
 
-def derive_from_steps(steps: list[Step], byte_level: bool = False, name: str = "derived") -> DerivedTransitions:
-    """The classes and accepted transitions of split steps (:func:`~delta_ray.core.pretok.steps.read_steps`)."""
-    if not steps:
+def derive_from_steps(steps: list[Step], byte_level: bool = False, name: str = "derived", *,
+                      char_map: tuple[tuple[str, str], ...] = (), right_required: str | None = None,
+                      model: ModelGuard | None = None) -> DerivedTransitions:
+    """The classes and accepted transitions of split steps (:func:`~delta_ray.core.pretok.steps.read_steps`),
+    after a one-to-one character map, optionally with the model's own guard inside one piece."""
+    if not steps and model is None:
         raise Unsupported("no pre-tokenizer step splits the text")
     atoms: list[Atom] = []
     col: dict[Atom, int] = {}
@@ -107,35 +110,69 @@ def derive_from_steps(steps: list[Step], byte_level: bool = False, name: str = "
     words = tuple(sorted(set().union(*(s.facts.fold_words for s in steps))))
     if words:
         poison |= atom_tables.folded_into(words)
-    bits = np.stack([_members(a) for a in atoms] + [poison], axis=1)  # code point x (atoms + poison)
+    extra = [model.left, model.right] if model is not None else []
+    if right_required is not None:
+        required = np.zeros(N_CODEPOINTS, dtype=bool)
+        required[ord(right_required)] = True
+        extra.append(required)
+    bits = np.stack([_members(a) for a in atoms] + extra + [poison], axis=1)  # code point x columns
     packed = np.packbits(bits, axis=1)
     keys = np.ascontiguousarray(packed).view(np.dtype((np.void, packed.shape[1]))).ravel()
     uniq, first, classes = np.unique(keys, return_index=True, return_inverse=True)
     if len(uniq) > MAX_CLASSES:
         raise Unsupported(f"the pre-tokenizer's atoms make {len(uniq)} classes (at most {MAX_CLASSES})")
-    member = bits[first]  # class x (atoms + poison), from one representative each
+    member = bits[first]  # class x columns, from one representative each
+    n_atoms = len(atoms)
     accept = np.zeros((len(uniq), len(uniq)), dtype=bool)
     through = np.ones_like(accept)
     for step in steps:
-        transparent, robust = _step_matrices(step, member[:, :-1], col)
+        transparent, robust = _step_matrices(step, member[:, :n_atoms], col)
         accept |= through & robust
         through &= transparent
+    if model is not None:  # inside a piece every step left whole: the vocabulary's guard
+        accept |= through & member[:, n_atoms][:, None] & member[:, n_atoms + 1][None, :]
+    if right_required is not None:
+        accept &= member[:, -2][None, :]
     bad = member[:, -1]
     accept[bad, :] = False
     accept[:, bad] = False
-    return DerivedTransitions(name, classes.astype(np.uint8).reshape(-1), accept, byte_level,
-                              tuple(s.label for s in steps))
+    classes = classes.astype(np.uint8).reshape(-1)
+    for raw, mapped in char_map:  # the steps see the mapped character: so does the class of the raw one
+        classes[ord(raw)] = classes[ord(mapped)]
+    return DerivedTransitions(name, classes, accept, byte_level, tuple(s.label for s in steps)
+                              + (("BPE vocabulary guard",) if model is not None else ()))
 
 
-@lru_cache(maxsize=32)
-def _cached(canonical: str) -> DerivedTransitions:
-    steps, byte_level = read_steps(json.loads(canonical))
+def derive_pipeline(pipe: Pipeline, model: dict[str, Any] | None, name: str) -> DerivedTransitions:
+    """Derive the transitions of a read pipeline; the model's guard joins when it is sound."""
     atom_tables.require_engine()
-    name = "derived-" + hashlib.sha256(canonical.encode("utf-8")).hexdigest()[:12]
-    return derive_from_steps(steps, byte_level, name)
+    guard = None
+    if model is not None and not pipe.byte_level:
+        try:
+            guard = model_guard(model)
+        except Unsupported:
+            if not pipe.steps:
+                raise
+    return derive_from_steps(list(pipe.steps), pipe.byte_level, name, char_map=pipe.char_map,
+                             right_required=pipe.right_required, model=guard)
 
 
-def derive_transitions(pre_tokenizer: Any) -> DerivedTransitions:
-    """The classes and accepted transitions of a ``tokenizer.json`` pre-tokenizer config; raises
-    :class:`~delta_ray.core.pretok.regex_syntax.Unsupported` with the reason for a step not covered."""
-    return _cached(json.dumps(pre_tokenizer, sort_keys=True, ensure_ascii=False))
+_BY_DIGEST: dict[str, DerivedTransitions] = {}
+
+
+def derive_transitions(config: dict[str, Any], digest: str | None = None) -> DerivedTransitions:
+    """The classes and accepted transitions of a ``tokenizer.json`` config (its normalizer's
+    character maps, pre-tokenizer and BPE vocabulary); raises
+    :class:`~delta_ray.core.pretok.regex_syntax.Unsupported` with the reason for a step not covered.
+    ``digest`` (the config's SHA-256) keys a per-process cache."""
+    if digest is not None and digest in _BY_DIGEST:
+        return _BY_DIGEST[digest]
+    pipe = read_pipeline(config.get("normalizer"), config.get("pre_tokenizer"))
+    key = json.dumps([config.get("normalizer"), config.get("pre_tokenizer")], sort_keys=True, ensure_ascii=False)
+    name = "derived-" + hashlib.sha256(key.encode("utf-8")).hexdigest()[:12]
+    out = derive_pipeline(pipe, config.get("model"), name)
+    if digest is not None:
+        if len(_BY_DIGEST) >= 16:  # a process loads few tokenizers; a test session may load many
+            _BY_DIGEST.clear()
+        _BY_DIGEST[digest] = out
+    return out
