@@ -15,7 +15,7 @@ from typing import Any
 from ..runtime import cache_store
 from .errors import DeltaRayError
 from .families import FAMILIES, Family, family_for_patterns
-from .loading import LoadedTokenizer
+from .loading import LoadedTokenizer, padding_is_neutral
 from .pretok.regex_syntax import Unsupported
 from .pretok.steps import read_normalizer
 from .pretok.transitions import derive_transitions
@@ -234,8 +234,9 @@ def _admit(loaded: LoadedTokenizer) -> Admission:
             raise NotAdmitted("byte_fallback is not a byte-level configuration")
         if cfg.get("truncation") is not None or loaded.tokenizer.truncation is not None:
             raise NotAdmitted("truncation is set")
-        if cfg.get("padding") is not None or loaded.tokenizer.padding is not None:
-            raise NotAdmitted("padding is set")
+        if not (cfg.get("padding") is None or padding_is_neutral(cfg.get("padding"))) \
+                or loaded.tokenizer.padding is not None:
+            raise NotAdmitted("padding is set (to a fixed length or a multiple: it changes a one-text encode)")
         norm = _normalizer_kind(cfg.get("normalizer"))
         guard, family, described = _pre_tokenizer_guard(cfg, loaded.digest)
         added = cfg.get("added_tokens") or []

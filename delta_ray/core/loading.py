@@ -18,6 +18,29 @@ from .reference_api import check_encodes, tokenizer_from_str, tokenizer_to_str
 TokenizerLike = Union[str, "os.PathLike[str]", Tokenizer, "LoadedTokenizer"]
 
 
+def padding_is_neutral(padding: Any) -> bool:
+    """Whether a ``padding`` setting leaves every one-text ``encode`` unchanged: padding to the
+    batch's longest, with no multiple to round up to (a text alone is its batch's longest)."""
+    if not isinstance(padding, dict) or padding.get("pad_to_multiple_of") not in (None, 0, 1):
+        return False
+    if "strategy" in padding:  # tokenizer.json's form
+        return padding["strategy"] == "BatchLongest"
+    return "length" in padding and padding["length"] is None  # ``Tokenizer.padding``'s form
+
+
+def _build(data: bytes) -> Tokenizer:
+    """The reference from tokenizer.json bytes. A neutral padding is dropped: one text encodes the same
+    without it, and delta-ray's batches of pieces (and of texts, each answered as its own ``encode``)
+    must not be padded to their longest member."""
+    text = data.decode("utf-8")
+    if b'"padding"' in data:
+        cfg = json.loads(text)
+        if padding_is_neutral(cfg.get("padding")):
+            cfg["padding"] = None
+            text = json.dumps(cfg, ensure_ascii=False)
+    return check_encodes(tokenizer_from_str(text))
+
+
 class DigestMismatch(DeltaRayError, ValueError):
     """Configuration bytes do not match the SHA-256 they were sent with."""
 
@@ -61,7 +84,7 @@ class LoadedTokenizer:
         if tok is None:
             with self._lock:
                 if self._tokenizer is None:
-                    self._tokenizer = check_encodes(tokenizer_from_str(self.config_bytes.decode("utf-8")))
+                    self._tokenizer = _build(self.config_bytes)
                 tok = self._tokenizer
         return tok
 
@@ -87,7 +110,7 @@ class LoadedTokenizer:
             raise DigestMismatch(f"tokenizer configuration SHA-256 {digest} != expected {expected_digest}")
         if lazy:
             return cls(None, bytes(data), digest, source)
-        return cls(check_encodes(tokenizer_from_str(data.decode("utf-8"))), data, digest, source)
+        return cls(_build(data), data, digest, source)
 
 
 def load_tokenizer(tokenizer: TokenizerLike, *, lazy: bool = False) -> LoadedTokenizer:
@@ -100,7 +123,8 @@ def load_tokenizer(tokenizer: TokenizerLike, *, lazy: bool = False) -> LoadedTok
     if isinstance(tokenizer, Tokenizer):
         data = tokenizer_to_str(tokenizer).encode("utf-8")
         loaded = LoadedTokenizer.from_bytes(data, source="<Tokenizer>")
-        loaded.tokenizer = tokenizer  # keep the caller's object: it may carry runtime settings
+        if not padding_is_neutral(tokenizer.padding):
+            loaded.tokenizer = tokenizer  # keep the caller's object: it may carry runtime settings
         return loaded
     if isinstance(tokenizer, (str, os.PathLike)):
         path = os.fspath(tokenizer)

@@ -84,3 +84,30 @@ def test_loading_forms(tokenizer_paths, tmp_path):
         load_tokenizer(bad)
     with pytest.raises(ValueError):
         DeltaTokenizer(path, reuse="sometimes")
+
+
+@pytest.mark.parametrize("padding, admitted", [
+    ({"strategy": "BatchLongest", "direction": "Left", "pad_to_multiple_of": None, "pad_id": 0, "pad_type_id": 0,
+      "pad_token": "!"}, True),
+    ({"strategy": "BatchLongest", "direction": "Right", "pad_to_multiple_of": 8, "pad_id": 0, "pad_type_id": 0,
+      "pad_token": "!"}, False),
+    ({"strategy": {"Fixed": 64}, "direction": "Right", "pad_to_multiple_of": None, "pad_id": 0, "pad_type_id": 0,
+      "pad_token": "!"}, False),
+])
+def test_padding_is_admitted_where_it_cannot_change_one_text(padding, admitted, tokenizer_paths, tmp_path):
+    """Padding to a batch's longest leaves one text's encode as it is: admitted, and no batch of pieces
+    or of texts is padded; a fixed length or a multiple changes a one-text encode: refused."""
+    cfg = json.load(open(tokenizer_paths["qwen-3"], encoding="utf-8"))
+    cfg["padding"] = padding
+    path = tmp_path / "tokenizer.json"
+    path.write_text(json.dumps(cfg), encoding="utf-8")
+    ref = Tokenizer.from_file(str(path))
+    text = "Hello   World 12345 don't\n\n" * 400
+    for given in (str(path), ref):
+        dt = DeltaTokenizer(given, chunk_size=64, cut_threshold=256, strict=admitted)
+        assert dt.admission.admitted is admitted, dt.admission.reason
+        assert dt.encode(text).to_pylist() == ref.encode(text).ids
+        assert dt.encode(text, session="s").to_pylist() == ref.encode(text).ids
+        assert [a.to_pylist() for a in dt.encode_batch([text, "x"])] == [ref.encode(t).ids for t in (text, "x")]
+        if admitted:
+            assert dt.cuts(text)

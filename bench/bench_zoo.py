@@ -1,0 +1,94 @@
+"""The zoo's new pipeline kinds, side by side in one run (issue 56): one tokenizer of each kind.
+
+For each: a stateless 1M-character text and a session turn appending about 2K characters to a
+1M-character session, against the reference's whole encode and fastokens' whole encode (where
+fastokens loads the tokenizer), every answer checked against the reference. Ratios only mean
+something within one run (this VM is noisy): each row is measured back to back.
+
+    .venv/bin/python -m bench.bench_zoo                      # the default kinds, engine "fast"
+    .venv/bin/python -m bench.bench_zoo --names gguf-gpt-2 --chars 250000
+"""
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+
+from bench import zoo
+from bench.peers.in_process import Fastokens
+from delta_ray import DeltaTokenizer
+from delta_ray.apps.sample_text import corpus
+from delta_ray.core.loading import load_tokenizer
+
+#: One tokenizer of each kind the derivation newly admits.
+DEFAULT = ("mistral-tekken-240911", "gguf-gpt-2", "otc-deepseek-v2", "gguf-gemma-4", "gguf-llama-spm", "gguf-phi-3")
+
+
+def _ms(fn, reps: int) -> float:
+    out = []
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        fn()
+        out.append((time.perf_counter() - t0) * 1e3)
+    return statistics.median(out)
+
+
+def measure(name: str, chars: int, append: int, turns: int, engine: str, reps: int) -> dict:
+    """One row: the reference, fastokens and delta-ray on the same texts, checked."""
+    path = str(zoo.tokenizer_path(name))
+    ref = load_tokenizer(path).tokenizer
+    src = corpus("english", chars + (turns + 1) * append + 10)
+    text = src[:chars]
+    want = ref.encode(text).ids
+    row = {"name": name, "kind": zoo.kind(name)}
+    row["ref_ms"] = _ms(lambda: ref.encode(text), reps)
+    try:
+        fast = Fastokens(path)
+        assert fast.ids(text).tolist() == want, f"{name}: fastokens differs from the reference"
+        row["fastokens_ms"] = _ms(lambda: fast.ids(text), reps)
+    except Exception as exc:  # noqa: BLE001 - a peer that cannot load the tokenizer is reported as such
+        row["fastokens_ms"] = float("nan")
+        row["fastokens_note"] = f"{type(exc).__name__}: {exc}"[:80]
+    dt = DeltaTokenizer(path, engine=engine, shadow_rate=0.0)
+    row["admitted"] = dt.admission.admitted
+    row["engine"] = dt.admission.engine
+    assert dt.encode(text).to_pylist() == want
+    row["stateless_ms"] = _ms(lambda: dt.encode(text), reps)
+    dt.encode(text, session="s")
+    turn_ms, grown = [], text
+    for t in range(turns):
+        grown += src[chars + t * append:chars + (t + 1) * append]
+        t0 = time.perf_counter()
+        got = dt.encode(grown, session="s")
+        turn_ms.append((time.perf_counter() - t0) * 1e3)
+    assert got.to_pylist() == ref.encode(grown).ids, f"{name}: a session turn differs from the reference"
+    row["turn_ms"] = statistics.median(turn_ms)
+    return row
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--names", default=",".join(DEFAULT))
+    ap.add_argument("--chars", type=int, default=1_000_000)
+    ap.add_argument("--append", type=int, default=2_000)
+    ap.add_argument("--turns", type=int, default=7)
+    ap.add_argument("--reps", type=int, default=3)
+    ap.add_argument("--engine", default="fast", choices=("auto", "fast", "reference"))
+    args = ap.parse_args(argv)
+    zoo.build()
+    print(f"# {args.chars:,} characters; a turn appends {args.append:,}; medians; engine={args.engine}")
+    print("| tokenizer | kind | reference whole | fastokens whole | delta-ray stateless | turn | "
+          "turn / reference | turn / fastokens | stateless / fastokens | engine |")
+    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
+    for name in args.names.split(","):
+        r = measure(name, args.chars, args.append, args.turns, args.engine, args.reps)
+        fk = r["fastokens_ms"]
+        print(f"| {name} | {r['kind']} | {r['ref_ms']:.1f} ms | {fk:.1f} ms | {r['stateless_ms']:.1f} ms | "
+              f"{r['turn_ms']:.2f} ms | 1/{r['ref_ms'] / r['turn_ms']:.0f} | {r['turn_ms'] / fk:.2f} | "
+              f"{fk / r['stateless_ms']:.2f}x | {r['engine'][:40]} |", flush=True)
+        if "fastokens_note" in r:
+            print(f"|   | fastokens: {r['fastokens_note']} |")
+
+
+if __name__ == "__main__":
+    main()
