@@ -104,6 +104,10 @@ KINDS = {
     "punctuation-whitespace": _bl([{"type": "Punctuation", "behavior": "Isolated"}, {"type": "WhitespaceSplit"}]),
     "whitespace": _bl([{"type": "Whitespace"}]),
     "case-folded": _bl([_split(r"(?i:'s|'ll|'st)|\p{L}+|\s+(?!\S)|\s+|[^\s\p{L}]+")]),
+    # DeepSeek V2's shape: trailing whitespace of a piece isolated by an end-of-line anchor
+    "end-of-line": _bl([_split(r"[\r\n]"), _split(r"\s?\p{L}+"), _split(r"\s?[!-/:-~]+"), _split(r"\s+$"),
+                        {"type": "Digits", "individual_digits": True}]),
+    "end-of-input": _bl([_split(r"\s+\z|\p{L}+|\s|[^\s\p{L}]+")]),
 }
 
 
@@ -158,6 +162,7 @@ def test_control_without_the_lookahead_condition_fails(tokenizer_paths, referenc
 
 @pytest.mark.parametrize("pattern, reason", [
     (r"(?<=a)b|\s+", "lookbehind"), (r"^\w+|\s+", "anchor"), (r"\w+\b|\s+", "word boundary"),
+    (r"\w+\Z", "anchor"), (r"(?=a$)a", "inside a lookahead"),
     (r"\w*", "empty string"), (r"a++|\s", "possessive"), (r"(?i:[a-z])+", "class under (?i)"),
     (r"(?i:\p{L})", "under (?i)"), (r"(?i:é)", "non-ASCII literal"), (r"(a)\1", "back-reference"),
     (r"(?>ab)", "atomic"), (r"\R", "two characters"), (r"(?=(?!a)b)c", "inside a lookahead"),
@@ -178,3 +183,14 @@ def test_bytelevel_regex_is_the_references_own_pattern(tokenizer_paths):
     b = pre_tokenizers.Sequence([pre_tokenizers.Split(Regex(GPT2_PATTERN), "isolated"),
                                  pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)]).pre_tokenize_str(text)
     assert a == b
+
+
+def test_end_anchors_are_the_lookaheads_the_derivation_reads():
+    """``$`` is ``(?![^\\n])`` and ``\\z`` is ``(?![\\s\\S])`` on the reference's engine (Ruby syntax)."""
+    from tokenizers import Regex, pre_tokenizers
+    text = "".join(ADVERSARIAL) + " a \n b  \r\n  c\t\n\n  "
+    texts = [text[i:j] for i in range(0, len(text), 7) for j in range(i + 1, len(text) + 1, 5)]
+    for anchor, look in ((r"$", r"(?![^\n])"), (r"\z", r"(?![\s\S])")):
+        a = pre_tokenizers.Split(Regex(r"\s+" + anchor + r"|\S+"), "isolated")
+        b = pre_tokenizers.Split(Regex(r"\s+" + look + r"|\S+"), "isolated")
+        assert all(a.pre_tokenize_str(t) == b.pre_tokenize_str(t) for t in texts)

@@ -7,8 +7,10 @@ members are never interpreted here: :mod:`delta_ray.core.pretok.atoms` asks the 
 regex engine which code points the atom's source matches, so the tree cannot disagree with the
 engine about a class, a property or a case fold.
 
-Anything whose meaning the derivation does not cover is refused with its reason
-(:class:`Unsupported`): anchors (``^ $ \\b \\A \\z \\G``), lookbehind, atomic groups, possessive
+The end anchors are lookaheads: ``$`` (Ruby syntax: the end or a line feed next) is
+``(?![^\\n])`` and ``\\z`` is ``(?![\\s\\S])``. Anything else whose meaning the derivation does not
+cover is refused with its reason (:class:`Unsupported`): start anchors and boundaries
+(``^ \\b \\A \\Z \\G``), lookbehind, atomic groups, possessive
 quantifiers, back-references, inline flag switches other than a scoped ``(?i:...)``, ``\\R``/``\\X``
 (which can match more than one character), and, under ``(?i)``, anything but ASCII literals and
 case-free escapes (a class or a non-ASCII literal could match a multi-character case fold).
@@ -68,7 +70,7 @@ class Look:
 _CASE_FREE_ESCAPES = set("sSdDwW")  # \h is a hex digit in Ruby syntax (case-dependent): refused under (?i)
 _CLASS_ESCAPES = set("sSdDwWhH")
 _CONTROL = {"n": "\n", "r": "\r", "t": "\t", "f": "\f", "v": "\v", "a": "\a", "e": "\x1b"}
-_REFUSED_ESCAPES = {"b": "a word boundary", "B": "a word boundary", "A": "an anchor", "z": "an anchor",
+_REFUSED_ESCAPES = {"b": "a word boundary", "B": "a word boundary", "A": "an anchor",
                     "Z": "an anchor", "G": "an anchor", "R": "\\R (it can match two characters)",
                     "X": "\\X (it can match several characters)", "K": "\\K", "k": "a back-reference",
                     "g": "a subexpression call", "y": "a grapheme boundary", "Y": "a grapheme boundary",
@@ -176,7 +178,10 @@ class _Parser:
             if fold:
                 raise Unsupported(f"'.' under (?i) in {self.s!r}")
             return Atom(".")
-        if c in ("^", "$"):
+        if c == "$":  # Ruby syntax: the end of the input or before a line feed, i.e. (?![^\n])
+            self.i += 1
+            return Look(True, Atom("[^\\n]"))
+        if c == "^":
             raise Unsupported(f"anchor {c!r} in {self.s!r}")
         if c in ("*", "+", "?"):
             raise Unsupported(f"quantifier {c!r} with nothing to repeat in {self.s!r}")
@@ -242,6 +247,9 @@ class _Parser:
             return self.literal(self.code_escape(), fold)
         if e.isdigit():
             raise Unsupported(f"numeric escape \\{e} in {s!r} (back-reference or octal)")
+        if e == "z":  # the end of the input: no character follows
+            self.i += 2
+            return Look(True, Atom("[\\s\\S]"))
         if e in _REFUSED_ESCAPES:
             raise Unsupported(f"{_REFUSED_ESCAPES[e]} (\\{e}) in {s!r}")
         if e.isascii() and e.isalnum():
