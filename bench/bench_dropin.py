@@ -32,6 +32,17 @@ option), so both patches spread a long text over fastokens' native threads; ``--
 times delta-ray with the pin kept.
 
     .venv/bin/python bench/bench_dropin.py [--tokenizer qwen-3] [--engine fast] [--repeats 5]
+
+``--gc`` (issue 58): the session table and Python's cyclic collector. Two keyed drop-ins, each with
+the default table (1 GiB, ``--gc-bytes``) filled with conversations of ``--gc-chars`` characters:
+``untracked`` as shipped, ``tracked`` with the kept lists left in the collector's sight (the module's
+``untrack_ints`` replaced by the identity while it runs: the code before the change). The startup
+heap is frozen first (``gc.freeze()``, as ``vllm serve`` does), then a full ``gc.collect()`` is timed
+with the tables empty, with only the untracked one full, with both, and
+with only the tracked one; then warm agent turns on both, turn by turn in rotating order, IDs
+compared with each other and with stock's at the last turn:
+
+    .venv/bin/python bench/bench_dropin.py --gc [--gc-chars 1000000] [--gc-bytes 1073741824]
 """
 from __future__ import annotations
 
@@ -366,6 +377,154 @@ def run_agent(args, folder: str, native: bool | None) -> int:
     return 1 if any(mismatches.values()) else 0
 
 
+# -- the collector and the kept lists (--gc) --------------------------------------------------------------
+class _Tracked:
+    """While inside: the drop-in's sessions keep their lists tracked (``untrack_ints`` is the
+    identity), as before issue 58. Lists made then stay tracked; the ones made outside stay not."""
+
+    def __enter__(self):
+        from delta_ray.apps.dropin import sessions
+        self._mod, self._was = sessions, sessions.untrack_ints
+        sessions.untrack_ints = lambda ids: ids
+
+    def __exit__(self, *exc):
+        self._mod.untrack_ints = self._was
+
+
+def collect_ms(repeats: int = 7) -> tuple[float, float]:
+    """(median, fastest) of ``repeats`` full collections, ms."""
+    import gc
+    import statistics
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        gc.collect()
+        times.append((time.perf_counter() - t0) * 1e3)
+    return statistics.median(times), min(times)
+
+
+def run_gc(args, folder: str, native: bool | None) -> int:
+    import contextlib
+    import gc
+    import statistics
+
+    from transformers import AutoTokenizer
+
+    from delta_ray import request_scope
+    from delta_ray.apps.dropin import wrap_tokenizer
+    from delta_ray.apps.dropin.hf import STATE_ATTR
+    from delta_ray.apps.dropin.patch import SESSION_BYTES
+    max_bytes = args.gc_bytes or SESSION_BYTES
+    variants = ("untracked", "tracked")  # as shipped; the kept lists left tracked (before issue 58)
+    stock = AutoTokenizer.from_pretrained(folder)
+    t0 = time.perf_counter()
+    toks = {v: wrap_tokenizer(AutoTokenizer.from_pretrained(folder), engine=args.engine, native_threads=native,
+                              max_session_bytes=max_bytes) for v in variants}
+    tables = {v: t.__dict__[STATE_ATTR].current(t).sessions for v, t in toks.items()}
+    print(f"delta-ray ready in {time.perf_counter() - t0:.1f} s; engine: "
+          f"{tables['untracked'].core.admission.engine}; each table {max_bytes / 2**30:.2f} GiB")
+
+    def call(v: str, c: int, chat: list):
+        with (_Tracked() if v == "tracked" else contextlib.nullcontext()), request_scope(session=f"conversation-{c}"):
+            return toks[v].apply_chat_template(chat, tokenize=True, add_generation_prompt=True, return_dict=False)
+
+    def kept_ids(v: str) -> int:
+        return sum(len(e.ids) for e in tables[v]._entries.values())
+
+    # As many conversations as fit in the table: its first message to --gc-chars, then --turns
+    # short turns on the last --conversations of them (the warm turns timed below).
+    # (an entry counts at least 8 bytes a character: 45-50 an ID, under 6 characters an ID)
+    n_max = args.gc_conversations or max_bytes // (8 * args.gc_chars) + 2
+    warm_turns = args.turns
+    t0 = time.perf_counter()
+    pool = agent_conversations(args.gc_chars, warm_turns + 1, n_max, args.step)
+    gc.collect()
+    gc.freeze()  # the startup heap out of the collector's sight, as `vllm serve` does before it serves
+    empty = collect_ms()
+    n_fill = n_max
+    for v in variants:
+        table = tables[v]
+        for c in range(n_fill):
+            call(v, c, pool[c][:2])
+            if table.stats["evicted"]:
+                break  # full: the table dropped its oldest conversation for this one
+        gc.collect()
+        print(f"  {v}: {len(table)} conversations held, {kept_ids(v):,} IDs kept, "
+              f"{table.resident_bytes / 2**20:.0f} MiB counted ({table.stats['evicted']} evicted); "
+              f"{time.perf_counter() - t0:.0f} s", flush=True)
+        if v == "untracked":
+            after = collect_ms()
+            n_fill = c + 1
+    convs = pool[:n_fill]
+    del pool
+    both = collect_ms()
+    n_ids = kept_ids("untracked")
+    # Warm turns on the most recent conversations (held by both tables), both variants per turn in
+    # rotating order; the tracked table is alive throughout, so collections during either column's
+    # turns walk its lists alike: the columns compare the turns' own work.
+    pauses: list[float] = []
+    started = [0.0]
+
+    def on_gc(phase: str, info: dict) -> None:
+        if info.get("generation") == 2:
+            if phase == "start":
+                started[0] = time.perf_counter()
+            else:
+                pauses.append((time.perf_counter() - started[0]) * 1e3)
+    gc.callbacks.append(on_gc)
+    warm_ids = list(range(len(convs) - args.conversations, len(convs)))
+    per = {v: {c: [] for c in warm_ids} for v in variants}
+    mismatches = 0
+    try:
+        for t in range(1, warm_turns + 1):
+            for k, c in enumerate(warm_ids):
+                chat = convs[c][:2 + 2 * t]
+                order = variants if (t + k) % 2 == 0 else variants[::-1]
+                got = {}
+                for v in order:
+                    time.sleep(args.gap_ms / 1e3)
+                    got[v], ms = timed_ms(lambda: call(v, c, chat))
+                    per[v][c].append(ms)
+                mismatches += got["untracked"] != got["tracked"]
+                if t == warm_turns:
+                    want = stock.apply_chat_template(chat, tokenize=True, add_generation_prompt=True,
+                                                     return_dict=False)
+                    mismatches += got["untracked"] != want
+    finally:
+        gc.callbacks.remove(on_gc)
+    chars = len(stock.apply_chat_template(convs[warm_ids[0]][:2 + 2 * warm_turns], tokenize=False,
+                                          add_generation_prompt=True))
+    tables["untracked"].clear()
+    gc.collect()
+    before = collect_ms()
+    tables["tracked"].clear()
+    gc.collect()
+    empty2 = collect_ms()
+    empty_ms = min(empty[1], empty2[1])
+    print(f"\nfull gc.collect(), ms (median / fastest of 7), {n_ids:,} IDs kept in "
+          f"{len(convs)} conversations of {args.gc_chars:,} characters:")
+    print(f"  tables empty (at the start / the end)   {empty[0]:7.1f} / {empty[1]:.1f}   "
+          f"{empty2[0]:7.1f} / {empty2[1]:.1f}")
+    print(f"  untracked table full (after)            {after[0]:7.1f} / {after[1]:.1f}   "
+          f"(+{after[1] - empty_ms:.1f} ms over empty)")
+    print(f"  tracked table full (before)             {before[0]:7.1f} / {before[1]:.1f}   "
+          f"(+{before[1] - empty_ms:.1f} ms over empty)")
+    print(f"  both full                               {both[0]:7.1f} / {both[1]:.1f}")
+    print(f"  the table's cost to a full collection: {before[1] - empty_ms:.1f} ms tracked (before), "
+          f"{after[1] - empty_ms:.1f} ms untracked (after)")
+    warm = {v: [statistics.median(per[v][c][1:] or per[v][c]) for c in warm_ids] for v in variants}
+    print(f"\nwarm agent turns (keyed; turns 2-{warm_turns} on {len(warm_ids)} conversations, to {chars:,} "
+          f"characters), ms: median per conversation, then median (range) over conversations")
+    for v in variants:
+        print(f"  {v:<10} {_spread(warm[v])}")
+    print("  tracked / untracked: " + _spread([b / a for a, b in zip(warm["untracked"], warm["tracked"])]).strip()
+          + "x (>= 1.0: the untracked turn is no slower)")
+    if pauses:
+        print(f"  full collections during the warm turns: {len(pauses)}, longest {max(pauses):.1f} ms")
+    print("every ID list equal" if not mismatches else f"{mismatches} turns DIFFER")
+    return 1 if mismatches else 0
+
+
 class Turn:
     def __init__(self, fn, chars):
         self.fn, self.chars = fn, chars
@@ -401,12 +560,19 @@ def main(argv=None) -> int:
     ap.add_argument("--step", type=int, default=800, help="--agent: characters per message of a turn (two a turn)")
     ap.add_argument("--conversations", type=int, default=3, help="--agent: conversations (each timed once per turn)")
     ap.add_argument("--gap-ms", type=float, default=5.0, help="--agent: idle before each timed call")
+    ap.add_argument("--gc", action="store_true",
+                    help="a full gc.collect() with the session table full, kept lists untracked (as shipped) and "
+                         "tracked (before), and warm agent turns on both side by side")
+    ap.add_argument("--gc-chars", type=int, default=1_000_000, help="--gc: characters per conversation")
+    ap.add_argument("--gc-bytes", type=int, default=None, help="--gc: table bytes (default: the drop-in's, 1 GiB)")
+    ap.add_argument("--gc-conversations", type=int, default=None,
+                    help="--gc: at most this many conversations (default: until the table is full)")
     ap.add_argument("--peer", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args.peer:
         return peer_main()
     if args.turns is None:
-        args.turns = 12 if args.agent else 20
+        args.turns = 8 if args.gc else 12 if args.agent else 20
     sys.stdout.reconfigure(line_buffering=True)  # progress shows when the output is a file
     from delta_ray.apps.dropin.folders import bundled_hf_folder
     from delta_ray.apps.sample_text import corpus
@@ -415,6 +581,11 @@ def main(argv=None) -> int:
         print("load:", fh.read().strip())
     folder = bundled_hf_folder(args.tokenizer, tempfile.mkdtemp(prefix="bench-dropin-"))
     native = {"auto": None, "on": True, "off": False}[args.native_threads]
+    if args.gc:
+        status = run_gc(args, folder, native)
+        with os.popen("uptime") as fh:
+            print("\nload:", fh.read().strip(), "(2 cores shared with other jobs: compare columns, not runs)")
+        return status
     if args.agent:
         status = run_agent(args, folder, native)
         with os.popen("uptime") as fh:

@@ -23,18 +23,24 @@ engine. Side by side, each in its own process, driven one at a time by this one:
 * ``dr-stateless``: ``tokenizer_mode="delta_ray"`` with ``DELTA_RAY_SESSIONS=0`` (every encode whole);
 * ``dr-keyless``: ``tokenizer_mode="delta_ray"`` as it is deployed; no request carries a key;
 * ``dr-keyed``: the same, each request's conversation bound as its ``x-session-id`` header binds it
-  (``delta_ray.apps.dropin.binding.SessionHeader``, or Ray Serve's session id).
+  (``delta_ray.apps.dropin.binding.SessionHeader``, or Ray Serve's session id);
+* ``dr-keyed-tracked`` (only when named in ``--variants``): ``dr-keyed`` with the session lists left
+  in the collector's sight, as before issue 58 (its longest collector pause is what that cost).
 
 Where the installed delta-ray's drop-in has no sessions, the three delta-ray rows are the same path
-(the output says so). Every request's prompt IDs are compared with the ``vllm`` row's for the same
-request (a digest of each list, made after each run, outside the clock). Reported per rate: P50/P99
-(ms) and, per row, the highest rate with P99 <= ``--slo-ms`` (50), the process's CPU time per
-request (all its threads: fastokens' native threads count), how late the event loop started an
-arrival at most (large values mean the process was descheduled: on a shared machine the P99s then
-measure the machine) and the longest pause of Python's cyclic collector. Each process freezes its
-startup heap out of the collector's sight before it serves, as ``vllm serve`` does. Targets (issue
-50): delta-ray with sessions has a lower P99 than fastokens at every rate, and a sustainable rate
->= 1.5x fastokens' at 1M-character conversations.
+(the output says so). Every request's prompt IDs are checked as an engine client would: a digest of
+the list when it reaches the engine (on the loop, after its latency is taken), the list then
+dropped; the digests are compared with the ``vllm`` row's for the same request after each rate.
+Reported per rate and row: P50/P99 (ms) and the longest pause of Python's cyclic collector in that
+rate's run (``gc.callbacks``: a collection stops every thread of the process); per row, the highest
+rate with P99 <= ``--slo-ms`` (50), the process's CPU time per request (all its threads: fastokens'
+native threads count) and how late the event loop started an arrival at most (large values mean the
+process was descheduled: on a shared machine the P99s then measure the machine). Each process
+freezes its startup heap out of the collector's sight before it serves, as ``vllm serve`` does, and
+nothing after: whatever the tokenizer keeps while serving (the drop-in's session lists) is in the
+heap the collector sees, as in a server. Targets (issues 50 and 58): delta-ray with sessions has a
+lower P99 than fastokens at every rate, and a sustainable rate >= 1.5x fastokens' at 1M-character
+conversations.
 
 Needs the vLLM tier's environment (``python3 tests/tools/vllm_tier.py`` builds ``.venv-vllm``):
 
@@ -66,7 +72,11 @@ VARIANTS = {  # name -> (tokenizer mode, fastokens' patch, keyed, extra environm
     "dr-stateless": ("delta_ray", False, False, {"DELTA_RAY_SESSIONS": "0"}),
     "dr-keyless": ("delta_ray", False, False, {}),
     "dr-keyed": ("delta_ray", False, True, {}),
+    # not run unless named (--variants): dr-keyed with its kept lists left in the collector's sight,
+    # as before issue 58 (the bench replaces the drop-in's untrack_ints by the identity in its process)
+    "dr-keyed-tracked": ("delta_ray", False, True, {"BENCH_DROPIN_TRACKED": "1"}),
 }
+DEFAULT_VARIANTS = ("vllm", "fastokens", "dr-stateless", "dr-keyless", "dr-keyed")
 TENANTS = 4
 
 
@@ -122,6 +132,10 @@ def child_main() -> int:
     mode, use_fastokens, keyed, _ = VARIANTS[setup["variant"]]
     from bench.peers.vllm_front import FrontEnd
 
+    if os.environ.get("BENCH_DROPIN_TRACKED") == "1":
+        from delta_ray.apps.dropin import sessions as dropin_sessions
+        dropin_sessions.untrack_ints = lambda ids: ids
+
     from delta_ray.apps.dropin.scope import request_scope
     from delta_ray.engine.native import allow_native_threads
     allow_native_threads()  # delta-ray's import pinned fastokens to one thread; users of its patch run its default
@@ -167,28 +181,32 @@ def child_main() -> int:
             continue
         plan = work.next_requests(cmd["n"], cmd["rate"])
         cpu = time.process_time()
-        pauses.longest = 0.0
+        pauses.reset()
         lat, got, late = asyncio.run(_replay(plan, serve))
         cpu_ms = (time.process_time() - cpu) * 1000.0 / len(plan)
-        print(json.dumps({"lat_ms": lat, "cpu_ms": cpu_ms, "late_ms": late, "gc_ms": pauses.longest * 1000.0,
-                          "table": _table_stats(front),
-                          "digests": [digest(ids) for ids in got]}), file=proto, flush=True)
+        print(json.dumps({"lat_ms": lat, "cpu_ms": cpu_ms, "late_ms": late, "gc_ms": pauses.longest * 1000.0, "gc_full": pauses.full,
+                          "table": _table_stats(front), "digests": got}), file=proto, flush=True)
     return 0
 
 
 class GCPauses:
-    """The longest pause of Python's cyclic collector since ``longest`` was reset (``gc.callbacks``):
-    a collection stops every thread of the process, whatever its tokenizer."""
+    """The longest pause of Python's cyclic collector since :meth:`reset` (``gc.callbacks``), and how
+    many of the collections were full ones (generation 2, the only ones that walk what a process
+    keeps long): a collection stops every thread of the process, whatever its tokenizer."""
 
     def __init__(self):
-        self.longest, self._start = 0.0, 0.0
+        self.longest, self.full, self._start = 0.0, 0, 0.0
         gc.callbacks.append(self._on)
+
+    def reset(self) -> None:
+        self.longest, self.full = 0.0, 0
 
     def _on(self, phase: str, info: dict) -> None:
         if phase == "start":
             self._start = time.perf_counter()
         else:
             self.longest = max(self.longest, time.perf_counter() - self._start)
+            self.full += info.get("generation") == 2
 
 
 def _has_sessions(tok) -> bool | None:
@@ -209,14 +227,15 @@ def _table_stats(front) -> dict | None:
     return dict(table.stats) if table is not None and hasattr(table, "stats") else None
 
 
-async def _replay(plan, serve) -> tuple[list[float], list[list[int]], float]:
+async def _replay(plan, serve) -> tuple[list[float], list[str], float]:
     """Start each request at its arrival; one in flight per conversation (FIFO); latency = arrival
-    to prompt IDs at the engine. Also returns how late (ms) the loop started the latest-started
-    arrival: the process was busy or descheduled then, which its own work cannot explain at low rates."""
+    to prompt IDs at the engine; each prompt's digest, made on arrival. Also returns how late (ms)
+    the loop started the latest-started arrival: the process was busy or descheduled then, which its
+    own work cannot explain at low rates."""
     loop = asyncio.get_running_loop()
     locks: dict[int, asyncio.Lock] = {}
     lat: list[float] = [0.0] * len(plan)
-    got: list[list[int]] = [[] for _ in plan]
+    got: list[str] = [""] * len(plan)
     start = loop.time() + 0.05
     tasks = []
 
@@ -229,12 +248,11 @@ async def _replay(plan, serve) -> tuple[list[float], list[list[int]], float]:
                 ids, at = await serve(conv, messages, salt)
         else:
             ids, at = await serve(conv, messages, salt)
-        lat[k], got[k] = (at - arrived) * 1000.0, ids
-        # Kept for the digests after the run, where a server drops a prompt once the engine has it:
-        # out of the collector's sight (frozen: O(1)), or each collection would traverse every kept
-        # list. The freeze takes every object tracked now, so the lists a drop-in session keeps are
-        # frozen too, and the traversal a server pays for them is not counted (docs/performance.md).
-        gc.freeze()
+        lat[k] = (at - arrived) * 1000.0
+        # As an engine client: the prompt is serialized (here digested, on the loop) once it
+        # arrives, then dropped. Nothing is frozen: the collector sees what a server's sees.
+        got[k] = digest(ids)
+        del ids
 
     late = [0.0]
 
@@ -302,7 +320,8 @@ def main() -> int:
     ap.add_argument("--requests", type=int, default=200, help="requests per rate")
     ap.add_argument("--serial", type=int, default=20, help="requests served one at a time first (service time)")
     ap.add_argument("--slo-ms", type=float, default=50.0)
-    ap.add_argument("--variants", default=",".join(VARIANTS))
+    ap.add_argument("--variants", default=",".join(DEFAULT_VARIANTS),
+                    help=f"rows, vllm first (also: {', '.join(v for v in VARIANTS if v not in DEFAULT_VARIANTS)})")
     ap.add_argument("--engine", default="fast", help="DELTA_RAY_ENGINE for the delta-ray rows")
     ap.add_argument("--tokenizer", default="qwen-3")
     ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
@@ -339,6 +358,7 @@ def main() -> int:
         cpu: dict[str, dict[float, float]] = {v: {} for v in variants}
         late: dict[str, dict[float, float]] = {v: {} for v in variants}
         gc_ms: dict[str, dict[float, float]] = {v: {} for v in variants}
+        gc_full: dict[str, dict[float, int]] = {v: {} for v in variants}
         mismatches = 0
         for r_i, rate in enumerate(rates):
             order = children[r_i % len(children):] + children[:r_i % len(children)]  # rotate who goes first
@@ -348,7 +368,7 @@ def main() -> int:
                 out = c.last = c.recv()
                 results[c.variant][rate] = out["lat_ms"]
                 cpu[c.variant][rate], late[c.variant][rate] = out["cpu_ms"], out["late_ms"]
-                gc_ms[c.variant][rate] = out["gc_ms"]
+                gc_ms[c.variant][rate], gc_full[c.variant][rate] = out["gc_ms"], out.get("gc_full", 0)
                 digests[c.variant] = out["digests"]
             for v in variants[1:]:
                 bad = sum(a != b for a, b in zip(digests[v], digests["vllm"]))
@@ -358,24 +378,26 @@ def main() -> int:
             tables = {c.variant: c.last.get("table") for c in children if c.last.get("table")}
             if tables:
                 print("   session tables: " + "; ".join(f"{v} {t}" for v, t in tables.items()))
-            print(f"{rate:7g}/s  " + "  ".join(f"{v} {pct(results[v][rate], .5):7.1f}/{pct(results[v][rate], .99):7.1f}"
-                                                for v in variants), flush=True)
+            print(f"{rate:7g}/s  " + "  ".join(
+                f"{v} {pct(results[v][rate], .5):7.1f}/{pct(results[v][rate], .99):7.1f}"
+                f" gc {gc_ms[v][rate]:.1f} ({gc_full[v][rate]} full)" for v in variants), flush=True)
         for c in children:
             c.close()
-    print(f"\nP50/P99 ms from arrival to prompt IDs (vLLM's chat front end, {args.tokenizer}):")
+    print(f"\nP50/P99 ms from arrival to prompt IDs, the longest collector pause of the rate's run (ms) and "
+          f"how many full collections it had (vLLM's chat front end, {args.tokenizer}):")
     print("| one at a time (median wall / CPU) | " + " | ".join(
         f"{pct(serial[v]['wall_ms'], .5):.1f} / {pct(serial[v]['cpu_ms'], .5):.1f}" for v in variants) + " |")
     print("| rate/s | " + " | ".join(variants) + " |")
     print("| --- |" + " --- |" * len(variants))
     for rate in rates:
         print(f"| {rate:g} | " + " | ".join(f"{pct(results[v][rate], .5):.1f} / {pct(results[v][rate], .99):.1f}"
-                                          for v in variants) + " |")
+                                          f" (gc {gc_ms[v][rate]:.1f}, {gc_full[v][rate]} full)" for v in variants) + " |")
     print("| CPU ms a request (median over rates) | " + " | ".join(
         f"{sorted(cpu[v].values())[len(rates) // 2]:.1f}" for v in variants) + " |")
     print("| loop started an arrival late by, at most (ms) | " + " | ".join(
         f"{max(late[v].values()):.0f}" for v in variants) + " |")
-    print("| longest pause of Python's collector (ms) | " + " | ".join(
-        f"{max(gc_ms[v].values()):.0f}" for v in variants) + " |")
+    print("| longest pause of Python's collector, all rates (ms) | " + " | ".join(
+        f"{max(gc_ms[v].values()):.1f}" for v in variants) + " |")
     sustain = {v: _sustained(rates, [pct(results[v][r], .99) for r in rates], args.slo_ms) for v in variants}
     print(f"| P99 <= {args.slo_ms:g} ms at every rate up to | " + " | ".join(f"{sustain[v]:g}/s" if sustain[v] else f"< {rates[0]:g}/s"
                                                             for v in variants) + " |")

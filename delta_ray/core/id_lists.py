@@ -64,7 +64,7 @@ def _untracker():
     if platform.python_implementation() != "CPython":
         return None
     try:
-        import ctypes
+        import ctypes  # lazy: only CPython untracks, and only once per process
         fn = ctypes.pythonapi.PyObject_GC_UnTrack
     except (ImportError, AttributeError):  # a build without ctypes, or without the symbol exported
         return None

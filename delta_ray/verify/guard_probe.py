@@ -96,10 +96,13 @@ NEW_COMPOSITION_BLOCKS: tuple[tuple[int, int], ...] = (
 
 
 def _pick_separator(tokenizer_json: dict) -> tuple[str, int]:
-    """The shortest special added token that is matched verbatim with no stripping."""
+    """The shortest special added token that is matched verbatim with no stripping (a ``normalized``
+    one too when the normalizer is the identity: it is then matched on the text as it is)."""
+    norm = tokenizer_json.get("normalizer")
+    identity = norm is None or (norm.get("type") == "Sequence" and not norm.get("normalizers"))
     cands = []
     for t in tokenizer_json.get("added_tokens") or []:
-        if (t.get("special") and not t.get("normalized") and not t.get("lstrip") and not t.get("rstrip")
+        if (t.get("special") and (identity or not t.get("normalized")) and not t.get("lstrip") and not t.get("rstrip")
                 and not t.get("single_word") and len(t["content"]) >= 2):
             cands.append((len(t["content"].encode()), t["content"], int(t["id"])))
     if not cands:

@@ -23,7 +23,8 @@ The kept lists are out of the cyclic collector's sight (:func:`~delta_ray.core.i
 where each is made: a new state's ``tolist``, a fork's copy): a list of ints can be on no reference
 cycle, and each of these only ever holds ints (cut with ``del``, extended with an integer array's
 ``tolist``), so a full collection does not walk the table's IDs (a default 1 GiB table holds about
-25M). What the caller gets is a new list, tracked as any.
+23M in 1M-character conversations: ``bench_dropin.py --gc``). What the caller gets is a new list,
+tracked as any.
 
 The content lookup never decides an ID. Candidates are found by a keyed digest of the text's first
 4 KB (``ContentDigest``, so no hash of the whole text) and compared with the stored text in place
