@@ -131,7 +131,7 @@ def test_length_four_and_fuzzer_on_each_new_kind(name, folders):
     for i in range(0, len(texts), 20_000):
         assert bat.cut_failures([(t, b) for t in texts[i:i + 20_000] for b in accepted_cuts(pred, t)]) == []
         bat.clear()
-    cfg = json.loads(open(path, encoding="utf-8").read())
+    cfg = json.loads((path / "tokenizer.json").read_text(encoding="utf-8"))
     alphabet = fuzz_alphabet(cfg, list(dt.admission.added_tokens)) + class_representatives(pred.family, 4)
     rng = random.Random(7)
     for _ in range(20):
@@ -144,7 +144,7 @@ def test_control_vocabulary_guard_missing_one_token_fails(folders):
     """Gemma 4 holds one token with a character before ``▁`` (``>▁</``). A guard that ignores it
     accepts the cut between ``>`` and a space, which the reference does not keep."""
     path = folders["gguf-gemma-4"]
-    cfg = json.loads(open(path, encoding="utf-8").read())
+    cfg = json.loads((path / "tokenizer.json").read_text(encoding="utf-8"))
     assert ">\u2581</" in cfg["model"]["vocab"]
     real = model_guard(cfg["model"])
     loose_left = real.left.copy()
