@@ -80,9 +80,8 @@ def untrack_ints(ids: list) -> list:
     afterwards (on CPython; elsewhere it is returned as it is).
 
     A list is a tracked container, and every collection of its generation visits each of its
-    pointers: a kept list of 290K IDs costs a full collection about 2 ms on the VM of
-    docs/performance.md, paid by every thread of a serving process at every full collection, for as
-    long as the list is kept. The collector exists to find reference cycles, and a list whose items
+    pointers: a kept list's IDs cost every full collection time in proportion (docs/performance.md),
+    paid by every thread of a serving process, for as long as the list is kept. The collector exists to find reference cycles, and a list whose items
     are all ints can never be on one: an int refers to nothing. So this is sound for a list that
     holds only ints and that its owner never makes hold anything else (the caller's promise: a
     drop-in session's kept list, built from an integer array's ``tolist``, later only cut with
