@@ -27,6 +27,14 @@ CONFIGS: dict[str, dict[str, Any]] = {
                "num_key_value_heads": 1, "head_dim": 32, "max_position_embeddings": 1 << 21,
                "torch_dtype": "bfloat16", "rms_norm_eps": 1e-6, "rope_theta": 1000000.0,
                "tie_word_embeddings": True, "bos_token_id": 151643, "eos_token_id": 151645},
+    # vLLM picks its `deepseek_v4` mode (DeepSeek's Python prompt encoder) for this architecture
+    "deepseek-v4": {"architectures": ["DeepseekV4ForCausalLM"], "model_type": "deepseek_v4", "vocab_size": 129280,
+                    "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 1, "num_attention_heads": 2,
+                    "num_key_value_heads": 1, "max_position_embeddings": 1 << 20, "torch_dtype": "bfloat16"},
+    "mistral": {"architectures": ["MistralForCausalLM"], "model_type": "mistral", "vocab_size": 131072,
+                "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 1, "num_attention_heads": 2,
+                "num_key_value_heads": 1, "head_dim": 32, "max_position_embeddings": 1 << 20,
+                "torch_dtype": "bfloat16", "rms_norm_eps": 1e-5, "rope_theta": 1000000.0},
 }
 
 
@@ -36,6 +44,19 @@ def model_folder(name: str, root: str | Path) -> str:
     folder = bundled_hf_folder(name, root)
     (Path(folder) / "config.json").write_text(json.dumps(CONFIGS[name]))
     return folder
+
+
+def folder_with_config(tokenizer_folder: str | Path, config: str, root: str | Path) -> str:
+    """A folder vLLM serves: the files of ``tokenizer_folder`` (a zoo tokenizer's, say) and the
+    config ``CONFIGS[config]``."""
+    import shutil
+    folder = Path(root) / f"{Path(tokenizer_folder).name}-{config}"
+    folder.mkdir(parents=True, exist_ok=True)
+    for path in Path(tokenizer_folder).iterdir():
+        if path.is_file():
+            shutil.copy(path, folder / path.name)
+    (folder / "config.json").write_text(json.dumps(CONFIGS[config]))
+    return str(folder)
 
 
 class RecordingEngine:

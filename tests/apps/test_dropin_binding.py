@@ -235,3 +235,51 @@ def test_scoped_renderer_refuses_a_renderer_without_its_pools():
         pass
     with pytest.raises(RuntimeError, match="_executor"):
         Broken(_SpyTokenizer())
+
+
+def test_the_switch_scopes_every_registered_renderer_but_mistrals(monkeypatch):
+    """``DELTA_RAY_VLLM=1``: every entry of vLLM's renderer registry (mode -> module, class) points
+    at a subclass of the renderer vLLM registered, with ``ScopedRenderer`` first and everything
+    else the original's; the ``mistral`` mode (not a transformers tokenizer) is left; idempotent.
+    vLLM resolves the names by attribute lookup on the module (``vllm_renderer``'s ``__getattr__``,
+    which only vLLM imports; the lookup is :func:`scoped_renderer`)."""
+    import sys
+    import types
+
+    from delta_ray.apps.dropin import vllm_scope
+    stand_in = types.ModuleType("stand_in_renderers")
+    stand_in.StandIn = _StandInHfRenderer
+    monkeypatch.setitem(sys.modules, "stand_in_renderers", stand_in)
+    monkeypatch.setattr(vllm_scope, "_BASES", {})  # this process's registry state, restored after
+    monkeypatch.setattr(vllm_scope, "_SCOPED", {})
+    registry = {"hf": ("stand_in_renderers", "StandIn"), "deepseek_v4": ("stand_in_renderers", "StandIn"),
+                "mistral": ("vllm.renderers.mistral", "MistralRenderer"),
+                "delta_ray": ("delta_ray.apps.dropin.vllm_renderer", "DeltaRayRenderer")}
+    module = "delta_ray.apps.dropin.vllm_renderer"
+    vllm_scope.scope_renderers(registry, module)
+    once = dict(registry)
+    vllm_scope.scope_renderers(registry, module)
+    assert registry == once
+    assert registry["mistral"] == ("vllm.renderers.mistral", "MistralRenderer")
+    assert registry["delta_ray"] == (module, "DeltaRayRenderer")
+    for mode in ("hf", "deepseek_v4"):
+        where, name = registry[mode]
+        assert where == module
+        cls = vllm_scope.scoped_renderer(name)
+        assert cls.__mro__[1:3] == (ScopedRenderer, _StandInHfRenderer) and cls is vllm_scope.scoped_renderer(name)
+        spy = _SpyTokenizer()
+        cls(spy).render_cmpl(["x"], prompt_extras={"cache_salt": "t"})
+        assert spy.calls == [("encode", "x", Scope(None, "t"))]
+    with pytest.raises(AttributeError):
+        vllm_scope.scoped_renderer("NotAScopedRenderer")
+
+
+def test_the_switch_reads_zero_or_one(monkeypatch):
+    from delta_ray.apps.dropin.vllm_plugin import SWITCH, switched_on
+    monkeypatch.delenv(SWITCH, raising=False)
+    assert switched_on() is False
+    monkeypatch.setenv(SWITCH, "1")
+    assert switched_on() is True
+    monkeypatch.setenv(SWITCH, "yes")
+    with pytest.raises(ValueError, match=SWITCH):
+        switched_on()

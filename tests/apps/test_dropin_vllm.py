@@ -7,7 +7,11 @@ from __future__ import annotations
 import asyncio
 import copy
 import json
+import os
 import pickle
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 
@@ -221,3 +225,70 @@ def test_no_state_crosses_tenants_through_the_front_end(served, real_texts):
         assert table.stats["continued"] == before["continued"], keyed
         serve(1, "tenant-a", keyed)  # within tenant-a it does
         assert table.stats["continued"] == before["continued"] + 1, keyed
+
+
+# -- DELTA_RAY_VLLM=1: under whatever mode vLLM picks (tests/tools/vllm_switch_check.py, one process each) --
+def _switch_models(root, real_texts):
+    """qwen-3 (vLLM's `hf` mode), DeepSeek V4 (vLLM picks `deepseek_v4` by architecture: DeepSeek's
+    Python encoder renders the prompt), Mistral Tekken as a transformers folder (`hf`) and as a
+    Mistral repository (vLLM picks `mistral`: mistral_common's tokenizer, which delta-ray leaves)."""
+    from importlib.resources import files
+
+    from bench import zoo
+    from bench.peers.vllm_front import folder_with_config, model_folder
+    tekken = folder_with_config(zoo.tokenizer_path("mistral-tekken-240911").parent, "mistral", root)
+    repo = Path(folder_with_config(tekken, "mistral", root / "repo"))
+    (repo / "tekken.json").write_bytes((files("mistral_common") / "data" / "tekken_240911.json").read_bytes())
+    (repo / "consolidated.safetensors").write_bytes(b"")  # what vLLM looks for to call a folder a Mistral repo
+    return [{"name": "qwen-3", "folder": model_folder("qwen-3", root)},
+            {"name": "deepseek-v4",
+             "folder": folder_with_config(zoo.tokenizer_path("otc-deepseek-v4").parent, "deepseek-v4", root)},
+            {"name": "tekken-hf", "folder": tekken},
+            {"name": "tekken-mistral", "folder": str(repo)}]
+
+
+def _run_switch_check(spec_path, out_path, on: bool) -> dict:
+    env = {k: v for k, v in os.environ.items() if k != "DELTA_RAY_VLLM"}
+    if on:
+        env["DELTA_RAY_VLLM"] = "1"
+    tool = Path(__file__).resolve().parents[1] / "tools" / "vllm_switch_check.py"
+    done = subprocess.run([sys.executable, str(tool), str(spec_path), str(out_path)], env=env,
+                          capture_output=True, text=True, timeout=900)
+    assert done.returncode == 0, done.stderr[-4000:]
+    return json.loads(Path(out_path).read_text())
+
+
+def test_the_switch_keeps_vllms_own_mode_renderer_and_ids(tmp_path, real_texts):
+    """With ``DELTA_RAY_VLLM=1`` every model is rendered by the renderer vLLM picks without it, with
+    the request's scope bound, its transformers tokenizer encodes through delta-ray (its sessions
+    continue the chat turn after turn) and every turn's prompt IDs equal vLLM's without delta-ray;
+    the `mistral` mode is left as vLLM loads it. Fails if the switch replaces a model-specific
+    renderer (DeepSeek V4's prompt would be rendered by the Jinja path, or not at all), or wraps no
+    tokenizer."""
+    models = _switch_models(tmp_path, real_texts)
+    chats = [[dict(m) for m in chat] for chat in _agent_chat(real_texts, "switch", turns=4, first=40000)]
+    for chat in chats:  # plain user/assistant/tool turns: every renderer here takes them
+        for m in chat:
+            m.pop("tool_calls", None)
+            if m["role"] == "tool":
+                m["role"] = "user"
+                m.pop("tool_call_id", None)
+    spec = tmp_path / "spec.json"
+    spec.write_text(json.dumps({"models": models, "chats": chats}))
+    stock = _run_switch_check(spec, tmp_path / "stock.json", on=False)
+    ours = _run_switch_check(spec, tmp_path / "ours.json", on=True)
+    expected_modes = {"qwen-3": "hf", "deepseek-v4": "deepseek_v4", "tekken-hf": "hf", "tekken-mistral": "mistral"}
+    for name, want_mode in expected_modes.items():
+        a, b = stock[name], ours[name]
+        assert a["mode"] == b["mode"] == want_mode, (name, a["mode"], b["mode"])
+        assert not a["wrapped"] and not a["carrying"], name
+        for turn, (x, y) in enumerate(zip(a["ids"], b["ids"])):
+            assert x == y, (name, turn)
+        if want_mode == "mistral":
+            assert b["renderer"] == a["renderer"] and not b["wrapped"], name
+        else:
+            assert b["renderer"] == f"Scoped{a['renderer']}" and b["wrapped"] and b["carrying"], name
+            # Tekken's template writes the system prompt into the LAST user message, so a turn that
+            # adds a user message rewrites the text far from its end: a new conversation, exactly
+            continued = 1 if name == "tekken-hf" else len(chats) - 1
+            assert b["continued"] >= continued, (name, b["stats"])

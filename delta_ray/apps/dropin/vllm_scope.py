@@ -3,8 +3,7 @@
 vLLM's OpenAI layer hands its renderer the messages and ``prompt_extras``, where the request's
 ``cache_salt`` is (vLLM 0.33: ``OnlineRenderer.preprocess_chat``/``preprocess_cmpl`` ->
 ``render_chat_async``/``render_cmpl_async``); no header, ``session_id`` or ``vllm_xargs`` field reaches
-it (vLLM reads the session id after rendering, for the engine). So the mode's renderer
-(``DeltaRayRenderer(ScopedRenderer, HfRenderer)``, ``vllm_renderer.py``) binds, through
+it (vLLM reads the session id after rendering, for the engine). So the scoped renderer binds, through
 :func:`~delta_ray.apps.dropin.binding.engine_scope`: tenant = the request's ``cache_salt`` (the
 namespace vLLM's prefix cache keeps it in), else the tenant of a scope bound around the call; session
 key = a scope bound around the call (:class:`~delta_ray.apps.dropin.binding.SessionHeader` binds the
@@ -25,12 +24,18 @@ from concurrent.futures import Executor
 from typing import Any
 
 from .binding import carry_scope, engine_scope, is_carrying
-from .vllm_plugin import MODE
+from .vllm_plugin import MODE, SWITCH
 
-# The renderer's thread pools (vLLM 0.33's BaseRenderer): tokenization and chat rendering run on
-# `_executor`, the multimodal processor (which may call the same tokenizer) on `_mm_executor`.
+# The renderer's thread pools (vLLM 0.33's and 0.34's BaseRenderer): tokenization and chat rendering
+# run on `_executor`, the multimodal processor (which may call the same tokenizer) on `_mm_executor`.
 POOLS = ("_executor", "_mm_executor")
-__all__ = ["POOLS", "ScopedRenderer", "request_tenant"]
+# Renderer modes whose tokenizer is not a transformers tokenizer: the drop-in never wraps it, so the
+# renderer stays vLLM's own, untouched.
+NOT_TRANSFORMERS = frozenset({"mistral"})
+# mode -> the (module, class) vLLM registered for it before `scope_renderers` replaced the entry
+_BASES: dict[str, tuple[str, str]] = {}
+_SCOPED: dict[str, type] = {}
+__all__ = ["NOT_TRANSFORMERS", "POOLS", "ScopedRenderer", "request_tenant", "scope_renderers", "scoped_renderer"]
 
 
 def request_tenant(prompt_extras: Any) -> str | None:
@@ -54,9 +59,10 @@ class ScopedRenderer:
             pool = getattr(self, name, None)
             if not isinstance(pool, Executor):
                 # A vLLM whose renderer tokenizes elsewhere would tokenize outside the request's tenant.
-                raise RuntimeError(f"tokenizer_mode={MODE!r}: this vLLM's renderer has no thread pool at "
-                                   f"{name!r}, where delta-ray carries each request's tenant; use "
-                                   f"tokenizer_mode='hf' or a delta-ray that supports this vLLM")
+                raise RuntimeError(f"delta-ray ({SWITCH}=1 or tokenizer_mode={MODE!r}): vLLM's "
+                                   f"{type(self).__name__} has no thread pool at {name!r}, "
+                                   f"where delta-ray carries each request's tenant; serve without "
+                                   f"delta-ray or with a delta-ray that supports this vLLM")
             if not is_carrying(pool):
                 carry_scope(pool)
 
@@ -75,3 +81,37 @@ class ScopedRenderer:
     def render_cmpl(self, *args: Any, **kwargs: Any):
         with engine_scope(tenant=request_tenant(kwargs.get("prompt_extras"))):
             return super().render_cmpl(*args, **kwargs)
+
+
+def _scoped_name(mode: str) -> str:
+    return f"Scoped_{mode}"
+
+
+def scope_renderers(renderers: dict[str, tuple[str, str]], module: str) -> None:
+    """Point every mode of vLLM's renderer registry (``RENDERER_REGISTRY.renderers``: mode ->
+    (module, class)) at its scoped subclass in ``module``, except :data:`NOT_TRANSFORMERS` and
+    entries already there; idempotent. Nothing is imported here: vLLM imports a renderer's module
+    when a model uses it, and some need optional packages."""
+    for mode, entry in list(renderers.items()):
+        if mode in NOT_TRANSFORMERS or entry[0] == module:
+            continue
+        _BASES[mode] = entry
+        renderers[mode] = (module, _scoped_name(mode))
+
+
+def scoped_renderer(name: str) -> type:
+    """The class :func:`scope_renderers` named ``name``: ``ScopedRenderer`` over the renderer vLLM
+    registered for that mode, built once (vLLM resolves the registry's names by attribute lookup)."""
+    cls = _SCOPED.get(name)
+    if cls is not None:
+        return cls
+    mode = next((m for m in _BASES if _scoped_name(m) == name), None)
+    if mode is None:
+        raise AttributeError(name)
+    import importlib
+    module, class_name = _BASES[mode]
+    base = getattr(importlib.import_module(module), class_name)
+    cls = type(f"Scoped{base.__name__}", (ScopedRenderer, base), {"__doc__": f"vLLM's {base.__name__}, "
+               "rendering and tokenizing each request inside its request_scope (delta-ray)."})
+    _SCOPED[name] = cls
+    return cls
