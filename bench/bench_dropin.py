@@ -33,6 +33,11 @@ times delta-ray with the pin kept.
 
     .venv/bin/python bench/bench_dropin.py [--tokenizer qwen-3] [--engine fast] [--repeats 5]
 
+``--vllm-calls`` adds two tables of raw prompts in the call shapes vLLM 0.34's renderer uses:
+``tok(text, truncation=True, max_length=max_input_tokens + 1)`` for every prompt, and the same with
+``return_offsets_mapping=True`` for a request that asks for offsets (the drop-in serves offsets by
+transformers' own encode: the stock column is the floor there).
+
 ``--gc`` (issue 58): the session table and Python's cyclic collector. Two keyed drop-ins, each with
 the default table (1 GiB, ``--gc-bytes``) filled with conversations of ``--gc-chars`` characters:
 ``untracked`` as shipped, ``tracked`` with the kept lists left in the collector's sight (the module's
@@ -87,11 +92,22 @@ def load_fastokens(folder: str, cache_mib: int) -> dict:
     return out
 
 
+VLLM_MAX_LENGTH = 131_073  # a 128K-token model's max_input_tokens + 1: never reached by these prompts
+
+
 def make_call(kind: str, item, tok):
     if kind == "chat":
         return lambda: tok.apply_chat_template(item, tokenize=True, add_generation_prompt=True)
     if kind == "agent":  # as vLLM's renderer calls it (it forces return_dict=False under transformers 5)
         return lambda: tok.apply_chat_template(item, tokenize=True, add_generation_prompt=True, return_dict=False)
+    if kind == "vllm":  # vLLM 0.34's renderer: every prompt, max_length = max_input_tokens + 1
+        return lambda: tok(item, truncation=True, max_length=VLLM_MAX_LENGTH, add_special_tokens=True)["input_ids"]
+    if kind == "offsets":  # the same for a request that asks for token offsets: IDs and offsets digested
+        def with_offsets():
+            out = tok(item, truncation=True, max_length=VLLM_MAX_LENGTH, add_special_tokens=True,
+                      return_offsets_mapping=True)
+            return out["input_ids"] + [x for pair in out["offset_mapping"] for x in pair]
+        return with_offsets
     return lambda: tok(item)["input_ids"]
 
 
@@ -567,6 +583,8 @@ def main(argv=None) -> int:
     ap.add_argument("--gc-bytes", type=int, default=None, help="--gc: table bytes (default: the drop-in's, 1 GiB)")
     ap.add_argument("--gc-conversations", type=int, default=None,
                     help="--gc: at most this many conversations (default: until the table is full)")
+    ap.add_argument("--vllm-calls", action="store_true",
+                    help="also time raw prompts in vLLM 0.34's call shapes (truncation, and with offsets)")
     ap.add_argument("--peer", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args.peer:
@@ -606,7 +624,8 @@ def main(argv=None) -> int:
     has_chat = toks["stock"].chat_template is not None
     peer = None
     if not args.fastokens_in_process:
-        peer = Peer(folder, args.cache_mib, {"chat": chats if has_chat else [], "raw": raw}, args.fastokens_threads)
+        inputs = {"chat": chats if has_chat else [], "raw": raw, "vllm": raw, "offsets": raw}
+        peer = Peer(folder, args.cache_mib, inputs, args.fastokens_threads)
         from delta_ray.engine.native import fast_engine_threads
         mine = fast_engine_threads()
         print(f"fastokens timed in a child process, FASTOKENS_BPE_THREADS={peer.threads} there; "
@@ -624,6 +643,11 @@ def main(argv=None) -> int:
                 f"apply_chat_template(tokenize=True), {args.tokenizer}, chat growing by {2 * m} characters a turn")
         run(toks, peer, "raw", [Turn(lambda tok, x=x: make_call("raw", x, tok)(), len(x)) for x in raw],
             args.repeats, f"raw prompts tok(text)['input_ids'], {args.tokenizer}, growing by {2 * m} characters a turn")
+        if args.vllm_calls:
+            for kind, what in (("vllm", "truncation=True, max_length=N"),
+                               ("offsets", "truncation=True, max_length=N, return_offsets_mapping=True")):
+                run(toks, peer, kind, [Turn(lambda tok, x=x, k=kind: make_call(k, x, tok)(), len(x)) for x in raw],
+                    args.repeats, f"raw prompts as vLLM 0.34 tokenizes them, tok(text, {what}), {args.tokenizer}")
     finally:
         if peer is not None:
             peer.close()

@@ -163,6 +163,26 @@ def test_truncation_equal_stock(pair, real_texts):
     assert patched._tokenizer.truncation == stock._tokenizer.truncation
 
 
+def test_vllms_default_call_takes_the_fast_path(pair, real_texts, monkeypatch):
+    """vLLM 0.34's renderer tokenizes every prompt as ``tok(prompt, truncation=True,
+    max_length=max_input_tokens + 1, add_special_tokens=...)`` with the truncation side vLLM sets
+    (``left`` for generation): equal to stock and served by delta-ray, whether the limit is far,
+    exactly at the prompt or cuts it. Fails if that call shape falls back to stock's encode."""
+    stock, patched = pair
+    served = []
+    real = dropin_hf._delta_encode_plus
+    monkeypatch.setattr(dropin_hf, "_delta_encode_plus", lambda *a: served.append(r := real(*a)) or r)
+    prompt = real_texts["english"][:20000] + " I'\u017f"
+    n = len(stock.encode(prompt))
+    for side, ast, limit in itertools.product(("left", "right"), (True, False), (1 << 20, n + 1, n, n // 2)):
+        stock.truncation_side = patched.truncation_side = side
+        kw = dict(truncation=True, max_length=limit, add_special_tokens=ast)
+        served.clear()
+        _same(patched(prompt, **kw), stock(prompt, **kw))
+        assert len(served) == 1 and served[0] is not None, kw
+    stock.truncation_side = patched.truncation_side = "right"
+
+
 def test_chat_turns_equal_stock(pair, real_texts):
     stock, patched = pair
     if stock.chat_template is None:

@@ -1,5 +1,6 @@
 """The vLLM tier: ``tokenizer_mode="delta_ray"`` through vLLM's own loader, chat renderer and OpenAI chat
-front end (a stub engine client) equals vLLM's default mode, and each request's tenant and session key
+front end (a stub engine client) equals vLLM's default mode, ``DELTA_RAY_VLLM=1`` keeps the mode and
+renderer vLLM picks and its prompt IDs, and each request's tenant and session key
 reach the tokenizing thread. Opt-in: ``python3 tests/tools/vllm_tier.py`` builds .venv-vllm (vllm --no-deps and a
 torch) and runs this file there; in the default environment it is skipped."""
 from __future__ import annotations

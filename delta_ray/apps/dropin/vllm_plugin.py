@@ -32,6 +32,7 @@ from __future__ import annotations
 import os
 
 from .patch import loading_wrapped, patch_transformers
+from .vllm_scope import scope_renderers
 
 MODE = "delta_ray"
 SWITCH = "DELTA_RAY_VLLM"
@@ -72,8 +73,6 @@ def register() -> None:
     renderer vLLM has registered."""
     from vllm.renderers.registry import RENDERER_REGISTRY
     from vllm.tokenizers.registry import TokenizerRegistry
-
-    from .vllm_scope import scope_renderers
 
     if MODE not in TokenizerRegistry.tokenizers:
         TokenizerRegistry.register(MODE, __name__, "DeltaRayTokenizer")

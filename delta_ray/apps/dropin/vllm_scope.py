@@ -1,7 +1,13 @@
-"""How a vLLM request's identity reaches the tokenizer under ``tokenizer_mode="delta_ray"``.
+"""How a vLLM request's identity reaches the tokenizer, in every renderer delta-ray serves.
+
+Under ``DELTA_RAY_VLLM=1`` every renderer vLLM has registered, except the ``mistral`` mode's (its
+tokenizer is not a transformers one), is replaced in vLLM's registry by a subclass of itself with
+:class:`ScopedRenderer` first (:func:`scope_renderers`; the class is built when vLLM first loads it,
+``vllm_renderer.py``), so the renderer vLLM picks for a model still renders as it does without
+delta-ray; ``tokenizer_mode="delta_ray"`` uses ``DeltaRayRenderer(ScopedRenderer, HfRenderer)``.
 
 vLLM's OpenAI layer hands its renderer the messages and ``prompt_extras``, where the request's
-``cache_salt`` is (vLLM 0.33: ``OnlineRenderer.preprocess_chat``/``preprocess_cmpl`` ->
+``cache_salt`` is (vLLM 0.33 and 0.34: ``OnlineRenderer.preprocess_chat``/``preprocess_cmpl`` ->
 ``render_chat_async``/``render_cmpl_async``); no header, ``session_id`` or ``vllm_xargs`` field reaches
 it (vLLM reads the session id after rendering, for the engine). So the scoped renderer binds, through
 :func:`~delta_ray.apps.dropin.binding.engine_scope`: tenant = the request's ``cache_salt`` (the
@@ -12,7 +18,7 @@ key = a scope bound around the call (:class:`~delta_ray.apps.dropin.binding.Sess
 tokenizer looks the text up by content inside the tenant.
 
 The renderer renders and tokenizes on its thread pools (``BaseRenderer._executor`` and
-``_mm_executor`` in vLLM 0.33: its ``make_async`` is ``loop.run_in_executor``, which copies no context
+``_mm_executor`` in vLLM 0.33 and 0.34: its ``make_async`` is ``loop.run_in_executor``, which copies no context
 variables), so it makes both pools run each function in the scope of the request that submitted it
 (:func:`~delta_ray.apps.dropin.binding.carry_scope`), and refuses to start where a pool is missing
 rather than let a request tokenize outside its tenant. Nothing here imports vLLM: the default tier
@@ -20,11 +26,11 @@ tests it over a stand-in with the same structure.
 """
 from __future__ import annotations
 
+import importlib
 from concurrent.futures import Executor
 from typing import Any
 
 from .binding import carry_scope, engine_scope, is_carrying
-from .vllm_plugin import MODE, SWITCH
 
 # The renderer's thread pools (vLLM 0.33's and 0.34's BaseRenderer): tokenization and chat rendering
 # run on `_executor`, the multimodal processor (which may call the same tokenizer) on `_mm_executor`.
@@ -48,7 +54,7 @@ def request_tenant(prompt_extras: Any) -> str | None:
 
 
 class ScopedRenderer:
-    """Mixin over vLLM's ``HfRenderer`` (``DeltaRayRenderer(ScopedRenderer, HfRenderer)``): the four
+    """Mixin over a vLLM renderer (``DeltaRayRenderer(ScopedRenderer, HfRenderer)``, ``scoped_renderer``): the four
     entry points through which vLLM renders and tokenizes a request run inside the request's
     :func:`~delta_ray.request_scope`, and the renderer's thread pools carry that scope into the
     threads that tokenize. Everything else is vLLM's own."""
@@ -59,10 +65,9 @@ class ScopedRenderer:
             pool = getattr(self, name, None)
             if not isinstance(pool, Executor):
                 # A vLLM whose renderer tokenizes elsewhere would tokenize outside the request's tenant.
-                raise RuntimeError(f"delta-ray ({SWITCH}=1 or tokenizer_mode={MODE!r}): vLLM's "
-                                   f"{type(self).__name__} has no thread pool at {name!r}, "
-                                   f"where delta-ray carries each request's tenant; serve without "
-                                   f"delta-ray or with a delta-ray that supports this vLLM")
+                raise RuntimeError(f"delta-ray cannot bind each request's tenant in vLLM's {type(self).__name__}: "
+                                   f"it has no thread pool at {name!r}; serve it without delta-ray, or "
+                                   f"with a delta-ray that supports this vLLM")
             if not is_carrying(pool):
                 carry_scope(pool)
 
@@ -108,7 +113,6 @@ def scoped_renderer(name: str) -> type:
     mode = next((m for m in _BASES if _scoped_name(m) == name), None)
     if mode is None:
         raise AttributeError(name)
-    import importlib
     module, class_name = _BASES[mode]
     base = getattr(importlib.import_module(module), class_name)
     cls = type(f"Scoped{base.__name__}", (ScopedRenderer, base), {"__doc__": f"vLLM's {base.__name__}, "
