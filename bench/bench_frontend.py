@@ -18,10 +18,11 @@ thread pool) -> the engine client, a stub that records the prompt IDs and the mo
 (``bench/peers/vllm_front.py``). Latency = from the request's arrival to its prompt IDs reaching the
 engine. Side by side, each in its own process, driven one at a time by this one:
 
-* ``vllm``: ``tokenizer_mode="hf"``, vLLM's default (transformers over HF tokenizers);
-* ``fastokens``: the same, loaded under ``fastokens.patch_transformers()`` (its own threads);
-* ``dr-stateless``: ``tokenizer_mode="delta_ray"`` with ``DELTA_RAY_SESSIONS=0`` (every encode whole);
-* ``dr-keyless``: ``tokenizer_mode="delta_ray"`` as it is deployed; no request carries a key;
+* ``vllm``: vLLM's default (``tokenizer_mode="auto"``: transformers over HF tokenizers);
+* ``fastokens``: the same, loaded under ``fastokens.patch_transformers()`` (its own threads), which
+  is what ``VLLM_USE_FASTOKENS=1`` does;
+* ``dr-stateless``: ``DELTA_RAY_VLLM=1`` with ``DELTA_RAY_SESSIONS=0`` (every encode whole);
+* ``dr-keyless``: ``DELTA_RAY_VLLM=1`` as it is deployed; no request carries a key;
 * ``dr-keyed``: the same, each request's conversation bound as its ``x-session-id`` header binds it
   (``delta_ray.apps.dropin.binding.SessionHeader``, or Ray Serve's session id);
 * ``dr-keyed-tracked`` (only when named in ``--variants``): ``dr-keyed`` with the session lists left
@@ -67,14 +68,14 @@ _ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
 sys.path.insert(0, _ROOT)
 
 VARIANTS = {  # name -> (tokenizer mode, fastokens' patch, keyed, extra environment)
-    "vllm": ("hf", False, False, {}),
-    "fastokens": ("hf", True, False, {}),
-    "dr-stateless": ("delta_ray", False, False, {"DELTA_RAY_SESSIONS": "0"}),
-    "dr-keyless": ("delta_ray", False, False, {}),
-    "dr-keyed": ("delta_ray", False, True, {}),
+    "vllm": ("auto", False, False, {}),
+    "fastokens": ("auto", True, False, {}),  # what VLLM_USE_FASTOKENS=1 does in vLLM's get_tokenizer
+    "dr-stateless": ("auto", False, False, {"DELTA_RAY_VLLM": "1", "DELTA_RAY_SESSIONS": "0"}),
+    "dr-keyless": ("auto", False, False, {"DELTA_RAY_VLLM": "1"}),
+    "dr-keyed": ("auto", False, True, {"DELTA_RAY_VLLM": "1"}),
     # not run unless named (--variants): dr-keyed with its kept lists left in the collector's sight,
     # as before issue 58 (the bench replaces the drop-in's untrack_ints by the identity in its process)
-    "dr-keyed-tracked": ("delta_ray", False, True, {"BENCH_DROPIN_TRACKED": "1"}),
+    "dr-keyed-tracked": ("auto", False, True, {"DELTA_RAY_VLLM": "1", "BENCH_DROPIN_TRACKED": "1"}),
 }
 DEFAULT_VARIANTS = ("vllm", "fastokens", "dr-stateless", "dr-keyless", "dr-keyed")
 TENANTS = 4
@@ -147,7 +148,7 @@ def child_main() -> int:
     freeze_gc_heap()  # as `vllm serve` does once its app is built, before it serves (server_utils.py)
     pauses = GCPauses()
     work = Workload(setup["sessions"], setup["chars"], setup["append"], setup["docs"], setup["seed"])
-    sessions = _has_sessions(front.renderer.tokenizer) if mode == "delta_ray" else None
+    sessions = _has_sessions(front.renderer.tokenizer) if setup["variant"].startswith("dr-") else None
 
     async def serve(i: int, messages: list[dict], salt: str):
         request = front.request(messages, cache_salt=salt)
@@ -273,7 +274,8 @@ class Child:
     """One variant's process, driven over stdin/stdout (JSON lines)."""
 
     def __init__(self, variant: str, setup: dict):
-        env = dict(os.environ, DELTA_RAY_FAST_BACKGROUND="0", VLLM_TARGET_DEVICE="cpu", **VARIANTS[variant][3])
+        env = {k: v for k, v in os.environ.items() if k != "DELTA_RAY_VLLM"}  # only the delta-ray rows set it
+        env.update(DELTA_RAY_FAST_BACKGROUND="0", VLLM_TARGET_DEVICE="cpu", **VARIANTS[variant][3])
         self.variant, self.last = variant, {}
         self.proc = subprocess.Popen([sys.executable, os.path.abspath(__file__), "--child"], stdin=subprocess.PIPE,
                                      stdout=subprocess.PIPE, text=True, env=env, cwd=_ROOT)

@@ -2,11 +2,16 @@
 
 For each: a stateless 1M-character text and a session turn appending about 2K characters to a
 1M-character session, against the reference's whole encode and fastokens' whole encode (where
-fastokens loads the tokenizer), every answer checked against the reference. Ratios only mean
+fastokens loads the tokenizer), every answer checked against the reference. Where the folder has a
+chat template, a second table times a warm chat turn through transformers (``--chat``):
+``apply_chat_template(tokenize=True)`` on a chat of about ``--chars`` characters growing by two
+messages a turn, stock transformers against fastokens' patch and delta-ray's drop-in (keyless: the
+conversation found by content), every turn's IDs checked against stock's. Ratios only mean
 something within one run (this VM is noisy): each row is measured back to back.
 
     .venv/bin/python -m bench.bench_zoo                      # the default kinds, engine "fast"
     .venv/bin/python -m bench.bench_zoo --names gguf-gpt-2 --chars 250000
+    .venv/bin/python -m bench.bench_zoo --chat --chars 250000   # + the drop-in's chat turns
 """
 from __future__ import annotations
 
@@ -74,6 +79,60 @@ def measure(name: str, chars: int, append: int, turns: int, engine: str, reps: i
     return row
 
 
+def _chat(src: str, chars: int, turns: int, append: int) -> list[list[dict]]:
+    """The chat before each turn: a long first user message, then an assistant and a user message a turn."""
+    chat = [{"role": "user", "content": src[:chars]}]
+    out, pos, half = [], chars, append // 2
+    for _ in range(turns + 1):
+        out.append(list(chat))
+        chat += [{"role": "assistant", "content": src[pos:pos + half]},
+                 {"role": "user", "content": src[pos + half:pos + 2 * half]}]
+        pos += 2 * half
+    return out
+
+
+def measure_chat(name: str, chars: int, append: int, turns: int, engine: str) -> dict | None:
+    """A warm chat turn through transformers: stock, fastokens' patch, delta-ray's drop-in (turns 2..,
+    medians; every turn's IDs checked against stock's). None where the folder has no chat template."""
+    from transformers import AutoTokenizer
+
+    from delta_ray.apps.dropin import wrap_tokenizer
+    folder = str(zoo.tokenizer_path(name).parent)
+    stock = AutoTokenizer.from_pretrained(folder)
+    if stock.chat_template is None:
+        return None
+    toks = {"stock": stock}
+    try:
+        import fastokens
+        fastokens.patch_transformers()
+        try:
+            toks["fastokens"] = AutoTokenizer.from_pretrained(folder)
+        finally:
+            fastokens.unpatch_transformers()
+    except Exception as exc:  # noqa: BLE001 - a peer that cannot load the tokenizer is reported as such
+        toks.pop("fastokens", None)
+        print(f"|   | fastokens' patch: {type(exc).__name__}: {exc} |"[:160])
+    toks["delta-ray"] = wrap_tokenizer(AutoTokenizer.from_pretrained(folder), engine=engine)
+    chats = _chat(corpus("code", chars + (turns + 2) * append), chars, turns, append)
+    times: dict[str, list[float]] = {n: [] for n in toks}
+    for t, chat in enumerate(chats):
+        got = {}
+        for n in list(toks)[t % len(toks):] + list(toks)[:t % len(toks)]:  # rotating order
+            t0 = time.perf_counter()
+            try:
+                got[n] = toks[n].apply_chat_template(chat, tokenize=True, add_generation_prompt=True,
+                                                     return_dict=False)
+            except Exception as exc:  # noqa: BLE001 - the template refuses this chat: no row
+                print(f"|   | {name}: the chat template refuses this chat ({type(exc).__name__}) |")
+                return None
+            if t:  # turn 0 loads the conversation
+                times[n].append((time.perf_counter() - t0) * 1e3)
+        for n in toks:
+            if n != "stock" and got[n] != got["stock"]:
+                raise AssertionError(f"{name}: {n} differs from stock transformers at turn {t}")
+    return {n: statistics.median(v) for n, v in times.items()}
+
+
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--names", default=",".join(DEFAULT))
@@ -82,6 +141,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--turns", type=int, default=7)
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--engine", default="fast", choices=("auto", "fast", "reference"))
+    ap.add_argument("--chat", action="store_true", help="also time chat turns through transformers (the drop-in)")
     args = ap.parse_args(argv)
     zoo.build()
     print(f"# {args.chars:,} characters; a turn appends {args.append:,}; medians; engine={args.engine}")
@@ -97,6 +157,20 @@ def main(argv: list[str] | None = None) -> None:
         for note in ("fastokens_note", "fast_note"):
             if note in r:
                 print(f"|   | {note.split('_')[0]}: {r[note]} |")
+    if not args.chat:
+        return
+    print(f"\n# chat turns through transformers: a {args.chars:,}-character chat growing by {args.append:,} "
+          f"characters a turn; median of turns 2-{args.turns + 1}; IDs equal to stock's every turn")
+    print("| tokenizer | stock | fastokens' patch | delta-ray drop-in | vs stock | vs fastokens |")
+    print("| --- | --- | --- | --- | --- | --- |")
+    for name in args.names.split(","):
+        c = measure_chat(name, args.chars, args.append, args.turns, args.engine)
+        if c is None:
+            print(f"| {name} | no chat template (or it refuses the chat) | | | | |")
+            continue
+        fk = c.get("fastokens", float("nan"))
+        print(f"| {name} | {c['stock']:.1f} ms | {fk:.1f} ms | {c['delta-ray']:.2f} ms | "
+              f"{c['stock'] / c['delta-ray']:.0f}x | {fk / c['delta-ray']:.2f}x |", flush=True)
 
 
 if __name__ == "__main__":
