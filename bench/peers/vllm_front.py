@@ -2,10 +2,10 @@
 
 A served chat request goes ``OpenAIServingChat.create_chat_completion`` -> ``OnlineRenderer`` ->
 the tokenizer mode's renderer (render the chat, tokenize it on the renderer's thread pool) -> the
-engine client's ``generate(engine_input, ...)``. Here everything is vLLM 0.33's own except the engine
-client, :class:`RecordingEngine`, which records each request's prompt IDs and the moment they
-arrived, and answers one token. Building it needs a model folder with a ``config.json`` (no weights
-are read) and ``VLLM_TARGET_DEVICE=cpu`` where no GPU is (set here before vLLM is imported).
+engine client's ``generate(engine_input, ...)``. Here everything is vLLM's own (0.33 or 0.34) except
+the engine client, :class:`RecordingEngine`, which records each request's prompt IDs and the moment
+they arrived, and answers one token. Building it needs a model folder with a ``config.json`` (no
+weights are read) and ``VLLM_TARGET_DEVICE=cpu`` where no GPU is (set here before vLLM is imported).
 
 Used by ``bench/bench_frontend.py`` and the vLLM tier (``tests/apps/test_dropin_vllm.py``); it needs
 the vLLM tier's environment (``tests/tools/vllm_tier.py`` builds ``.venv-vllm``).
@@ -59,6 +59,21 @@ def folder_with_config(tokenizer_folder: str | Path, config: str, root: str | Pa
     return str(folder)
 
 
+def vllm_config_on_cpu(model_config):
+    """``VllmConfig(model_config=model_config)`` on this CPU. vLLM 0.34's CPU platform refuses an x86
+    CPU without triton-cpu (``CpuPlatform.check_and_update_config``, vllm/platforms/cpu.py:242), which
+    only its model runner needs: no model runs here (0.33 only warned). So that check, which reads
+    ``vllm.triton_utils.HAS_TRITON`` when it runs, sees Triton while the config is built."""
+    import vllm.triton_utils as triton_utils
+    from vllm.config import VllmConfig
+    had = triton_utils.HAS_TRITON
+    triton_utils.HAS_TRITON = True
+    try:
+        return VllmConfig(model_config=model_config)
+    finally:
+        triton_utils.HAS_TRITON = had
+
+
 class RecordingEngine:
     """vLLM's ``EngineClient`` as far as the chat front end uses it: ``generate`` records
     ``seen[request_id] = (prompt_token_ids, perf_counter())`` when the prompt arrives, and answers one
@@ -89,7 +104,7 @@ class FrontEnd:
     """One model served by vLLM's chat front end with ``tokenizer_mode=mode``."""
 
     def __init__(self, folder: str, mode: str, max_model_len: int = 1 << 21):
-        from vllm.config import ModelConfig, VllmConfig
+        from vllm.config import ModelConfig
         from vllm.entrypoints.openai.chat_completion.serving import OpenAIServingChat
         from vllm.entrypoints.openai.models.serving import BaseModelPath, OpenAIServingModels
         from vllm.plugins import load_general_plugins
@@ -98,9 +113,9 @@ class FrontEnd:
 
         load_general_plugins()  # as every vLLM process does: delta-ray's entry point registers its mode
         model_config = ModelConfig(model=folder, tokenizer_mode=mode, max_model_len=max_model_len)
-        vllm_config = VllmConfig(model_config=model_config)
-        self.renderer = renderer_from_config(vllm_config)
-        self.engine = RecordingEngine(vllm_config, self.renderer)
+        config = vllm_config_on_cpu(model_config)
+        self.renderer = renderer_from_config(config)
+        self.engine = RecordingEngine(config, self.renderer)
         models = OpenAIServingModels(self.engine, [BaseModelPath(name="model", model_path=folder)])
         online = OnlineRenderer(model_config=model_config, renderer=self.renderer, request_logger=None,
                                 chat_template=None, chat_template_content_format="auto")

@@ -1,8 +1,8 @@
 """The vLLM tier: ``tokenizer_mode="delta_ray"`` through vLLM's own loader, chat renderer and OpenAI chat
 front end (a stub engine client) equals vLLM's default mode, ``DELTA_RAY_VLLM=1`` keeps the mode and
 renderer vLLM picks and its prompt IDs, and each request's tenant and session key
-reach the tokenizing thread. Opt-in: ``python3 tests/tools/vllm_tier.py`` builds .venv-vllm (vllm --no-deps and a
-torch) and runs this file there; in the default environment it is skipped."""
+reach the tokenizing thread. Opt-in: ``python3 tests/tools/vllm_tier.py [--vllm 0.33|0.34|all]`` builds .venv-vllm
+(or .venv-vllm-0.34: vllm --no-deps and a torch) and runs this file there; in the default environment it is skipped."""
 from __future__ import annotations
 
 import asyncio
@@ -16,8 +16,8 @@ from pathlib import Path
 
 import pytest
 
-pytest.importorskip("vllm", reason="the vLLM tier: run `python3 tests/tools/vllm_tier.py` (installs vllm==0.33.0 "
-                                   "--no-deps and torch into .venv-vllm)")
+pytest.importorskip("vllm", reason="the vLLM tier: run `python3 tests/tools/vllm_tier.py [--vllm 0.34]` (installs "
+                                   "vllm --no-deps and torch into .venv-vllm or .venv-vllm-0.34)")
 
 import exactness  # noqa: E402
 from delta_ray.apps.dropin.folders import bundled_hf_folder  # noqa: E402
