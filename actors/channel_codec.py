@@ -5,7 +5,7 @@ integers, UTF-8 text, little-endian int32 arrays), at most :data:`MAX_VALUES` of
 can build nothing else and a frame cannot decode into much more than itself. A frame is a 9-byte
 header (magic, kind, body length), the body, and a 32-byte HMAC-SHA256 tag under per-connection,
 per-direction keys derived from the handshake (:class:`FrameKeys`). The handshake and the
-connections are in :mod:`delta_ray.actors.worker_channel`; ``docs/design.md`` §9 has the threat model.
+connections are in :mod:`delta_ray.actors.worker_channel`; ``docs/threat-model.md`` has the threat model.
 """
 from __future__ import annotations
 

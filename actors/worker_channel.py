@@ -12,7 +12,7 @@ mapped back to a small set of known exception classes on the client; anything el
 them, so a hostile peer cannot run code through a frame, nor make a frame decode into more than
 about four times its own size.
 
-Who may talk (threat model in ``docs/design.md`` §9): the socket is a Linux abstract-namespace
+Who may talk (``docs/threat-model.md``, "Side channel"): the socket is a Linux abstract-namespace
 name, which any local process of any user can try to connect to, and which anyone can bind once the
 worker that held it dies. So both ends authenticate before any request text moves, and every frame
 after that is authenticated too:

@@ -11,7 +11,7 @@ each turn is timed with four tokenizers loaded from the same folder:
 * ``delta-ray``: loaded under ``delta_ray.patch_transformers()`` (content reuse off, the default;
   ``--engine fast`` admits the fast tier first, about a minute the first time, cached after);
 * ``dr-stock-render``: the same with ``fast_render=False``: transformers' own template render, so
-  the two delta-ray columns show what the memoized sandbox (design §16) adds and what the encode does.
+  the two delta-ray columns show what the memoized sandbox (docs/dropin.md §16) adds and what the encode does.
 
 The four are timed in rotating order on each turn (median of ``--repeats``, and the fastest
 repeat, the least disturbed by other jobs on a shared machine), every result is

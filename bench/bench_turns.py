@@ -19,7 +19,7 @@ cache (which caches the text between added tokens across requests) and without. 
 100K. Beside them, an oracle's turn (``floor``: one fastokens call on the append alone, wrapped in
 Arrow, as if the cut, the kept IDs and the splice were free) bounds what any Python turn answering
 in Arrow can reach against the peer. ``--cold`` (issue 26): ``extend`` after the process touched 64 MB of other memory, 16K to 2M.
-The whole-transcript turn must compare the new text with the stored one (design §5: 4 MB read at
+The whole-transcript turn must compare the new text with the stored one (docs/proof.md §5: 4 MB read at
 1M characters of UCS-2 text); an ``extend`` receives only the append, and the harness never joins
 the transcript for it, as a server receiving appends would not. ``--tail``: the turn's P99 and
 maximum back to back, with the compact turn's joins from pyarrow's default pool (mimalloc) against
@@ -237,7 +237,7 @@ def cold_table(path, engine, sizes, turns, ref) -> dict:
 
 def tail_table(path, engine, sizes, turns, ref) -> dict:
     """The turn's tail back to back, side by side: joins from pyarrow's default pool (mimalloc on
-    Linux) against the C allocator the compact turn uses (design §15), alternating turn by turn."""
+    Linux) against the C allocator the compact turn uses (docs/proof.md §15), alternating turn by turn."""
     import numpy as np
     import pyarrow as pa
 

@@ -326,7 +326,7 @@ class TokenizerCore:
         """A keyless text's IDs as a Python list (transformers' container, for the drop-in): the
         route, engine and guard of :meth:`encode_ids`; a long text is cut by the same planner at
         safe cuts into two pieces a thread, each converted on the thread that encoded it and joined
-        in order (design §14). Other routes are :meth:`encode_ids` converted."""
+        in order (docs/dropin.md §14). Other routes are :meth:`encode_ids` converted."""
         check_text(text)
         route = self.router.decide(text)
         if route is not HERE and route is not CHUNKED:

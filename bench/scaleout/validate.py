@@ -120,7 +120,7 @@ def cores_kept_awake():
     callers' session turns on 2 workers alternated plain and held, 6 s rounds: 1,128-1,533 turns/s
     with 280-686 ms/s of steal, against 2,196-2,357 with 35-70 (2026-12-03). Not the default: the
     simulation's wake-up costs are fitted to halting cores, and users' machines halt; held, its
-    1-worker turns ran 26% short in the one run tried (design §13)."""
+    1-worker turns ran 26% short in the one run tried (docs/design.md, "The scale-out model")."""
     try:
         f = open("/dev/cpu_dma_latency", "wb", buffering=0)
     except OSError:

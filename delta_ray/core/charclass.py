@@ -11,7 +11,7 @@ derived from the installed reference itself and cached on disk keyed by the ``to
   is checked against the reference: :mod:`delta_ray.core.class_verify` probes every code point through
   the reference's own pre-tokenizer (the tokenizer's patterns, in contexts) and any code point whose
   pieces differ from what the candidate classes predict is *unverified*, a class next to which no
-  cut is ever accepted (docs/design.md §10).
+  cut is ever accepted (docs/proof.md §10).
 """
 from __future__ import annotations
 

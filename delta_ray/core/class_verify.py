@@ -24,7 +24,7 @@ point, through its own pre-tokenizer:
 
 Before use, :func:`check_sensitivity` confirms that the contexts tell every pair of family classes
 apart under the prediction, so a code point the reference places in another family class than the
-candidate cannot look verified. docs/design.md §10 gives the argument and its limits.
+candidate cannot look verified. docs/proof.md §10 gives the argument and its limits.
 """
 from __future__ import annotations
 

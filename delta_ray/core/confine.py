@@ -6,7 +6,7 @@ sits in front of the switchable encoder: a piece the guard refuses is cut at saf
 piece about ``window`` characters before and after each guarded code point, so the fast engine
 encodes everything but those windows. Cuts of a piece are decided on the piece alone and chained
 like the planner's (each one's evidence starts at or after the previous cut, and the previous cut's
-evidence ends at or before it), so the sub-pieces' IDs concatenate to the piece's (design §4); the
+evidence ends at or before it), so the sub-pieces' IDs concatenate to the piece's (docs/proof.md §4); the
 piece lies between safe cuts of its text, so nothing outside it changes.
 """
 from __future__ import annotations

@@ -2,7 +2,7 @@
 
 A position b of a text S is a *safe cut* when the reference's encoding of S equals the encoding of
 S[:b] followed by the encoding of S[b:] (both without post-processing). Three guards, in pipeline
-order (docs/design.md gives the argument for each):
+order (docs/proof.md §1-§4 give the argument for each):
 
 1. added tokens: no occurrence of an added-token string crosses b (:mod:`special_tokens`);
 2. normalizer (NFC only): anchors a < b < c within ``NFC_WINDOW`` code points (or the text's ends)
@@ -19,7 +19,7 @@ BPE and the byte-level mapping act per pre-tokenized piece, so equal pieces give
 every text that holds the same characters at [lo, ext) and does not start after lo: a session
 checkpoint stays valid while its ext lies inside the stored text (``open_end=True`` forbids using
 the end as an anchor), and neighbouring cuts compose when each one's evidence lies between its
-neighbours (docs/design.md, "Composing cuts").
+neighbours (docs/proof.md §4).
 """
 from __future__ import annotations
 

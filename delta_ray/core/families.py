@@ -7,7 +7,7 @@ whenever x is not whitespace: the only end-of-input-sensitive construct in these
 lookahead of ``\\s+(?!\\S)``, which is evaluated right after whitespace; everything else is a
 character test, and a path that fails on the whole text fails on the prefix too. Matches being
 contiguous, the first condition depends only on the classes of x and y, so each family is a small
-table over character classes. The reason for each accepted transition is in docs/design.md; the
+table over character classes. The reason for each accepted transition is in docs/proof.md §3; the
 tables are deliberately conservative (a missed cut costs time, never IDs).
 
 Classes are derived from the reference's own regex engine (:mod:`delta_ray.core.charclass`); under

@@ -19,7 +19,7 @@ LIST_PIECES_PER_THREAD = 2  # encode_list: pieces per thread (a piece's conversi
 def ids_list(encoder: Encoder, pieces: list[str]) -> list[int]:
     """The pieces' IDs, concatenated in order, as one Python list, in one engine call: the engine's own
     lists where the encoder offers them for these pieces (``encode_lists``: the guarded fast engine's
-    direct path, design §14), else its flat int32 values converted."""
+    direct path, docs/dropin.md §14), else its flat int32 values converted."""
     lists_of = getattr(encoder, "encode_lists", None)
     lists = lists_of(pieces) if lists_of is not None else None
     if lists is None:

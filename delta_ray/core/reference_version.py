@@ -4,7 +4,7 @@ delta-ray runs against tokenizers 0.x (0.20 onwards) and 1.x: every call it make
 goes through :mod:`delta_ray.core.reference_api`, which uses the 0.x API where it exists and otherwise
 what 1.x exposes (``from_file``, ``encode``, ``encode_batch``, ``decode``); its class tables, NFC
 anchors and fold sets are derived and checked through the reference itself under both
-(docs/design.md §10). A later major version is refused at import with a message that says what to
+(docs/proof.md §10). A later major version is refused at import with a message that says what to
 do, instead of failing deep inside.
 
 The install pin in ``pyproject.toml`` stays ``<1`` until tokenizers 1.0 is final (README, "tokenizers

@@ -7,7 +7,7 @@ five-layer encoder stack and the planner's general form; this one, for the commo
 enters the engine once and pyarrow three times (one buffer, two arrays over it) and otherwise runs
 plain Python over ints, strs and tuples.
 
-It is the general turn restricted to the case where the general turn would do exactly this (design
+It is the general turn restricted to the case where the general turn would do exactly this (docs/proof.md
 §15): the stored state's last checkpoint is valid for the new text (its evidence lies in the stored
 text), the span after it is too short for chunk cuts or intermediate checkpoints, the repair is
 the router's choice (not a whole re-encode: its caller asks the router once), a tail cut exists, and the engine in use now offers

@@ -159,7 +159,7 @@ def allow_native_threads(*, in_worker: bool = False) -> bool:
       process (the pool may exist: too late, False) or the process is a Ray worker and ``in_worker``
       is False (a task or actor holds the CPUs Ray gave it, not the node's).
 
-    Exactness does not depend on it (docs/design.md §14): the guard, confinement and shadow check
+    Exactness does not depend on it (docs/dropin.md §14): the guard, confinement and shadow check
     judge each text's answer, whichever threads computed it. Other delta-ray tokenizers of the
     process get the native threads too (each long piece then uses fastokens' pool besides its own
     Python thread; the pool is shared first-come first-served, so this oversubscribes by at most the
@@ -379,7 +379,7 @@ class FastEncoder:
     def encode_lists(self, texts: Sequence[str]) -> list[list[int]] | None:
         """Each text's IDs as a Python list (transformers' container) from the engine's own list entry
         point, or None where there is none or it is not trusted yet: used only once it gave exactly
-        :meth:`encode_flat`'s IDs on :func:`list_entry_texts` (checked once per instance, docs/design.md
+        :meth:`encode_flat`'s IDs on :func:`list_entry_texts` (checked once per instance, docs/dropin.md
         §14). The first call starts that check in a background thread and returns None, as every
         call does until the check has passed: the caller converts :meth:`encode_flat`'s output
         meanwhile (the same IDs), so no request waits the check's 0.4-0.8 s. The guard applies as

@@ -437,7 +437,7 @@ def guard_set_for(tokenizer_json_bytes: bytes | str | os.PathLike, backend: str 
     if use_cache and len(ref_digests) != n_known:
         save_record("refdigests", ref_key, ref_digests)
     # Case-insensitive groups: code points some engine may fold to a group letter are guarded
-    # wholesale, whatever the probe saw (see probe_contexts and docs/design.md section 8).
+    # wholesale, whatever the probe saw (see probe_contexts and docs/proof.md §8).
     fold = set(fold_sensitive_code_points(cfg))
     if code_points is not None:
         fold &= set(code_points)

@@ -25,7 +25,7 @@ one decision a per-code-point probe cannot see is guarded wholesale:
   before punctuation, a letter run plus apostrophe before a contraction, taken from the vocabulary
   so that the merge across the apostrophe exists).
 
-``docs/design.md`` §8 gives the argument and its limits.
+``docs/proof.md`` §8 gives the argument and its limits.
 """
 from __future__ import annotations
 

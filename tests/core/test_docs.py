@@ -384,3 +384,48 @@ def _lab_notes(doc: Path) -> list[str]:
 def test_no_session_numbers_or_stray_dates(doc):
     found = _lab_notes(doc)
     assert not found, "lab notes belong in bench/scaleout/NOTES.md or CHANGELOG.md:\n" + "\n".join(found)
+
+
+# -- the code's citations of the documents ------------------------------------------------------------
+_CODE_DIRS = ("delta_ray", "actors", "scheduler", "bench")
+_CITATION = re.compile(r"docs/([a-z_-]+\.md)`*(?:\s*,?\s*(§\s*\d+)|\s*,\s*\"([^\"]+)\")?")
+_BARE_SECTION = re.compile(r"\b(?:design|proof|dropin|pool|serving|batch)\s+§")
+
+
+def _doc_sections(name: str) -> tuple[set[str], set[str]]:
+    """(the numbers ``§N`` of a document's numbered sections, its headings' and bold paragraph leads' texts)."""
+    numbers, headings = set(), set()
+    for line in (ROOT / "docs" / name).read_text(encoding="utf-8").splitlines():
+        m = re.match(r"#+\s+(?:§\s*)?(\d+)\.\s", line)
+        if m:
+            numbers.add(m.group(1))
+        if line.startswith("#"):
+            headings.add(line.lstrip("#").strip())
+        lead = re.match(r"\*\*(.+?)\*\*", line)
+        if lead:
+            headings.add(lead.group(1))
+    return numbers, headings
+
+
+def test_code_cites_documents_and_sections_that_exist():
+    """A comment or docstring that sends a reader to ``docs/X.md`` (optionally ``§N`` or a quoted
+    heading) names a document, a numbered section and a heading that exist; a section cited without
+    its document (``design §14``) is refused, since sections move between documents."""
+    bad = []
+    for folder in _CODE_DIRS:
+        for path in sorted((ROOT / folder).rglob("*.py")):
+            text = " ".join(path.read_text(encoding="utf-8").split())  # a citation may wrap
+            rel = path.relative_to(ROOT)
+            for m in _BARE_SECTION.finditer(text):
+                bad.append(f"{rel}: {m.group(0)!r} names a section without its document")
+            for m in _CITATION.finditer(text):
+                name, number, heading = m.group(1), m.group(2), m.group(3)
+                if not (ROOT / "docs" / name).exists():
+                    bad.append(f"{rel}: docs/{name} does not exist")
+                    continue
+                numbers, headings = _doc_sections(name)
+                if number and number.replace("§", "").strip() not in numbers:
+                    bad.append(f"{rel}: docs/{name} has no section {number}")
+                if heading and not any(heading in h for h in headings):
+                    bad.append(f"{rel}: docs/{name} has no heading {heading!r}")
+    assert not bad, "\n".join(bad)

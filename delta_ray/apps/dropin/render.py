@@ -7,7 +7,7 @@ checks (``is_internal_attribute``, ``modifies_known_mutable``'s ABC ``isinstance
 long chat that is about half of the render, and the render a large share of a long turn. Here the environment transformers builds for the template is kept as it is (same
 extensions, filters, globals, sandbox class) and only its ``getattr`` is replaced by one that
 remembers each decision the sandbox made, keyed by the object's exact type and the attribute name.
-The rendered text, every refusal and every error are the sandbox's own (design §16):
+The rendered text, every refusal and every error are the sandbox's own (docs/dropin.md §16):
 
 * For the exact built-in types in ``_BUILTINS`` an instance has no attributes of its own, so
   whether ``getattr`` finds the name, and whether the sandbox calls it safe, are functions of

@@ -9,7 +9,7 @@ immediately followed by y**, no merge ever joins the symbol ending in x to the o
 every merge output would contain ``xy``. The merges on each side then never see the other side,
 and each side's merges happen in the same order as in the whole word (each step takes the pair of
 lowest rank over both sides; restricted to one side, that is that side's lowest). So
-``BPE(word) == BPE(word[:b]) + BPE(word[b:])`` (docs/proof.md, "The model's guard").
+``BPE(word) == BPE(word[:b]) + BPE(word[b:])`` (docs/proof.md §3, "The model's guard").
 
 The cut is placed before the word separator ``▁`` (what a space becomes), where SentencePiece
 vocabularies hardly ever hold a token with a character right before ``▁``: ``left`` is every

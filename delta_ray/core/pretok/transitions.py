@@ -1,4 +1,4 @@
-"""The accepted class transitions of a pre-tokenizer, derived from its own steps (docs/proof.md, "Derived transitions").
+"""The accepted class transitions of a pre-tokenizer, derived from its own steps (docs/proof.md §3).
 
 A cut at b between x = text[b-1] and y = text[b] is safe for the pre-tokenizer when its pieces of
 the text are its pieces of text[:b] followed by its pieces of text[b:]. Per step, over the step's
