@@ -25,7 +25,7 @@ import numpy as np
 from ..core.encoder import encode_flat
 from ..runtime.exit_guard import start_thread
 
-log = logging.getLogger("delta_ray.verify.shadow")  # its name before the move: logging configurations name it
+log = logging.getLogger("delta_ray.engine.shadow")
 
 
 def describe_text(text: str) -> str:

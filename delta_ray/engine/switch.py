@@ -16,7 +16,7 @@ from ..core.encoder import Encoder, ReferenceEncoder, encode_flat
 from .shadow import ShadowVerifier
 from .verdicts import reject_verdict, watch_verdict
 
-log = logging.getLogger("delta_ray.verify.engines")  # its name before the move: logging configurations name it
+log = logging.getLogger("delta_ray.engine")
 
 
 class FastPath(NamedTuple):

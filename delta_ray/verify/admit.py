@@ -32,7 +32,7 @@ from .fuzz import fuzz, fuzz_alphabet
 from .guard_battery import verify_fast_engine
 from .guard_probe import guard_key, guard_set_for
 
-log = logging.getLogger("delta_ray.verify.engines")
+log = logging.getLogger("delta_ray.verify")
 BATTERY_FORMAT = 2  # bump when the battery or the admission fuzz changes
 ADMISSION_FUZZ_SECONDS = 4.0  # fuzzing at admission (DELTA_RAY_ADMISSION_FUZZ_SECONDS overrides)
 

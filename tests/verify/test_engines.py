@@ -149,7 +149,7 @@ def test_shadow_logs_carry_no_request_text(tokenizer_paths, references, caplog, 
     ref = references["glm-4"]
     dt = DeltaTokenizer(tokenizer_paths["glm-4"], encoder=_WrongEncoder(ref), shadow_rate=1.0)
     secret = "my password is hunter2 " * 3
-    with caplog.at_level(logging.ERROR, logger="delta_ray.verify.shadow"):
+    with caplog.at_level(logging.ERROR, logger="delta_ray.engine.shadow"):
         dt.encode(secret)
         dt.core.shadow.drain()
     assert dt.core.shadow.mismatches == 1

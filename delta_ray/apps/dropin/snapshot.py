@@ -36,11 +36,11 @@ SESSIONS_KEY = "sessions"  # one-text encodes reuse a conversation's state (sess
 CONTENT_KEY = "content_reuse"  # ... found by content when the request names no session
 _DROPIN_KEYS = (NATIVE_KEY, RENDER_KEY, CHECK_KEY, SESSIONS_KEY, CONTENT_KEY)
 
-__all__ = ["LazyEncoding", "Snapshot", "Template", "template_of"]
+__all__ = ["LazyEncoding", "Snapshot", "TemplateShape", "template_of"]
 
 
 @dataclass(frozen=True)
-class Template:
+class TemplateShape:
     """What the post-processor does to ONE sequence: ``prefix`` and ``suffix`` special-token counts
     (with ``add_special_tokens``) and whether every type id it writes is 0."""
 
@@ -49,7 +49,7 @@ class Template:
     zero_type_ids: bool
 
 
-def _template_processing(pp: dict) -> Template | None:
+def _template_processing(pp: dict) -> TemplateShape | None:
     specials = pp.get("special_tokens") or {}
     prefix = suffix = 0
     seen_sequence = False
@@ -72,20 +72,20 @@ def _template_processing(pp: dict) -> Template | None:
                 prefix += len(ids)
         else:
             return None
-    return Template(prefix, suffix, zero) if seen_sequence else None
+    return TemplateShape(prefix, suffix, zero) if seen_sequence else None
 
 
-def template_of(post_processor: dict | None) -> Template | None:
+def template_of(post_processor: dict | None) -> TemplateShape | None:
     """The single-sequence template of a serialized post-processor; None where unknown."""
     if post_processor is None:
-        return Template(0, 0, True)
+        return TemplateShape(0, 0, True)
     kind = post_processor.get("type")
     if kind == "ByteLevel":  # rewrites offsets only
-        return Template(0, 0, True)
+        return TemplateShape(0, 0, True)
     if kind == "TemplateProcessing":
         return _template_processing(post_processor)
     if kind == "Sequence":
-        found = Template(0, 0, True)
+        found = TemplateShape(0, 0, True)
         for step in post_processor.get("processors") or []:
             t = template_of(step)
             if t is None:
