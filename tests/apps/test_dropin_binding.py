@@ -283,3 +283,9 @@ def test_the_switch_reads_zero_or_one(monkeypatch):
     monkeypatch.setenv(SWITCH, "yes")
     with pytest.raises(ValueError, match=SWITCH):
         switched_on()
+    monkeypatch.setenv(SWITCH, "1")
+    monkeypatch.setenv("VLLM_USE_FASTOKENS", "1")  # both under transformers: one must give way, so refused
+    with pytest.raises(ValueError, match="VLLM_USE_FASTOKENS"):
+        switched_on()
+    monkeypatch.setenv("VLLM_USE_FASTOKENS", "0")
+    assert switched_on() is True

@@ -63,8 +63,16 @@ def env_options() -> dict:
 
 def switched_on() -> bool:
     """Whether ``DELTA_RAY_VLLM=1`` asks for delta-ray under every mode vLLM picks (a value other
-    than 0 or 1 is refused: a typo must not silently serve without it)."""
-    return _flag(SWITCH, "0")
+    than 0 or 1 is refused: a typo must not silently serve without it). With vLLM's own
+    ``VLLM_USE_FASTOKENS`` on too, both would replace transformers' backend: refused, with the reason,
+    rather than one of them quietly giving way to the other."""
+    on = _flag(SWITCH, "0")
+    fastokens = os.environ.get("VLLM_USE_FASTOKENS", "0").strip()
+    if on and fastokens not in ("", "0"):
+        raise ValueError(f"{SWITCH}=1 and VLLM_USE_FASTOKENS={fastokens} both put an engine under vLLM's "
+                         f"transformers tokenizers; set one (delta-ray runs fastokens inside its own exact "
+                         f"cuts when DELTA_RAY_ENGINE allows it)")
+    return on
 
 
 def register() -> None:
