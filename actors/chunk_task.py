@@ -12,7 +12,6 @@ from delta_ray.core.config import PoolConfig, TokenizerConfig
 from delta_ray.tokenizer_core import TokenizerCore
 
 from .calls import ENCODE_PIECES, ENCODE_WHOLE, Call
-
 from .local_ray import WORKER_ENV
 from .tokenizer_cache import get_tokenizer
 
@@ -99,8 +98,8 @@ class ChunkLauncher:
 
     def warm(self, hold_s: float):
         """A task that loads the tokenizer in a chunk-task process and holds it ``hold_s`` seconds."""
-        return warm_chunk_process.options(**self._options).remote(self._config_ref, self._digest, self._config.tokenizer,
-                                                                  self._config.task_nice, hold_s)
+        return warm_chunk_process.options(**self._options).remote(
+            self._config_ref, self._digest, self._config.tokenizer, self._config.task_nice, hold_s)
 
 
 def warm_distinct(run_round: Callable[[int, float], list[int]], n: int, deadline_s: float, *,

@@ -30,9 +30,10 @@ with Ray Data's block count (e.g. ``read_json(dir)``) is tokenized as the same r
 per file, where Ray Data would split it and the files are at least as many as the CPUs
 (:mod:`.data_reads`, the rule ``delta-ray tokenize --ray-data`` reads by); any other dataset is
 taken as given. ``batch_size=`` bundles blocks into fewer tasks too, at the cost of a batch bounded
-in rows rather than bytes; each call encodes its block on every core of its node in slices of ``batch_bytes`` (so one block of a 100 MB file still uses the whole machine, and huge documents never
-hold more than a slice as Python strings). ``concurrency=`` asks for an actor pool instead (the
-earlier default), whose actors reserve a fraction of a CPU so that reads and writes always have cores.
+in rows rather than bytes; each call encodes its block on every core of its node in slices of ``batch_bytes`` (so one
+block of a 100 MB file still uses the whole machine, and huge documents never hold more than a slice as Python strings).
+``concurrency=`` asks for an actor pool instead (the earlier default), whose actors reserve a fraction of a CPU so that
+reads and writes always have cores.
 """
 from __future__ import annotations
 
@@ -44,16 +45,16 @@ from typing import Any, Iterator
 
 import pyarrow as pa
 
-from delta_ray.core import constants as C
 from delta_ray.batch.inputs import byte_slices
+from delta_ray.core import constants as C
 from delta_ray.core.config import TokenizerConfig
-from delta_ray.runtime.exit_guard import start_thread
 from delta_ray.core.loading import LoadedTokenizer, load_tokenizer
 from delta_ray.core.text_columns import BatchSpec, checked_text_column, encode_table
-from delta_ray.verify.admit import cached_admission_exists
 from delta_ray.engine.native import FastEngineUnavailable
+from delta_ray.runtime.exit_guard import start_thread
 from delta_ray.tokenizer import DeltaTokenizer
 from delta_ray.tokenizer_core import TokenizerCore
+from delta_ray.verify.admit import cached_admission_exists
 
 from .data_reads import per_file_read
 from .tokenizer_cache import build_tokenizer, cached, get_tokenizer
@@ -305,8 +306,8 @@ def tokenize_dataset(dataset, tokenizer, spec: BatchSpec | None = None, *, batch
     executing anything (``from_*`` sources, Parquet reads, and stages that keep a known schema): a
     missing text column raises ``ValueError``, a non-string one ``TypeError``. A schema Ray Data
     would have to run work to learn (a JSON or CSV read, after a UDF stage) is not fetched; the
-    workers then raise the same errors on the first batch. Null texts are only seen while the dataset executes: the first batch holding one fails
-    with a ``ValueError`` naming the column, which the consuming call (``materialize``,
+    workers then raise the same errors on the first batch. Null texts are only seen while the dataset executes: the
+    first batch holding one fails with a ``ValueError`` naming the column, which the consuming call (``materialize``,
     ``write_parquet``, ...) raises wrapped as Ray Data does for any UDF error
     (``ray.exceptions.UserCodeException``, or the ``ValueError`` itself with
     ``DataContext.raise_original_map_exception``). Filter or fill nulls first. A text that is not

@@ -26,9 +26,17 @@ from delta_ray.core.assembly import COPY_POOL, concat_ids, one_chunk, to_arrow
 from delta_ray.core.config import PoolConfig
 from delta_ray.core.hosts import PoolLocal
 from delta_ray.core.keys import ContentDigest, content_key, describe, session_key
-from delta_ray.core.plan import CHUNKED, CONTENT, HERE, POOL, REFERENCE_SESSION, SESSION, UNADMITTED, Host, Route, Router
-from delta_ray.core.repair import finish_repair
+from delta_ray.core.plan import (
+    CONTENT,
+    POOL,
+    REFERENCE_SESSION,
+    SESSION,
+    Host,
+    Route,
+    Router,
+)
 from delta_ray.core.planner import chunk_count
+from delta_ray.core.repair import finish_repair
 from delta_ray.core.rope import merge_text_parts, rope_is_prefix
 from delta_ray.core.session_store import SessionNotFound, splice_arrow
 from delta_ray.core.state_seal import seal_state
@@ -36,8 +44,19 @@ from delta_ray.scheduler import Dispatcher, PlacementModel
 
 from . import metrics
 from .call_runner import CallRunner
-from .calls import (ENCODE_PIECES, ENCODE_SESSION, ENCODE_WHOLE, EXTEND, INSTALL, Call, ExtendArgs, InstallArgs,
-                    PiecesArgs, SessionArgs, WholeArgs)
+from .calls import (
+    ENCODE_PIECES,
+    ENCODE_SESSION,
+    ENCODE_WHOLE,
+    EXTEND,
+    INSTALL,
+    Call,
+    ExtendArgs,
+    InstallArgs,
+    PiecesArgs,
+    SessionArgs,
+    WholeArgs,
+)
 from .session_table import SessionTable, key_id
 from .transport import WorkerTransport
 

@@ -29,13 +29,13 @@ import pyarrow as pa
 import ray
 
 from delta_ray.core import constants as C
+from delta_ray.core.arguments import check_flag, check_tenant, check_text
 from delta_ray.core.config import PoolConfig, pool_config
 from delta_ray.core.errors import PoolAuthError, PoolClosed, PoolStartupError
 from delta_ray.core.loading import TokenizerLike, load_tokenizer
 from delta_ray.core.plan import CHUNKED, HERE, UNADMITTED
 from delta_ray.scheduler.policies import make_policy
 from delta_ray.scheduler.routing import worker_name
-from delta_ray.core.arguments import check_flag, check_tenant, check_text
 from delta_ray.tokenizer_core import TokenizerCore
 
 from . import worker_channel

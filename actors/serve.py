@@ -26,8 +26,12 @@ from ray.serve.config import RequestRouterConfig
 from delta_ray.core.loading import LoadedTokenizer, TokenizerLike
 from delta_ray.runtime.heap import freeze_heap
 from delta_ray.server.asgi import TokenizerASGI
-from delta_ray.server.serve_config import (DEFAULT_MAX_BODY_BYTES, DEFAULT_MAX_DETOKENIZE_TOKENS,
-                                           DEFAULT_MAX_JSON_ITEMS, ServeConfig)
+from delta_ray.server.serve_config import (
+    DEFAULT_MAX_BODY_BYTES,
+    DEFAULT_MAX_DETOKENIZE_TOKENS,
+    DEFAULT_MAX_JSON_ITEMS,
+    ServeConfig,
+)
 from delta_ray.server.service import build_handler, service_spec
 
 from . import metrics

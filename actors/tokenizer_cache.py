@@ -15,10 +15,10 @@ from collections import OrderedDict
 from typing import Callable, Union
 
 from delta_ray.core.config import TokenizerConfig
-from delta_ray.runtime.heap import freeze_heap
 from delta_ray.core.loading import LoadedTokenizer
-from delta_ray.tokenizer_core import TokenizerCore
 from delta_ray.engine.native import FastEngineUnavailable
+from delta_ray.runtime.heap import freeze_heap
+from delta_ray.tokenizer_core import TokenizerCore
 
 MAX_ENTRIES = 2  # configurations per process (each holds its engines: ~100-300 MB)
 

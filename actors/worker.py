@@ -20,8 +20,7 @@ from delta_ray.core.keys import describe
 from delta_ray.core.session_store import SessionState
 from delta_ray.core.state_seal import verify_state
 
-from . import metrics
-from . import worker_channel
+from . import metrics, worker_channel
 from .calls import CHANNEL_METHODS
 from .tokenizer_cache import get_tokenizer
 

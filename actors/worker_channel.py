@@ -3,8 +3,8 @@
 Why: a Ray actor call, even to an empty method, costs more than a short session repair itself; a
 Unix socket round trip from the pool's event loop costs a fraction of it.
 
-What travels (:mod:`delta_ray.actors.channel_codec`): typed binary frames, never pickle. A frame is a 9-byte header (magic ``DRC2``, a
-kind byte, a uint32 body length), a body of typed values (None, bool, signed or unsigned 64-bit
+What travels (:mod:`delta_ray.actors.channel_codec`): typed binary frames, never pickle. A frame is a 9-byte header
+(magic ``DRC2``, a kind byte, a uint32 body length), a body of typed values (None, bool, signed or unsigned 64-bit
 integers, UTF-8 text and little-endian int32 arrays) and a 32-byte tag. A request is ``(method,
 *args)``; an answer is a tuple of values, one value, or an error (exception type name and message,
 mapped back to a small set of known exception classes on the client; anything else is a
@@ -68,8 +68,22 @@ from typing import Any, Callable, Optional
 from delta_ray.core.errors import DeltaRayError
 
 from . import channel_codec as codec
-from .channel_codec import (HEADER, KIND_ERROR, KIND_REQUEST, KIND_TUPLE, KIND_VALUE, MAX_FRAME, FrameError,
-                            answer_frame, decode_values, encode_values, error_frame, frame, parse_header, raise_error)
+from .channel_codec import (
+    HEADER,
+    KIND_ERROR,
+    KIND_REQUEST,
+    KIND_TUPLE,
+    KIND_VALUE,
+    MAX_FRAME,
+    FrameError,
+    answer_frame,
+    decode_values,
+    encode_values,
+    error_frame,
+    frame,
+    parse_header,
+    raise_error,
+)
 
 HELLO = b"DRH2"
 _PEERCRED = struct.Struct("3i")  # struct ucred: pid, uid, gid

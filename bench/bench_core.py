@@ -63,7 +63,8 @@ def repair_bench(ref, path, kinds, sizes, append=1300):
 
 def stateless_bench(ref, path, sizes, kind="english"):
     print("\n## Stateless: chunked in-process encode vs the serial reference (checked)")
-    print(f"{'chars':>10}{'chunks':>8}{'reference ms':>14}{'delta-ray ms':>14}{'speed-up':>10}{'planner ms':>12}{'planner share':>15}")
+    print(f"{'chars':>10}{'chunks':>8}{'reference ms':>14}{'delta-ray ms':>14}{'speed-up':>10}{'planner ms':>12}"
+          f"{'planner share':>15}")
     dt = DeltaTokenizer(path, engine=ENGINE)
     for n in sizes:
         text = corpus(kind, n)

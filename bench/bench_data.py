@@ -27,8 +27,8 @@ Pipelines, each timed end to end (read -> tokenize -> ``write_parquet`` / Parque
   as ``delta-ray tokenize --ray-data`` reads (where the files are at least as many as the CPUs and
   fewer than Ray Data's block target: ``actors/data_reads.py``; Ray Data's default read splits
   each file's output to reach its block target, and a split read does not fuse with the tasks
-  after it); on a corpus of fewer files than CPUs it is the default read, and not run. ``td-per-file`` is the read a caller
-  builds; on a bare JSON read ``tokenize_dataset`` reads so by itself;
+  after it); on a corpus of fewer files than CPUs it is the default read, and not run. ``td-per-file`` is the read a
+  caller builds; on a bare JSON read ``tokenize_dataset`` reads so by itself;
 * ``td-actors`` (not run unless named): ``tokenize_dataset(..., concurrency=os.cpu_count())``, its
   actor pool form;
 * ``ray-reference``: the same user pipeline with the reference tokenizer's ``encode_batch`` (naive).
@@ -281,7 +281,7 @@ def main(argv: list[str] | None = None) -> int:
                     shutil.rmtree(out, ignore_errors=True)
             results[cname] = times
             print(f"  {cname}: load average during the runs {min(loads):.2f}-{max(loads):.2f}")
-        print(f"\n| pipeline | " + " | ".join(f"{c} M tokens/s" for c in results) + " |")
+        print("\n| pipeline | " + " | ".join(f"{c} M tokens/s" for c in results) + " |")
         print("| --- |" + " --- |" * len(results))
         for name in pipelines:
             cells = []

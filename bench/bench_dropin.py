@@ -264,7 +264,8 @@ def run(toks: dict, peer: Peer | None, kind: str, calls: list, repeats: int, lab
     print("sum 2-" + f"{len(calls)}".ljust(9) + "".join(f"{low[n]:>17.1f}" for n in names) + "  (fastest repeats)")
     for n in names:
         if n != "delta-ray":
-            print(f"  delta-ray vs {n}: {low[n] / low['delta-ray']:.2f}x (sum of turns 2-{len(calls)}, fastest repeats)")
+            ratio = low[n] / low["delta-ray"]
+            print(f"  delta-ray vs {n}: {ratio:.2f}x (sum of turns 2-{len(calls)}, fastest repeats)")
     return per
 
 

@@ -36,8 +36,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import numpy as np  # noqa: E402
 
 from delta_ray.apps.bundled import bundled_tokenizer_path  # noqa: E402
-from delta_ray.engine.native import fast_engine_threads, fast_engine_versions  # noqa: E402
 from delta_ray.core.reference_api import encode_batch_ids  # noqa: E402 - encode_batch_fast (0.x) or encode_batch (1.x)
+from delta_ray.engine.native import fast_engine_threads, fast_engine_versions  # noqa: E402
 
 CORPUS_DIR = Path(os.environ.get("DELTA_RAY_CORPUS", "/work/shared/corpus"))
 
@@ -142,9 +142,9 @@ def confinement(path: str, sizes: list[int], corpus: str, clock) -> None:
 
     from delta_ray import DeltaTokenizer
     from delta_ray.core.encoder import ReferenceEncoder
+    from delta_ray.engine.guard import GuardedEncoder
     from delta_ray.engine.native import cached_fast_encoder
     from delta_ray.verify.guard_probe import guard_set_for
-    from delta_ray.engine.guard import GuardedEncoder
 
     ref = Tokenizer.from_file(path)
     data = Path(path).read_bytes()
@@ -157,16 +157,23 @@ def confinement(path: str, sizes: list[int], corpus: str, clock) -> None:
     bad = chr(min(guard.code_points))
     print(f"\n# one guarded character (U+{ord(bad):04X}, gigatoken tier: {len(guard)} guarded code points), "
           "one thread: the whole text vs only its chunk falls back to the reference")
-    print(f"{'chars':>9}{'reference MB/s':>16}{'tier whole MB/s':>17}{'tier 16 chunks MB/s':>21}{'chunked/whole':>15}{'match':>7}")
+    print(f"{'chars':>9}{'reference MB/s':>16}{'tier whole MB/s':>17}{'tier 16 chunks MB/s':>21}{'chunked/whole':>15}"
+          f"{'match':>7}")
     whole = DeltaTokenizer(path, encoder=GuardedEncoder(giga, guard, ReferenceEncoder(ref)), threads=1)
     chunked = DeltaTokenizer(path, encoder=GuardedEncoder(giga, guard, ReferenceEncoder(ref)), threads=16,
                              chunk_size=4096, cut_threshold=8192)
     for size in sizes:
         text = corpus[:size // 2] + bad + corpus[size // 2:size]
         mb = len(text.encode()) / 1e6
-        t = clock(); want = encode_batch_ids(ref, [text], False)[0].tolist(); tr = clock() - t
-        t = clock(); a = whole.core.encode_ids(text, add_special_tokens=False); tw = clock() - t
-        t = clock(); b = chunked.core.encode_ids(text, add_special_tokens=False); tc = clock() - t
+        t = clock()
+        want = encode_batch_ids(ref, [text], False)[0].tolist()
+        tr = clock() - t
+        t = clock()
+        a = whole.core.encode_ids(text, add_special_tokens=False)
+        tw = clock() - t
+        t = clock()
+        b = chunked.core.encode_ids(text, add_special_tokens=False)
+        tc = clock() - t
         ok = a.tolist() == want == b.tolist()
         print(f"{size:>9}{mb / tr:>16.1f}{mb / tw:>17.1f}{mb / tc:>21.1f}{tw / tc:>14.1f}x{'yes' if ok else 'NO':>7}")
 
@@ -193,7 +200,8 @@ def main(argv=None) -> int:
     from delta_ray.engine.guard import GuardSet
 
     engines = build_engines(bundled_tokenizer_path(args.tokenizer), wanted)
-    guard = GuardSet(frozenset(range(0x31350, 0x323B0)) | frozenset(range(0x1AC0, 0x1AF0)) | frozenset(range(0x0890, 0x08A0)))
+    guard = GuardSet(frozenset(range(0x31350, 0x323B0)) | frozenset(range(0x1AC0, 0x1AF0))
+                     | frozenset(range(0x0890, 0x08A0)))
     print(f"# tokenizer={args.tokenizer} versions={fast_engine_versions()} threads={fast_engine_threads()}")
     print(f"# cpu={os.cpu_count()} load={os.getloadavg()[0]:.2f} python={sys.version.split()[0]} clock={args.clock}")
     print(f"# guard MB/s: GuardSet.allows with {len(guard)} guarded code points (BMP and astral ranges); "

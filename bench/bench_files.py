@@ -38,9 +38,9 @@ from bench.harness import ActorPeakRSS, in_own_process  # noqa: E402
 from bench.peers.plain_script import timed_run as plain  # noqa: E402
 from bench.peers.ray_data import ReferenceTokenize  # noqa: E402
 from delta_ray import DeltaTokenizer  # noqa: E402
-from delta_ray.batch.files import Options, tokenize_files, verify_outputs  # noqa: E402
 from delta_ray.apps.bundled import bundled_tokenizer_path  # noqa: E402
 from delta_ray.apps.sample_text import corpus, doc_source  # noqa: E402
+from delta_ray.batch.files import Options, tokenize_files, verify_outputs  # noqa: E402
 
 
 def make_inputs(root: str, mb: int, files: int) -> tuple[str, list[str]]:
@@ -91,6 +91,7 @@ def ray_pipelines(path: str, inputs: list[str], root: str, verify: int) -> tuple
     delta-ray actor's peak RSS in MB, and the same on a file of 60 documents of 4M characters)."""
     import ray
     import ray.data
+
     from delta_ray import tokenize_dataset
     from delta_ray.actors.local_ray import local_init_kwargs
     ray.init(address="local", **local_init_kwargs())
@@ -146,7 +147,8 @@ def main() -> None:
     ap.add_argument("--tokenizer", default="llama3.2")
     ap.add_argument("--verify", type=int, default=300)
     ap.add_argument("--threads", type=int, default=None, help="delta-ray's encode threads (default: the CPUs)")
-    ap.add_argument("--ray", action="store_true", help="also run tokenize_dataset and naive Ray Data (slow) on the big file")
+    ap.add_argument("--ray", action="store_true",
+                    help="also run tokenize_dataset and naive Ray Data (slow) on the big file")
     args = ap.parse_args()
     path = bundled_tokenizer_path(args.tokenizer)
     ref = Tokenizer.from_file(path)

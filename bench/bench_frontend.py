@@ -110,7 +110,8 @@ class Workload:
             t += self.rng.expovariate(rate)
             if self.rng.random() < self.docs:
                 self.n_docs += 1
-                out.append((t, -1, [{"role": "user", "content": f"[document {self.n_docs}]\n" + self._slice(self.chars)}]))
+                doc = f"[document {self.n_docs}]\n" + self._slice(self.chars)
+                out.append((t, -1, [{"role": "user", "content": doc}]))
                 continue
             i = self.rng.randrange(len(self.chats))
             k = max(100, int(self.append * self.rng.uniform(0.35, 0.65)))
@@ -185,8 +186,9 @@ def child_main() -> int:
         pauses.reset()
         lat, got, late = asyncio.run(_replay(plan, serve))
         cpu_ms = (time.process_time() - cpu) * 1000.0 / len(plan)
-        print(json.dumps({"lat_ms": lat, "cpu_ms": cpu_ms, "late_ms": late, "gc_ms": pauses.longest * 1000.0, "gc_full": pauses.full,
-                          "table": _table_stats(front), "digests": got}), file=proto, flush=True)
+        answer = {"lat_ms": lat, "cpu_ms": cpu_ms, "late_ms": late, "gc_ms": pauses.longest * 1000.0,
+                  "gc_full": pauses.full, "table": _table_stats(front), "digests": got}
+        print(json.dumps(answer), file=proto, flush=True)
     return 0
 
 
@@ -392,8 +394,9 @@ def main() -> int:
     print("| rate/s | " + " | ".join(variants) + " |")
     print("| --- |" + " --- |" * len(variants))
     for rate in rates:
-        print(f"| {rate:g} | " + " | ".join(f"{pct(results[v][rate], .5):.1f} / {pct(results[v][rate], .99):.1f}"
-                                          f" (gc {gc_ms[v][rate]:.1f}, {gc_full[v][rate]} full)" for v in variants) + " |")
+        cells = (f"{pct(results[v][rate], .5):.1f} / {pct(results[v][rate], .99):.1f}"
+                 f" (gc {gc_ms[v][rate]:.1f}, {gc_full[v][rate]} full)" for v in variants)
+        print(f"| {rate:g} | " + " | ".join(cells) + " |")
     print("| CPU ms a request (median over rates) | " + " | ".join(
         f"{sorted(cpu[v].values())[len(rates) // 2]:.1f}" for v in variants) + " |")
     print("| loop started an arrival late by, at most (ms) | " + " | ".join(
@@ -401,8 +404,8 @@ def main() -> int:
     print("| longest pause of Python's collector, all rates (ms) | " + " | ".join(
         f"{max(gc_ms[v].values()):.1f}" for v in variants) + " |")
     sustain = {v: _sustained(rates, [pct(results[v][r], .99) for r in rates], args.slo_ms) for v in variants}
-    print(f"| P99 <= {args.slo_ms:g} ms at every rate up to | " + " | ".join(f"{sustain[v]:g}/s" if sustain[v] else f"< {rates[0]:g}/s"
-                                                            for v in variants) + " |")
+    up_to = (f"{sustain[v]:g}/s" if sustain[v] else f"< {rates[0]:g}/s" for v in variants)
+    print(f"| P99 <= {args.slo_ms:g} ms at every rate up to | " + " | ".join(up_to) + " |")
     if "fastokens" in variants:
         for v in (x for x in variants if x.startswith("dr-")):
             lower = all(pct(results[v][r], .99) < pct(results["fastokens"][r], .99) for r in rates)

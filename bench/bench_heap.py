@@ -71,7 +71,8 @@ def main() -> int:
     src, text = corpus("code", 3_000_000), corpus("english", 1_000_000)
     want = np.asarray(reference.encode(text, add_special_tokens=False).ids, np.int32)
     callers = 4
-    results: dict[str, dict[str, list[float]]] = {way: {"turns": [], "texts": [], "gc": []} for way in ("thawed", "frozen")}
+    results: dict[str, dict[str, list[float]]] = {way: {"turns": [], "texts": [], "gc": []}
+                                                  for way in ("thawed", "frozen")}
     try:
         with TokenizerPool(path, num_workers=2, max_inflight_tasks=2, placement=False, engine="fast",
                            shadow_rate=0.0, request_timeout_s=120, max_session_bytes=1 << 31) as pool:

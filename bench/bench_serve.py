@@ -283,7 +283,8 @@ def _wait_http(host: str, port: int, path: str = "/tokenize", timeout: float = 1
 
 
 def expectations(size, sessions, turns, append, tokenizer_path) -> list[list[list[int]]]:
-    """[session][turn] -> [count, CRC of the IDs as JSON, CRC of the IDs as int32] from fastokens whole; each session's last text also by the reference."""
+    """[session][turn] -> [count, CRC of the IDs as JSON, CRC of the IDs as int32] from fastokens whole; each session's
+    last text also by the reference."""
     import fastokens
     import numpy as np
     from tokenizers import Tokenizer
@@ -455,7 +456,8 @@ def _start_serve(args, path, modes, endpoints):
 def _run(args, path, modes, sizes, specials, servers) -> None:
     endpoints: dict[str, tuple[str, int, str]] = {}
     for kind, (proc, port) in servers.items():
-        _wait_http("127.0.0.1", port, timeout=900, proc=proc)  # the local server admits the fast tier first (cached after)
+        # the local server admits the fast tier first (cached after)
+        _wait_http("127.0.0.1", port, timeout=900, proc=proc)
         for m in ("plain",) if kind == "plain" else LOCAL_MODES:
             endpoints[m] = ("127.0.0.1", port, "/tokenize")
     specials[os.getpid()] = "driver"
@@ -490,14 +492,16 @@ def _run(args, path, modes, sizes, specials, servers) -> None:
                 results.setdefault(label, {}).setdefault(mode, []).append({**r, "rate": rate})
                 cpu = ", ".join(f"{k} {v:.1f}" for k, v in sorted(r["cpu_ms"].items(), key=lambda kv: -kv[1]))
                 print(f"{mode:>10}: {rate:8.1f} turns/s  P50 {r['p50'] * 1e3:7.1f} ms  P99 {r['p99'] * 1e3:7.1f} ms  "
-                      f"resends {r['resends']}  re-inits {r['reinit']}  replicas {r['replicas']}  errors {r['n_errors']}  | CPU ms/request: {cpu}", flush=True)
+                      f"resends {r['resends']}  re-inits {r['reinit']}  replicas {r['replicas']}  "
+                      f"errors {r['n_errors']}  | CPU ms/request: {cpu}", flush=True)
                 for e in r["errors"][:3]:
                     print("    ", e)
     # Ratios against the targets (ranges over rounds).
     print("\n## Ratios (turns/s of each round against the same round's peer; median, min-max over rounds)")
     for label, by_mode in results.items():
         for mine, peer in (("local", "plain"), ("append-local", "plain"), ("local", "delta"),
-                           ("append-local", "append"), ("delta", "plain"), ("delta", "peer"), ("append", "peer"), ("append", "plain"), ("delta-di", "peer"),
+                           ("append-local", "append"), ("delta", "plain"), ("delta", "peer"), ("append", "peer"),
+                           ("append", "plain"), ("delta-di", "peer"),
                            ("append-di", "peer"), ("append-di", "plain"), ("delta-di", "peer-di"),
                            ("append-di", "peer-di"), ("delta-std", "peer"), ("append", "append-std")):
             a, b = by_mode.get(mine, []), by_mode.get(peer, [])

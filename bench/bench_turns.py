@@ -18,8 +18,8 @@ cache (which caches the text between added tokens across requests) and without. 
 >= 1.0x the better peer at 16K, >= 2x at 100K, >= 10x at 1M; the whole-transcript turn >= 1.0x at
 100K. Beside them, an oracle's turn (``floor``: one fastokens call on the append alone, wrapped in
 Arrow, as if the cut, the kept IDs and the splice were free) bounds what any Python turn answering
-in Arrow can reach against the peer. ``--cold`` (issue 26): ``extend`` after the process touched 64 MB of other memory, 16K to 2M.
-The whole-transcript turn must compare the new text with the stored one (docs/proof.md §5: 4 MB read at
+in Arrow can reach against the peer. ``--cold`` (issue 26): ``extend`` after the process touched 64 MB of other memory,
+16K to 2M. The whole-transcript turn must compare the new text with the stored one (docs/proof.md §5: 4 MB read at
 1M characters of UCS-2 text); an ``extend`` receives only the append, and the harness never joins
 the transcript for it, as a server receiving appends would not. ``--tail``: the turn's P99 and
 maximum back to back, with the compact turn's joins from pyarrow's default pool (mimalloc) against
@@ -185,7 +185,8 @@ def idle_table(path, engine, sizes, turns, ref) -> dict:
             ratio = min(r["ft_cache"], r["ft_nocache"]) / r["extend"]
             bound = min(r["ft_cache"], r["ft_nocache"]) / r["floor"]
             print(f"extend at {n:,}: {ratio:.2f}x the peer (>= {want}) {'OK' if ratio >= want else 'MISSED'}"
-                  f"; the oracle floor reaches {bound:.2f}x{'' if bound >= want else ' (the target is below the floor)'}")
+                  f"; the oracle floor reaches {bound:.2f}x"
+                  f"{'' if bound >= want else ' (the target is below the floor)'}")
     if 100_000 in rows:
         r = rows[100_000]
         ratio = min(r["ft_cache"], r["ft_nocache"]) / r["turn"]
@@ -231,7 +232,8 @@ def cold_table(path, engine, sizes, turns, ref) -> dict:
     if 16_000 in rows and 1_000_000 in rows:
         r = rows[1_000_000] / rows[16_000]
         print(f"## cold target: extend at 1M {rows[1_000_000]:.3f} ms (<= 0.2) "
-              f"{'OK' if rows[1_000_000] <= 0.2 else 'MISSED'}; 1M / 16K {r:.2f}x (<= 1.5) {'OK' if r <= 1.5 else 'MISSED'}")
+              f"{'OK' if rows[1_000_000] <= 0.2 else 'MISSED'}; 1M / 16K {r:.2f}x (<= 1.5) "
+              f"{'OK' if r <= 1.5 else 'MISSED'}")
     return rows
 
 

@@ -17,19 +17,20 @@ _check_reference()  # a clear error under an unsupported tokenizers (1.x), befor
 from delta_ray.core.admission import Admission as Admission  # noqa: E402
 from delta_ray.core.admission import NotAdmitted as NotAdmitted  # noqa: E402
 from delta_ray.core.admission import NotAdmittedWarning as NotAdmittedWarning  # noqa: E402
-from delta_ray.engine.native import FastEngineUnavailable as FastEngineUnavailable  # noqa: E402
-from delta_ray.core.loading import load_tokenizer as load_tokenizer  # noqa: E402
-from delta_ray.core.session_store import SessionNotFound as SessionNotFound  # noqa: E402
-from delta_ray.tokenizer import DeltaTokenizer as DeltaTokenizer  # noqa: E402
 from delta_ray.core.config import PoolConfig as PoolConfig  # noqa: E402
 from delta_ray.core.config import TokenizerConfig as TokenizerConfig  # noqa: E402
+from delta_ray.core.loading import load_tokenizer as load_tokenizer  # noqa: E402
+from delta_ray.core.session_store import SessionNotFound as SessionNotFound  # noqa: E402
+from delta_ray.engine.native import FastEngineUnavailable as FastEngineUnavailable  # noqa: E402
 from delta_ray.runtime.heap import freeze_heap as freeze_heap  # noqa: E402
+from delta_ray.tokenizer import DeltaTokenizer as DeltaTokenizer  # noqa: E402
 
 __all__ = ["Admission", "DeltaRayError", "DeltaTokenizer", "FastEngineUnavailable", "NotAdmitted", "NotAdmittedWarning",
            "PoolAuthError",
            "PoolClosed", "PoolConfig", "PoolStartupError", "SessionNotFound", "TokenizerConfig", "TokenizerPool",
            "UnsupportedReference",
-           "freeze_heap", "load_tokenizer", "patch_transformers", "request_scope", "serve_app", "tokenize_dataset", "unpatch_transformers"]
+           "freeze_heap", "load_tokenizer", "patch_transformers", "request_scope", "serve_app", "tokenize_dataset",
+           "unpatch_transformers"]
 
 _LAZY = {
     "TokenizerPool": ("delta_ray.actors.pool", "TokenizerPool"),

@@ -14,11 +14,11 @@ from typing import Sequence, overload
 import pyarrow as pa
 
 from .core.admission import Admission
+from .core.arguments import check_flag, check_text
 from .core.config import TokenizerConfig
 from .core.encoder import Encoder
 from .core.keys import session_key
 from .core.loading import TokenizerLike
-from .core.arguments import check_flag, check_text
 from .tokenizer_core import TokenizerCore
 
 

@@ -10,12 +10,13 @@ import os
 import threading
 from collections import Counter
 from dataclasses import replace
-from typing import Iterable, Sequence
+from typing import Iterable, Sequence, cast
 
 import numpy as np
 import pyarrow as pa
 
 from delta_ray.core import constants as C
+
 from .core.admission import Admission, admit, announce_refusal
 from .core.arguments import check_flag, check_text
 from .core.assembly import concat_ids, decode_ids, flat_from_pieces, ids_to_numpy, one_chunk, to_arrow
@@ -23,17 +24,16 @@ from .core.config import REUSE_MODES, TokenizerConfig, tokenizer_config
 from .core.confine import ConfiningEncoder
 from .core.content_index import ContentIndex
 from .core.cut_predicate import CutPredicate
-from .core.encoder import Encoder, ReferenceEncoder
-from .core.id_lists import int_list
+from .core.encoder import Encoder, ListEncoder, ReferenceEncoder
 from .core.families import FAMILIES
-from .core.pretok.transitions import derive_transitions
+from .core.id_lists import int_list
 from .core.keys import content_key, describe
 from .core.loading import LoadedTokenizer, TokenizerLike, load_tokenizer
 from .core.nfc_anchors import anchor_table
 from .core.parallel_encode import LIST_PIECES_PER_THREAD, PieceThreads, ids_list
-from .core.plan import (CHUNKED, CONTENT, HERE, REENCODE, REFERENCE_SESSION, SESSION, UNADMITTED, Plan, Route,
-                        Router)
+from .core.plan import CHUNKED, CONTENT, HERE, REENCODE, REFERENCE_SESSION, SESSION, UNADMITTED, Plan, Route, Router
 from .core.planner import chunk_count, plan_cuts
+from .core.pretok.transitions import derive_transitions
 from .core.reference_api import api_generation, normalizer
 from .core.repair import RepairPlan, common_prefix_len, encode_turn, encode_with_base, plan_repair
 from .core.rope import rope_common_prefix
@@ -52,7 +52,7 @@ __all__ = ["REUSE_MODES", "TokenizerConfig", "TokenizerCore", "build_predicate"]
 def build_predicate(loaded: LoadedTokenizer, admission: Admission) -> CutPredicate:
     """The cut predicate of an admitted configuration."""
     table = derive_transitions(loaded.config, loaded.digest) if admission.guard == "derived" \
-        else FAMILIES[admission.family]
+        else FAMILIES[cast(str, admission.family)]  # a family's admission names it
     specials = SpecialTokenIndex(admission.added_tokens)
     if admission.normalizer == "nfc":
         return CutPredicate(table, specials, normalizer("NFC"), anchor_table())
@@ -103,7 +103,8 @@ class TokenizerCore:
         self.shadow = self.engine_switch.shadow
         self._predicate = build_predicate(self._loaded, self._admission) if self._admission else None
         # A guarded code point sends only a window around it to the reference, not its whole chunk.
-        self.encoder: Encoder = ConfiningEncoder(self.engine_switch, self._predicate)
+        self._confining = ConfiningEncoder(self.engine_switch, self._predicate)
+        self.encoder: ListEncoder = self._confining
         self.margin = max(C.MIN_MARGIN, max((len(t) for t in self._admission.added_tokens), default=0))
         self._store = SessionStore(cfg.max_session_bytes, cfg.max_sessions)
         self._content = ContentIndex() if cfg.reuse == "content" else None
@@ -151,8 +152,9 @@ class TokenizerCore:
             check_text(session, "session")
         route = self.router.decide(text, session)
         if route is SESSION:
-            with self._lock_for(session):
-                turn = self._turn(session, self._states().get(session), text, None)
+            key = cast(str, session)  # the router sends only a named session's call here
+            with self._lock_for(key):
+                turn = self._turn(key, self._states().get(key), text, None)
             return self._chunked(turn[0], add_special_tokens)
         if route is REFERENCE_SESSION:  # one chunk: the reference's whole answer
             return one_chunk(self.encode_routed(route, text, session, add_special_tokens))
@@ -196,7 +198,7 @@ class TokenizerCore:
         encoders (default: this instance's threads). Unadmitted: the whole text, by the reference."""
         if self.router.decide(text, batch=True) is UNADMITTED:
             return Plan(text, by_reference=True)
-        cuts = plan_cuts(text, self._predicate, self.planner, slots or self.threads)
+        cuts = plan_cuts(text, cast(CutPredicate, self._predicate), self.planner, slots or self.threads)
         return Plan(text, tuple(c.pos for c in cuts))
 
     def plan_session_init(self, text: str, slots: int) -> RepairPlan:
@@ -204,16 +206,21 @@ class TokenizerCore:
         :func:`delta_ray.core.repair.finish_repair`), for an executor with ``slots`` parallel encoders."""
         if self.router.session_route() is not SESSION:
             raise RuntimeError("session plans need an admitted configuration")
-        return plan_repair(text, None, 0, self._predicate, self.planner, slots, self.margin)
+        return plan_repair(text, None, 0, cast(CutPredicate, self._predicate), self.planner, slots, self.margin)
 
     def missed_cuts(self, text: str, plan: Plan, slots: int) -> int:
         """How many of the planner's targets found no safe cut in their window (a metric)."""
         return max(0, chunk_count(len(text), self.planner, slots) - 1 - len(plan.cuts))
 
+    def prepare_lists(self) -> None:
+        """Start the fast engine's list entry point check in the background (the drop-in calls this
+        when it attaches, so that the first requests find it done); nothing on the reference."""
+        self._confining.prepare_lists()
+
     @property
     def uses_fast_engine(self) -> bool:
         """Whether the fast tier encodes now (it may be switched off for good by the shadow check)."""
-        return getattr(self.engine_switch.current, "fast", None) is not None
+        return self.engine_switch.now().guarded is not None
 
     def fast_allows(self, text: str) -> bool:
         """Whether the fast engine in use now would encode all of ``text`` (its guard allows every
@@ -265,7 +272,8 @@ class TokenizerCore:
         return self._predicate
 
     def encode_session_delta(self, session: str, text: str, known_version: int | None = None,
-                             delta: str | None = None, expect_version: int | None = None) -> tuple[int, int, np.ndarray]:
+                             delta: str | None = None,
+                             expect_version: int | None = None) -> tuple[int, int, np.ndarray]:
         """Session encode for a remote caller that may hold the previous IDs: (version, k, tail),
         the new state's raw IDs being state ``known_version``'s first ``k`` then ``tail`` (k is 0
         unless the reused state is the caller's). With ``delta``, ``text`` is ignored and the stored
@@ -303,12 +311,14 @@ class TokenizerCore:
         pool's caller side and a Serve replica decide over their own hosts and run a route meant for
         this process here, without deciding again."""
         if route is SESSION:  # one copy of the rope, the template around it (the state keeps no join)
-            with self._lock_for(session):
-                state = self._turn(session, self._states().get(session), text, None)[0]
+            key = cast(str, session)  # a session route is a named session's
+            with self._lock_for(key):
+                state = self._turn(key, self._states().get(key), text, None)[0]
             return ids_to_numpy(self._chunked(state, add_special_tokens))
         if route is REFERENCE_SESSION:
-            with self._lock_for(session):
-                return self._reference_session(session, text, add_special_tokens)
+            key = cast(str, session)
+            with self._lock_for(key):
+                return self._reference_session(key, text, add_special_tokens)
         if route is CONTENT:
             with self._content_lock:
                 ids = self._content_ids(text)
@@ -465,34 +475,38 @@ class TokenizerCore:
         continues the stored text goes to the compact continuation (``core/turn_path.py``), which
         runs the general repair's own steps in fewer native calls, or declines (None), and then
         the general repair runs. ``peeked``: the caller read ``state`` without marking it used."""
+        # ``held``: ``state`` where it is held (an extend's, or one the new text continues);
+        # ``new``: ``text`` where it is given (no ``delta``)
+        held, new = cast(SessionState, state), cast(str, text)
         if delta is not None:
-            n, lcp, continues = state.n_chars + len(delta), state.n_chars, True
+            n, lcp, continues = held.n_chars + len(delta), held.n_chars, True
         else:
-            n = len(text)
-            continues = state is not None and state.prefix_of(text)
+            n = len(new)
+            continues = state is not None and state.prefix_of(new)
             if continues:
-                lcp = state.n_chars
+                lcp = held.n_chars
             else:  # compared part by part, in place: the stored text is never joined for it
-                lcp = rope_common_prefix(state.text_parts, text) if state is not None else 0
-        if continues and n == state.n_chars:
+                lcp = rope_common_prefix(state.text_parts, new) if state is not None else 0
+        if continues and n == held.n_chars:
             self.stats["replay"] += 1
             if peeked:
                 self._store.get(key)  # recently used, though this turn installs nothing
-            return state, state.n_ids, None
+            return held, held.n_ids, None
         switch = self.engine_switch
         generation = switch.generation
         route = self.router.turn(lcp, fast=switch.current is not self._reference) if state is not None else REENCODE
         if route is not REENCODE and continues:
-            done = self._turn_path.step(key, state, delta if delta is not None else text[state.n_chars:])
+            turn_path = cast(TurnPath, self._turn_path)  # an admitted core's turn (the router's)
+            done = turn_path.step(key, held, delta if delta is not None else new[held.n_chars:])
             if done is not None:
                 return done
-        parts = state.text_parts + (delta,) if delta is not None else (text,)  # the new text, as a rope
+        parts = held.text_parts + (delta,) if delta is not None else (new,)  # the new text, as a rope
         if peeked:
             self._store.get(key)
         if route is REENCODE and state is not None:
             state, lcp = None, 0  # cheaper whole: a first encode's state (IDs and checkpoints)
             self.stats["reencode"] += 1
-        res = encode_turn(parts, n, state, lcp, self._predicate, self.encoder, self.planner,
+        res = encode_turn(parts, n, state, lcp, cast(CutPredicate, self._predicate), self.encoder, self.planner,
                           self.threads, self.margin)
         self.stats["repair" if res.reused_tokens else "init"] += 1
         self._install(key, res.state, generation)
@@ -503,22 +517,23 @@ class TokenizerCore:
             data = text.encode("utf-8")
         except UnicodeEncodeError as exc:
             raise ValueError(f"the reference tokenizer rejects this text (not valid Unicode): {exc}") from exc
-        if len(data) < self._content.min_bytes:
+        content = cast(ContentIndex, self._content)  # the content route runs with content reuse on
+        if len(data) < content.min_bytes:
             return self._run_plan(self.plan(text))
         generation = self.engine_switch.generation
-        entry = self._content.lookup(data)
+        entry = content.lookup(data)
         base = self._states().get(content_key(entry)) if entry is not None else None
         lcp = common_prefix_len(base.text, text) if base is not None else 0
         if base is not None and lcp == len(text) == len(base.text):
             self.stats["content_hit"] += 1
             return base.ids
-        res = encode_with_base(text, base if lcp else None, lcp, self._predicate, self.encoder,
+        res = encode_with_base(text, base if lcp else None, lcp, cast(CutPredicate, self._predicate), self.encoder,
                                self.planner, self.threads, self.margin)
         self.stats["content_hit" if res.reused_tokens else "content_miss"] += 1
         # A request that extends a stored text replaces it (the conversation grew); others add one.
-        if base is None or lcp < len(base.text):
+        if base is None or lcp < len(base.text) or entry is None:  # (a base is found through its entry)
             entry = f"{next(self._entry_ids)}"
         self._install(content_key(entry), res.state, generation)
-        for dropped in self._content.add(entry, data):
+        for dropped in content.add(entry, data):
             self._store.pop(content_key(dropped))
         return res.state.ids

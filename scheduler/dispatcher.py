@@ -21,7 +21,6 @@ from .queues import TaskQueue, better_queue
 from .routing import home_worker
 from .tasks import Task, TaskKind
 
-
 _MEMO_ENTRIES = 65_536  # session homes remembered between worker-set changes
 _MEMO_KEY_CHARS = 1024  # longer keys are routed every time rather than kept alive by the memo
 

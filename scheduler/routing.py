@@ -13,7 +13,6 @@ import zlib
 from typing import Iterable, Sequence
 
 
-
 def _utf8(text: str) -> bytes:
     # surrogatepass: a lone surrogate must not crash routing; the encoder rejects such text later
     # with a proper error, and for valid text this is exactly UTF-8.

@@ -97,12 +97,18 @@ def name(request) -> str:
 
 
 def _python_code() -> str:
-    import argparse, collections, json, textwrap  # noqa: E401 - stable stdlib sources
+    import argparse  # noqa: E401 - stable stdlib sources
+    import collections
+    import json
+    import textwrap
     return "\n\n".join(inspect.getsource(m) for m in (json, textwrap, argparse, collections))
 
 
 def _english() -> str:
-    import argparse, collections, json, textwrap  # noqa: E401
+    import argparse  # noqa: E401
+    import collections
+    import json
+    import textwrap
     docs = []
     for mod in (json, textwrap, argparse, collections, inspect, pathlib):
         for obj in vars(mod).values():

@@ -56,6 +56,7 @@ def main(args) -> int:
 
     from delta_ray.apps.bundled import DEFAULT_TOKENIZER, bundled_tokenizer_path
     from delta_ray.core.loading import load_tokenizer
+
     from .baselines import Engines
     from .fast_tier import fast_tier_tokenizer
     from .in_process import chat, stateless

@@ -73,7 +73,8 @@ def chat(eng: Engines, dt: DeltaTokenizer, sizes: list[int], turns: int, warm: i
     """A chat session re-sent every turn (+1 message), in the caller's process: delta-ray's
     session (whole transcript sent, or ``extend`` with the new message only) against fastokens
     re-encoding the whole transcript, with and without its segment cache, and the reference."""
-    t = Table(f"Chat session, turn by turn, in process (+1 message of ~1.3K chars a turn; median of {turns} turns, warm)",
+    t = Table(f"Chat session, turn by turn, in process (+1 message of ~1.3K chars a turn; median of {turns} turns, "
+              "warm)",
               ["context", "reference", "fastokens", "fastokens+seg.cache", "delta-ray turn", "delta-ray extend",
                "vs best fastokens", "exact"])
     ok = True
@@ -119,7 +120,8 @@ def chat(eng: Engines, dt: DeltaTokenizer, sizes: list[int], turns: int, warm: i
     big = figs[-1]
     if eng.fastokens is not None:
         seg = f", {ms(big.fast_cached)} with its segment cache" if big.fast_cached else ""
-        verdict(f"a {size_label(big.context)}-character session turn: delta-ray {ms(big.turn)} (whole transcript sent), "
+        verdict(f"a {size_label(big.context)}-character session turn: delta-ray {ms(big.turn)} "
+                f"(whole transcript sent), "
                 f"{ms(big.extend)} (append only); fastokens re-encoding the whole transcript {ms(big.fast)}{seg}: "
                 f"{ratio(best(big.fast, big.fast_cached), big.turn)} the best of them"
                 f"{' (slower on this run)' if (big.turn or 0) > (best(big.fast, big.fast_cached) or 0) else ''}; "

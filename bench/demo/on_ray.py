@@ -156,8 +156,9 @@ def pool_section(eng: Engines, loaded: LoadedTokenizer, turns: int) -> bool:
     t.print()
     n, f, turn, ext = last
     if f:
-        verdict(f"a {size_label(n)}-character session on the pool: {ms(turn)} a turn, {ms(ext)} an extend (a hop to the "
-                f"session's worker and back) vs fastokens in the caller {ms(f)} (best of whole and segment cache; "
+        verdict(f"a {size_label(n)}-character session on the pool: {ms(turn)} a turn, {ms(ext)} an extend "
+                f"(a hop to the session's worker and back) vs fastokens in the caller {ms(f)} "
+                f"(best of whole and segment cache; "
                 f"{ratio(f, turn)}); "
                 f"{'all exact' if ok else 'MISMATCH against the reference'}")
     return ok

@@ -49,7 +49,8 @@ def serve_peer(config_bytes: bytes):
             import numpy as np
             import orjson
             body = orjson.loads(await request.body())
-            buf, _ = self.tok.encode_batch_flat([body["prompt"]], add_special_tokens=body.get("add_special_tokens", True))
+            buf, _ = self.tok.encode_batch_flat([body["prompt"]],
+                                                add_special_tokens=body.get("add_special_tokens", True))
             ids = np.frombuffer(buf, dtype="<u4").view("<i4")
             return Response(orjson.dumps({"count": len(ids), "tokens": ids}, option=orjson.OPT_SERIALIZE_NUMPY),
                             media_type="application/json")

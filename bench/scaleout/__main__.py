@@ -77,6 +77,7 @@ def main() -> int:
               + ("held" if held else "not held (/dev/cpu_dma_latency needs root)"))
     if not args.no_ray:
         import ray as ray_mod
+
         from delta_ray.actors.local_ray import local_init_kwargs
         ray_mod.init(address="local", **local_init_kwargs())
         ray = ray_mod
@@ -86,7 +87,8 @@ def main() -> int:
         for k, v in raw.items():
             print(f"  {k:<24}{v:>10.4f}")
         print("  -> simulation costs: " + ", ".join(f"{f.name}={getattr(costs, f.name):.4g}"
-                                                    for f in dataclasses.fields(costs) if not isinstance(getattr(costs, f.name), tuple)))
+                                                    for f in dataclasses.fields(costs)
+                                                    if not isinstance(getattr(costs, f.name), tuple)))
         print(f"  -> each worker turn's time varies as its CPU-time samples over their mean (other steps: means) "
               f"({len(costs.spread)} quantiles; P99 {raw['turn_cpu_p99_over_median']:.2f}x the median; "
               f"in wall time {raw['turn_p99_over_median']:.2f}x)")

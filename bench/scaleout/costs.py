@@ -63,7 +63,8 @@ class Costs:
     # value per measured call (:func:`stalls_of`), drawn per turn and spent holding its caller's
     # loop (the GIL) but no core: the loop's thread preempted while it holds the GIL, or the loop's
     # own irregular work; the process's other calls queue behind it. What a lone call shows of it,
-    # the simulation amplifies with the queueing (docs/design.md, "The scale-out model"). Not CPU: not counted as the driver's.
+    # the simulation amplifies with the queueing (docs/design.md, "The scale-out model"). Not CPU: not counted as the
+    # driver's.
     loop_stall: tuple[float, ...] = ()
     # The same call's round trip (dispatch to answer, as the pool's CallRunner times it): its excess
     # over its mean, paired with ``loop_stall`` (sample i of each from one lone call, drawn together,

@@ -8,7 +8,6 @@ from __future__ import annotations
 from .costs import Costs
 from .simulation import Cluster, Simulation, sweep
 
-
 GRID = [(16, 1), (16, 4), (16, 16), (64, 1), (64, 4), (64, 16), (256, 1), (256, 4), (256, 16)]
 
 

@@ -118,7 +118,7 @@ def measure_ray(ray, loaded, engine: str, n: int = 300) -> dict:
     call_cpu, _ = cpu_per_call(lambda: ray.get(a.extend.remote("s", text, 7, 7)), n)
     call_thread = (time.thread_time() - th0) / n * 1e3  # the calling thread's part: the rest ran on Ray's
     call_wall = median_ms(lambda: ray.get(a.extend.remote("s", text, 7, 7)), n)  # medians: robust to load
-    c0, t0 = time.process_time(), time.perf_counter()
+    c0 = time.process_time()
     refs = [task.remote(0) for _ in range(n)]
     launch_cpu = (time.process_time() - c0) / n * 1e3
     ray.get(refs)
@@ -202,7 +202,8 @@ def measure_ray(ray, loaded, engine: str, n: int = 300) -> dict:
     idle_ms_per_s = tuple(ms / 2.0 for ms in idle)
     (small, small_launch, small_loop, small_task, small_daemons), (large, large_launch, large_loop, large_task,
                                                                      large_daemons) = (
-        [statistics.median(xs) for xs in zip(*(per_chunk(m, 2.0, idle_ms_per_s) for _ in range(3)))] for m in (250_000, 1_000_000))
+        [statistics.median(xs) for xs in zip(*(per_chunk(m, 2.0, idle_ms_per_s) for _ in range(3)))]
+        for m in (250_000, 1_000_000))
     loop.close()
     per_mchar = max(0.0, (large - small) / 0.75)
     task_per_mchar = max(0.0, (large_task - small_task) / 0.75)

@@ -371,7 +371,8 @@ def predict(run: PoolRun, costs: Costs, cores: int, loops: Loops) -> tuple[list[
               f"and its worker {wakes[1]:.1f}, the wakes charged {mean_lone.loop_wake_ms:.3f} and "
               f"{mean_lone.worker_wake_ms:.3f} ms")
     lone_p99 = (f"{w} worker(s): a turn {statistics.fmean(lone):.2f} ms mean (costs' sum {1e3 / one_turn.rate:.2f}; "
-                f"with the lone turns' demand {1e3 / _simulate(cl, mean_lone, _sessions(1), 'turn', 2_000, 500).rate:.2f}), "
+                f"with the lone turns' demand "
+                f"{1e3 / _simulate(cl, mean_lone, _sessions(1), 'turn', 2_000, 500).rate:.2f}), "
                 f"{np.percentile(lone, 99):.2f} P99, {trip_part / max(1e-9, loop_part + trip_part):.0%} of its excess "
                 f"in the round trip; a 1M text {statistics.fmean(lone_text):.1f} ms mean (costs' sum "
                 f"{1e3 / one_text.rate:.1f}; with the lone texts' demand "

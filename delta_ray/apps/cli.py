@@ -1,4 +1,5 @@
-"""The ``delta-ray`` command line: ``serve``, ``tokenize`` (the demo runs from a checkout: ``python3 bootstrap.py demo``)."""
+"""The ``delta-ray`` command line: ``serve``, ``tokenize`` (the demo runs from a checkout:
+``python3 bootstrap.py demo``)."""
 from __future__ import annotations
 
 import argparse

@@ -11,9 +11,15 @@ import os
 import sys
 import time
 
+from ..server.serve_config import (
+    DEFAULT_HEADER_TIMEOUT_S,
+    DEFAULT_MAX_BODY_BYTES,
+    DEFAULT_MAX_CLIENT_INFLIGHT_BYTES,
+    DEFAULT_MAX_CONNECTIONS,
+    DEFAULT_MAX_HEADER_BYTES,
+    DEFAULT_MAX_INFLIGHT_BYTES,
+)
 from .bundled import BUNDLED, bundled_tokenizer_config, bundled_tokenizer_path
-from ..server.serve_config import (DEFAULT_HEADER_TIMEOUT_S, DEFAULT_MAX_BODY_BYTES, DEFAULT_MAX_CLIENT_INFLIGHT_BYTES,
-                                   DEFAULT_MAX_CONNECTIONS, DEFAULT_MAX_HEADER_BYTES, DEFAULT_MAX_INFLIGHT_BYTES)
 
 # Options only Ray Serve has: refused with --local, which runs one process
 RAY_ONLY = {"workers": None, "replicas": 1, "autoscale": None, "direct_ingress": False}

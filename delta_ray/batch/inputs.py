@@ -2,8 +2,9 @@
 
 Parquet row groups (a large one streamed in batches of about ``batch_bytes``); text and JSONL,
 compressed or not, streamed in pieces of about ``batch_bytes`` of input cut after a newline, never
-held whole (one line is capped at ``max_record_bytes``, so a newline-free input is refused, not held). :mod:`delta_ray.batch.files` runs the units; :func:`byte_slices` also bounds what a
-Ray Data actor encodes at once. JSONL is scanned before pyarrow parses it (:func:`json_table`,
+held whole (one line is capped at ``max_record_bytes``, so a newline-free input is refused, not held).
+:mod:`delta_ray.batch.files` runs the units; :func:`byte_slices` also bounds what a Ray Data actor encodes at once.
+JSONL is scanned before pyarrow parses it (:func:`json_table`,
 :func:`check_json_file`): nesting depth, items and keys per line are bounded.
 """
 from __future__ import annotations
@@ -17,6 +18,7 @@ import pyarrow.json as pj
 import pyarrow.parquet as pq
 
 from delta_ray.core import constants as C
+
 from ..core.json_scan import JsonLinesBound
 from ..core.text_columns import BatchSpec
 

@@ -179,15 +179,17 @@ def _our_version() -> str:
         return "0+unknown"
 
 
-def _admission_key(digest: str) -> dict:
+def _admission_key(digest: str) -> dict[str, Any]:
     """What an admission depends on: the configuration's bytes, the reference (the template check
     runs on it) and these rules (delta-ray's version and ADMISSION_FORMAT)."""
     return {"digest": digest, "reference": reference_version(), "delta_ray": _our_version(),
             "format": ADMISSION_FORMAT}
 
 
-def _valid_admission(p: dict) -> bool:
-    ints = lambda v: isinstance(v, list) and all(type(i) is int for i in v)  # noqa: E731
+def _valid_admission(p: dict[str, Any]) -> bool:
+    def ints(v: object) -> bool:
+        return isinstance(v, list) and all(type(i) is int for i in v)
+
     return (set(p) == {"admitted", "reason", "family", "normalizer", "prefix_ids", "suffix_ids", "added_tokens",
                        "guard"}
             and isinstance(p["admitted"], bool) and isinstance(p["reason"], str)

@@ -1,7 +1,7 @@
 """Assembling IDs: pieces in input order into numpy and Arrow int32 buffers (the template: template.py)."""
 from __future__ import annotations
 
-from typing import Sequence
+from typing import Any, Sequence
 
 import numpy as np
 import pyarrow as pa
@@ -40,7 +40,7 @@ def ids_to_numpy(ids: pa.Array | pa.ChunkedArray) -> np.ndarray:
     return np.frombuffer(ids.buffers()[1], dtype=np.int32, count=len(ids), offset=ids.offset * 4)
 
 
-def decode_ids(ids) -> list[int]:
+def decode_ids(ids: Any) -> list[int]:
     """Token IDs to decode (a list, numpy or Arrow) as the reference's list of ints, or a clear
     error: TypeError for anything but integers, ValueError for an ID outside [0, 2**32) (the
     reference's own errors name neither the value nor its position)."""
@@ -62,7 +62,8 @@ def decode_ids(ids) -> list[int]:
     if flat.size and (flat.min() < 0 or flat.max() >= 1 << 32):
         i = int(np.flatnonzero((flat < 0) | (flat >= 1 << 32))[0])
         raise ValueError(f"token IDs must be in [0, 2**32): position {i} holds {flat[i]}")
-    return flat.tolist()
+    out: list[int] = flat.tolist()
+    return out
 
 
 def flat_list_array(values: np.ndarray, offsets: np.ndarray) -> pa.ListArray:

@@ -8,16 +8,16 @@ from the pattern text alone.
 from __future__ import annotations
 
 import re
-from typing import Iterable
+from typing import Any, Iterable
 
 _GROUP_START = "(?i:"
 
 
-def split_patterns(tokenizer_json: dict) -> list[str]:
+def split_patterns(tokenizer_json: dict[str, Any]) -> list[str]:
     """Every ``Split`` regex of the pre-tokenizer, in order (nested Sequences included)."""
     out: list[str] = []
 
-    def walk(cfg) -> None:
+    def walk(cfg: object) -> None:
         if not isinstance(cfg, dict):
             return
         if cfg.get("type") == "Split":

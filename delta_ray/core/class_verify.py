@@ -30,33 +30,50 @@ from __future__ import annotations
 
 import hashlib
 import json
-from functools import lru_cache
-from typing import Sequence
+from functools import lru_cache, partial
+from typing import Any, Final, Protocol, Sequence, cast
 
 import numpy as np
 import regex
+from tokenizers import Tokenizer
 
 from delta_ray.core import charclass as cc
+
+from .case_groups import alternatives, case_insensitive_groups, fold_letters, letter_runs, unicode_folds
 from .reference_api import PROBE_SEPARATOR, encode_batch_ids, split_probe_tokenizer
 from .table_cache import cached_table
-from .case_groups import alternatives, case_insensitive_groups, fold_letters, letter_runs, unicode_folds
 
 VERIFY_VERSION = 3
 REPRESENTATIVES: tuple[str, ...] = (
     "a", "A", "\u01c5", "\u02b0", "\u4e2d", "\u0301", "1", "11", " ", "  ", "\t", "\r", "\n",
     "!", "'", "/", " !", "'s", "x'",
 )
-_BASE = 128  # IDs per position in a probe's key (the vocabulary stays below it)
-_MAX_PIECES = 7  # a probe with more pieces is judged unverified (no context has that many)
+_BASE: Final = 128  # IDs per position in a probe's key (the vocabulary stays below it)
+_MAX_PIECES: Final = 7  # a probe with more pieces is judged unverified (no context has that many)
 _CHUNK = 1 << 16  # probes per reference call
 
 
-def _stage_json(pattern: str, behavior: str, invert: bool) -> dict:
+class ClassFamily(Protocol):
+    """What verification reads of a family (a :class:`delta_ray.core.families.Family`)."""
+
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def patterns(self) -> tuple[str, ...]: ...
+
+    @property
+    def split_behaviors(self) -> tuple[tuple[str, bool], ...]: ...
+
+    def candidate_table(self) -> np.ndarray: ...
+
+
+def _stage_json(pattern: str, behavior: str, invert: bool) -> dict[str, Any]:
     return {"type": "Split", "pattern": {"Regex": pattern},
             "behavior": {"isolated": "Isolated", "removed": "Removed"}[behavior], "invert": invert}
 
 
-def family_stages(family) -> list[list[dict]]:
+def family_stages(family: ClassFamily) -> list[list[dict[str, Any]]]:
     """One Split-stage list per accepted behavior of the family (o200k: Isolated, and Removed+invert)."""
     return [[_stage_json(p, beh, inv) for p in family.patterns] for beh, inv in family.split_behaviors]
 
@@ -80,7 +97,8 @@ def contexts(patterns: Sequence[str]) -> list[str]:
     return out + _fold_contexts(patterns)
 
 
-def _predictions(stages: list[dict], templates: Sequence[str], vocab: dict, cps: Sequence[int]) -> np.ndarray:
+def _predictions(stages: list[dict[str, Any]], templates: Sequence[str], vocab: dict[str, int],
+                 cps: Sequence[int]) -> np.ndarray:
     """Predicted key of every template (columns) for each code point (rows), with the ``regex`` package."""
     return np.array([[_key([vocab.get(p, 0) for p in _simulate(stages, t.replace("{c}", chr(cp)))])
                       for t in templates] for cp in cps], dtype=np.int64)
@@ -91,7 +109,8 @@ def _indistinct(pred: np.ndarray, fam_cls: np.ndarray) -> np.ndarray:
     same = np.ones((len(pred), len(pred)), dtype=bool)
     for j in range(pred.shape[1]):
         same &= pred[:, j][:, None] == pred[:, j][None, :]
-    return same & (fam_cls[:, None] != fam_cls[None, :])
+    indistinct: np.ndarray = same & (fam_cls[:, None] != fam_cls[None, :])
+    return indistinct
 
 
 def _distinguishing(pred: np.ndarray, fam_cls: np.ndarray) -> list[int]:
@@ -117,7 +136,7 @@ def _fragments(templates: Sequence[str]) -> list[str]:
     return sorted(frags)
 
 
-def _brackets(patterns: Sequence[str]):
+def _brackets(patterns: Sequence[str]) -> list[Any]:
     """Compiled bracket expressions of the patterns that name non-ASCII characters (DeepSeek's CJK range)."""
     out = []
     for pat in patterns:
@@ -160,7 +179,7 @@ def signatures(patterns: Sequence[str]) -> np.ndarray:
     return np.where(single, own, bits)
 
 
-def _simulate(stages: list[dict], text: str) -> list[str]:
+def _simulate(stages: list[dict[str, Any]], text: str) -> list[str]:
     """The pieces of ``text`` under Split stages, computed with the ``regex`` package."""
     pieces = [text]
     for st in stages:
@@ -188,7 +207,7 @@ def _simulate(stages: list[dict], text: str) -> list[str]:
 
 
 @lru_cache(maxsize=64)
-def _compiled(pattern: str):
+def _compiled(pattern: str) -> Any:
     return regex.compile(pattern)
 
 
@@ -236,7 +255,7 @@ def _joined(template: str, cps: np.ndarray) -> str:
     return rows.reshape(-1)[:-len(sep)].tobytes().decode("utf-32-le")
 
 
-def _reference_keys(tok, template: str, cps: np.ndarray) -> np.ndarray:
+def _reference_keys(tok: Tokenizer, template: str, cps: np.ndarray) -> np.ndarray:
     """The reference's key of ``template`` with each code point, batched through the separator."""
     out = np.empty(len(cps), dtype=np.int64)
     bounds = [(i, min(len(cps), i + _CHUNK)) for i in range(0, len(cps), _CHUNK)]
@@ -250,7 +269,7 @@ def _reference_keys(tok, template: str, cps: np.ndarray) -> np.ndarray:
     return out
 
 
-def derive_verified(stages: list[dict], fam_cls: np.ndarray) -> np.ndarray:
+def derive_verified(stages: list[dict[str, Any]], fam_cls: np.ndarray) -> np.ndarray:
     """Bool per code point: the reference's pieces equal the candidate classes' prediction everywhere.
 
     Every code point is probed in the templates that tell the family classes apart (``fam_cls``, the
@@ -268,7 +287,7 @@ def derive_verified(stages: list[dict], fam_cls: np.ndarray) -> np.ndarray:
     core = set(_distinguishing(pred, fam_cls[rep])) | {0}
     # Fail closed: groups the contexts cannot tell from a group of another family class are never
     # verified (none for the five families; check_sensitivity reports them).
-    blind = _indistinct(pred, fam_cls[rep]).any(axis=1)
+    blind = cast(np.ndarray, _indistinct(pred, fam_cls[rep]).any(axis=1))  # one bool per row
     bits = cc.class_table()
     wide = ((bits[cps] & cc.L) > 0) | (groups[inverse] >= (1 << 40))
     ok = ~blind[inverse]
@@ -287,12 +306,12 @@ def derive_verified(stages: list[dict], fam_cls: np.ndarray) -> np.ndarray:
     return verified
 
 
-def stages_digest(stages: list[dict]) -> str:
+def stages_digest(stages: list[dict[str, Any]]) -> str:
     return hashlib.sha256(json.dumps(stages, sort_keys=True).encode()).hexdigest()[:16]
 
 
 @lru_cache(maxsize=None)
-def verified_mask(fam) -> np.ndarray:
+def verified_mask(fam: ClassFamily) -> np.ndarray:
     """Bool per code point: verified under every accepted Split behavior of the family
     (a :class:`delta_ray.core.families.Family`; cached on disk)."""
     family_name = fam.name
@@ -300,12 +319,12 @@ def verified_mask(fam) -> np.ndarray:
     mask = np.ones(cc.N_CODEPOINTS, dtype=bool)
     for stages in family_stages(fam):
         name = f"classverify-{family_name}-{stages_digest(stages)}-{cc.candidate_source()}"
-        mask &= cached_table(name, VERIFY_VERSION, lambda s=stages: derive_verified(s, fam_cls),
+        mask &= cached_table(name, VERIFY_VERSION, partial(derive_verified, stages, fam_cls),
                              (cc.N_CODEPOINTS,), np.bool_)
     return mask
 
 
-def check_sensitivity(fam) -> list[tuple[int, int]]:
+def check_sensitivity(fam: ClassFamily) -> list[tuple[int, int]]:
     """Pairs of code points in different family classes whose predicted keys agree in every context.
 
     Empty when the contexts tell every realized pair of family classes apart (checked over one

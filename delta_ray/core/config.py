@@ -11,6 +11,7 @@ from dataclasses import dataclass, field, fields, replace
 from typing import Any, Mapping
 
 from delta_ray.core import constants as C
+
 from .planner import PlannerConfig
 
 REUSE_MODES = ("session", "content", "none")
@@ -43,7 +44,7 @@ class TokenizerConfig:
     shadow_rate: float = C.SHADOW_RATE
     strict: bool = False  # raise NotAdmitted for a tokenizer the exactness argument does not cover
 
-    def __post_init__(self):
+    def __post_init__(self) -> None:
         self.planner  # PlannerConfig validates the planner's three knobs
         _positive_int("threads", self.threads, allow_none=True)
         if self.reuse not in REUSE_MODES:
@@ -84,7 +85,7 @@ class PoolConfig:
     tokenizer: TokenizerConfig = field(default_factory=lambda: TokenizerConfig(
         threads=1, shadow_rate=C.POOL_SHADOW_RATE))
 
-    def __post_init__(self):
+    def __post_init__(self) -> None:
         _positive_int("num_workers", self.num_workers, allow_none=True)
         if not isinstance(self.policy, str):  # the scheduler checks the name (policies are pluggable)
             raise ValueError(f"policy must be a policy's config name, got {self.policy!r}")
@@ -119,7 +120,8 @@ _TOKENIZER_FIELDS = frozenset(f.name for f in fields(TokenizerConfig))
 _POOL_FIELDS = frozenset(f.name for f in fields(PoolConfig)) - {"tokenizer"}
 
 
-def tokenizer_config(config: TokenizerConfig | None = None, options: Mapping[str, Any] | None = None) -> TokenizerConfig:
+def tokenizer_config(config: TokenizerConfig | None = None,
+                     options: Mapping[str, Any] | None = None) -> TokenizerConfig:
     """``config`` (default: the defaults) with keyword ``options`` applied; unknown names raise TypeError."""
     options = dict(options or {})
     unknown = set(options) - _TOKENIZER_FIELDS

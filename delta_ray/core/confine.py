@@ -12,21 +12,48 @@ piece lies between safe cuts of its text, so nothing outside it changes.
 from __future__ import annotations
 
 import bisect
-from typing import Sequence
+from typing import Protocol, Sequence
 
 import numpy as np
 
 from .assembly import concat_ids, flat_from_pieces
-from .encoder import encode_flat
+from .cut_predicate import CutPredicate
+from .encoder import ArraysByIndex, Encoder, FlatEncoder, Guard, GuardedTier, encode_flat
 
 WINDOW = 2048  # characters kept on each side of a guarded code point
 MIN_PIECE = 4 * WINDOW  # shorter pieces go to the reference whole
 
 
+class ShadowedEncoder(FlatEncoder, Protocol):
+    """The engine in use behind its shadow verifier (``engine.shadow.ShadowVerifier``): an encoder,
+    and the sampling step of a caller that ran the engine itself."""
+
+    def check_later(self, texts: Sequence[str], out: ArraysByIndex, enc: Encoder) -> None: ...
+
+    def check_flat_later(self, texts: Sequence[str], values: np.ndarray, offsets: np.ndarray,
+                         enc: Encoder) -> None: ...
+
+
+class EngineReading(Protocol):
+    """One read of the engine in use (``engine.switch.EngineNow``)."""
+
+    @property
+    def guarded(self) -> GuardedTier | None: ...
+
+
+class ConfinedEngine(Protocol):
+    """The engine as the confining encoder reads it (``engine.switch.EngineSwitch``)."""
+
+    @property
+    def shadow(self) -> ShadowedEncoder: ...
+
+    def now(self) -> EngineReading: ...
+
+
 class ConfiningEncoder:
     """Encoder: like ``inner``, with guarded pieces split so only windows reach the reference."""
 
-    def __init__(self, engine, predicate, window: int = WINDOW):
+    def __init__(self, engine: ConfinedEngine, predicate: CutPredicate | None, window: int = WINDOW):
         self.engine = engine  # the engine object (engine.switch.EngineSwitch): the encoder in use, its shadow
         self.inner = engine.shadow  # the engine in use, its answers sampled by the shadow verifier
         self.predicate = predicate
@@ -37,8 +64,9 @@ class ConfiningEncoder:
     def name(self) -> str:
         return self.inner.name
 
-    def _guard(self):
-        return getattr(self.engine.current, "guard", None)
+    def _guard(self) -> Guard | None:
+        tier = self.engine.now().guarded
+        return tier.guard if tier is not None else None
 
     def split(self, piece: str) -> list[str]:
         """Safe sub-pieces of ``piece`` isolating its guarded code points (``[piece]`` if none).
@@ -93,7 +121,7 @@ class ConfiningEncoder:
         # without three Python layers between the call and the native encode.
         enc = self._direct_engine(texts)
         if enc is not None:
-            out = enc.fast.encode_pieces(texts)
+            out = enc.fast_pieces(list(texts))
             enc.fast_texts += len(texts)
             self.engine.shadow.check_later(texts, out, enc)
             return out
@@ -103,18 +131,18 @@ class ConfiningEncoder:
             return self.inner.encode_pieces(texts)
         return self._encode_splits(splits)
 
-    def _direct_engine(self, texts: Sequence[str]):
+    def _direct_engine(self, texts: Sequence[str]) -> GuardedTier | None:
         """The guarded fast engine in use now when its guard allows every text (None otherwise)."""
-        enc = self.engine.current
-        guard = getattr(enc, "guard", None)
-        if guard is None:
+        tier = self.engine.now().guarded
+        if tier is None:
             return None
-        return enc if all(map(guard.allows, texts)) else None
+        return tier if all(map(tier.guard.allows, texts)) else None
 
     def _encode_splits(self, splits: list[list[str]]) -> list[np.ndarray]:
         flat = [sub for s in splits for sub in s]
         arrays = self.inner.encode_pieces(flat)
-        out, i = [], 0
+        out: list[np.ndarray] = []
+        i = 0
         for s in splits:
             out.append(concat_ids(arrays[i:i + len(s)]))
             i += len(s)
@@ -126,7 +154,9 @@ class ConfiningEncoder:
         trusted list entry point): the caller then uses :meth:`encode_flat`. Same engine, guard and
         sampling as the direct path; a sampled call's lists become arrays in the verifier only."""
         enc = self._direct_engine(texts)
-        lists = enc.fast.encode_lists(texts) if enc is not None and hasattr(enc.fast, "encode_lists") else None
+        if enc is None:
+            return None
+        lists = enc.fast_lists(list(texts))
         if lists is None:
             return None
         enc.fast_texts += len(texts)
@@ -136,14 +166,14 @@ class ConfiningEncoder:
     def prepare_lists(self) -> None:
         """Start the engine's list entry point check in the background now (the drop-in calls this
         when it attaches), so that the first requests already find it done."""
-        check = getattr(getattr(self.engine.current, "fast", None), "check_lists", None)
-        if check is not None:
-            check(background=True)
+        tier = self.engine.now().guarded
+        if tier is not None:
+            tier.check_lists(background=True)
 
     def encode_flat(self, texts: Sequence[str]) -> tuple[np.ndarray, np.ndarray]:
         enc = self._direct_engine(texts)  # the direct path, as in encode_pieces
         if enc is not None:
-            values, offsets = enc.fast.encode_flat(texts)
+            values, offsets = enc.fast_flat(list(texts))
             enc.fast_texts += len(texts)
             self.engine.shadow.check_flat_later(texts, values, offsets, enc)
             return values, offsets
@@ -162,7 +192,7 @@ class _Scanned:
     last cut made) only grows. The tested ranges are kept as sorted disjoint intervals, merged as
     they touch, and a scan jumps over them."""
 
-    def __init__(self, predicate, text: str):
+    def __init__(self, predicate: CutPredicate, text: str):
         self._pred = predicate
         self._text = text
         self._lo: list[int] = []  # interval starts, ascending

@@ -23,7 +23,7 @@ neighbours (docs/proof.md §4).
 """
 from __future__ import annotations
 
-from typing import Callable, Protocol
+from typing import Callable, Protocol, cast
 
 import numpy as np
 
@@ -53,11 +53,11 @@ class CutPredicate:
 
     def __init__(self, family: TransitionTable, specials: SpecialTokenIndex,
                  normalize: Callable[[str], str] | None = None,
-                 anchors: np.ndarray | None = None):
+                 anchors: np.ndarray | bytes | None = None):
         self.family = family
         self.specials = specials
         self.normalize = normalize  # the reference NFC, or None for an identity normalizer
-        self.anchors = anchors
+        self.anchors: bytes | None = None  # the anchor table as bytes (set below), None without NFC
         if normalize is not None and anchors is None:
             raise ValueError("an NFC predicate needs the anchor table")
         # Per-character lookups as bytes: indexing a bytes object by an int is one C step, indexing
@@ -87,7 +87,7 @@ class CutPredicate:
             return b - 1, max(extent, b + 1)
         # NFC guard. ASCII fast path: ASCII characters never compose backward and S[b+1] is an
         # anchor, so normalization is the identity on x and y and cannot cross b.
-        anchors = self.anchors
+        anchors = cast(bytes, self.anchors)  # an NFC predicate holds its anchor table (__init__)
         if ord(x) < 128 and ord(y) < 128:
             if b + 1 < n and anchors[ord(text[b + 1])]:
                 return b - 1, max(extent, b + 2)

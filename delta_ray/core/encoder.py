@@ -13,10 +13,10 @@ from typing import Protocol, Sequence, runtime_checkable
 import numpy as np
 from tokenizers import Tokenizer
 
-from .reference_api import encode_batch as _reference_batch
-from .reference_api import ids_of
 from .assembly import flat_from_pieces
 from .loading import LoadedTokenizer
+from .reference_api import encode_batch as _reference_batch
+from .reference_api import ids_of
 
 PARALLEL_MIN_CHARS = 32768  # below this total, pieces are encoded sequentially
 
@@ -25,19 +25,84 @@ PARALLEL_MIN_CHARS = 32768  # below this total, pieces are encoded sequentially
 class Encoder(Protocol):
     """Encodes pieces of text to int32 IDs with no post-processing."""
 
-    name: str
+    @property
+    def name(self) -> str: ...
 
     def encode_pieces(self, texts: Sequence[str]) -> list[np.ndarray]:
         """Return one int32 array per text, equal to the reference's IDs with add_special_tokens=False."""
         ...
 
 
-def encode_flat(encoder, texts: Sequence[str]) -> tuple[np.ndarray, np.ndarray]:
+class ArraysByIndex(Protocol):
+    """int32 ID arrays read by index: a list of them, or a view that makes each one when read."""
+
+    def __len__(self) -> int: ...
+
+    def __getitem__(self, i: int, /) -> np.ndarray: ...
+
+
+class Guard(Protocol):
+    """The fast tier's guard: which texts the fast engine may encode."""
+
+    def allows(self, text: str) -> bool:
+        """Whether the fast engine's IDs of ``text`` are the reference's (no guarded code point)."""
+        ...
+
+    def positions(self, text: str) -> np.ndarray:
+        """Indices of every guarded code point in ``text``."""
+        ...
+
+
+class GuardedTier(Encoder, Protocol):
+    """The fast tier in use (``engine.guard.GuardedEncoder``), as the core runs it directly: every
+    capability declared, so no caller probes an engine object for one."""
+
+    fast_texts: int
+
+    @property
+    def guard(self) -> Guard: ...
+
+    def fast_pieces(self, texts: list[str]) -> list[np.ndarray]:
+        """The fast engine's IDs of ``texts``, one int32 array each (the caller checked the guard)."""
+        ...
+
+    def fast_flat(self, texts: list[str]) -> tuple[np.ndarray, np.ndarray]:
+        """The fast engine's flat IDs and offsets of ``texts`` (the caller checked the guard)."""
+        ...
+
+    def fast_lists(self, texts: list[str]) -> list[list[int]] | None:
+        """The fast engine's own Python lists of ``texts``, or None where it has no trusted list
+        entry point yet (the caller checked the guard)."""
+        ...
+
+    def check_lists(self, *, background: bool = False) -> bool | None:
+        """Check the fast engine's list entry point (in the background when asked)."""
+        ...
+
+
+@runtime_checkable
+class FlatEncoder(Encoder, Protocol):
+    """An encoder with its own flat output: one int32 buffer and int64 offsets, no per-text arrays."""
+
+    def encode_flat(self, texts: Sequence[str]) -> tuple[np.ndarray, np.ndarray]:
+        """The IDs of ``texts`` concatenated, and each text's start in them (len(texts) + 1 offsets)."""
+        ...
+
+
+class ListEncoder(FlatEncoder, Protocol):
+    """An encoder that may answer Python lists straight from its engine (the confining encoder):
+    ``encode_lists`` returns None where it cannot, and the caller converts ``encode_flat``'s values."""
+
+    def encode_lists(self, texts: Sequence[str]) -> list[list[int]] | None:
+        """One list of IDs per text from the engine's own list builder, or None."""
+        ...
+
+
+def encode_flat(encoder: Encoder, texts: Sequence[str]) -> tuple[np.ndarray, np.ndarray]:
     """``encoder``'s IDs of ``texts`` as one int32 buffer plus int64 offsets: the engine's own flat
-    output where it has one (no per-text arrays), else assembled from ``encode_pieces``."""
-    flat = getattr(encoder, "encode_flat", None)
-    if flat is not None:
-        return flat(texts)
+    output where it declares one (:class:`FlatEncoder`), else assembled from ``encode_pieces``."""
+    if isinstance(encoder, FlatEncoder):
+        return encoder.encode_flat(texts)
     return flat_from_pieces(encoder.encode_pieces(texts))
 
 

@@ -22,6 +22,7 @@ from functools import lru_cache
 import numpy as np
 
 from delta_ray.core import charclass as cc
+
 from .class_verify import verified_mask
 from .reference_api import FULL_API
 
@@ -79,7 +80,7 @@ def _accept_matrix(accepted: tuple[tuple[int, int], ...]) -> np.ndarray:
     return m
 
 
-def _pairs(left, rights):
+def _pairs(left: int, rights: tuple[int, ...]) -> tuple[tuple[int, int], ...]:
     return tuple((left, r) for r in rights)
 
 
@@ -127,7 +128,7 @@ def _family_class_table(name: str) -> np.ndarray:
     table = candidate_family_table(name)
     if FULL_API:  # the bits come from the reference's own regex engine
         return table
-    out = table.copy()
+    out: np.ndarray = table.copy()
     out[~verified_mask(FAMILIES[name])] = UNV
     return out
 

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import gc
 import platform
+from typing import Callable, cast
 
 import numpy as np
 
@@ -48,18 +49,18 @@ def int_list(ids: np.ndarray) -> list[int]:
     """``ids`` (a 1-D array of IDs) as a new Python list equal to ``ids.tolist()``: through the
     shared table where that is faster (a long int32 array), else ``tolist``."""
     if len(ids) < _GATHER_MIN or ids.dtype != _I32:
-        return ids.tolist()
+        return cast("list[int]", ids.tolist())
     index = ids.view(np.uint32)  # a negative ID (never an engine's) reads as >= 2**31: out of range
     try:
-        return _table[index].tolist()
+        return cast("list[int]", _table[index].tolist())  # the table maps i to the int i
     except IndexError:
         top = int(index.max())
         if top >= MAX_SHARED:
-            return ids.tolist()
-        return _grown(top + 1)[index].tolist()
+            return cast("list[int]", ids.tolist())
+        return cast("list[int]", _grown(top + 1)[index].tolist())
 
 
-def _untracker():
+def _untracker() -> Callable[[object], object] | None:
     """CPython's ``PyObject_GC_UnTrack`` through ``ctypes`` (None elsewhere: nothing to do there)."""
     if platform.python_implementation() != "CPython":
         return None
@@ -75,15 +76,15 @@ def _untracker():
 _UNTRACK = _untracker()
 
 
-def untrack_ints(ids: list) -> list:
+def untrack_ints(ids: list[int]) -> list[int]:
     """``ids`` itself, out of the cyclic garbage collector's sight: ``gc.is_tracked(ids)`` is False
     afterwards (on CPython; elsewhere it is returned as it is).
 
     A list is a tracked container, and every collection of its generation visits each of its
     pointers: a kept list's IDs cost every full collection time in proportion (docs/performance.md),
-    paid by every thread of a serving process, for as long as the list is kept. The collector exists to find reference cycles, and a list whose items
-    are all ints can never be on one: an int refers to nothing. So this is sound for a list that
-    holds only ints and that its owner never makes hold anything else (the caller's promise: a
+    paid by every thread of a serving process, for as long as the list is kept. The collector exists to find reference
+    cycles, and a list whose items are all ints can never be on one: an int refers to nothing. So this is sound for a
+    list that holds only ints and that its owner never makes hold anything else (the caller's promise: a
     drop-in session's kept list, built from an integer array's ``tolist``, later only cut with
     ``del`` and extended with more such ints). Untracking changes nothing else: the list is freed by
     reference counting as before (list dealloc untracks again, which is idempotent), a mutation

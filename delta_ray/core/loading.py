@@ -12,6 +12,7 @@ import threading
 from typing import Any, Union
 
 from tokenizers import Tokenizer
+
 from .errors import DeltaRayError
 from .reference_api import check_encodes, tokenizer_from_str, tokenizer_to_str
 
@@ -24,7 +25,8 @@ def padding_is_neutral(padding: Any) -> bool:
     if not isinstance(padding, dict) or padding.get("pad_to_multiple_of") not in (None, 0, 1):
         return False
     if "strategy" in padding:  # tokenizer.json's form
-        return padding["strategy"] == "BatchLongest"
+        strategy: object = padding["strategy"]
+        return strategy == "BatchLongest"
     return "length" in padding and padding["length"] is None  # ``Tokenizer.padding``'s form
 
 
@@ -62,10 +64,10 @@ class LoadedTokenizer:
         self.source = source
         self._lock = threading.Lock()
 
-    def __getstate__(self) -> dict:  # picklable like the dataclass it was (the lock stays behind)
+    def __getstate__(self) -> dict[str, Any]:  # picklable like the dataclass it was (the lock stays behind)
         return {k: v for k, v in self.__dict__.items() if k != "_lock"}
 
-    def __setstate__(self, state: dict) -> None:
+    def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__.update(state)
         self._lock = threading.Lock()
 
@@ -98,7 +100,8 @@ class LoadedTokenizer:
         about 150K two-item lists, and every full garbage collection of a process that kept them
         would trace them all with the GIL held, stalling a pool driver's calls. Admission and a
         Serve replica's set-up read it once each."""
-        return json.loads(self.config_bytes)
+        config: dict[str, Any] = json.loads(self.config_bytes)
+        return config
 
     @classmethod
     def from_bytes(cls, data: bytes, expected_digest: str | None = None, source: str = "<bytes>", *,

@@ -25,10 +25,11 @@ from __future__ import annotations
 
 import unicodedata
 from functools import lru_cache
+from typing import Callable
 
 import numpy as np
 
-from .charclass import M, N_CODEPOINTS, all_codepoints_text, candidate_source, class_table
+from .charclass import N_CODEPOINTS, M, all_codepoints_text, candidate_source, class_table
 from .reference_api import FULL_API, normalizer
 from .table_cache import cached_table
 
@@ -36,7 +37,7 @@ TABLE_VERSION = 1
 _SEP = "\n"  # a starter that composes with nothing; the probes are joined with it and split back
 
 
-def _probe_unchanged(norm, chars: list[str], before: str, after: str) -> np.ndarray:
+def _probe_unchanged(norm: Callable[[str], str], chars: list[str], before: str, after: str) -> np.ndarray:
     """For each char c, whether norm(before + c + after) == before + c + after, in one batched call."""
     probes = [before + c + after for c in chars]
     out = norm(_SEP + _SEP.join(probes) + _SEP).split(_SEP)[1:-1]

@@ -5,10 +5,11 @@ import itertools
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
+from typing import cast
 
 import numpy as np
 
-from .encoder import Encoder, encode_flat
+from .encoder import Encoder, ListEncoder, encode_flat
 from .id_lists import int_list
 
 MIN_PARALLEL_CHARS = 65536  # below this a second thread costs more than it saves
@@ -16,12 +17,11 @@ STRAGGLER_SLACK_S = 0.0002  # encode_list: added to a late helper's expected tim
 LIST_PIECES_PER_THREAD = 2  # encode_list: pieces per thread (a piece's conversion overlaps the next one's encode)
 
 
-def ids_list(encoder: Encoder, pieces: list[str]) -> list[int]:
+def ids_list(encoder: ListEncoder, pieces: list[str]) -> list[int]:
     """The pieces' IDs, concatenated in order, as one Python list, in one engine call: the engine's own
-    lists where the encoder offers them for these pieces (``encode_lists``: the guarded fast engine's
+    lists where the encoder has them for these pieces (``encode_lists``: the guarded fast engine's
     direct path, docs/dropin.md §14), else its flat int32 values converted."""
-    lists_of = getattr(encoder, "encode_lists", None)
-    lists = lists_of(pieces) if lists_of is not None else None
+    lists = encoder.encode_lists(pieces)
     if lists is None:
         return int_list(encode_flat(encoder, pieces)[0])
     out = lists[0]
@@ -68,7 +68,7 @@ class PieceThreads:
             base += len(v)
         return values, offsets
 
-    def encode_list(self, encoder: Encoder, pieces: list[str], threads: int, parallel: bool = True) -> list[int]:
+    def encode_list(self, encoder: ListEncoder, pieces: list[str], threads: int, parallel: bool = True) -> list[int]:
         """The pieces' IDs, concatenated in order, as one Python list (what transformers returns).
 
         The same engine on the same pieces as :meth:`encode_flat`; only the container differs. The
@@ -114,8 +114,9 @@ class PieceThreads:
                 wait = None if per_char is None else 2 * per_char * len(pieces[i]) + STRAGGLER_SLACK_S
                 if not done[i].wait(wait) or results[i] is None:
                     results[i] = encode(i)
-        out = results[0]
-        for part in results[1:]:
+        filled = cast("list[list[int]]", results)  # every piece was encoded above
+        out = filled[0]
+        for part in filled[1:]:
             out += part
         return out
 

@@ -5,6 +5,7 @@ from dataclasses import dataclass
 from typing import NamedTuple
 
 from delta_ray.core import constants as C
+
 from .cut_predicate import CutPredicate
 
 
@@ -18,7 +19,7 @@ class PlannerConfig:
     min_cut_text: int = C.MIN_CUT_TEXT
     scan_far: int = C.SCAN_FAR
 
-    def __post_init__(self):
+    def __post_init__(self) -> None:
         for name in ("chunk_size", "cut_threshold", "max_chunks"):
             if not isinstance(getattr(self, name), int) or getattr(self, name) < 1:
                 raise ValueError(f"{name} must be a positive int, got {getattr(self, name)!r}")

@@ -85,18 +85,20 @@ def tokenizer_to_str(tok: Tokenizer) -> str:
     if to_str is None:
         raise TypeError(f"tokenizers {tokenizers.__version__} cannot serialize a loaded Tokenizer: "
                         "pass the path of its tokenizer.json instead")
-    return to_str()
+    text: str = to_str()
+    return text
 
 
-def encode_batch(tok: Tokenizer, texts: Sequence[str], add_special_tokens: bool) -> list:
+def encode_batch(tok: Tokenizer, texts: Sequence[str], add_special_tokens: bool) -> list[Any]:
     """The reference's Encodings of ``texts`` (GIL released; offsets skipped where the API allows)."""
     fast = getattr(tok, "encode_batch_fast", None)
     if fast is not None:
-        return fast(list(texts), add_special_tokens=add_special_tokens)
+        encs: list[Any] = fast(list(texts), add_special_tokens=add_special_tokens)
+        return encs
     return tok.encode_batch(list(texts), add_special_tokens=add_special_tokens)
 
 
-def ids_of(enc) -> np.ndarray:
+def ids_of(enc: Any) -> np.ndarray:
     """An Encoding's IDs as an int32 numpy array (the 1.x numpy view where there is one)."""
     arr = getattr(enc, "ids_array", None)
     if arr is not None:
@@ -130,7 +132,7 @@ def decode_fn(tok: Tokenizer) -> Callable[[list[int], bool], str]:
     return lambda ids, skip: batch([ids], skip_special_tokens=skip)[0]
 
 
-def added_token_contents(tok: Tokenizer | None, config: dict | None = None) -> list[str]:
+def added_token_contents(tok: Tokenizer | None, config: dict[str, Any] | None = None) -> list[str]:
     """The added tokens' strings: from the loaded tokenizer (0.x) or from its tokenizer.json."""
     dec = getattr(tok, "get_added_tokens_decoder", None) if tok is not None else None
     if dec is not None:
@@ -143,7 +145,7 @@ def added_token_contents(tok: Tokenizer | None, config: dict | None = None) -> l
     return sorted({t["content"] for t in config.get("added_tokens") or []})
 
 
-def config_vocab(config: dict) -> dict[int, str]:
+def config_vocab(config: dict[str, Any]) -> dict[int, str]:
     """id -> token string of the model's vocabulary and the added tokens (added tokens win)."""
     out: dict[int, str] = {}
     vocab = (config.get("model") or {}).get("vocab") or {}
@@ -156,18 +158,19 @@ def config_vocab(config: dict) -> dict[int, str]:
     return out
 
 
-def vocab_size(tok: Tokenizer, config: dict | None = None) -> int:
+def vocab_size(tok: Tokenizer, config: dict[str, Any] | None = None) -> int:
     """``get_vocab_size(with_added_tokens=True)`` (0.x), else the number of distinct IDs in tokenizer.json."""
     fn = getattr(tok, "get_vocab_size", None)
     if fn is not None:
-        return fn(with_added_tokens=True)
+        n: int = fn(with_added_tokens=True)
+        return n
     return len(config_vocab(config or {}))
 
 
-def id_to_token_fn(tok: Tokenizer, config: dict | None = None) -> Callable[[int], str | None]:
+def id_to_token_fn(tok: Tokenizer, config: dict[str, Any] | None = None) -> Callable[[int], str | None]:
     """``id_to_token`` (0.x), else a lookup in tokenizer.json's vocabulary and added tokens (the same
     strings ``id_to_token`` returns: the model's token strings, None for an unknown ID)."""
-    fn = getattr(tok, "id_to_token", None)
+    fn: Callable[[int], str | None] | None = getattr(tok, "id_to_token", None)
     if fn is not None:
         return fn
     table = config_vocab(config or {})
@@ -195,8 +198,8 @@ def byte_symbols() -> dict[int, str]:
 _BYTE_LEVEL = {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": False, "use_regex": False}
 
 
-def _synthetic_config(normalizer: dict | None, pretokenizers: list, model: dict, decoder: dict | None,
-                      added: list | None = None) -> dict:
+def _synthetic_config(normalizer: dict[str, Any] | None, pretokenizers: list[dict[str, Any]], model: dict[str, Any],
+                      decoder: dict[str, Any] | None, added: list[dict[str, Any]] | None = None) -> dict[str, Any]:
     return {"version": "1.0", "truncation": None, "padding": None, "added_tokens": added or [],
             "normalizer": normalizer,
             "pre_tokenizer": {"type": "Sequence", "pretokenizers": pretokenizers} if pretokenizers else None,
@@ -206,9 +209,10 @@ def _synthetic_config(normalizer: dict | None, pretokenizers: list, model: dict,
 @lru_cache(maxsize=4)
 def _normalizer_tokenizer(kind: str) -> Tokenizer:
     vocab = {sym: b for b, sym in byte_symbols().items()}
-    model = {"type": "BPE", "dropout": None, "unk_token": None, "continuing_subword_prefix": None,
-             "end_of_word_suffix": None, "fuse_unk": False, "byte_fallback": False, "ignore_merges": False,
-             "vocab": vocab, "merges": []}
+    model: dict[str, Any] = {
+        "type": "BPE", "dropout": None, "unk_token": None, "continuing_subword_prefix": None,
+        "end_of_word_suffix": None, "fuse_unk": False, "byte_fallback": False, "ignore_merges": False,
+        "vocab": vocab, "merges": []}
     cfg = _synthetic_config({"type": kind}, [_BYTE_LEVEL], model, dict(_BYTE_LEVEL))
     return tokenizer_from_str(json.dumps(cfg))
 
@@ -220,7 +224,8 @@ def normalizer(kind: str) -> Callable[[str], str]:
     byte-level tokenizer with that normalizer (see the module docstring); exact, a little slower.
     """
     if FULL_API:
-        return getattr(tokenizers.normalizers, kind)().normalize_str
+        normalize_str: Callable[[str], str] = getattr(tokenizers.normalizers, kind)().normalize_str
+        return normalize_str
     tok = _normalizer_tokenizer(kind)
 
     def normalize(text: str) -> str:
@@ -236,7 +241,8 @@ def normalizer(kind: str) -> Callable[[str], str]:
 PROBE_SEPARATOR = "<|delta-ray-probe|>"
 
 
-def split_probe_tokenizer(pretokenizers: list, pieces: Sequence[str]) -> tuple[Tokenizer, dict[str, int]]:
+def split_probe_tokenizer(pretokenizers: list[dict[str, Any]],
+                          pieces: Sequence[str]) -> tuple[Tokenizer, dict[str, int]]:
     """A tokenizer that shows how the reference's own pre-tokenizer ``pretokenizers`` splits a text.
 
     No normalizer; the given Split stages (the tokenizer's own, byte-level stage removed); a
@@ -256,7 +262,7 @@ def split_probe_tokenizer(pretokenizers: list, pieces: Sequence[str]) -> tuple[T
     return tokenizer_from_str(json.dumps(cfg)), vocab
 
 
-def split_stages(config: dict) -> list[dict]:
+def split_stages(config: dict[str, Any]) -> list[dict[str, Any]]:
     """The pre-tokenizer's stages as a list (a Sequence flattened one level, or the single stage)."""
     pre = config.get("pre_tokenizer")
     if not isinstance(pre, dict):

@@ -13,6 +13,7 @@ The install pin in ``pyproject.toml`` stays ``<1`` until tokenizers 1.0 is final
 from __future__ import annotations
 
 import importlib.metadata
+
 from .errors import DeltaRayError
 
 SUPPORTED = ">=0.20,<2"

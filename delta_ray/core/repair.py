@@ -15,6 +15,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from delta_ray.core import constants as C
+
 from .cut_predicate import NFC_WINDOW, CutPredicate
 from .encoder import Encoder, encode_flat
 from .planner import Cut, PlannerConfig, plan_cuts, tail_cut
@@ -177,12 +178,15 @@ def _finish(plan: RepairPlan, new_ids: list[np.ndarray], counts: list[int]) -> R
     return RepairResult(state, k, plan.n - plan.start, len(plan.pieces))
 
 
-def _part_bytes(base: SessionState | None, plan: RepairPlan, text_parts: tuple, id_parts: tuple,
+def _part_bytes(base: SessionState | None, plan: RepairPlan, text_parts: tuple[str, ...],
+                id_parts: tuple[np.ndarray, ...],
                 new_ids: list[np.ndarray]) -> tuple[int | None, int | None]:
     """The new state's (text, IDs) bytes from its base's, when the turn only appended parts (most
     turns): counting them walked every part of the rope. None where a count is needed (a join
     happened, or the kept IDs dropped some of the base's buffers)."""
-    known = base.known_bytes if base is not None else (None, None)
+    if base is None:
+        return None, None
+    known = base.known_bytes
     if known[0] is None or known[1] is None:
         return None, None
     bt, bi = base.text_parts, base.id_parts

@@ -8,8 +8,10 @@ from __future__ import annotations
 
 import threading
 from array import array
+from typing import Callable, Iterable, Protocol, Sequence, TypeVar, cast
 
 import numpy as np
+from numpy.typing import NDArray
 
 from delta_ray.core import constants as C
 
@@ -22,8 +24,11 @@ MERGE_TEXT_BELOW = 1 << 12
 YOUNG_PARTS = 8  # recently appended small parts wait to be joined together, 8 at a time
 MERGE_IDS_BELOW = 4096  # the same bound for ID parts (and a compact turn's Arrow chunks), in IDs
 
+_P = TypeVar("_P")
+_Part = TypeVar("_Part", str, np.ndarray)  # a rope's part: text or IDs
 
-def merge_start(sizes, small: int) -> int:
+
+def merge_start(sizes: Sequence[int], small: int) -> int:
     """The merge policy, on the parts' sizes alone: ``j`` such that the rope becomes
     ``parts[:j] + (join(parts[j:]),)``; ``j >= len(sizes) - 1`` when it joins nothing (most turns).
 
@@ -53,7 +58,8 @@ def merge_start(sizes, small: int) -> int:
     return j
 
 
-def _merge_parts(parts: list, size, join, small: int) -> tuple:
+def _merge_parts(parts: list[_P], size: Callable[[_P], int], join: Callable[[list[_P]], _P],
+                 small: int) -> tuple[_P, ...]:
     """``parts`` (empty ones dropped) with :func:`merge_start`'s suffix joined."""
     parts = [p for p in parts if size(p)]
     j = merge_start([size(p) for p in parts], small)
@@ -86,13 +92,14 @@ def prefix_parts(parts: tuple[np.ndarray, ...], k: int, total: int | None = None
     return tuple(out)
 
 
-def suffix_parts(parts: tuple, start: int, total: int | None = None) -> list:
+def suffix_parts(parts: Sequence[_Part], start: int, total: int | None = None) -> list[_Part]:
     """The parts holding elements ``start:`` of a rope, the first one a slice.
 
     With ``total`` (the rope's length) the parts are walked from the end, so a suffix near the end
     (a turn's window) touches only the parts it returns, whatever the rope's depth."""
     if total is not None:
-        out, end = [], total
+        out: list[_Part] = []
+        end = total
         for i in range(len(parts) - 1, -1, -1):
             p = parts[i]
             pos = end - len(p)
@@ -152,6 +159,23 @@ def rope_is_prefix(parts: tuple[str, ...], n_chars: int, text: str) -> bool:
     return True
 
 
+class CheckpointSource(Protocol):
+    """What :meth:`CheckpointLog.extend` reads of its base: a
+    :class:`~delta_ray.core.session_store.SessionState`."""
+
+    @property
+    def checkpoint_log(self) -> tuple[CheckpointLog | None, int, int]: ...
+
+    @property
+    def cp_pos(self) -> NDArray[np.int64]: ...
+
+    @property
+    def cp_tok(self) -> NDArray[np.int64]: ...
+
+    @property
+    def cp_ext(self) -> NDArray[np.int64]: ...
+
+
 class CheckpointLog:
     """Append-only checkpoints (pos, tok, ext, flat in one ``array('q')``) shared by the
     consecutive states of a session.
@@ -168,11 +192,11 @@ class CheckpointLog:
     __slots__ = ("data",)
     _lock = threading.Lock()  # appends: check-and-write is atomic across states sharing a log
 
-    def __init__(self, data: array):
+    def __init__(self, data: array[int]):
         self.data = data
 
     @staticmethod
-    def append_in_place(log: "CheckpointLog | None", start: int, at: int, new) -> bool:
+    def append_in_place(log: "CheckpointLog | None", start: int, at: int, new: Iterable[int]) -> bool:
         """Append ``new`` (flat triples) to ``log`` when the state whose checkpoints are its entries
         ``[start:at]`` is the log's newest writer (``at`` is its end) and its dead prefix is short;
         False (nothing written) otherwise: the caller copies into a new log."""
@@ -185,7 +209,7 @@ class CheckpointLog:
         return True
 
     @staticmethod
-    def extend(base, n_keep: int, new: list[int]) -> tuple["CheckpointLog", int, int]:
+    def extend(base: CheckpointSource | None, n_keep: int, new: list[int]) -> tuple["CheckpointLog", int, int]:
         """(log, start, end) holding ``base``'s first ``n_keep`` checkpoints followed by ``new``
         (flat pos, tok, ext triples)."""
         k = len(new) // 3
@@ -196,6 +220,7 @@ class CheckpointLog:
                 return log, start, at + k
             data = log.data[3 * start:3 * at]
         elif n_keep:
+            base = cast(CheckpointSource, base)  # a base to keep checkpoints of
             cols = np.stack([base.cp_pos[:n_keep], base.cp_tok[:n_keep], base.cp_ext[:n_keep]], axis=1)
             data = array("q", np.ascontiguousarray(cols, dtype=np.int64).tobytes())
         else:
@@ -204,10 +229,10 @@ class CheckpointLog:
         return CheckpointLog(data), 0, n_keep + k
 
 
-def merge_text_parts(parts) -> tuple[str, ...]:
+def merge_text_parts(parts: Iterable[str]) -> tuple[str, ...]:
     return _merge_parts(list(parts), len, "".join, MERGE_TEXT_BELOW)
 
 
-def merge_id_parts(parts) -> tuple[np.ndarray, ...]:
+def merge_id_parts(parts: Iterable[np.ndarray]) -> tuple[np.ndarray, ...]:
     return _merge_parts(list(parts), len, lambda ps: np.concatenate(ps).astype(np.int32, copy=False),
                         MERGE_IDS_BELOW)

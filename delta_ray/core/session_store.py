@@ -10,10 +10,13 @@ import os
 import sys
 import threading
 from collections import OrderedDict
+from typing import Any, Iterable, Sequence, cast
 
 import numpy as np
+from numpy.typing import NDArray
 
 from delta_ray.core import constants as C
+
 from .assembly import to_arrow
 from .errors import DeltaRayError
 from .rope import MERGE_IDS_BELOW, CheckpointLog, merge_start, prefix_parts, rope_is_prefix, suffix_parts
@@ -37,10 +40,16 @@ def new_version() -> int:
 _I32_EMPTY = np.zeros(0, dtype=np.int32)
 _I64_EMPTY = np.zeros(0, dtype=np.int64)
 
+# What the compact turn keeps of a state (:meth:`SessionState.turn_head`): Arrow chunks holding the IDs
+# up to its last checkpoint, their lengths, whether they show every buffer of the state's IDs, the
+# window's start w0 and the text from w0 on.
+TurnHead = tuple[tuple[Any, ...], tuple[int, ...], bool, int, str]
+CheckpointColumns = tuple[NDArray[np.int64], NDArray[np.int64], NDArray[np.int64]]
+
 _CACHES = frozenset({"_text", "_ids", "_cp", "_arrow", "_arrow_from", "_nbytes", "_bytes", "_id_parts", "_head"})
 
 
-def buffer_owner(a: np.ndarray):
+def buffer_owner(a: np.ndarray) -> object:
     """The object whose memory a view ``a`` shows (numpy points every view at the owner)."""
     return a.base if a.base is not None else a
 
@@ -53,7 +62,8 @@ def _is_prefix_view(p: np.ndarray, old: np.ndarray) -> bool:
             and p.__array_interface__["data"][0] == old.__array_interface__["data"][0])
 
 
-def arrow_parts(parts, old_parts=(), old_chunks=()) -> tuple:
+def arrow_parts(parts: Iterable[np.ndarray], old_parts: Sequence[np.ndarray] = (),
+                old_chunks: Sequence[Any] = ()) -> tuple[Any, ...]:
     """``parts`` (int32 numpy arrays) as zero-copy pyarrow arrays, reusing ``old_chunks`` (the
     arrays of ``old_parts``, index for index): a part that is the old part at its index keeps its
     array, one that shows a prefix of it gets the array's zero-copy slice, any other is wrapped.
@@ -70,7 +80,8 @@ def arrow_parts(parts, old_parts=(), old_chunks=()) -> tuple:
     return tuple(out)
 
 
-def splice_arrow(parts: tuple, chunks: tuple, k: int, tail: np.ndarray) -> tuple[tuple, tuple]:
+def splice_arrow(parts: tuple[np.ndarray, ...], chunks: tuple[Any, ...], k: int,
+                 tail: np.ndarray) -> tuple[tuple[np.ndarray, ...], tuple[Any, ...]]:
     """The rope ``parts[:k] + tail`` and its Arrow chunks, in one walk from the rope's end: the same
     parts as ``merge_id_parts(prefix_parts(parts, k) + (tail,))`` and the same chunks as
     :func:`arrow_parts` gives them (a kept part keeps its array, the cut one gets the zero-copy slice
@@ -109,12 +120,12 @@ def splice_arrow(parts: tuple, chunks: tuple, k: int, tail: np.ndarray) -> tuple
     return kept, kept_chunks
 
 
-def _to_arrow(p: np.ndarray):
+def _to_arrow(ids: np.ndarray) -> Any:
     # assembly imports this module's neighbours: imported on first use, then bound here (an import
     # statement per call walked importlib's machinery on every turn)
     global _to_arrow
     _to_arrow = to_arrow
-    return to_arrow(p)
+    return to_arrow(ids)
 
 
 class SessionState:
@@ -133,13 +144,30 @@ class SessionState:
 
     __slots__ = ("text_parts", "_id_parts", "_head", "version", "n_chars", "n_ids", "last_checkpoint", "n_checkpoints",
                  "_text", "_ids", "_cp_log", "_cp_start", "_cp", "_arrow", "_arrow_from", "_nbytes", "_bytes")
+    text_parts: tuple[str, ...]
+    _id_parts: tuple[np.ndarray, ...] | None  # None: a compact turn's state, views of _arrow made on first use
+    _head: TurnHead | None
+    version: int
+    n_chars: int
+    n_ids: int
+    last_checkpoint: tuple[int, ...] | None  # (pos, tok, ext)
+    n_checkpoints: int
+    _text: str | None
+    _ids: np.ndarray | None
+    _cp_log: CheckpointLog | None
+    _cp_start: int
+    _cp: CheckpointColumns | None  # None: columns of _cp_log, built on first use
+    _arrow: tuple[Any, ...] | None
+    _arrow_from: tuple[tuple[np.ndarray, ...], tuple[Any, ...]] | None
+    _nbytes: int | None
+    _bytes: tuple[int | None, int | None]
 
     def __init__(self, text: str | None, ids: np.ndarray | None, cp_pos: np.ndarray | None,
                  cp_tok: np.ndarray | None, cp_ext: np.ndarray | None, version: int | None = None, *,
                  text_parts: tuple[str, ...] | None = None, id_parts: tuple[np.ndarray, ...] | None = None,
                  checkpoints: tuple[CheckpointLog, int, int] | None = None, n_chars: int | None = None,
-                 n_ids: int | None = None, arrow_from: tuple | None = None,
-                 part_bytes: tuple[int | None, int | None] = (None, None), last: tuple | None = None):
+                 n_ids: int | None = None, arrow_from: tuple[tuple[np.ndarray, ...], tuple[Any, ...]] | None = None,
+                 part_bytes: tuple[int | None, int | None] = (None, None), last: tuple[int, ...] | None = None):
         set_ = object.__setattr__  # a turn builds one state: skip the immutability guard here
         text_parts = tuple(text_parts) if text_parts is not None else ((text,) if text else ())
         if id_parts is not None:
@@ -178,37 +206,38 @@ class SessionState:
         set_(self, "_bytes", part_bytes)  # (text, IDs): given when a turn knows them, else counted once
         set_(self, "_nbytes", None)
 
-    def __setattr__(self, name, value):
+    def __setattr__(self, name: str, value: Any) -> None:
         if name in _CACHES or not hasattr(self, "_nbytes"):
             object.__setattr__(self, name, value)
         else:
             raise AttributeError("SessionState is immutable")
 
-    def _checkpoint_columns(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    def _checkpoint_columns(self) -> CheckpointColumns:
         cp = self._cp
         if cp is None:
             a = self._cp_start
-            flat = np.frombuffer(self._cp_log.data[3 * a:3 * (a + self.n_checkpoints)], dtype=np.int64)
+            log = cast(CheckpointLog, self._cp_log)  # a state without columns has a log (__init__, compact)
+            flat = np.frombuffer(log.data[3 * a:3 * (a + self.n_checkpoints)], dtype=np.int64)
             rows = flat.reshape(-1, 3)
             cp = self._cp = (rows[:, 0], rows[:, 1], rows[:, 2])
         return cp
 
     @property
-    def cp_pos(self) -> np.ndarray:
+    def cp_pos(self) -> NDArray[np.int64]:
         """Checkpoint positions (int64, strictly increasing)."""
         return self._checkpoint_columns()[0]
 
     @property
-    def cp_tok(self) -> np.ndarray:
+    def cp_tok(self) -> NDArray[np.int64]:
         """Checkpoint token indices (``ids[:tok]`` are the IDs of ``text[:pos]``)."""
         return self._checkpoint_columns()[1]
 
     @property
-    def cp_ext(self) -> np.ndarray:
+    def cp_ext(self) -> NDArray[np.int64]:
         """Checkpoint evidence ends (strictly increasing: the checkpoints are chained)."""
         return self._checkpoint_columns()[2]
 
-    def arrow_chunks(self) -> tuple:
+    def arrow_chunks(self) -> tuple[Any, ...]:
         """The ID parts as zero-copy pyarrow arrays, built once per part: a part this state shares
         with the state it was made from reuses that state's array (:func:`arrow_parts`), so a turn
         wraps only its new parts, not the whole rope."""
@@ -218,7 +247,7 @@ class SessionState:
             self._arrow_from = None
         return chunks
 
-    def arrow_source(self) -> tuple | None:
+    def arrow_source(self) -> tuple[tuple[np.ndarray, ...], tuple[Any, ...]] | None:
         """What a state made from this one passes as ``arrow_from`` (None before any Arrow output)."""
         return (self.id_parts, self._arrow) if self._arrow is not None else None
 
@@ -232,15 +261,16 @@ class SessionState:
         return parts
 
     @classmethod
-    def compact(cls, text_parts: tuple, n_chars: int, n_ids: int, checkpoints: tuple, last: tuple,
-                chunks: tuple, head: tuple, part_bytes: tuple) -> "SessionState":
+    def compact(cls, text_parts: tuple[str, ...], n_chars: int, n_ids: int,
+                checkpoints: tuple[CheckpointLog, int, int], last: tuple[int, ...], chunks: tuple[Any, ...],
+                head: TurnHead, part_bytes: tuple[int | None, int | None]) -> "SessionState":
         """A state from the compact turn (:mod:`delta_ray.core.turn_path`): its IDs are the Arrow
         ``chunks`` (numpy views on demand), ``head`` is (chunks, lengths, exact) of ``ids[:tok]``
         of its last checkpoint; every other field as :meth:`__init__` sets it, without its checks."""
         # Built as a _Fresh (the same slots, plain attribute stores: a turn's stores compile to
         # direct slot writes instead of 17 generic setattr lookups), then made a SessionState,
         # immutable from here on like any other.
-        self = _Fresh.__new__(_Fresh)
+        self: SessionState = _Fresh.__new__(_Fresh)
         log, a, b = checkpoints
         self.text_parts = text_parts
         self._id_parts = None
@@ -264,7 +294,7 @@ class SessionState:
         None: a state built from checkpoint columns, not a log)."""
         return self._cp_log, self._cp_start, self._cp_start + self.n_checkpoints
 
-    def turn_head(self, back: int) -> tuple:
+    def turn_head(self, back: int) -> TurnHead:
         """What the compact turn keeps of this state, made once and cached: (Arrow chunks holding
         ``ids[:tok]`` of the last checkpoint, their lengths, exact, w0, ``text[w0:]``) with ``w0``
         ``back`` characters before that checkpoint (the predicate's reach). ``exact``: the chunks
@@ -273,16 +303,18 @@ class SessionState:
         head = self._head
         if head is None:
             kept, lens, exact = self.head_chunks()
-            w0 = max(0, self.last_checkpoint[0] - back)
+            last = cast("tuple[int, ...]", self.last_checkpoint)  # the compact turn runs from a checkpoint
+            w0 = max(0, last[0] - back)
             head = self._head = (kept, lens, exact, w0, "".join(suffix_parts(self.text_parts, w0, self.n_chars)))
         return head
 
-    def head_chunks(self) -> tuple[tuple, tuple, bool]:
+    def head_chunks(self) -> tuple[tuple[Any, ...], tuple[int, ...], bool]:
         """(Arrow chunks, their lengths, False) holding ``ids[:tok]`` of the last checkpoint (the
         compact turn's kept IDs, for a state the general turn made). False: they may show fewer
         buffers than the state's IDs do (the byte count of a state kept from them is recounted)."""
         left = self.last_checkpoint[1] if self.last_checkpoint is not None else 0
-        out, lens = [], []
+        out: list[Any] = []
+        lens: list[int] = []
         for c in self.arrow_chunks():
             if left <= 0:
                 break
@@ -354,21 +386,24 @@ class SessionState:
         return ib
 
     def __repr__(self) -> str:
-        return f"SessionState({self.n_chars} chars, {self.n_ids} ids, {self.n_checkpoints} checkpoints, v{self.version})"
+        return (f"SessionState({self.n_chars} chars, {self.n_ids} ids, {self.n_checkpoints} checkpoints, "
+                f"v{self.version})")
 
 
 class _Fresh(SessionState):
     """A SessionState under construction (:meth:`SessionState.compact`): same layout, no guard."""
 
     __slots__ = ()
-    __setattr__ = object.__setattr__
+    # mypy reads object.__setattr__ taken from the class as a bound method; it is the unbound slot
+    # wrapper, the same signature as SessionState.__setattr__ (mypy's limitation, not this code's)
+    __setattr__ = object.__setattr__  # type: ignore[assignment]
 
 
-def arrow_views(chunks) -> tuple[np.ndarray, ...]:
+def arrow_views(chunks: Iterable[Any] | None) -> tuple[np.ndarray, ...]:
     """Zero-copy int32 numpy views of Arrow chunks; chunks over one buffer are views of one array
     (so :func:`owners_bytes` counts that buffer once)."""
     whole: dict[int, np.ndarray] = {}
-    out = []
+    out: list[np.ndarray] = []
     for c in chunks or ():  # one view per chunk, empty ones included: arrow_chunks pairs them by index
         buf = c.buffers()[1]
         if buf is None:
@@ -381,14 +416,15 @@ def arrow_views(chunks) -> tuple[np.ndarray, ...]:
     return tuple(out)
 
 
-def _buffer_bytes(owner) -> int:
+def _buffer_bytes(owner: object) -> int:
     return owner.nbytes if isinstance(owner, (np.ndarray, memoryview)) else sys.getsizeof(owner)
 
 
-def owners_bytes(parts) -> int:
+def owners_bytes(parts: Iterable[np.ndarray]) -> int:
     """Bytes of the distinct buffers the arrays ``parts`` show (an engine's bytes object, an
     array): a view keeps its whole buffer alive, so that is what it costs."""
-    seen, total = set(), 0
+    seen: set[int] = set()
+    total = 0
     for p in parts:
         owner = buffer_owner(p)
         if id(owner) not in seen:

@@ -7,15 +7,17 @@ it is read and written through the private cache (:mod:`delta_ray.runtime.cache_
 from __future__ import annotations
 
 import io
-from typing import Any, Callable
+from typing import Callable
 
 import numpy as np
+from numpy.typing import DTypeLike
 
 from ..runtime.cache_store import atomic_write, private_dir_fd, read_file
 from .reference_version import reference_version
 
 
-def cached_table(name: str, version: int, derive: Callable[[], Any], shape: tuple, dtype) -> Any:
+def cached_table(name: str, version: int, derive: Callable[[], np.ndarray], shape: tuple[int, ...],
+                 dtype: DTypeLike) -> np.ndarray:
     """A per-code-point numpy table derived from the installed reference: the cached copy (right
     shape and dtype), or ``derive()`` stored atomically and returned."""
     name = f"{name}-v{version}-tokenizers-{reference_version()}.npy"
@@ -23,7 +25,7 @@ def cached_table(name: str, version: int, derive: Callable[[], Any], shape: tupl
         raw = read_file(name, dir_fd=dfd) if dfd is not None else None
     if raw is not None:
         try:
-            table = np.load(io.BytesIO(raw), allow_pickle=False)
+            table: np.ndarray = np.load(io.BytesIO(raw), allow_pickle=False)
             if table.shape == shape and table.dtype == np.dtype(dtype):
                 return table
         except Exception:  # noqa: BLE001 - a damaged file is derived again

@@ -9,7 +9,7 @@ configuration has no template here: the reference post-processes its own whole e
 """
 from __future__ import annotations
 
-from typing import Sequence
+from typing import Any, Sequence
 
 import numpy as np
 import pyarrow as pa
@@ -92,18 +92,18 @@ class Template:
         return np.concatenate([self.prefix, raw_tail, self.suffix])
 
     # -- Arrow: a session's parts -----------------------------------------------------------------
-    def chunks(self, parts: tuple) -> tuple:
+    def chunks(self, parts: tuple[Any, ...]) -> tuple[Any, ...]:
         """A sequence's raw Arrow chunks with the template's chunks (built once) around them."""
         if not self.added:
             return parts
         return self._before + parts + self._after
 
-    def chunked_arrays(self, chunks: tuple) -> pa.ChunkedArray:
+    def chunked_arrays(self, chunks: tuple[Any, ...]) -> pa.ChunkedArray:
         """:meth:`chunked` for parts that are int32 Arrow arrays already, none empty (a pool's
         splice of a worker's answer): no per-part test."""
         return pa.chunked_array(self._before + chunks + self._after if self.added else chunks, type=_INT32)
 
-    def chunked(self, id_parts: Sequence) -> pa.ChunkedArray:
+    def chunked(self, id_parts: Sequence[Any]) -> pa.ChunkedArray:
         """A sequence's raw int32 parts (numpy, or int32 Arrow arrays already made) as one
         zero-copy ChunkedArray, post-processed."""
         return pa.chunked_array(self.chunks(tuple(p if isinstance(p, pa.Array) else to_arrow(p)

@@ -20,8 +20,8 @@ import numpy as np
 import pyarrow as pa
 
 from delta_ray.core import constants as C
-from .assembly import flat_list_array, to_arrow
 
+from .assembly import flat_list_array, to_arrow
 
 
 def is_text_type(t: Any) -> bool:

@@ -10,8 +10,8 @@ plain Python over ints, strs and tuples.
 It is the general turn restricted to the case where the general turn would do exactly this (docs/proof.md
 §15): the stored state's last checkpoint is valid for the new text (its evidence lies in the stored
 text), the span after it is too short for chunk cuts or intermediate checkpoints, the repair is
-the router's choice (not a whole re-encode: its caller asks the router once), a tail cut exists, and the engine in use now offers
-its native flat call (:meth:`~delta_ray.engine.switch.EngineSwitch.fast_path`) behind a guard that
+the router's choice (not a whole re-encode: its caller asks the router once), a tail cut exists, and the engine in use
+now offers its native flat call (:meth:`~delta_ray.engine.switch.EngineSwitch.fast_path`) behind a guard that
 allows both pieces; anything else returns None and the caller runs the general turn. Every step is
 the general turn's own, called, not copied: the tail cut (:func:`~delta_ray.core.planner.tail_cut`),
 the guard's test, the shadow verifier's sampling step, the checkpoint log's append
@@ -21,24 +21,63 @@ the state only if the engine's generation is still the one the turn read.
 from __future__ import annotations
 
 import sys
+from typing import Any, Callable, Protocol, Sequence
 
 import numpy as np
 import pyarrow as pa
 
 from delta_ray.core import constants as C
-from .assembly import COPY_POOL
+
 from ..runtime.exit_guard import checkpoint
-from .planner import tail_cut
+from .assembly import COPY_POOL
+from .cut_predicate import CutPredicate
+from .planner import PlannerConfig, tail_cut
 from .repair import WINDOW_BACK
 from .rope import MERGE_IDS_BELOW, MERGE_TEXT_BELOW, CheckpointLog, merge_start
-from .session_store import SessionState
+from .session_store import SessionState, SessionStore
 
 _INT32 = pa.int32()
 _py_buffer = pa.py_buffer
 _from_buffers = pa.Array.from_buffers
 
 
-def merge_chunks(chunks: tuple, lens: tuple) -> tuple[tuple, tuple, bool]:
+class TurnShadow(Protocol):
+    """The shadow verifier's sampling step, as the turn runs it (``engine.shadow.ShadowVerifier``)."""
+
+    def sampled(self, enc: Any) -> bool: ...
+
+    def queue_flat(self, texts: Sequence[str], values: np.ndarray, offsets: np.ndarray, enc: Any) -> None: ...
+
+
+class TurnFastPath(Protocol):
+    """The engine in use as the turn runs it directly (``engine.switch.FastPath``)."""
+
+    @property
+    def generation(self) -> int: ...
+
+    @property
+    def engine(self) -> Any: ...
+
+    @property
+    def encode(self) -> Callable[[list[str]], tuple[bytes, bytes]]: ...
+
+    @property
+    def allows(self) -> Callable[[str], bool] | None: ...
+
+    @property
+    def shadow(self) -> TurnShadow: ...
+
+
+class TurnEngine(Protocol):
+    """The engine switch as the turn reads it (``engine.switch.EngineSwitch``)."""
+
+    @property
+    def generation(self) -> int: ...
+
+    def fast_path(self) -> TurnFastPath | None: ...
+
+
+def merge_chunks(chunks: tuple[Any, ...], lens: tuple[int, ...]) -> tuple[tuple[Any, ...], tuple[int, ...], bool]:
     """The rope's merge policy (:func:`~delta_ray.core.rope.merge_start`, as for ID parts) on Arrow
     chunks of known lengths, with no pyarrow call unless a join is due: (chunks, lengths, joined)."""
     j = merge_start(lens, MERGE_IDS_BELOW)
@@ -50,7 +89,8 @@ def merge_chunks(chunks: tuple, lens: tuple) -> tuple[tuple, tuple, bool]:
 class TurnPath:
     """The compact continuation of one :class:`~delta_ray.tokenizer_core.TokenizerCore`."""
 
-    def __init__(self, engine, store, predicate, margin: int, planner, stats):
+    def __init__(self, engine: TurnEngine, store: SessionStore, predicate: CutPredicate, margin: int,
+                 planner: PlannerConfig, stats: dict[str, int]):
         self._engine = engine  # engine.switch.EngineSwitch: the engine in use, its generation and fast path
         self._store = store
         self._pred = predicate
@@ -113,7 +153,7 @@ class TurnPath:
             tb += sys.getsizeof(delta)
         cp = (w0 + cut.pos, k + t, w0 + cut.ext)
         log, a, b = state.checkpoint_log
-        if CheckpointLog.append_in_place(log, a, b, cp):
+        if log is not None and CheckpointLog.append_in_place(log, a, b, cp):
             b += 1
         else:
             log, a, b = CheckpointLog.extend(state, state.n_checkpoints, list(cp))

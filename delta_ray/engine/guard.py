@@ -13,11 +13,12 @@ import json
 import re
 import sys
 from dataclasses import dataclass, field
-from typing import Iterable, Sequence
+from typing import Any, Iterable, Sequence, cast
 
 import numpy as np
 
 from ..core.assembly import flat_from_pieces
+from ..core.encoder import Encoder
 from .native import FastEncoder
 
 
@@ -31,8 +32,8 @@ def _ranges(cps: Iterable[int]) -> list[tuple[int, int]]:
     return out
 
 
-def _class_pattern(cps: Iterable[int]) -> re.Pattern | None:
-    parts = []
+def _class_pattern(cps: Iterable[int]) -> re.Pattern[str] | None:
+    parts: list[str] = []
     for lo, hi in _ranges(cps):
         if lo == hi:
             parts.append(re.escape(chr(lo)) if lo > 0x20 else f"\\x{lo:02x}")
@@ -80,10 +81,19 @@ class GuardSet:
     """
 
     code_points: frozenset[int]
-    key: dict = field(default_factory=dict, compare=False)
-    stats: dict = field(default_factory=dict, compare=False)
+    key: dict[str, Any] = field(default_factory=dict, compare=False)
+    stats: dict[str, Any] = field(default_factory=dict, compare=False)
+    # Derived in __post_init__ for allows() and positions(): no constructor argument, not compared.
+    # A pattern is None where its set is empty, and then never searched (the flags answer first).
+    _empty: bool = field(init=False, repr=False, compare=False)
+    _ascii_ok: bool = field(init=False, repr=False, compare=False)
+    _latin1_ok: bool = field(init=False, repr=False, compare=False)
+    _ucs2_ok: bool = field(init=False, repr=False, compare=False)
+    _bmp_pattern: re.Pattern[str] | None = field(init=False, repr=False, compare=False)
+    _pattern: re.Pattern[str] | None = field(init=False, repr=False, compare=False)
+    _lut: np.ndarray = field(init=False, repr=False, compare=False)
 
-    def __post_init__(self):
+    def __post_init__(self) -> None:
         cps = sorted(self.code_points)
         bmp = [c for c in cps if c < 0x10000]
         lut = np.zeros(0x110000, dtype=bool)
@@ -103,14 +113,15 @@ class GuardSet:
         """True when ``text`` contains no guarded code point (the fast engine may encode it)."""
         if self._empty:
             return True
+        # a flag that is False means a guarded code point in its range: that pattern is not None
         if text.isascii():
-            return self._ascii_ok or self._bmp_pattern.search(text) is None
+            return self._ascii_ok or cast("re.Pattern[str]", self._bmp_pattern).search(text) is None
         kind = _str_kind(text)
         if kind == 1:
-            return self._latin1_ok or self._bmp_pattern.search(text) is None
+            return self._latin1_ok or cast("re.Pattern[str]", self._bmp_pattern).search(text) is None
         if kind == 2:
-            return self._ucs2_ok or self._bmp_pattern.search(text) is None
-        return self._pattern.search(text) is None
+            return self._ucs2_ok or cast("re.Pattern[str]", self._bmp_pattern).search(text) is None
+        return cast("re.Pattern[str]", self._pattern).search(text) is None
 
     def positions(self, text: str) -> np.ndarray:
         """Indices of every guarded code point in ``text``."""
@@ -160,11 +171,11 @@ def valid_ranges(ranges: object) -> bool:
     return True
 
 
-def guard_from_ranges(ranges: Sequence[Sequence[int]], key: dict, stats: dict) -> GuardSet:
+def guard_from_ranges(ranges: Sequence[Sequence[int]], key: dict[str, Any], stats: dict[str, Any]) -> GuardSet:
     return GuardSet(frozenset(c for lo, hi in ranges for c in range(lo, hi + 1)), key=key, stats=stats)
 
 
-def valid_guard_payload(p: dict) -> bool:
+def valid_guard_payload(p: dict[str, Any]) -> bool:
     """A stored guard set: valid ranges bound to their digest, and a stats dict."""
     return (valid_ranges(p.get("ranges")) and p.get("ranges_sha256") == ranges_digest(p["ranges"])
             and isinstance(p.get("stats"), dict))
@@ -174,14 +185,35 @@ class GuardedEncoder:
     """``Encoder`` that sends each text to the fast engine when the guard allows it, else to the reference."""
 
     name = "fast"
+    description: str  # set by the admission that made it (delta_ray.verify.admit), for logs
 
-    def __init__(self, fast: FastEncoder, guard: GuardSet, fallback, *, verdict_key: dict | None = None):
+    def __init__(self, fast: FastEncoder, guard: GuardSet, fallback: Encoder, *,
+                 verdict_key: dict[str, Any] | None = None):
         self.fast = fast
         self.guard = guard
         self.fallback = fallback  # an Encoder, e.g. delta_ray.core.encoder.ReferenceEncoder
         self.verdict_key = verdict_key  # where a caught mismatch persists the rejection
         self.fast_texts = 0
         self.fallback_texts = 0
+
+    def fast_pieces(self, texts: list[str]) -> list[np.ndarray]:
+        """The fast engine's IDs of ``texts``, one array each (the caller checked the guard)."""
+        return self.fast.encode_pieces(texts)
+
+    def fast_flat(self, texts: list[str]) -> tuple[np.ndarray, np.ndarray]:
+        """The fast engine's flat IDs of ``texts`` (the caller checked the guard)."""
+        return self.fast.encode_flat(texts)
+
+    def fast_lists(self, texts: list[str]) -> list[list[int]] | None:
+        """The fast engine's own lists of ``texts``, None where it has no trusted list entry point
+        (the caller checked the guard). An engine without one at all (a test's) answers None."""
+        lists = getattr(self.fast, "encode_lists", None)  # an engine's optional entry point, read here only
+        return lists(texts) if lists is not None else None
+
+    def check_lists(self, *, background: bool = False) -> bool | None:
+        """Start (or run) the fast engine's list entry point check; None where it has none."""
+        check = getattr(self.fast, "check_lists", None)  # an engine's optional check, read here only
+        return check(background=background) if check is not None else None
 
     def encode_flat(self, texts: Sequence[str]) -> tuple[np.ndarray, np.ndarray]:
         """Flat IDs straight from the engine when the guard allows every text, else via pieces."""

@@ -62,7 +62,7 @@ import sys
 import threading
 import unicodedata
 from pathlib import Path
-from typing import Sequence, Union
+from typing import Any, Callable, Protocol, Sequence, Union, cast
 
 import numpy as np
 
@@ -90,7 +90,7 @@ if _PINNED_HERE:
 _fastokens_loaded = False  # set when delta-ray first builds a fastokens tokenizer (its pool may exist after)
 _native_lifted = False  # allow_native_threads() removed our pin before fastokens could read it
 
-TokenizerSource = Union[str, os.PathLike, bytes, bytearray, memoryview]
+TokenizerSource = Union[str, os.PathLike[str], bytes, bytearray, memoryview]
 
 
 class FastEngineUnavailable(DeltaRayError, RuntimeError):
@@ -117,7 +117,7 @@ def fast_engine_versions() -> dict[str, str | None]:
             **{name: package_version(name) for name in FAST_BACKENDS}}
 
 
-def engine_key(tokenizer_json_bytes: bytes, backend: str | None, backend_version: str | None) -> dict:
+def engine_key(tokenizer_json_bytes: bytes, backend: str | None, backend_version: str | None) -> dict[str, Any]:
     """What anything cached about an engine on a tokenizer depends on (guard sets, verdicts): the
     tokenizer's SHA-256, the reference's version (and, under tokenizers 1.x, what its class tables
     were derived with), the engine's name and version, and Python's Unicode tables.
@@ -281,7 +281,8 @@ class _GigatokenBackend:
         try:
             from gigatoken.gigatoken_rs import load_hf_json
         except Exception as exc:  # noqa: BLE001
-            raise FastEngineUnavailable(f"gigatoken is not importable ({exc}); pip install 'gigatoken>=0.10.0'") from exc
+            raise FastEngineUnavailable(f"gigatoken is not importable ({exc}); "
+                                        "pip install 'gigatoken>=0.10.0'") from exc
         try:
             self._backend = load_hf_json(data)
         except Exception as exc:  # noqa: BLE001 - RuntimeError for configs it does not support
@@ -297,8 +298,20 @@ class _GigatokenBackend:
         return out
 
 
+class NativeBackend(Protocol):
+    """A loaded native engine (one of the classes above): per-text int32 arrays; its optional entry
+    points (``encode_flat``, ``raw_flat``, ``encode_lists``) are read once by :class:`FastEncoder`."""
+
+    def encode_pieces(self, texts: list[str]) -> list[np.ndarray]: ...
+
+
+FlatCall = Callable[[list[str]], tuple[np.ndarray, np.ndarray]]
+RawFlatCall = Callable[[list[str]], tuple[bytes, bytes]]  # LE int32 IDs, LE int64 offsets
+ListsCall = Callable[[list[str]], Union[list[list[int]], None]]
+
 _LISTS_CHECK_LOCK = threading.Lock()
-_BACKEND_CLASSES = {"fastokens": _FastokensBackend, "gigatoken": _GigatokenBackend}
+_BACKEND_CLASSES: dict[str, Callable[[bytes], NativeBackend]] = {"fastokens": _FastokensBackend,
+                                                                  "gigatoken": _GigatokenBackend}
 
 
 class FastEncoder:
@@ -335,9 +348,10 @@ class FastEncoder:
                 continue
             self.backend = cand
             self.backend_version = package_version(cand)
-            self._flat = getattr(self._impl, "encode_flat", None)  # looked up once, not per call
-            self.raw_flat = getattr(self._impl, "raw_flat", None)  # see _FastokensBackend; None for others
-            self._lists = getattr(self._impl, "encode_lists", None)
+            self._flat: FlatCall | None = getattr(self._impl, "encode_flat", None)  # looked up once, not per call
+            # see _FastokensBackend; None for others
+            self.raw_flat: RawFlatCall | None = getattr(self._impl, "raw_flat", None)
+            self._lists: ListsCall | None = getattr(self._impl, "encode_lists", None)
             self._lists_checked: bool | None = None if self._lists is not None else False
             self._lists_check_started = False
             break
@@ -390,8 +404,9 @@ class FastEncoder:
                 self.check_lists(background=True)
             return None
         checkpoint()
+        lists = cast(ListsCall, self._lists)  # checked: there is one
         try:
-            return self._lists(texts if type(texts) is list else list(texts))
+            return lists(texts if type(texts) is list else list(texts))
         except (TypeError, UnicodeEncodeError) as exc:
             raise ValueError(f"the fast engine ({self.backend}) rejected the text: {exc}") from exc
 
@@ -417,7 +432,7 @@ class FastEncoder:
     def _check_lists(self) -> bool:
         texts = list_entry_texts(self._added)
         try:
-            lists = self._lists(texts)
+            lists = cast(ListsCall, self._lists)(texts)  # called while unchecked: there is one
             values, offsets = self.encode_flat(texts)
         except Exception:  # noqa: BLE001 - an entry point that fails here is not used
             return False
@@ -438,7 +453,8 @@ _CHECK_TEXT = ("The quick brown fox jumps over the lazy dog. It's 12:45 and we'v
                "\u041c\u043e\u0441\u043a\u0432\u0430 \u2014 \u0395\u03bb\u03bb\u03b7\u03bd\u03b9\u03ba\u03ac. "
                "\u05e2\u05d1\u05e8\u05d9\u05ea \u0627\u0644\u0639\u0631\u0628\u064a\u0629 \u0661\u0662\u0663.\n"
                "\u65e5\u672c\u8a9e\u306e\u30c6\u30ad\u30b9\u30c8 English \u4e2d\u6587\uff0c\ud55c\uad6d\uc5b4. "
-               "\u0939\u093f\u0928\u094d\u0926\u0940 \u0e20\u0e32\u0e29\u0e32\u0e44\u0e17\u0e22 Ti\u1ebfng Vi\u1ec7t.\n")
+               "\u0939\u093f\u0928\u094d\u0926\u0940 \u0e20\u0e32\u0e29\u0e32\u0e44\u0e17\u0e22 "
+               "Ti\u1ebfng Vi\u1ec7t.\n")
 _CHECK_FRAGMENTS = [
     " ", "  ", "\t", "\n", "\r\n", "\r", "\n\n", " \n", "\u00a0", "\u3000", "\u200b", "\x0b", "\x85", "\u2028",
     "'s", "'t", "'re", "'LL", "'", "\u2019s", "n't", "I'm", "don't", "0", "12", "123", "1234", "3.14", "\u0663",

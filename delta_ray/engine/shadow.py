@@ -18,11 +18,11 @@ import queue
 import random
 import sys
 import threading
-from typing import Callable, Sequence
+from typing import Callable, Protocol, Sequence
 
 import numpy as np
 
-from ..core.encoder import encode_flat
+from ..core.encoder import ArraysByIndex, Encoder, encode_flat
 from ..runtime.exit_guard import start_thread
 
 log = logging.getLogger("delta_ray.engine.shadow")
@@ -36,10 +36,29 @@ def describe_text(text: str) -> str:
     return f"a {len(text)}-character text {digest}"
 
 
+class VerifiedSwitch(Protocol):
+    """What the verifier reads of its switch (:class:`~delta_ray.engine.switch.EngineSwitch`)."""
+
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def current(self) -> Encoder: ...
+
+    @property
+    def reference(self) -> Encoder: ...
+
+    def back_to_reference(self, reason: str) -> None: ...
+
+
+# A sampled call: its texts, the engine's IDs of them, and the engine; None stops the thread.
+_Sample = tuple[list[str], list[np.ndarray], Encoder]
+
+
 class ShadowVerifier:
     """Wraps the switchable encoder; samples fast-tier answers for background comparison."""
 
-    def __init__(self, switch, rate: float, *, max_queue: int = 64, max_chars: int = 1 << 16,
+    def __init__(self, switch: VerifiedSwitch, rate: float, *, max_queue: int = 64, max_chars: int = 1 << 16,
                  on_result: Callable[[bool], None] | None = None, seed: int | None = None):
         if not 0.0 <= rate <= 1.0:
             raise ValueError(f"shadow_rate must be within [0, 1], got {rate!r}")
@@ -51,7 +70,7 @@ class ShadowVerifier:
         self.mismatches = 0
         self.last_mismatch: str | None = None
         self._listeners: list[Callable[[bool], None]] = [on_result] if on_result is not None else []
-        self._queue: queue.Queue = queue.Queue(maxsize=max_queue)
+        self._queue: queue.Queue[_Sample | None] = queue.Queue(maxsize=max_queue)
         self._thread: threading.Thread | None = None
         self._thread_lock = threading.Lock()
         self._stopping = False  # set at exit (exit_guard): the thread finishes its comparison and ends
@@ -83,7 +102,7 @@ class ShadowVerifier:
             return sys.maxsize
         return int(math.log1p(-self._rng.random()) / denom)
 
-    def sampled(self, enc) -> bool:
+    def sampled(self, enc: Encoder) -> bool:
         """The sampling step, once per call of the engine ``enc``: whether this call's answers are
         re-checked (never the reference's). An unsampled call costs a countdown step (a lost
         decrement between two threads only shifts which call is sampled)."""
@@ -99,12 +118,13 @@ class ShadowVerifier:
         """Call ``fn(same)`` after every comparison (metrics)."""
         self._listeners.append(fn)
 
-    def _sample(self, n_texts: int, texts) -> list[int]:
+    def _sample(self, n_texts: int, texts: Sequence[str]) -> list[int]:
         """Indices of the texts a sampled call re-checks: random ones within ``max_chars``, so a
         batch job's 8 MB call costs the verifier what a chat turn does."""
         order = list(range(n_texts))
         self._rng.shuffle(order)
-        picked, budget = [], self.max_chars
+        picked: list[int] = []
+        budget = self.max_chars
         for i in order:
             if len(texts[i]) <= budget or not picked:
                 picked.append(i)
@@ -113,7 +133,7 @@ class ShadowVerifier:
                 break
         return sorted(picked)
 
-    def _enqueue(self, texts, got, enc) -> None:
+    def _enqueue(self, texts: list[str], got: list[np.ndarray], enc: Encoder) -> None:
         try:
             self._queue.put_nowait((texts, got, enc))
             self._ensure_thread()
@@ -126,7 +146,7 @@ class ShadowVerifier:
         self.check_later(texts, out, enc)
         return out
 
-    def check_later(self, texts: Sequence[str], out: list[np.ndarray], enc) -> None:
+    def check_later(self, texts: Sequence[str], out: ArraysByIndex, enc: Encoder) -> None:
         """Sample one call's answers (``enc``'s IDs of ``texts``) for comparison off the request
         path; a caller that ran the engine itself (the turn's direct path) samples through this."""
         if self.sampled(enc):
@@ -141,12 +161,12 @@ class ShadowVerifier:
         self.check_flat_later(texts, values, offsets, enc)
         return values, offsets
 
-    def check_flat_later(self, texts: Sequence[str], values: np.ndarray, offsets: np.ndarray, enc) -> None:
+    def check_flat_later(self, texts: Sequence[str], values: np.ndarray, offsets: np.ndarray, enc: Encoder) -> None:
         """:meth:`check_later` for a flat answer (split into per-text arrays only when sampled)."""
         if self.sampled(enc):
             self.queue_flat(texts, values, offsets, enc)
 
-    def queue_flat(self, texts: Sequence[str], values: np.ndarray, offsets: np.ndarray, enc) -> None:
+    def queue_flat(self, texts: Sequence[str], values: np.ndarray, offsets: np.ndarray, enc: Encoder) -> None:
         """Queue a call that :meth:`sampled` picked, its answer flat (``values`` cut at ``offsets``):
         for a caller that holds the engine's raw buffers and makes arrays of them only when sampled."""
         texts = list(texts)

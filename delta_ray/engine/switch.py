@@ -10,9 +10,12 @@ from __future__ import annotations
 
 import logging
 import threading
-from typing import Any, Callable, NamedTuple
+from typing import Any, Callable, NamedTuple, Sequence
+
+import numpy as np
 
 from ..core.encoder import Encoder, ReferenceEncoder, encode_flat
+from .guard import GuardedEncoder
 from .shadow import ShadowVerifier
 from .verdicts import reject_verdict, watch_verdict
 
@@ -29,6 +32,14 @@ class FastPath(NamedTuple):
     encode: Callable[[list[str]], tuple[bytes, bytes]]  # native flat call: LE int32 IDs, LE int64 offsets
     allows: Callable[[str], bool] | None  # the guard's test of a piece; None when nothing is guarded
     shadow: ShadowVerifier  # its sampling step runs once per call
+
+
+class EngineNow(NamedTuple):
+    """One read of the engine in use: the caller takes it once per call and uses only it."""
+
+    generation: int
+    encoder: Encoder  # the encoder in use (the reference or the guarded fast tier)
+    guarded: GuardedEncoder | None  # the fast tier in use; None on the reference
 
 
 class EngineSwitch:
@@ -52,6 +63,17 @@ class EngineSwitch:
         self._on_disable: list[Callable[[str], None]] = []
         self.shadow = ShadowVerifier(self, shadow_rate)  # re-checks a share of the fast tier's answers
         self._fast_path: tuple[int, FastPath | None] = (-1, None)  # (generation, its fast path)
+        self._now = EngineNow(0, reference, None)
+
+    def now(self) -> EngineNow:
+        """The engine in use, read once (an immutable record replaced at every switch)."""
+        return self._now
+
+    def _set(self, enc: Encoder) -> None:
+        """Install ``enc`` (under the lock): a new generation and its record."""
+        self.current = enc
+        self.generation += 1
+        self._now = EngineNow(self.generation, enc, enc if isinstance(enc, GuardedEncoder) else None)
 
     def fast_path(self) -> FastPath | None:
         """The engine in use now for a caller that runs it itself: its native flat call, its guard's
@@ -74,10 +96,10 @@ class EngineSwitch:
     def name(self) -> str:
         return self.current.name
 
-    def encode_pieces(self, texts):
+    def encode_pieces(self, texts: Sequence[str]) -> list[np.ndarray]:
         return self.current.encode_pieces(texts)
 
-    def encode_flat(self, texts):
+    def encode_flat(self, texts: Sequence[str]) -> tuple[np.ndarray, np.ndarray]:
         return encode_flat(self.current, texts)
 
     def add_disable_listener(self, fn: Callable[[str], None]) -> None:
@@ -91,10 +113,11 @@ class EngineSwitch:
     def use(self, enc: Encoder, reason: str) -> None:
         with self._lock:
             if self.disabled_reason is None:
-                self.current, self.reason = enc, reason
-                self.generation += 1
-        if getattr(enc, "verdict_key", None) is not None:
-            watch_verdict(self, enc.verdict_key)
+                self.reason = reason
+                self._set(enc)
+        verdict_key = getattr(enc, "verdict_key", None)
+        if verdict_key is not None:
+            watch_verdict(self, verdict_key)
 
     def back_to_reference(self, reason: str) -> None:
         """Permanently return to the reference, persist the rejection, and purge what the engine made."""
@@ -103,8 +126,8 @@ class EngineSwitch:
                 return
             wrong = self.current
             self.disabled_reason = reason
-            self.current, self.reason = self.reference, f"reference (fast tier disabled: {reason})"
-            self.generation += 1
+            self.reason = f"reference (fast tier disabled: {reason})"
+            self._set(self.reference)
             listeners = list(self._on_disable)
         reject_verdict(getattr(wrong, "verdict_key", None), reason)
         for fn in listeners:

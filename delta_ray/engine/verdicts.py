@@ -13,13 +13,14 @@ from __future__ import annotations
 import threading
 import time
 import weakref
+from typing import Any, Protocol, Sequence
 
 from ..runtime import cache_store
 from ..runtime.exit_guard import start_thread
 from .guard import ranges_digest, valid_guard_payload
 
 
-def _valid_verdict(p: dict) -> bool:
+def _valid_verdict(p: dict[str, Any]) -> bool:
     return (isinstance(p.get("ok"), bool) and isinstance(p.get("reason"), str)
             and isinstance(p.get("at"), (int, float)) and valid_guard_payload(p))
 
@@ -30,7 +31,7 @@ def _valid_verdict(p: dict) -> bool:
 REJECTION_KIND = "verdict-rejected"
 
 
-def load_verdict(key: dict) -> dict | None:
+def load_verdict(key: dict[str, Any]) -> dict[str, Any] | None:
     """The validated admission record for ``key``, or None (absent, altered, or caching off).
 
     A persisted rejection wins over any passing record for the same key."""
@@ -40,7 +41,8 @@ def load_verdict(key: dict) -> dict | None:
     return cache_store.load_record("verdict", key, validate=_valid_verdict)
 
 
-def save_verdict(key: dict, ok: bool, reason: str, ranges: list, stats: dict | None = None) -> bool:
+def save_verdict(key: dict[str, Any], ok: bool, reason: str, ranges: Sequence[Sequence[int]],
+                 stats: dict[str, Any] | None = None) -> bool:
     """Persist an admission verdict; a rejection (``ok=False``) goes to its own record, which a later
     passing verdict cannot overwrite. False when caching is off or the write failed."""
     ranges = [list(map(int, r)) for r in ranges]
@@ -53,7 +55,7 @@ def save_verdict(key: dict, ok: bool, reason: str, ranges: list, stats: dict | N
     return cache_store.save_record("verdict" if ok else REJECTION_KIND, key, payload)
 
 
-def reject_verdict(key: dict | None, reason: str) -> None:
+def reject_verdict(key: dict[str, Any] | None, reason: str) -> None:
     """Persist that this engine must not be admitted again for these versions (a caught mismatch)."""
     if key is not None:
         save_verdict(key, False, reason, [], {"rejected_at_run_time": True})
@@ -62,7 +64,16 @@ def reject_verdict(key: dict | None, reason: str) -> None:
 VERDICT_POLL_S = 2.0  # how often a process using the fast tier re-reads its verdict
 
 
-def watch_verdict(switch, key: dict) -> None:
+class WatchedSwitch(Protocol):
+    """What the watch reads of its switch (:class:`~delta_ray.engine.switch.EngineSwitch`)."""
+
+    @property
+    def disabled_reason(self) -> str | None: ...
+
+    def back_to_reference(self, reason: str) -> None: ...
+
+
+def watch_verdict(switch: WatchedSwitch, key: dict[str, Any]) -> None:
     """Poll the admission record of ``switch``'s engine (an :class:`~delta_ray.engine.switch.EngineSwitch`):
     a rejection persisted by another process (a pool worker whose shadow verifier caught the engine)
     disables the fast tier here too, with the same purge."""

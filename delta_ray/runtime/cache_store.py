@@ -3,8 +3,8 @@
 Everything cached (per-code-point tables derived from the reference, guard sets, admission
 verdicts, the probe's reference digests) goes under :func:`cache_root`, written by
 :func:`atomic_write` alone. Tables (:func:`delta_ray.core.table_cache.cached_table`) are keyed by their
-name, a format version and the reference's version, so an upgrade of ``tokenizers`` re-derives every table. A cached *decision* (a guard set, a verdict) decides which engine
-encodes a user's text, so it is never trusted blindly:
+name, a format version and the reference's version, so an upgrade of ``tokenizers`` re-derives every table. A cached
+*decision* (a guard set, a verdict) decides which engine encodes a user's text, so it is never trusted blindly:
 
 * the directory must be a real directory owned by this user and writable by nobody else (created
   ``0700``); otherwise caching is off for the process (a warning, then in-memory admission). The

@@ -22,13 +22,12 @@ registered later and runs earlier: a thread being joined can still finish its ex
 """
 from __future__ import annotations
 
+import concurrent.futures.thread  # noqa: F401 - imported before our hook is registered: see above
 import logging
 import os
 import threading
 import time
-from typing import Callable
-
-import concurrent.futures.thread  # noqa: F401 - imported before our hook is registered: see above
+from typing import Callable, cast
 
 log = logging.getLogger("delta_ray.exit")
 
@@ -60,7 +59,8 @@ def checkpoint() -> None:
         raise ExitCancelled()
 
 
-def start_thread(target: Callable[[], None], name: str, stop: Callable[[], None] | None = None) -> threading.Thread | None:
+def start_thread(target: Callable[[], None], name: str,
+                 stop: Callable[[], None] | None = None) -> threading.Thread | None:
     """Start ``target`` in a daemon thread that the exit hook stops and joins; None once exiting.
 
     ``stop`` wakes the thread if it may be blocked outside a checkpoint (a queue, an event)."""
@@ -78,7 +78,7 @@ def start_thread(target: Callable[[], None], name: str, stop: Callable[[], None]
             return None
         t = threading.Thread(target=run, name=name, daemon=True)
         t.start()
-        _threads[t.ident] = (t, stop)
+        _threads[cast(int, t.ident)] = (t, stop)  # a started thread has its ident
     return t
 
 

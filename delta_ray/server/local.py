@@ -31,15 +31,24 @@ from typing import Any
 
 import uvicorn
 
-from delta_ray.runtime.heap import freeze_heap
 from delta_ray.core.loading import TokenizerLike
+from delta_ray.runtime.heap import freeze_heap
 
 from .asgi import DEFAULT_BODY_TIMEOUT_S, BodyBudget, TokenizerASGI
 from .http_limits import ConnectionLimits, limited_protocol
 from .local_metrics import Counters
-from .serve_config import (DEFAULT_BACKLOG, DEFAULT_HEADER_TIMEOUT_S, DEFAULT_KEEP_ALIVE_S, DEFAULT_MAX_BODY_BYTES,
-                           DEFAULT_MAX_CONNECTIONS, DEFAULT_MAX_DETOKENIZE_TOKENS, DEFAULT_MAX_HEADER_BYTES,
-                           DEFAULT_MAX_JSON_ITEMS, POOL_OPTIONS, inflight_limits)
+from .serve_config import (
+    DEFAULT_BACKLOG,
+    DEFAULT_HEADER_TIMEOUT_S,
+    DEFAULT_KEEP_ALIVE_S,
+    DEFAULT_MAX_BODY_BYTES,
+    DEFAULT_MAX_CONNECTIONS,
+    DEFAULT_MAX_DETOKENIZE_TOKENS,
+    DEFAULT_MAX_HEADER_BYTES,
+    DEFAULT_MAX_JSON_ITEMS,
+    POOL_OPTIONS,
+    inflight_limits,
+)
 from .service import build_handler, service_spec
 
 # run_local's options that are the server's (local_server's), not the app's

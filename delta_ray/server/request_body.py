@@ -20,6 +20,7 @@ import orjson
 from ..core.json_scan import SLICE_BYTES, Structure, items_in
 from .http_api import BadRequest, loads_json
 from .serve_config import DEFAULT_MAX_JSON_ITEMS  # noqa: F401 - the bound's default, re-exported
+
 BOUND_FROM_BYTES = 16 * 1024  # smaller bodies are parsed at once (under 8,192 items: well under a millisecond)
 SCAN_SLICE_BYTES = SLICE_BYTES  # bytes one step of the item scan reads
 ID_SLICE_BYTES = 256 * 1024  # bytes of a /detokenize ID list one orjson call parses (under 128K IDs)

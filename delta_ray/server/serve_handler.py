@@ -29,7 +29,6 @@ from typing import Any, AsyncIterable, Callable
 
 import numpy as np
 
-from delta_ray.server.chat_template import ChatTemplateError
 from delta_ray.core.assembly import ids_to_numpy
 from delta_ray.core.hosts import SessionHost
 from delta_ray.core.keys import ContentDigest, content_key, session_key
@@ -37,9 +36,17 @@ from delta_ray.core.loading import LoadedTokenizer
 from delta_ray.core.plan import CONTENT, HERE, POOL, REFERENCE_SESSION, UNADMITTED, Host, Route, Router
 from delta_ray.core.reference_api import decode_fn, id_to_token_fn, vocab_size  # the 0.x API or tokenizer.json (1.x)
 from delta_ray.core.session_store import SessionNotFound
+from delta_ray.server.chat_template import ChatTemplateError
 
-from .http_api import (TOKENIZE_FIELDS, BadRequest, TokenizeRequest, detokenize_size, dumps_json, parse_detokenize,
-                       parse_tokenize)
+from .http_api import (
+    TOKENIZE_FIELDS,
+    BadRequest,
+    TokenizeRequest,
+    detokenize_size,
+    dumps_json,
+    parse_detokenize,
+    parse_tokenize,
+)
 from .local_metrics import Counters
 from .request_body import detokenize_max_bytes, parse_bounded, parse_id_body
 from .serve_config import DEFAULT_MAX_BODY_BYTES, DEFAULT_MAX_DETOKENIZE_TOKENS, DEFAULT_MAX_JSON_ITEMS

@@ -21,7 +21,8 @@ import threading
 from typing import Callable
 
 from delta_ray.core import constants as C
-from ..core.encoder import Encoder, ReferenceEncoder
+
+from ..core.encoder import ReferenceEncoder
 from ..engine.guard import GuardedEncoder, GuardSet, guard_from_ranges
 from ..engine.native import FAST_BACKENDS, FastEngineUnavailable, cached_fast_encoder, package_version
 from ..engine.switch import EngineSwitch
@@ -74,7 +75,7 @@ def _fuzz_at_admission(config_bytes: bytes, reference: ReferenceEncoder, fast, g
     return extra, unguardable
 
 
-def admit_fast(config_bytes: bytes, reference: ReferenceEncoder, backend: str = "auto") -> Encoder:
+def admit_fast(config_bytes: bytes, reference: ReferenceEncoder, backend: str = "auto") -> GuardedEncoder:
     """Load, guard, fuzz and verify the fast engine (cached); a GuardedEncoder or FastEngineUnavailable."""
     checkpoint()
     fast = cached_fast_encoder(config_bytes, backend)

@@ -12,9 +12,9 @@ from typing import Iterable
 
 import numpy as np
 
-from ..runtime.exit_guard import checkpoint
-from ..engine.guard import GuardSet
 from ..core.reference_api import added_token_contents, encode_batch_ids
+from ..engine.guard import GuardSet
+from ..runtime.exit_guard import checkpoint
 
 REAL_TEXT = (
     "The quick brown fox jumps over the lazy dog. It's 12:45 and we've got 3,000,000 reasons to "
@@ -89,7 +89,8 @@ def adversarial_battery(ref_tokenizer, *, seed: int = 0, n_random: int = 1000,
             for f in firsts:
                 out.append(f + v)
                 out.append(v + f)
-    out += [s + "\n" for s in all_specials] + [" " + s + " " for s in all_specials] + ["x" + s + "y" for s in all_specials]
+    out += ([s + "\n" for s in all_specials] + [" " + s + " " for s in all_specials]
+            + ["x" + s + "y" for s in all_specials])
     out += REAL_TEXT.splitlines(keepends=True) + [REAL_TEXT]
     out += ["a" + " " * n + "b" for n in (1, 2, 3, 7, 16, 33)] + [" " * n for n in (1, 2, 5, 40)]
     out += ["x" + "\r\n" * 3 + "  \n \r\n\t\n" + "y", "word!!!\n\nnext", "end...\r\n", "a?\n", "ok:)\n\n\n"]
@@ -159,7 +160,8 @@ def verify_fast_engine(ref_tokenizer, fast_encoder, texts: Iterable[str] = (), *
                 mism = np.flatnonzero(e[:n] != g[:n])
                 at = int(mism[0]) if len(mism) else n
                 return False, (f"text #{i} ({how}) differs from the reference at token {at}: "
-                               f"text={battery[i][:80]!r} reference={e[at:at + 6].tolist()} fast={g[at:at + 6].tolist()}")
+                               f"text={battery[i][:80]!r} reference={e[at:at + 6].tolist()} "
+                               f"fast={g[at:at + 6].tolist()}")
     return True, f"{len(battery)} texts equal to the reference ({skipped} skipped by the guard)"
 
 

@@ -249,7 +249,7 @@ def probe_disagreements(ref_tokenizer, fast: FastEncoder | Callable[[list[str]],
     the reference on every chunk where the engine's IDs hash to the recorded ones.
     """
     t0 = time.perf_counter()
-    fast_encode = fast.encode_pieces if hasattr(fast, "encode_pieces") else fast
+    fast_encode = fast.encode_pieces if isinstance(fast, FastEncoder) else fast
     if contexts is None:
         contexts = derived_contexts(tokenizer_json)
     sep, sep_id = _pick_separator(tokenizer_json)

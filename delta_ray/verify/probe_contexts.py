@@ -34,8 +34,14 @@ from functools import lru_cache
 
 import numpy as np
 
-from ..core.case_groups import (alternatives, case_insensitive_groups, fold_letters, letter_runs, split_patterns,
-                                unicode_folds)
+from ..core.case_groups import (
+    alternatives,
+    case_insensitive_groups,
+    fold_letters,
+    letter_runs,
+    split_patterns,
+    unicode_folds,
+)
 from ..core.class_verify import fold_sensitive_regex, verified_mask
 from ..core.families import FAMILIES
 from ..core.reference_api import FULL_API
@@ -122,7 +128,7 @@ def contraction_witness(tokenizer_json: dict) -> str:
     across that token, so the IDs show it. Falls back to ``" I"`` when the vocabulary has none.
     """
     vocab = ((tokenizer_json.get("model") or {}).get("vocab")) or {}
-    best: tuple[int, str] | None = None
+    best: tuple[tuple[int, int, str], str] | None = None
     for tok in vocab:
         if not isinstance(tok, str) or not tok.endswith("'") or len(tok) < 2:
             continue
@@ -132,7 +138,7 @@ def contraction_witness(tokenizer_json: dict) -> str:
         if core and core.isascii() and core.isalpha():
             rank = (0 if spaced else 1, len(core), core)
             if best is None or rank < best[0]:
-                best = (rank, (" " if spaced else "") + core)  # type: ignore[assignment]
+                best = (rank, (" " if spaced else "") + core)
     return best[1] if best else " I"
 
 

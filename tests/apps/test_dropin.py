@@ -19,9 +19,8 @@ transformers = pytest.importorskip("transformers", reason="the drop-in tests nee
 
 import exactness  # noqa: E402
 from delta_ray.apps.dropin import hf as dropin_hf  # noqa: E402
+from delta_ray.apps.dropin import is_wrapped, patch_transformers, refresh, unpatch_transformers, wrap_tokenizer  # noqa: E402
 from delta_ray.apps.dropin.folders import bundled_hf_folder  # noqa: E402
-from delta_ray.apps.dropin import (is_wrapped, patch_transformers, refresh, unpatch_transformers,  # noqa: E402
-                              wrap_tokenizer)
 
 NAMES = ("qwen-3", "glm-4", "llama3.2", "minimax-m3")
 SMALL_CUTS = {"cut_threshold": 4096, "chunk_size": 2048, "threads": 4}
@@ -232,10 +231,13 @@ def test_a_chat_call_as_vllm_makes_it_takes_the_ids_directly_and_leaves_what_sto
     finally:
         stock.model_max_length, patched.model_max_length = saved
     taken = len(direct)
-    for kw in ({"return_dict": True}, {"truncation": True, "max_length": 40}, {"padding": "max_length", "max_length": 4000},
+    for kw in ({"return_dict": True}, {"truncation": True, "max_length": 40},
+               {"padding": "max_length", "max_length": 4000},
                {"tokenizer_kwargs": {"return_attention_mask": False}}, {"tokenize": False}):
-        _same(patched.apply_chat_template(chat, **{**vllm_kw, **kw}), stock.apply_chat_template(chat, **{**vllm_kw, **kw}))
-    _same(patched.apply_chat_template([chat, chat[:1]], **vllm_kw), stock.apply_chat_template([chat, chat[:1]], **vllm_kw))
+        _same(patched.apply_chat_template(chat, **{**vllm_kw, **kw}),
+              stock.apply_chat_template(chat, **{**vllm_kw, **kw}))
+    _same(patched.apply_chat_template([chat, chat[:1]], **vllm_kw),
+          stock.apply_chat_template([chat, chat[:1]], **vllm_kw))
     assert len(direct) == taken  # none of those is the plain call
 
     class OwnCall(type(patched)):
@@ -393,9 +395,9 @@ def test_minimax_long_s_with_the_fast_tier(folders, pairs):
     from transformers import AutoTokenizer
 
     from delta_ray.core.encoder import ReferenceEncoder
+    from delta_ray.engine.guard import GuardedEncoder
     from delta_ray.engine.native import FastEncoder
     from delta_ray.verify.guard_probe import guard_set_for
-    from delta_ray.engine.guard import GuardedEncoder
 
     stock, patched = pairs("minimax-m3")
     loaded = patched.__dict__[dropin_hf.STATE_ATTR].current(patched).tokenizer.core.loaded
@@ -425,9 +427,9 @@ def test_list_path_on_threads_equals_stock(pairs, real_texts):
     pytest.importorskip("fastokens", reason="the fast tier's engine (fastokens) is not installed")
     from delta_ray.core.encoder import ReferenceEncoder
     from delta_ray.core.parallel_encode import MIN_PARALLEL_CHARS
+    from delta_ray.engine.guard import GuardedEncoder
     from delta_ray.engine.native import FastEncoder
     from delta_ray.verify.guard_probe import guard_set_for
-    from delta_ray.engine.guard import GuardedEncoder
 
     for name in ("qwen-3", "llama3.2"):  # no template / a BOS template
         stock, patched = pairs(name)
@@ -462,6 +464,13 @@ def test_list_path_takes_over_a_late_helper_and_raises_errors():
 
     class StuckHelper:  # a helper thread's first piece blocks until the test releases it
         name = "fake"
+
+        def encode_lists(self, texts):  # no list entry point: the flat path converts
+            return None
+
+        def encode_flat(self, texts):
+            from delta_ray.core.assembly import flat_from_pieces
+            return flat_from_pieces(self.encode_pieces(texts))
 
         def encode_pieces(self, texts):
             if any("!" in t for t in texts):

@@ -12,8 +12,14 @@ from functools import partial
 import pytest
 
 from delta_ray.apps.dropin import binding
-from delta_ray.apps.dropin.binding import (MAX_SESSION_CHARS, SessionHeader, carry_scope, engine_scope,
-                                           serve_session_id, session_or_none)
+from delta_ray.apps.dropin.binding import (
+    MAX_SESSION_CHARS,
+    SessionHeader,
+    carry_scope,
+    engine_scope,
+    serve_session_id,
+    session_or_none,
+)
 from delta_ray.apps.dropin.scope import Scope, current_scope, request_scope
 from delta_ray.apps.dropin.vllm_scope import ScopedRenderer, request_tenant
 

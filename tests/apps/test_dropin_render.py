@@ -11,7 +11,8 @@ import pytest
 transformers = pytest.importorskip("transformers", reason="the drop-in tests need transformers 5.23: "
                                                           "pip install 'transformers==5.23.*' (the test extra)")
 hypothesis = pytest.importorskip("hypothesis")
-from hypothesis import given, settings, strategies as st  # noqa: E402
+from hypothesis import given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
 
 from delta_ray.apps.dropin import hf as dropin_hf  # noqa: E402
 from delta_ray.apps.dropin import patch_transformers, render, unpatch_transformers, wrap_tokenizer  # noqa: E402
@@ -35,7 +36,7 @@ FEATURES = """{%- set ns = namespace(n=0, last=-1, sys=none) -%}
 {%- if m.tool_calls is defined %}{% for tc in m.tool_calls %}{{ tc.function.name }}({{ tc.function.arguments | tojson }}){% endfor %}{% endif -%}
 {%- if loop.index0 == ns.last %}{{ '[{0}/{1}]'.format(loop.index, loop.length) }}{% endif -%}
 {%- endfor -%}
-{{ ns.n }}{% if tools %}{{ tools | tojson }}{% endif %}{% if add_generation_prompt %}<ASSISTANT>{% endif %}"""
+{{ ns.n }}{% if tools %}{{ tools | tojson }}{% endif %}{% if add_generation_prompt %}<ASSISTANT>{% endif %}"""  # noqa: E501 - the template's lines are kept whole
 
 # Each must end as stock ends: the same text, or the same exception type and message.
 REFUSALS = [

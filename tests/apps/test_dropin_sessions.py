@@ -12,7 +12,6 @@ from __future__ import annotations
 import contextlib
 import copy
 import sys
-import threading
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
@@ -364,9 +363,9 @@ def test_the_fast_engines_compact_turn(stocks, real_texts):
     call); the list built from its (version, k, tail) equals stock's, guarded code points included."""
     pytest.importorskip("fastokens", reason="the fast tier's engine (fastokens) is not installed")
     from delta_ray.core.encoder import ReferenceEncoder
+    from delta_ray.engine.guard import GuardedEncoder
     from delta_ray.engine.native import FastEncoder
     from delta_ray.verify.guard_probe import guard_set_for
-    from delta_ray.engine.guard import GuardedEncoder
 
     stock = stocks("qwen-3")
     probe = wrapped(stock)

@@ -156,7 +156,8 @@ def test_the_hooks_bind_each_request_where_it_tokenizes():
     spy = _SpyTokenizer()
     Serving, Batcher, Manager = _stand_ins(spy)
     made = hooks({})
-    Serving._convert_to_internal_request = _Registry.wrap(Serving._convert_to_internal_request, made["chat"][1], "AROUND")
+    Serving._convert_to_internal_request = _Registry.wrap(Serving._convert_to_internal_request, made["chat"][1],
+                                                          "AROUND")
     Manager._tokenize_one_request = _Registry.wrap(Manager._tokenize_one_request, made["tokenize"][1], "AROUND")
     Batcher.encode = _Registry.wrap(Batcher.encode, made["batcher"][1], "AROUND")
 

@@ -16,8 +16,7 @@ import pytest
 transformers = pytest.importorskip("transformers", reason="the drop-in tests need transformers 5.23: "
                                                           "pip install 'transformers==5.23.*' (the test extra)")
 
-from tokenizers import (AddedToken, Tokenizer, decoders, models, normalizers, pre_tokenizers,  # noqa: E402
-                        processors, trainers)
+from tokenizers import AddedToken, Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers  # noqa: E402
 
 from delta_ray.apps.dropin import hf as dropin_hf  # noqa: E402
 from delta_ray.apps.dropin import is_wrapped, wrap_tokenizer  # noqa: E402
@@ -195,7 +194,8 @@ def test_a_backend_no_snapshot_can_serialize_falls_back_to_stock(pair):
             pretok.split(lambda i, s: s.split(" ", "removed"))
 
     old = _outputs(stock)
-    _both(pair, lambda tok: setattr(tok.backend_tokenizer, "pre_tokenizer", pre_tokenizers.PreTokenizer.custom(Words())))
+    _both(pair, lambda tok: setattr(tok.backend_tokenizer, "pre_tokenizer",
+                                    pre_tokenizers.PreTokenizer.custom(Words())))
     assert _outputs(stock) != old
     assert _outputs(patched) == _outputs(stock)
     assert not is_wrapped(patched)  # disabled: stock serves it

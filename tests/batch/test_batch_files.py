@@ -9,9 +9,9 @@ import pyarrow.parquet as pq
 import pytest
 
 from delta_ray import DeltaTokenizer
-from delta_ray.tokenizer_core import TokenizerCore
 from delta_ray.batch.files import Options, output_name, tokenize_files, verify_outputs
 from delta_ray.batch.inputs import byte_slices
+from delta_ray.tokenizer_core import TokenizerCore
 
 
 @pytest.fixture(scope="module")

@@ -543,8 +543,9 @@ def test_cli_jsonl_and_txt(ray_session, tokenizer_paths, real_texts, tmp_path, c
 
 @pytest.mark.parametrize("path", ["local", "ray-data"])
 def test_cli_text_column_no_special_tokens(ray_session, tokenizer_paths, real_texts, tmp_path, path):
-    from delta_ray.apps import tokenize_cli
     import argparse
+
+    from delta_ray.apps import tokenize_cli
 
     name = "qwen-3"
     docs = [p for p in real_texts["english"].split("\n\n") if p.strip()][:80] + ["<|im_start|>x<|im_end|>"]

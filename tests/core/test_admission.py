@@ -17,14 +17,19 @@ def _variant(path: str, edit) -> Tokenizer:
 
 
 EDITS = {
-    "prefix space": (lambda c: c["pre_tokenizer"]["pretokenizers"][-1].update(add_prefix_space=True), "add_prefix_space"),
-    "lookbehind regex": (lambda c: c["pre_tokenizer"]["pretokenizers"][0]["pattern"].update(Regex="(?<=x)\\w+|\\s+"), "lookbehind"),
-    "anchored regex": (lambda c: c["pre_tokenizer"]["pretokenizers"][0]["pattern"].update(Regex="^\\w+|\\s+"), "anchor"),
-    "nullable regex": (lambda c: c["pre_tokenizer"]["pretokenizers"][0]["pattern"].update(Regex="\\w*"), "empty string"),
+    "prefix space": (lambda c: c["pre_tokenizer"]["pretokenizers"][-1].update(add_prefix_space=True),
+                     "add_prefix_space"),
+    "lookbehind regex": (lambda c: c["pre_tokenizer"]["pretokenizers"][0]["pattern"].update(Regex="(?<=x)\\w+|\\s+"),
+                         "lookbehind"),
+    "anchored regex": (lambda c: c["pre_tokenizer"]["pretokenizers"][0]["pattern"].update(Regex="^\\w+|\\s+"),
+                       "anchor"),
+    "nullable regex": (lambda c: c["pre_tokenizer"]["pretokenizers"][0]["pattern"].update(Regex="\\w*"),
+                       "empty string"),
     "lstrip token": (lambda c: c["added_tokens"][0].update(lstrip=True), "lstrip"),
     "lowercase": (lambda c: c.update(normalizer={"type": "Lowercase"}), "normalizer"),
     "normalized token under NFC": (lambda c: c["added_tokens"][0].update(normalized=True), "non-identity normalizer"),
-    "truncation": (lambda c: c.update(truncation={"direction": "Right", "max_length": 5, "strategy": "LongestFirst", "stride": 0}), "truncation"),
+    "truncation": (lambda c: c.update(truncation={"direction": "Right", "max_length": 5, "strategy": "LongestFirst",
+                                                  "stride": 0}), "truncation"),
 }
 
 
@@ -39,7 +44,8 @@ def test_not_admitted_falls_back_to_reference(edit, tokenizer_paths):
         DeltaTokenizer(tok, strict=True)
     text = "Hello   World 12345 don't\n\n" * 40
     for special in (True, False):
-        assert dt.encode(text, add_special_tokens=special).to_pylist() == tok.encode(text, add_special_tokens=special).ids
+        assert (dt.encode(text, add_special_tokens=special).to_pylist()
+                == tok.encode(text, add_special_tokens=special).ids)
     assert dt.encode(text, session="s").to_pylist() == tok.encode(text).ids
     assert dt.extend("s", " more").to_pylist() == tok.encode(text + " more").ids
     assert [a.to_pylist() for a in dt.encode_batch([text, "x"])] == [e.ids for e in tok.encode_batch([text, "x"])]

@@ -14,18 +14,18 @@ import numpy as np
 import pytest
 
 from delta_ray import DeltaTokenizer, SessionNotFound
-from exactness import chat_messages
 from delta_ray.core.encoder import ReferenceEncoder
-from delta_ray.core.session_store import owners_bytes
 from delta_ray.core.keys import session_key
+from delta_ray.core.session_store import owners_bytes
+from exactness import chat_messages
 
 pytestmark = pytest.mark.skipif(importlib.util.find_spec("fastokens") is None, reason="fastokens is not installed")
 
 
 def _fast(tokenizer_paths, references, name: str, guard=(), **options):
     """A tokenizer on the guarded fastokens engine (given, so no admission runs) and that engine."""
-    from delta_ray.engine.native import cached_fast_encoder
     from delta_ray.engine.guard import GuardedEncoder, GuardSet
+    from delta_ray.engine.native import cached_fast_encoder
     fast = cached_fast_encoder(open(tokenizer_paths[name], "rb").read(), "fastokens")
     enc = GuardedEncoder(fast, GuardSet(frozenset(guard)), ReferenceEncoder(references[name]))
     return DeltaTokenizer(tokenizer_paths[name], encoder=enc, **options), enc

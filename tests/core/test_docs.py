@@ -57,7 +57,8 @@ RUNNABLE = "<!-- runnable"
 PENDING: set[str] = set()
 # Paths that are placeholders or live outside this repository.
 NOT_OURS = {"DIR/_delta_ray_done/"}
-PACKAGE_PARTS = ("runtime/", "core/", "engine/", "verify/", "batch/", "server/", "apps/")  # cited without their delta_ray/ prefix
+# cited without their delta_ray/ prefix
+PACKAGE_PARTS = ("runtime/", "core/", "engine/", "verify/", "batch/", "server/", "apps/")
 SKIP_DIRS = {".git", "__pycache__", "node_modules", "build", "dist"}
 
 
@@ -300,7 +301,8 @@ def _defined(tree: ast.AST) -> set[str]:
 def _project() -> tuple[dict, dict]:
     """Module files by dotted name, and classes by name: [(members, base names)]."""
     modules, classes = {}, {}
-    for folder, pkg in (("delta_ray", "delta_ray"), ("actors", "delta_ray.actors"), ("scheduler", "delta_ray.scheduler")):
+    for folder, pkg in (("delta_ray", "delta_ray"), ("actors", "delta_ray.actors"),
+                        ("scheduler", "delta_ray.scheduler")):
         for path in (ROOT / folder).rglob("*.py"):
             name = ".".join((pkg, *path.relative_to(ROOT / folder).with_suffix("").parts)).removesuffix(".__init__")
             tree = ast.parse(path.read_text(encoding="utf-8"))

@@ -348,3 +348,40 @@ def test_a_part_loads_without_the_parts_above_it_or_ray(part):
             f"bad = sorted(m for m in sys.modules if any(m == p or m.startswith(p + '.') for p in {ABOVE[part]!r}))\n"
             "assert not bad, bad\n")
     subprocess.run([sys.executable, "-c", code], check=True, cwd=ROOT)
+
+
+# What an engine object may or may not offer: read only inside engine/, where GuardedEncoder and
+# EngineSwitch declare it to everyone else (core/encoder.py's GuardedTier and FlatEncoder Protocols).
+ENGINE_CAPABILITIES = frozenset({"fast", "guard", "raw_flat", "verdict_key", "encode_pieces", "encode_flat",
+                                 "encode_lists", "check_lists", "prepare_lists", "fast_pieces", "fast_flat",
+                                 "fast_lists"})
+
+
+def _capability_probes(path: pathlib.Path) -> list[str]:
+    """``getattr(x, "<capability>"...)`` / ``hasattr(x, "<capability>")`` calls in one module."""
+    out = []
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in ("getattr", "hasattr") \
+                and len(node.args) >= 2 and isinstance(node.args[1], ast.Constant) \
+                and node.args[1].value in ENGINE_CAPABILITIES:
+            out.append(f"{path.relative_to(ROOT)}:{node.lineno}: {ast.unparse(node)[:70]}")
+    return out
+
+
+def test_no_capability_is_discovered_outside_the_engine():
+    """The engine's capabilities are declared in Protocols and read through ``EngineSwitch.now()``:
+    outside ``delta_ray/engine/`` no module asks an object with getattr/hasattr whether it has one
+    (a probe would let a path decide for itself which engine may take its pieces)."""
+    engine = ROOT / "delta_ray" / "engine"
+    bad = [line for path in sorted(_modules().values()) if engine not in path.parents
+           for line in _capability_probes(path)]
+    assert not bad, "capability probes outside engine/:\n" + "\n".join(bad)
+
+
+def test_the_capability_probe_check_catches_one():
+    probe = ROOT / "delta_ray" / "core" / "_probe_capability.py"
+    probe.write_text("def f(enc):\n    return getattr(enc, 'guard', None), hasattr(enc, 'name')\n", encoding="utf-8")
+    try:
+        assert [x.split(": ", 1)[1] for x in _capability_probes(probe)] == ["getattr(enc, 'guard', None)"]
+    finally:
+        probe.unlink()

@@ -181,7 +181,8 @@ def test_bytelevel_regex_is_the_references_own_pattern(tokenizer_paths):
     text = "".join(ADVERSARIAL) * 3 + " don't  stop\n\n  12345 'LL"
     a = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True).pre_tokenize_str(text)
     b = pre_tokenizers.Sequence([pre_tokenizers.Split(Regex(GPT2_PATTERN), "isolated"),
-                                 pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)]).pre_tokenize_str(text)
+                                 pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)]
+                                ).pre_tokenize_str(text)
     assert a == b
 
 

@@ -15,8 +15,8 @@ import random
 import numpy as np
 import pytest
 
-from delta_ray.core import reference_api as ra
 from delta_ray.apps.bundled import bundled_tokenizer_path
+from delta_ray.core import reference_api as ra
 from delta_ray.core.reference_version import reference_major
 
 pytestmark = pytest.mark.battery
@@ -126,7 +126,7 @@ def test_class_verification_confirms_assigned_code_points(family):
     import unicodedata
 
     from delta_ray.core.class_verify import check_sensitivity, verified_mask
-    from delta_ray.core.families import UNV, FAMILIES
+    from delta_ray.core.families import FAMILIES, UNV
     assert check_sensitivity(FAMILIES[family]) == []
     mask = verified_mask(FAMILIES[family])
     assigned = np.array([unicodedata.category(chr(c)) not in ("Cn", "Cs") for c in range(0x110000)])
@@ -156,9 +156,9 @@ def test_fast_tier_is_admitted_against_the_installed_reference(references, real_
     the verdict is keyed by its version; the admitted engine's answers equal the reference's."""
     pytest.importorskip("fastokens")
     from delta_ray import DeltaTokenizer
-    from delta_ray.verify.admit import verdict_key
-    from delta_ray.engine.native import package_version
     from delta_ray.core.reference_version import reference_version
+    from delta_ray.engine.native import package_version
+    from delta_ray.verify.admit import verdict_key
     name = "llama3.2"
     path = bundled_tokenizer_path(name)
     key = verdict_key(pathlib.Path(path).read_bytes(), "fastokens", package_version("fastokens"))

@@ -7,8 +7,15 @@ import pyarrow as pa
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from delta_ray.core.rope import (MERGE_IDS_BELOW, MERGE_TEXT_BELOW, YOUNG_PARTS, merge_id_parts, merge_start,
-                                 merge_text_parts, rope_common_prefix)
+from delta_ray.core.rope import (
+    MERGE_IDS_BELOW,
+    MERGE_TEXT_BELOW,
+    YOUNG_PARTS,
+    merge_id_parts,
+    merge_start,
+    merge_text_parts,
+    rope_common_prefix,
+)
 from delta_ray.core.turn_path import merge_chunks
 
 

@@ -8,8 +8,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from delta_ray.core.plan import (CHUNKED, CONTENT, HERE, POOL, REFERENCE_SESSION, SESSION, UNADMITTED, Host,
-                                 Router)
+from delta_ray.core.plan import CHUNKED, CONTENT, HERE, POOL, REFERENCE_SESSION, SESSION, UNADMITTED, Host, Router
 
 BIG = "x" * 5000  # over the 4,096 bytes encoded in passing
 ROOT = pathlib.Path(__file__).resolve().parents[2]

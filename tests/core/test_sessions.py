@@ -166,6 +166,7 @@ def test_every_checkpoint_is_exact(name, tokenizer_paths, references, real_texts
 def test_threads_extending_one_session_never_lose_an_update(tokenizer_paths, references):
     """8 threads x 200 extends on one session (a sync web app shares one DeltaTokenizer)."""
     import threading
+
     from delta_ray import DeltaTokenizer
     ref = references["qwen-3"]
     dt = DeltaTokenizer(tokenizer_paths["qwen-3"], engine="reference", shadow_rate=0.0)
@@ -195,6 +196,7 @@ def test_threads_extending_one_session_never_lose_an_update(tokenizer_paths, ref
 def test_session_keys_count_against_the_bound():
     """300 sessions with 1 MiB keys under an 8 MiB bound stay within the bound + 10%."""
     import numpy as np
+
     from delta_ray.core.session_store import SessionState, SessionStore
     store = SessionStore(max_bytes=8 << 20, max_sessions=10_000)
     z = np.zeros(0, np.int64)
@@ -206,6 +208,7 @@ def test_session_keys_count_against_the_bound():
 
 def test_one_huge_session_evicts_nothing():
     import numpy as np
+
     from delta_ray.core.session_store import SessionState, SessionStore
     store = SessionStore(max_bytes=1 << 20)
     z = np.zeros(0, np.int64)

@@ -26,7 +26,8 @@ def test_facade_answers_equal_the_reference(tokenizer_paths):
     assert isinstance(dt.core, TokenizerCore)
     long_text = "The quick brown fox, 123 times: jumps!\n" * 600
     for flag in (True, False):
-        assert dt.encode(long_text, add_special_tokens=flag).to_pylist() == ref.encode(long_text, add_special_tokens=flag).ids
+        assert (dt.encode(long_text, add_special_tokens=flag).to_pylist()
+                == ref.encode(long_text, add_special_tokens=flag).ids)
     assert dt.cuts(long_text)  # long enough to be cut
     turn = "User: hello there\n"
     assert dt.encode(turn, session="s").to_pylist() == ref.encode(turn).ids

@@ -14,14 +14,21 @@ import numpy as np
 import pytest
 
 from delta_ray import DeltaTokenizer
-from exactness import chat_messages
 from delta_ray.core.encoder import ReferenceEncoder
-from delta_ray.core.plan import (REENCODE, REFERENCE_SESSION, REPAIR, SESSION, SPLICE_CHARS_FAST,
-                                 SPLICE_CHARS_REFERENCE, Router)
-from delta_ray.core.repair import encode_turn
 from delta_ray.core.keys import session_key
+from delta_ray.core.plan import (
+    REENCODE,
+    REFERENCE_SESSION,
+    REPAIR,
+    SESSION,
+    SPLICE_CHARS_FAST,
+    SPLICE_CHARS_REFERENCE,
+    Router,
+)
+from delta_ray.core.repair import encode_turn
 from delta_ray.core.rope import YOUNG_PARTS
 from delta_ray.core.session_store import owners_bytes
+from exactness import chat_messages
 
 HAS_FAST = importlib.util.find_spec("fastokens") is not None
 
@@ -94,8 +101,8 @@ def test_the_direct_path_keeps_the_guard_and_the_shadow(tokenizer_paths, referen
     """A turn with the guarded fast tier calls the engine directly, but only when the guard allows
     every piece (minimax-m3: fastokens splits " I'\u017f" differently from the reference, so a
     turn that skipped the guard would return wrong IDs), and the shadow verifier still samples it."""
-    from delta_ray.engine.native import cached_fast_encoder
     from delta_ray.engine.guard import GuardedEncoder, GuardSet
+    from delta_ray.engine.native import cached_fast_encoder
     name = "minimax-m3"
     ref = references[name]
     fast = cached_fast_encoder(open(tokenizer_paths[name], "rb").read(), "fastokens")

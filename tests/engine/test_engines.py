@@ -52,9 +52,9 @@ def test_core_battery_with_the_fast_engine(name, fast_deltas, references, real_t
 def test_guard_confines_a_disagreeing_engine_to_its_chunk(tokenizer_paths, references, real_texts):
     """gigatoken disagrees with the reference on some recent code points: with its guard, only the
     chunk holding one goes to the reference and the IDs stay exact; without it they would not."""
+    from delta_ray.engine.guard import GuardedEncoder
     from delta_ray.engine.native import cached_fast_encoder
     from delta_ray.verify.guard_probe import guard_set_for
-    from delta_ray.engine.guard import GuardedEncoder
 
     name = "qwen-3"
     ref = references[name]
@@ -64,7 +64,8 @@ def test_guard_confines_a_disagreeing_engine_to_its_chunk(tokenizer_paths, refer
     guard = guard_set_for(data, fast, ref_tokenizer=ref, code_points=probe)
     bad = next(cp for cp in probe if cp in guard)
     needle = chr(bad) * 2
-    assert not np.array_equal(fast.encode("x " + needle + " y"), ref.encode("x " + needle + " y", add_special_tokens=False).ids)
+    assert not np.array_equal(fast.encode("x " + needle + " y"),
+                              ref.encode("x " + needle + " y", add_special_tokens=False).ids)
     text = real_texts["english"][:30_000] + needle + real_texts["code"][:30_000]
     guarded = GuardedEncoder(fast, guard, ReferenceEncoder(ref))
     dt = DeltaTokenizer(tokenizer_paths[name], encoder=guarded, chunk_size=4096, cut_threshold=8192, threads=16)
@@ -165,6 +166,7 @@ def test_in_process_shadow_is_on_by_default(tokenizer_paths):
 def test_a_rejection_elsewhere_disables_the_fast_tier_here(tokenizer_paths, references, tmp_path, monkeypatch):
     """Another process (a pool worker) persisting a rejection makes this one purge and switch too."""
     import time as _time
+
     from delta_ray.engine import verdicts
     from delta_ray.engine.verdicts import reject_verdict, save_verdict
     from delta_ray.verify.admit import verdict_key
@@ -182,7 +184,8 @@ def test_a_rejection_elsewhere_disables_the_fast_tier_here(tokenizer_paths, refe
     deadline = _time.time() + 10
     while "disabled" not in dt.admission.engine and _time.time() < deadline:
         _time.sleep(0.05)
-    assert "disabled" in dt.admission.engine and not dt.core.has_session(session_key("a"))  # no state is read once disabled
+    # no state is read once disabled
+    assert "disabled" in dt.admission.engine and not dt.core.has_session(session_key("a"))
     assert dt.encode("some text " * 51, session="a").to_pylist() == ref.encode("some text " * 51).ids
 
 
@@ -219,8 +222,8 @@ def test_no_turn_reuses_a_disabled_engine_state_before_its_purge_has_run(tokeniz
 def test_a_guarded_code_point_sends_only_a_window_to_the_reference(tokenizer_paths, references, real_texts):
     """One guarded character in a long text: the reference encodes a few thousand characters
     around it, not its whole chunk, and the IDs are exact."""
-    from delta_ray.engine.native import cached_fast_encoder
     from delta_ray.engine.guard import GuardedEncoder, GuardSet
+    from delta_ray.engine.native import cached_fast_encoder
     name = "minimax-m3"
     ref = references[name]
 

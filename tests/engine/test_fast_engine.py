@@ -69,8 +69,8 @@ def test_fast_encoder_equals_reference_on_adversarial_battery(name, backend, tok
     ref = references[name]
     if backend == "gigatoken":
         # gigatoken's Unicode tables are not the reference's: judge it where its guard lets it work
-        from delta_ray.verify.guard_battery import ALPHABETS as _ALPHABETS
         from delta_ray.engine.guard import GuardSet
+        from delta_ray.verify.guard_battery import ALPHABETS as _ALPHABETS
         recent = {ord(ch) for s in _ALPHABETS["recent"] for ch in s}
         ok, reason = verify_fast_engine(ref, fast, guard=GuardSet(frozenset(recent)))
     else:

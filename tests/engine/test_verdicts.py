@@ -8,8 +8,8 @@ import os
 
 import pytest
 
-from delta_ray.runtime import cache_store
 from delta_ray.engine.verdicts import load_verdict, reject_verdict, save_verdict
+from delta_ray.runtime import cache_store
 from delta_ray.verify.admit import verdict_key
 
 HAS_FAST = importlib.util.find_spec("fastokens") is not None

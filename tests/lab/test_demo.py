@@ -78,8 +78,8 @@ def test_without_fastokens_the_reference_is_shown(monkeypatch, capsys):
 
 @pytest.mark.slow
 def test_quick_demo_end_to_end():
-    """``python -m bench.demo --quick`` (what ``python3 bootstrap.py demo --quick`` runs): exit 0, every result exact, fastokens beside delta-ray in every
-    section, nothing on stderr, no Ray log lines."""
+    """``python -m bench.demo --quick`` (what ``python3 bootstrap.py demo --quick`` runs): exit 0, every result exact,
+    fastokens beside delta-ray in every section, nothing on stderr, no Ray log lines."""
     env = dict(os.environ, RAY_ENABLE_AUTO_CONNECT="0")
     env.pop("RAY_ADDRESS", None)
     env.pop("DELTA_RAY_FAST_BACKGROUND", None)
@@ -91,7 +91,8 @@ def test_quick_demo_end_to_end():
     assert "every result of delta-ray equals the reference" in out and "MISMATCH" not in out
     for section in ("Long stateless text", "Chat session", "Pool on Ray", "HTTP: a chat session", "A corpus"):
         assert section in out, section
-    for server in ("delta-ray local server", "delta-ray on Ray Serve, through its proxy"):  # and direct ingress where it runs
+    # and direct ingress where it runs
+    for server in ("delta-ray local server", "delta-ray on Ray Serve, through its proxy"):
         assert server in out, server
     if fastokens_version():
         assert out.count("fastokens") >= 6

@@ -347,9 +347,9 @@ def test_a_texts_loop_stall_holds_its_callers_loop_not_its_chunks_slot():
 
 
 def test_a_loop_stall_holds_the_callers_loop_not_a_core():
-    # 4 workers, 4 callers, 1 ms turns: 3,000 turns/s (two of the 4 sessions share a rendezvous home). A 3 ms stall of the caller's loop per turn (its
-    # GIL held by a preempted thread) makes the loop the bottleneck: one stall at a time, 333 turns/s,
-    # and the other callers queue behind it. It is not CPU: no core is held and the driver's work
+    # 4 workers, 4 callers, 1 ms turns: 3,000 turns/s (two of the 4 sessions share a rendezvous home). A 3 ms stall of
+    # the caller's loop per turn (its GIL held by a preempted thread) makes the loop the bottleneck: one stall at a
+    # time, 333 turns/s, and the other callers queue behind it. It is not CPU: no core is held and the driver's work
     # (its loop's busy time less the stalls) stays 0.
     cl = Cluster(nodes=1, cores_per_node=4, workers=4, task_slots=4)
     _, free = closed_turns(cl, FREE, 4, 1_100.0)

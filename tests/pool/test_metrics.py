@@ -27,7 +27,8 @@ def test_flush_aggregates_counters_and_keeps_every_observation(monkeypatch):
     metrics.record_times("session", 1.5, -1.0)
     metrics.record_cut_misses(0)
     metrics.flush()
-    assert sorted(sinks["requests"].incs, key=str) == sorted([(5, {"path": "session"}), (1, {"path": "extend"})], key=str)
+    assert (sorted(sinks["requests"].incs, key=str)
+            == sorted([(5, {"path": "session"}), (1, {"path": "extend"})], key=str))
     assert sinks["queue_wait"].observations == [(1.5, {"kind": "session"})]
     assert sinks["service"].observations == [(0.0, {"kind": "session"})]  # clamped, never negative
     assert sinks["cut_misses"].incs == []

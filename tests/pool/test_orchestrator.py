@@ -19,8 +19,8 @@ from delta_ray.actors.transport import ConnectionLost, WorkerDead
 from delta_ray.actors.worker import WorkerService
 from delta_ray.core.config import PoolConfig, TokenizerConfig
 from delta_ray.core.keys import session_key
-from delta_ray.core.plan import CHUNKED, HERE, POOL
 from delta_ray.core.loading import load_tokenizer
+from delta_ray.core.plan import CHUNKED, HERE, POOL
 from delta_ray.tokenizer_core import TokenizerCore
 
 SECRET = b"s" * 32

@@ -17,8 +17,8 @@ pytestmark = pytest.mark.ray
 def pool(ray_session, tokenizer_paths):
     # placement=False: these tests exercise the pool's own paths (chunks, tasks), which the cost
     # model would skip for a caller whose fast engine finishes first.
-    p = TokenizerPool(tokenizer_paths["llama3.2"], num_workers=3, chunk_size=8192, cut_threshold=20_000, placement=False,
-                      name="test-pool")
+    p = TokenizerPool(tokenizer_paths["llama3.2"], num_workers=3, chunk_size=8192, cut_threshold=20_000,
+                      placement=False, name="test-pool")
     yield p
     p.close()
 
@@ -176,8 +176,9 @@ def test_connect_refuses_a_registry_that_does_not_prove_the_secret(pool, tokeniz
     own workers and secret. Replayed: it returns a genuine registry answer (obtained for another
     nonce) with the workers swapped. Either way connect() must refuse, not adopt them."""
     import os
-    from delta_ray.core import constants as C
+
     from delta_ray.actors.pool import PoolAuthError, _attach_proof
+    from delta_ray.core import constants as C
 
     @ray.remote(num_cpus=0)
     class Impostor:
@@ -208,6 +209,7 @@ def test_workers_install_only_sealed_states(pool, references):
     """A job calling a worker's install with a state it made up is refused; the pool's own is adopted."""
     import numpy as np
     import ray
+
     from delta_ray.core.session_store import SessionState
     from delta_ray.core.state_seal import seal_state
     worker = next(iter(pool._workers.values()))

@@ -5,9 +5,8 @@ import asyncio
 import threading
 import time
 
-import pytest
-
 import numpy as np
+import pytest
 
 from delta_ray.actors import worker_channel
 from delta_ray.actors.channel_codec import RemoteError
@@ -174,7 +173,10 @@ class _Raw:
     def __init__(self, address, secret=SECRET):
         import os
         import socket
-        from delta_ray.actors.channel_codec import FrameKeys as _FrameKeys, mac as _mac, transcript as _transcript
+
+        from delta_ray.actors.channel_codec import FrameKeys as _FrameKeys
+        from delta_ray.actors.channel_codec import mac as _mac
+        from delta_ray.actors.channel_codec import transcript as _transcript
         raw = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         raw.settimeout(10)
         raw.connect(address)
@@ -457,7 +459,9 @@ def test_a_flood_from_one_process_cannot_evict_another_process_handshake():
     import os
     import subprocess
     import sys
-    from delta_ray.actors.channel_codec import mac as _mac, transcript as _transcript
+
+    from delta_ray.actors.channel_codec import mac as _mac
+    from delta_ray.actors.channel_codec import transcript as _transcript
     server = ChannelServer_(max_connections=8, max_pending=4, handshake_timeout_s=60)
     pending = _silent(server.address, 1)[0]
     pending.settimeout(10)
@@ -618,7 +622,8 @@ def test_frames_altered_in_flight_end_the_connection(tmp_path, monkeypatch, dire
 
 
 def test_a_replayed_or_reordered_frame_fails_its_check():
-    from delta_ray.actors.channel_codec import FrameError, FrameKeys as _FrameKeys
+    from delta_ray.actors.channel_codec import FrameError
+    from delta_ray.actors.channel_codec import FrameKeys as _FrameKeys
     sender = _FrameKeys(SECRET, b"transcript", server=False)
     receiver = _FrameKeys(SECRET, b"transcript", server=True)
     first, second = b"header-1body-1", b"header-2body-2"
@@ -718,6 +723,7 @@ def channel_pool(tokenizer_paths):
     """An orchestrator whose one worker (an in-process WorkerService) is reached over a real side
     channel with a 0.3 s idle timeout, and through a fake Ray otherwise."""
     import os
+
     from delta_ray.actors.calls import CHANNEL_METHODS
     from delta_ray.actors.orchestrator import PoolOrchestrator
     from delta_ray.actors.transport import ChannelTransport
@@ -813,7 +819,8 @@ def test_frame_tags_are_standard_hmac_sha256_of_sequence_and_frame():
     import hmac
     import struct
 
-    from delta_ray.actors.channel_codec import FrameKeys as _FrameKeys, keyed_sha256
+    from delta_ray.actors.channel_codec import FrameKeys as _FrameKeys
+    from delta_ray.actors.channel_codec import keyed_sha256
     key = b"\x07" * 32
     m = keyed_sha256(key).copy()
     m.update(b"abc")

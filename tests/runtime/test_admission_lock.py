@@ -13,11 +13,11 @@ import time
 
 import pytest
 
+from delta_ray.core.reference_api import tokenizer_from_str
+from delta_ray.engine.native import FastEngineUnavailable
 from delta_ray.engine.switch import EngineSwitch
 from delta_ray.verify import admit
 from delta_ray.verify.admit import select_engine
-from delta_ray.engine.native import FastEngineUnavailable
-from delta_ray.core.reference_api import tokenizer_from_str
 
 HOLD_RAW = """
 import fcntl, os, sys, time

@@ -42,6 +42,7 @@ def test_nested_or_malformed_json_is_a_400():
 
 def test_ids_serialize_from_their_buffer():
     import numpy as np
+
     from delta_ray.server.http_api import dumps_json
     out = dumps_json({"count": 3, "tokens": np.array([1, 2, 3], dtype=np.int32)})
     assert out == b'{"count":3,"tokens":[1,2,3]}'

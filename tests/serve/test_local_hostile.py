@@ -10,7 +10,6 @@ import time
 import urllib.request
 
 import pytest
-
 from conftest import LocalThread
 
 G = "\u017f"  # qwen-3's guarded code point

@@ -9,13 +9,13 @@ import importlib.util
 import json
 
 import pytest
+from test_serve_handler import _chunks, _longest_stall, _NoMetrics, _spin
 
 from delta_ray.core.config import TokenizerConfig
 from delta_ray.core.keys import session_key
 from delta_ray.core.loading import load_tokenizer
 from delta_ray.server.serve_handler import RequestHandler
 from delta_ray.tokenizer_core import TokenizerCore
-from test_serve_handler import _chunks, _longest_stall, _NoMetrics, _spin
 
 NAME = "qwen-3"  # its fast tier guards U+017F
 GUARDED = "\u017f"

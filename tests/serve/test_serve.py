@@ -89,7 +89,8 @@ def test_sessions_run_on_their_rendezvous_home_without_a_second_hop(routed, refe
     versions: dict = {}
     for turn in range(3):
         for i, (sid, tenant) in enumerate(sessions):
-            texts[(sid, tenant)] += f"\nturn {turn}: " + real_texts["code"][(i * 3 + turn) * 400:(i * 3 + turn + 1) * 400]
+            texts[(sid, tenant)] += (f"\nturn {turn}: "
+                                     + real_texts["code"][(i * 3 + turn) * 400:(i * 3 + turn + 1) * 400])
             got, out, h = _post_h(f"{routed}/tokenize", {"prompt": texts[(sid, tenant)], "session_id": sid,
                                                          "cache_salt": tenant}, routing_headers(sid, tenant))
             assert got == 200 and out["tokens"] == ref.encode(texts[(sid, tenant)]).ids
@@ -153,7 +154,8 @@ def test_sessions_moved_by_a_redeploy_reinitialize_exactly(serve_service, tokeni
         texts = {s: real_texts["multilingual"][i * 2000:(i + 1) * 2000] for i, s in enumerate(sessions)}
         versions = {}
         for s in sessions:
-            got, out, h = _post_h(url, {"prompt": texts[s], "session_id": s, "cache_salt": "t"}, routing_headers(s, "t"))
+            got, out, h = _post_h(url, {"prompt": texts[s], "session_id": s, "cache_salt": "t"},
+                                  routing_headers(s, "t"))
             assert got == 200 and out["tokens"] == ref.encode(texts[s]).ids
             versions[s] = out["session_version"]
         before = h["x-delta-ray-replica"]

@@ -9,12 +9,12 @@ import time
 import orjson
 import pytest
 
-from delta_ray.server.http_api import BadRequest
-from delta_ray.server.serve_handler import RequestHandler
 from delta_ray.apps.bundled import bundled_tokenizer_config
-from delta_ray.server.chat_template import ChatTemplate
 from delta_ray.core.config import TokenizerConfig
 from delta_ray.core.loading import load_tokenizer
+from delta_ray.server.chat_template import ChatTemplate
+from delta_ray.server.http_api import BadRequest
+from delta_ray.server.serve_handler import RequestHandler
 from delta_ray.tokenizer_core import TokenizerCore
 
 NAME = "llama3.2"  # a BOS template: IDs with and without add_special_tokens differ
@@ -211,8 +211,8 @@ def test_serve_config_takes_the_config_classes_own_fields():
     frozen ServeConfig; no list of names is kept by hand, so every field reaches its process."""
     from dataclasses import fields
 
-    from delta_ray.server.serve_config import ServeConfig
     from delta_ray.core.config import PoolConfig
+    from delta_ray.server.serve_config import ServeConfig
 
     cfg = ServeConfig.from_options({"chunk_size": 8192, "cut_threshold": 20_000, "max_sessions": 7,
                                     "request_timeout_s": 9.0, "engine": "reference"}, threads=3, num_workers=2)

@@ -8,7 +8,8 @@ ROOT = pathlib.Path(__file__).resolve().parents[2]
 
 
 def test_no_shipped_file_binds_all_interfaces():
-    for path in [ROOT / "cluster.yaml", *sorted((ROOT / "examples").glob("*.py")), *sorted((ROOT / "delta_ray" / "apps" / "server").glob("*.py"))]:
+    for path in [ROOT / "cluster.yaml", *sorted((ROOT / "examples").glob("*.py")),
+                 *sorted((ROOT / "delta_ray" / "apps" / "server").glob("*.py"))]:
         for line in path.read_text().splitlines():
             if line.lstrip().startswith("#"):
                 continue

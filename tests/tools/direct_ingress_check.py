@@ -22,10 +22,10 @@ from tokenizers import Tokenizer  # noqa: E402
 from delta_ray import serve_app  # noqa: E402
 from delta_ray.actors.local_ray import local_init_kwargs  # noqa: E402
 from delta_ray.actors.serve import replica_endpoints  # noqa: E402
+from delta_ray.actors.tenant_keys import routing_key  # noqa: E402
 from delta_ray.apps.bundled import bundled_tokenizer_config, bundled_tokenizer_path  # noqa: E402
 from delta_ray.apps.sample_text import stdlib_prose  # noqa: E402
 from delta_ray.scheduler.routing import rendezvous_order  # noqa: E402
-from delta_ray.actors.tenant_keys import routing_key  # noqa: E402
 
 
 def post(port, body, raw=None):

@@ -24,7 +24,8 @@ def main() -> None:
     for i in range(60):  # sampled calls of ~50K characters queue up for the verifier
         tok.encode(f"{i} {text}")
     globals()["_finalizer"] = SlowFinalizer()
-    print(f"exiting with {tok.core.shadow._queue.qsize()} comparisons queued, {tok.core.shadow.comparisons} done", flush=True)
+    print(f"exiting with {tok.core.shadow._queue.qsize()} comparisons queued, {tok.core.shadow.comparisons} done",
+          flush=True)
 
 
 if __name__ == "__main__":

@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 
 from delta_ray.core.encoder import ReferenceEncoder
-from delta_ray.verify.fuzz import fuzz, fuzz_alphabet, shrink
 from delta_ray.engine.guard import GuardSet
+from delta_ray.verify.fuzz import fuzz, fuzz_alphabet, shrink
 from delta_ray.verify.probe_contexts import fold_sensitive_code_points
 
 HAS_FAST = importlib.util.find_spec("fastokens") is not None

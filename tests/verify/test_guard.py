@@ -9,12 +9,23 @@ import time
 import numpy as np
 import pytest
 
-from delta_ray.apps.bundled import TEST_TOKENIZERS, BundledTokenizerError, bundled_tokenizer_json, bundled_tokenizer_path
+from delta_ray.apps.bundled import (
+    TEST_TOKENIZERS,
+    BundledTokenizerError,
+    bundled_tokenizer_json,
+    bundled_tokenizer_path,
+)
 from delta_ray.core.encoder import Encoder, ReferenceEncoder
+from delta_ray.engine.guard import GuardedEncoder, GuardSet
 from delta_ray.engine.native import cached_fast_encoder
 from delta_ray.verify.guard_battery import verify_fast_engine
-from delta_ray.verify.guard_probe import CONTEXTS, _pick_separator, check_probe_isolation, guard_set_for, probe_disagreements
-from delta_ray.engine.guard import GuardedEncoder, GuardSet
+from delta_ray.verify.guard_probe import (
+    CONTEXTS,
+    _pick_separator,
+    check_probe_isolation,
+    guard_set_for,
+    probe_disagreements,
+)
 
 tokenizers = pytest.importorskip("tokenizers")
 HAS_GIGATOKEN = importlib.util.find_spec("gigatoken") is not None
@@ -235,8 +246,9 @@ def shared_cache(tmp_path_factory):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("backend", [pytest.param("fastokens", marks=pytest.mark.skipif(not HAS_FASTOKENS, reason="no fastokens")),
-                                     pytest.param("gigatoken", marks=pytest.mark.skipif(not HAS_GIGATOKEN, reason="no gigatoken"))])
+@pytest.mark.parametrize("backend", [
+    pytest.param("fastokens", marks=pytest.mark.skipif(not HAS_FASTOKENS, reason="no fastokens")),
+    pytest.param("gigatoken", marks=pytest.mark.skipif(not HAS_GIGATOKEN, reason="no gigatoken"))])
 @pytest.mark.parametrize("name", TEST_TOKENIZERS)
 def test_full_guard_probe(name, backend, bundled, shared_cache, monkeypatch):
     """Every code point, every context; the guarded engine passes the battery.

@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 
 from delta_ray.core import case_groups as cg
-from delta_ray.verify import probe_contexts as pc
 from delta_ray.core.encoder import ReferenceEncoder
+from delta_ray.verify import probe_contexts as pc
 from delta_ray.verify.guard_probe import probe_disagreements
 
 HAS_FAST = importlib.util.find_spec("fastokens") is not None

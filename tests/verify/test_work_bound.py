@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import importlib.util
 import time
+from types import SimpleNamespace
 
 import pytest
 
@@ -84,10 +85,13 @@ class _Guarded:
         self.guard = guard
 
 
-class _Engine:
+class _Engine:  # EngineSwitch as the confining encoder reads it: now().guarded.guard
     def __init__(self, guard):
-        self.current = _Guarded(guard)
+        self._now = SimpleNamespace(generation=1, encoder=None, guarded=_Guarded(guard))
         self.shadow = None
+
+    def now(self):
+        return self._now
 
 
 @pytest.mark.parametrize("shape", ["run", "every 3", "sparse", "prose"])

@@ -7,8 +7,15 @@ tenant=...)`` binds a request's identity, so a conversation's next turn re-encod
 transformers is imported on first use. The vLLM tokenizer mode lives in
 :mod:`delta_ray.apps.dropin.vllm_plugin` (loaded by vLLM through its ``vllm.general_plugins`` entry point).
 """
-from .patch import (is_wrapped, loading_wrapped, patch_transformers, refresh, unpatch_transformers,
-                    unwrap_tokenizer, wrap_tokenizer)
+from .patch import (
+                    is_wrapped,
+                    loading_wrapped,
+                    patch_transformers,
+                    refresh,
+                    unpatch_transformers,
+                    unwrap_tokenizer,
+                    wrap_tokenizer,
+)
 from .scope import request_scope
 
 __all__ = ["is_wrapped", "loading_wrapped", "patch_transformers", "refresh", "request_scope", "unpatch_transformers",

@@ -179,7 +179,8 @@ def _snapshot_for(self, state: DropinState, texts: list[str], is_batched: bool) 
     return state.current(self, 0 if session_turn else sum(map(len, texts)))
 
 
-def _delta_lists(snap: Snapshot, texts: list[str], is_batched: bool, add_special_tokens: bool) -> list[list[int]] | None:
+def _delta_lists(snap: Snapshot, texts: list[str], is_batched: bool,
+                 add_special_tokens: bool) -> list[list[int]] | None:
     """One fresh list of IDs per text (templates in, untruncated) from delta-ray; one text that is
     not a batch continues its conversation. None to fall back: a text the reference refuses (the
     original call raises its own error)."""

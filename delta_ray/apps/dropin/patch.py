@@ -114,9 +114,8 @@ def _attach(tok, options: dict[str, Any], eager: bool = True):
     tok.__dict__[STATE_ATTR] = state
     if eager:
         snap = state.current(tok)  # serialize the live backend and admit now, not in the first request
-        prepare = getattr(snap.tokenizer.core.encoder, "prepare_lists", None) if snap is not None else None
-        if prepare is not None:
-            prepare()  # the engine's list entry point, checked in the background from now
+        if snap is not None:
+            snap.tokenizer.core.prepare_lists()  # the engine's list entry point, checked in the background from now
     return tok
 
 

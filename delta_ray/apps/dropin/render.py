@@ -4,10 +4,10 @@ transformers renders every ``apply_chat_template`` in jinja's ``ImmutableSandbox
 and that sandbox decides every attribute access anew: ``message.content`` on a dict first fails as
 an attribute (an exception) before it is read as an item, and ``content.split`` runs four safety
 checks (``is_internal_attribute``, ``modifies_known_mutable``'s ABC ``isinstance`` calls). On a
-long chat that is about half of the render, and the render a large share of a long turn. Here the environment transformers builds for the template is kept as it is (same
-extensions, filters, globals, sandbox class) and only its ``getattr`` is replaced by one that
-remembers each decision the sandbox made, keyed by the object's exact type and the attribute name.
-The rendered text, every refusal and every error are the sandbox's own (docs/dropin.md §16):
+long chat that is about half of the render, and the render a large share of a long turn. Here the environment
+transformers builds for the template is kept as it is (same extensions, filters, globals, sandbox class) and only its
+``getattr`` is replaced by one that remembers each decision the sandbox made, keyed by the object's exact type and the
+attribute name. The rendered text, every refusal and every error are the sandbox's own (docs/dropin.md §16):
 
 * For the exact built-in types in ``_BUILTINS`` an instance has no attributes of its own, so
   whether ``getattr`` finds the name, and whether the sandbox calls it safe, are functions of

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import hashlib
 from functools import lru_cache
+from typing import Callable
 
 import numpy as np
 
@@ -37,7 +38,7 @@ def require_engine() -> None:
         raise Unsupported("this reference (tokenizers 1.x) exposes no regex engine to derive a pattern's classes from")
 
 
-def _packed(key: str, derive) -> np.ndarray:
+def _packed(key: str, derive: Callable[[], np.ndarray]) -> np.ndarray:
     digest = hashlib.sha256(key.encode("utf-8")).hexdigest()[:24]
     packed = cached_table(f"atom-{digest}", TABLE_VERSION, lambda: np.packbits(derive()),
                           ((N_CODEPOINTS + 7) // 8,), np.uint8)

@@ -26,10 +26,15 @@ What :func:`analyze` answers, each an over- or under-approximation in the safe d
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import cast
 
-from .regex_syntax import Alt, Atom, Cat, Look, Repeat, Unsupported
+from .regex_syntax import Alt, Atom, Cat, Look, Node, Repeat, Unsupported
 
 MAX_POSITIONS = 4096
+
+# What a subtree is built into: (first, last, nullable with lookaheads as positions, nullable with
+# lookaheads as empty).
+Built = tuple[frozenset[int], frozenset[int], bool, bool]
 
 
 @dataclass(frozen=True)
@@ -44,9 +49,9 @@ class Facts:
 
 
 class _Builder:
-    def __init__(self):
+    def __init__(self) -> None:
         self.atom_of: list[Atom | None] = []  # per position: its atom, or None for a lookahead
-        self.body_of: dict[int, tuple] = {}  # lookahead position -> (first, last, nullable-of-body)
+        self.body_of: dict[int, Built] = {}  # lookahead position -> what its body was built into
         self.follow: list[set[int]] = []
         self.in_body: list[bool] = []
         self._body_depth = 0
@@ -59,7 +64,7 @@ class _Builder:
         self.in_body.append(self._body_depth > 0)
         return len(self.atom_of) - 1
 
-    def build(self, node) -> tuple[frozenset[int], frozenset[int], bool, bool]:
+    def build(self, node: Node) -> Built:
         """(first, last, nullable with lookaheads as positions, nullable with lookaheads as empty)."""
         if isinstance(node, Atom):
             p = self.position(node)
@@ -73,34 +78,37 @@ class _Builder:
             return frozenset((p,)), frozenset((p,)), False, True
         if isinstance(node, Alt):
             parts = [self.build(o) for o in node.options]
-            return (frozenset().union(*(f for f, _, _, _ in parts)), frozenset().union(*(l for _, l, _, _ in parts)),
+            return (frozenset().union(*(f for f, _, _, _ in parts)),
+                    frozenset().union(*(last for _, last, _, _ in parts)),
                     any(n for _, _, n, _ in parts), any(e for _, _, _, e in parts))
         if isinstance(node, Cat):
             return self.concat([self.build(i) for i in node.items])
         if isinstance(node, Repeat):
             parts = [self.build(node.item) for _ in range(node.min)]
             if node.max is None or node.max > node.min:
-                f, l, n, e = self.build(node.item)
+                f, last, n, e = self.build(node.item)
                 if node.max is None or node.max > node.min + 1:
-                    for q in l:
+                    for q in last:
                         self.follow[q] |= f
-                parts.append((f, l, True, True))
+                parts.append((f, last, True, True))
             return self.concat(parts) if parts else (frozenset(), frozenset(), True, True)
         raise TypeError(f"not a pattern node: {node!r}")
 
-    def concat(self, parts):
-        first, last, nullable, empty = frozenset(), frozenset(), True, True
-        for f, l, n, e in parts:
+    def concat(self, parts: list[Built]) -> Built:
+        first: frozenset[int] = frozenset()
+        last: frozenset[int] = frozenset()
+        nullable, empty = True, True
+        for f, part_last, n, e in parts:
             for q in last:
                 self.follow[q] |= f
             first = first | f if nullable else first
-            last = l | last if n else l
+            last = part_last | last if n else part_last
             nullable = nullable and n
             empty = empty and e
         return first, last, nullable, empty
 
 
-def analyze(tree) -> Facts:
+def analyze(tree: Node) -> Facts:
     """The facts of one parsed pattern (:func:`delta_ray.core.pretok.regex_syntax.parse`)."""
     b = _Builder()
     first, last, _, empty = b.build(tree)
@@ -112,6 +120,10 @@ def analyze(tree) -> Facts:
         if a is not None and a not in index:
             index[a] = len(atoms)
             atoms.append(a)
+
+    def atom_at(q: int) -> Atom:
+        """The atom of a character position (every position a path consumes is one)."""
+        return cast(Atom, b.atom_of[q])
 
     def chars_after(p: int) -> tuple[set[int], set[int]]:
         """Character positions a path may consume right after p, and the lookaheads it passes."""
@@ -133,21 +145,21 @@ def analyze(tree) -> Facts:
             continue
         chars, looks = chars_after(p)
         for q in chars:
-            pairs.add((index[a], index[b.atom_of[q]]))
+            pairs.add((index[a], index[atom_at(q)]))
         for ell in looks:
             bfirst, _, _, bempty = b.body_of[ell]
             if not bempty:
                 for q in bfirst:
-                    pairs.add((index[a], index[b.atom_of[q]]))
+                    pairs.add((index[a], index[atom_at(q)]))
         if a.fold:
             for q in chars:
-                aq = b.atom_of[q]
+                aq = atom_at(q)
                 if aq.fold:
                     fold_words.add(_char(a) + _char(aq))
                     for r in chars_after(q)[0]:
-                        if b.atom_of[r].fold:
-                            fold_words.add(_char(a) + _char(aq) + _char(b.atom_of[r]))
-    single = {index[b.atom_of[p]] for p in first & last if b.atom_of[p] is not None}
+                        if atom_at(r).fold:
+                            fold_words.add(_char(a) + _char(aq) + _char(atom_at(r)))
+    single = {index[atom_at(p)] for p in first & last if b.atom_of[p] is not None}
     consumed = {index[a] for p, a in enumerate(b.atom_of) if a is not None and not b.in_body[p]}
     return Facts(tuple(atoms), frozenset(pairs), frozenset(single), frozenset(consumed), frozenset(fold_words))
 

@@ -18,6 +18,7 @@ case-free escapes (a class or a non-ASCII literal could match a multi-character 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Union
 
 from ..errors import DeltaRayError
 
@@ -44,17 +45,17 @@ class Atom:
 
 @dataclass(frozen=True)
 class Cat:
-    items: tuple
+    items: tuple[Node, ...]
 
 
 @dataclass(frozen=True)
 class Alt:
-    options: tuple
+    options: tuple[Node, ...]
 
 
 @dataclass(frozen=True)
 class Repeat:
-    item: object
+    item: Node
     min: int
     max: int | None  # None: unbounded
 
@@ -64,7 +65,11 @@ class Look:
     """A lookahead ``(?=body)`` or ``(?!body)``: it reads the subject and consumes nothing."""
 
     negative: bool
-    body: object
+    body: Node
+
+
+#: A parsed pattern (:func:`parse`): a tree of these.
+Node = Union[Atom, Cat, Alt, Repeat, Look]
 
 
 _CASE_FREE_ESCAPES = set("sSdDwW")  # \h is a hex digit in Ruby syntax (case-dependent): refused under (?i)
@@ -101,7 +106,7 @@ class _Parser:
         self.s = pattern
         self.i = 0
 
-    def parse(self):
+    def parse(self) -> Node:
         tree = self.alt(fold=False)
         if self.i != len(self.s):
             raise Unsupported(f"unbalanced ')' at {self.i} in {self.s!r}")
@@ -110,20 +115,20 @@ class _Parser:
     def peek(self) -> str:
         return self.s[self.i] if self.i < len(self.s) else ""
 
-    def alt(self, fold: bool):
+    def alt(self, fold: bool) -> Node:
         options = [self.cat(fold)]
         while self.peek() == "|":
             self.i += 1
             options.append(self.cat(fold))
         return options[0] if len(options) == 1 else Alt(tuple(options))
 
-    def cat(self, fold: bool):
-        items = []
+    def cat(self, fold: bool) -> Node:
+        items: list[Node] = []
         while self.i < len(self.s) and self.peek() not in "|)":
             items.append(self.quantified(self.atom(fold)))
         return items[0] if len(items) == 1 else Cat(tuple(items))
 
-    def quantified(self, item):
+    def quantified(self, item: Node) -> Node:
         while True:
             c = self.peek()
             if c in ("?", "*", "+"):
@@ -144,7 +149,7 @@ class _Parser:
                 raise Unsupported(f"repetition minimum {lo} exceeds {MAX_REPEAT_MIN} in {self.s!r}")
             item = Repeat(item, lo, hi)
 
-    def braces(self):
+    def braces(self) -> tuple[int, int | None] | None:
         """``{m}``, ``{m,}``, ``{m,n}`` or ``{,n}`` at the cursor (consumed), else None (a literal ``{``)."""
         j = self.s.find("}", self.i)
         if j < 0:
@@ -162,7 +167,7 @@ class _Parser:
         self.i = j + 1
         return lo, hi
 
-    def atom(self, fold: bool):
+    def atom(self, fold: bool) -> Node:
         c = self.peek()
         if c == "(":
             return self.group(fold)
@@ -193,7 +198,7 @@ class _Parser:
             raise Unsupported(f"non-ASCII literal {ch!r} under (?i) in {self.s!r}")
         return Atom(literal_source(ch), fold)
 
-    def group(self, fold: bool):
+    def group(self, fold: bool) -> Node:
         s, i = self.s, self.i
         if s.startswith("(?:", i):
             self.i += 3
@@ -221,7 +226,7 @@ class _Parser:
         self.i += 1
         return inner
 
-    def escape(self, fold: bool) -> Atom:
+    def escape(self, fold: bool) -> Atom | Look:
         s = self.s
         if self.i + 1 >= len(s):
             raise Unsupported(f"trailing backslash in {s!r}")
@@ -302,7 +307,7 @@ class _Parser:
         raise Unsupported(f"unclosed character class in {s!r}")
 
 
-def _has_look(node) -> bool:
+def _has_look(node: Node) -> bool:
     if isinstance(node, Look):
         return True
     if isinstance(node, Cat):
@@ -314,14 +319,14 @@ def _has_look(node) -> bool:
     return False
 
 
-def parse(pattern: str):
+def parse(pattern: str) -> Node:
     """The tree of ``pattern``; raises :class:`Unsupported` naming the first construct not covered."""
     if not isinstance(pattern, str) or not pattern:
         raise Unsupported("an empty pattern")
     return _Parser(pattern).parse()
 
 
-def literal_tree(text: str):
+def literal_tree(text: str) -> Node:
     """The tree of a plain string pattern (``Split`` with ``{"String": ...}``): its characters in order."""
     if not text:
         raise Unsupported("an empty string pattern")

@@ -28,7 +28,7 @@ from __future__ import annotations
 import hashlib
 import json
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 
@@ -43,7 +43,8 @@ MAX_CLASSES = 255
 
 @dataclass(frozen=True, eq=False)
 class DerivedTransitions:
-    """A pre-tokenizer's classes and accepted transitions (what :class:`~delta_ray.core.cut_predicate.CutPredicate` reads)."""
+    """A pre-tokenizer's classes and accepted transitions (what :class:`~delta_ray.core.cut_predicate.CutPredicate`
+    reads)."""
 
     name: str
     classes: np.ndarray  # uint8 class id per code point
@@ -75,8 +76,9 @@ def _step_matrices(step: Step, member: np.ndarray, col: dict[Atom, int]) -> tupl
     for a, b in f.pairs:
         pairs[a, b] = 1
     forbid = (m @ pairs @ m.T) > 0
-    single = m[:, sorted(f.single)].any(axis=1) if f.single else np.zeros(len(m), dtype=bool)
-    never = ~m[:, sorted(f.consumed)].any(axis=1) if f.consumed else np.ones(len(m), dtype=bool)
+    # (a 2-D array reduced along axis 1: one bool per class)
+    single = cast(np.ndarray, m[:, sorted(f.single)].any(axis=1)) if f.single else np.zeros(len(m), dtype=bool)
+    never = ~cast(np.ndarray, m[:, sorted(f.consumed)].any(axis=1)) if f.consumed else np.ones(len(m), dtype=bool)
     transparent = ~forbid
     boundary = transparent & (single[:, None] | single[None, :])
     match, gap = (never, single) if step.invert else (single, never)
@@ -136,10 +138,10 @@ def derive_from_steps(steps: list[Step], byte_level: bool = False, name: str = "
     bad = member[:, -1]
     accept[bad, :] = False
     accept[:, bad] = False
-    classes = classes.astype(np.uint8).reshape(-1)
+    class_of = classes.astype(np.uint8).reshape(-1)
     for raw, mapped in char_map:  # the steps see the mapped character: so does the class of the raw one
-        classes[ord(raw)] = classes[ord(mapped)]
-    return DerivedTransitions(name, classes, accept, byte_level, tuple(s.label for s in steps)
+        class_of[ord(raw)] = class_of[ord(mapped)]
+    return DerivedTransitions(name, class_of, accept, byte_level, tuple(s.label for s in steps)
                               + (("BPE vocabulary guard",) if model is not None else ()))
 
 
