@@ -198,8 +198,9 @@ class TokenizerCore:
         encoders (default: this instance's threads). Unadmitted: the whole text, by the reference."""
         if self.router.decide(text, batch=True) is UNADMITTED:
             return Plan(text, by_reference=True)
-        cuts = plan_cuts(text, cast(CutPredicate, self._predicate), self.planner, slots or self.threads)
-        return Plan(text, tuple(c.pos for c in cuts))
+        pred = cast(CutPredicate, self._predicate)
+        cuts = plan_cuts(text, pred, self.planner, slots or self.threads)
+        return Plan(text, tuple(c.pos for c in cuts), skip=pred.piece_skip)
 
     def plan_session_init(self, text: str, slots: int) -> RepairPlan:
         """A long session's first encode as a plan (pieces in parallel, then checkpoints and state:

@@ -34,7 +34,7 @@ class Admission:
     admitted: bool
     reason: str
     family: str | None = None  # the hand-written family the guard is, when ``guard == "family"``
-    normalizer: str | None = None  # None (identity), "nfc", or "map" (one-character Replace steps)
+    normalizer: str | None = None  # None (identity), "nfc", or "map" (one-character Replace steps, a Prepend)
     prefix_ids: tuple[int, ...] = ()  # post-processing: added before the sequence
     suffix_ids: tuple[int, ...] = ()  # and after it
     added_tokens: tuple[str, ...] = field(default=(), repr=False)
@@ -87,7 +87,8 @@ def _normalizer_kind(cfg: Any) -> str | None:
         return _normalizer_kind(cfg["normalizers"][0])
     if FULL_API:  # one-character Replace maps: the derivation reads them (core/pretok/steps.py)
         try:
-            return "map" if read_normalizer(cfg) else None
+            char_map, prepend = read_normalizer(cfg)
+            return "map" if char_map or prepend else None
         except Unsupported as exc:
             raise NotAdmitted(f"normalizer: {exc}") from None
     raise NotAdmitted(f"normalizer {t!r} is not covered (only none, an empty Sequence or NFC)")

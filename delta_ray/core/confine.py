@@ -19,6 +19,7 @@ import numpy as np
 from .assembly import concat_ids, flat_from_pieces
 from .cut_predicate import CutPredicate
 from .encoder import ArraysByIndex, Encoder, FlatEncoder, Guard, GuardedTier, encode_flat
+from .plan import split_at
 
 WINDOW = 2048  # characters kept on each side of a guarded code point
 MIN_PIECE = 4 * WINDOW  # shorter pieces go to the reference whole
@@ -109,8 +110,7 @@ class ConfiningEncoder:
         if not cuts:
             return [piece]
         self.confined += 1
-        bounds = [0] + cuts + [n]
-        return [piece[a:b] for a, b in zip(bounds, bounds[1:]) if b > a]
+        return split_at(piece, cuts, self.predicate.piece_skip)
 
     def encode_pieces(self, texts: Sequence[str]) -> list[np.ndarray]:
         # The direct path (a session turn's few pieces): when the engine in use now is a guarded

@@ -14,6 +14,12 @@ order (docs/proof.md §1-§4 give the argument for each):
 
 BPE and the byte-level mapping act per pre-tokenized piece, so equal pieces give equal IDs.
 
+A normalizer that prepends a character to every section of text (``Prepend``: Phi-3) would give
+S[b:] one more; there the piece after a cut leaves out S[b], which the table requires to be that
+character (``piece_skip``, :func:`delta_ray.core.plan.split_at`), and ``check`` also requires that
+no added-token occurrence touches b - 1, b or b + 1, so b lies inside a section and S[b + 1:] starts
+one (docs/proof.md §3).
+
 ``check`` returns the *evidence span* (lo, ext) of a safe cut: the decision read only
 ``text[lo:ext]`` (ext == len(text) + 1 when it relied on the text's end). The cut is then safe in
 every text that holds the same characters at [lo, ext) and does not start after lo: a session
@@ -47,6 +53,10 @@ class TransitionTable(Protocol):
     def accept_matrix(self) -> np.ndarray:
         """bool (n_classes, n_classes): a cut between classes x and y is safe for the pre-tokenizer."""
 
+    @property
+    def piece_skip(self) -> int:
+        """Characters a piece that starts at a cut leaves out (1 where a ``Prepend`` writes one back)."""
+
 
 class CutPredicate:
     """Decides safe cuts for one admitted tokenizer configuration."""
@@ -57,6 +67,9 @@ class CutPredicate:
         self.family = family
         self.specials = specials
         self.normalize = normalize  # the reference NFC, or None for an identity normalizer
+        self.piece_skip = family.piece_skip
+        if normalize is not None and self.piece_skip:
+            raise ValueError("no NFC predicate prepends")
         self.anchors: bytes | None = None  # the anchor table as bytes (set below), None without NFC
         if normalize is not None and anchors is None:
             raise ValueError("an NFC predicate needs the anchor table")
@@ -83,6 +96,10 @@ class CutPredicate:
             return None
         # Uncapped: an extent past the end means the decision could not see a whole occurrence.
         extent = b + max(1, self.specials.max_len - 1)
+        if self.piece_skip:  # S[b + 1:] starts a section of the text, inside the one holding b
+            if b + 1 >= n or self.specials.overlaps(text, b - 1, b + 2):
+                return None
+            return b - 1, max(extent, b + 1 + max(1, self.specials.max_len))
         if self.normalize is None:
             return b - 1, max(extent, b + 1)
         # NFC guard. ASCII fast path: ASCII characters never compose backward and S[b+1] is an

@@ -57,6 +57,7 @@ class Family:
     marks_are_letters: bool  # \p{M} joins letter runs (Qwen3.5, o200k, DeepSeek-V3)
     accepted: tuple[tuple[int, int], ...]
     split_behaviors: tuple[tuple[str, bool], ...] = (("isolated", False),)
+    piece_skip: int = 0  # no family's normalizer prepends anything
 
     @property
     def accept_matrix(self) -> np.ndarray:

@@ -17,12 +17,23 @@ from typing import Callable, Sequence
 from delta_ray.core import constants as C
 
 
-def split_at(text: str, cuts: Sequence[int]) -> list[str]:
+def split_at(text: str, cuts: Sequence[int], skip: int = 0) -> list[str]:
     """``text`` cut at the sorted offsets ``cuts``: consecutive pieces that join back to it."""
     if not cuts:
         return [text]
-    bounds = [0, *cuts, len(text)]
-    return [text[a:b] for a, b in zip(bounds, bounds[1:])]
+    return pieces_between(text, [0, *cuts, len(text)], skip)
+
+
+def pieces_between(text: str, bounds: Sequence[int], skip: int, origin: int = 0) -> list[str]:
+    """The pieces ``text[a:b]`` between consecutive ``bounds`` (empty ones left out), ``text`` being
+    a window that starts at ``origin`` of the whole text. A piece that starts at a cut (any bound
+    past the whole text's start) leaves out its first ``skip`` characters: the pipeline's ``Prepend``
+    writes them back (:attr:`~delta_ray.core.cut_predicate.CutPredicate.piece_skip`, docs/proof.md §3)."""
+    out = []
+    for a, b in zip(bounds, bounds[1:]):
+        if b > a:
+            out.append(text[a + skip:b] if skip and origin + a > 0 else text[a:b])
+    return out
 
 
 @dataclass(frozen=True)
@@ -32,10 +43,11 @@ class Plan:
     text: str
     cuts: tuple[int, ...] = ()
     by_reference: bool = False  # unadmitted: the reference encodes the text whole, template included
+    skip: int = 0  # characters a piece after a cut leaves out (CutPredicate.piece_skip)
 
     @property
     def pieces(self) -> list[str]:
-        return split_at(self.text, self.cuts)
+        return split_at(self.text, self.cuts, self.skip)
 
 
 class Route(str, Enum):

@@ -18,6 +18,7 @@ from delta_ray.core import constants as C
 
 from .cut_predicate import NFC_WINDOW, CutPredicate
 from .encoder import Encoder, encode_flat
+from .plan import pieces_between
 from .planner import Cut, PlannerConfig, plan_cuts, tail_cut
 from .rope import CheckpointLog, merge_id_parts, merge_text_parts, suffix_parts
 from .session_store import SessionState, buffer_owner, owners_bytes
@@ -118,7 +119,7 @@ def plan_turn(text_parts: tuple[str, ...], n: int, base: SessionState | None, lc
     if tc is not None:
         cuts.append(tc)
     bounds = [wb] + [c.pos for c in cuts] + [len(window)]
-    pieces = [window[s:e] for s, e in zip(bounds, bounds[1:]) if e > s]
+    pieces = pieces_between(window, bounds, predicate.piece_skip, w0)
     if w0:
         cuts = [Cut(c.pos + w0, c.lo + w0, c.ext + w0) for c in cuts]
     return RepairPlan(tuple(text_parts), n, b, k, kept_parts, cuts, pieces, base if n_keep else None, n_keep)

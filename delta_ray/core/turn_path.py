@@ -31,6 +31,7 @@ from delta_ray.core import constants as C
 from ..runtime.exit_guard import checkpoint
 from .assembly import COPY_POOL
 from .cut_predicate import CutPredicate
+from .plan import pieces_between
 from .planner import PlannerConfig, tail_cut
 from .repair import WINDOW_BACK
 from .rope import MERGE_IDS_BELOW, MERGE_TEXT_BELOW, CheckpointLog, merge_start
@@ -123,7 +124,7 @@ class TurnPath:
         cut = tail_cut(window, self._pred, self._margin, after=wb, after_ext=ext - w0 if ext > w0 else 0)
         if cut is None:
             return None
-        pieces = [window[wb:cut.pos], window[cut.pos:]]
+        pieces = pieces_between(window, (wb, cut.pos, len(window)), self._pred.piece_skip, w0)
         allows = fast.allows
         if allows is not None and not (allows(pieces[0]) and allows(pieces[1])):
             return None  # the general path confines the guarded code points

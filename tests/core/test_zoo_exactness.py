@@ -9,8 +9,9 @@
   reference's whole encode.
 * The slow tier adds the length-4 exhaustive battery and a cut fuzzer on one tokenizer of each new
   pipeline kind.
-* A control: the vocabulary's guard with one token left out (Gemma 4's ``>▁</``) accepts a cut the
-  reference does not keep.
+* Controls: the vocabulary's guard with one token left out (Gemma 4's ``>▁</``) accepts a cut the
+  reference does not keep; under Phi-3's ``Prepend`` normalizer, pieces that keep the character the
+  ``Prepend`` writes back, or cuts next to an added token or at the end, are not the reference's.
 """
 from __future__ import annotations
 
@@ -40,14 +41,13 @@ pytestmark = pytest.mark.skipif(not FULL_API, reason="the derivation needs the r
 NAMES = zoo.zoo_names()
 # The zoo tokenizers delta-ray refuses, and why (each reason a step the argument does not cover yet).
 REFUSED = {
-    "gguf-phi-3": "Prepend normalizer",
     "gguf-nomic-bert-moe": "Unigram",
     "otc-jiutian-139moe-chat": "Unigram",
 }
 ROTATION = int(os.environ.get("DELTA_RAY_ZOO_ROTATION", "3"))  # tokenizers a CI run checks
 # One tokenizer of each pipeline kind the derivation newly admits (the slow tier's deeper checks).
 KINDS = ("mistral-tekken-240911", "gguf-gpt-2", "otc-deepseek-v2", "gguf-gemma-4", "gguf-llama-spm",
-         "otc-qwen2-vl-2b-instruct-awq")
+         "otc-qwen2-vl-2b-instruct-awq", "gguf-phi-3")
 
 
 def _rotating(names, k: int) -> list[str]:
@@ -97,7 +97,7 @@ def _battery(name, folders, text_source, per_class=3, length=3, n_random=1500):
     pairs = [(t, b) for t in texts for b in accepted_cuts(pred, t)]
     assert len(pairs) > 1000, name  # the tokenizer does accept cuts: the test can fail
     # A cut the vocabulary's guard makes lies inside one pre-tokenized piece: compare IDs only.
-    bat = Battery(ref, pieces="vocabulary" not in dt.admission.reason)
+    bat = Battery(ref, pieces="vocabulary" not in dt.admission.reason, skip=pred.piece_skip)
     assert bat.cut_failures(pairs) == [], name
     big = text_source[:120_000]
     tiny = DeltaTokenizer(path, engine="reference", shadow_rate=0.0, chunk_size=512, cut_threshold=4096)
@@ -125,7 +125,7 @@ def test_length_four_and_fuzzer_on_each_new_kind(name, folders):
     dt = DeltaTokenizer(path, engine="reference", shadow_rate=0.0, strict=True)
     ref = load_tokenizer(path).tokenizer
     pred = dt.core._predicate
-    bat = Battery(ref, pieces="vocabulary" not in dt.admission.reason)
+    bat = Battery(ref, pieces="vocabulary" not in dt.admission.reason, skip=pred.piece_skip)
     reps = class_representatives(pred.family, per_class=1)[:14]
     texts = list(all_strings(reps, 4))
     for i in range(0, len(texts), 20_000):
@@ -160,3 +160,30 @@ def test_control_vocabulary_guard_missing_one_token_fails(folders):
     assert bat.cut_failures([(t, b) for t in texts for b in accepted_cuts(loose, t)])
     assert bat.cut_failures([(t, b) for t in texts for b in accepted_cuts(exact, t)]) == []
     assert not np.array_equal(loose_left, real.left)
+
+
+def test_control_prepend_needs_the_skip_and_the_section_rule(folders):
+    """Phi-3's normalizer prepends ``▁`` to every section of text. The pieces after a cut leave out
+    the space the ``Prepend`` writes back (``piece_skip``); without that, or with a predicate that
+    also accepts cuts next to an added token or one character before the end, the reference's IDs
+    of the pieces are not those of the text."""
+    path = folders["gguf-phi-3"]
+    dt = DeltaTokenizer(path, engine="reference", shadow_rate=0.0, strict=True)
+    pred = dt.core._predicate
+    assert pred.piece_skip == 1
+    ref = load_tokenizer(path).tokenizer
+    texts = ["hello world", "a b c", "x<|end|> y z", "q <|user|> r", "ends with a space ", "two  spaces",
+             "<|user|>\n hi there<|end|>\n<|assistant|>\n fine "]
+    pairs = [(t, b) for t in texts for b in accepted_cuts(pred, t)]
+    assert len(pairs) >= 8
+    assert Battery(ref, pieces=False, skip=1).cut_failures(pairs) == []
+    assert Battery(ref, pieces=False, skip=0).cut_failures(pairs) == pairs  # every piece gains a ▁
+
+    class Unsectioned(CutPredicate):  # the class table and the added-token crossing only
+        def check(self, text, b, open_end=False):
+            ok = 0 < b < len(text) and bool(self._acc_np[self._cls_np[ord(text[b - 1])], self._cls_np[ord(text[b])]])
+            return (b - 1, b + 1) if ok and not self.specials.crosses(text, b) else None
+
+    loose = Unsectioned(pred.family, pred.specials)
+    extra = [(t, b) for t in texts for b in accepted_cuts(loose, t) if (t, b) not in pairs]
+    assert extra and Battery(ref, pieces=False, skip=1).cut_failures(extra) == extra

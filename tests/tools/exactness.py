@@ -51,10 +51,12 @@ class Battery:
     moves a piece boundary is a predicate bug even where BPE happens to give equal IDs.
     """
 
-    def __init__(self, ref: Tokenizer, pieces: bool = True):
-        """``pieces=False`` compares IDs only: for cuts the model's guard makes inside one piece."""
+    def __init__(self, ref: Tokenizer, pieces: bool = True, skip: int = 0):
+        """``pieces=False`` compares IDs only: for cuts the model's guard makes inside one piece.
+        ``skip``: characters the piece after a cut leaves out (``CutPredicate.piece_skip``)."""
         self.ref = ref
         self.pieces = pieces
+        self.skip = skip
         self._cache: dict[str, tuple[list[int], list[int]]] = {}
 
     def signatures(self, texts: Iterable[str]) -> list[tuple[list[int], list[int]]]:
@@ -79,14 +81,17 @@ class Battery:
         return iw == il + ir and (not self.pieces or sw == sl + [len(il) + j for j in sr])
 
     def cut_failures(self, pairs: Sequence[tuple[str, int]]) -> list[tuple[str, int]]:
-        """Pairs (text, b) where the encoding of text is not that of text[:b] then text[b:]."""
-        self.signatures(t for text, b in pairs for t in (text, text[:b], text[b:]))
-        return [(text, b) for text, b in pairs if not self._joined_equal(text, text[:b], text[b:])]
+        """Pairs (text, b) where the encoding of text is not that of its two pieces at b
+        (:func:`delta_ray.core.plan.split_at`: text[:b], then text[b:] less ``skip`` characters)."""
+        k = self.skip
+        self.signatures(t for text, b in pairs for t in (text, text[:b], text[b + k:]))
+        return [(text, b) for text, b in pairs if not self._joined_equal(text, text[:b], text[b + k:])]
 
     def continuation_failures(self, triples: Sequence[tuple[str, int, str]]) -> list[tuple[str, int, str]]:
-        """(stored, b, delta) where stored+delta does not encode as stored[:b] then (stored+delta)[b:]."""
-        self.signatures(t for s, b, d in triples for t in (s + d, s[:b], (s + d)[b:]))
-        return [(s, b, d) for s, b, d in triples if not self._joined_equal(s + d, s[:b], (s + d)[b:])]
+        """(stored, b, delta) where stored+delta does not encode as stored[:b] then its piece from b."""
+        k = self.skip
+        self.signatures(t for s, b, d in triples for t in (s + d, s[:b], (s + d)[b + k:]))
+        return [(s, b, d) for s, b, d in triples if not self._joined_equal(s + d, s[:b], (s + d)[b + k:])]
 
 
 def chat_messages(real_texts: dict, n_msgs: int, start: int = 0) -> list[str]:

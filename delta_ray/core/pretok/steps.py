@@ -60,41 +60,56 @@ def _behavior(step: dict[str, Any]) -> str:
 class Pipeline:
     """What the cut rule reads of a normalizer and pre-tokenizer: the split steps, the one-to-one
     character map applied before them (``Replace`` of one character by one, ``Metaspace``'s space),
-    whether bytes are mapped last, and the characters a piece after a cut must start with (a
-    ``Metaspace`` that prepends its separator to a piece that does not start with it)."""
+    whether bytes are mapped last, the character a piece after a cut must start with (a
+    ``Metaspace`` that prepends its separator to a piece that does not start with it, a ``Prepend``
+    normalizer that adds one to every section), and whether a piece after a cut leaves that
+    character out (a ``Prepend`` writes it back)."""
 
     steps: tuple[Step, ...]
     byte_level: bool
     char_map: tuple[tuple[str, str], ...] = ()
     right_required: str | None = None
+    prepends: bool = False
 
 
-def read_normalizer(cfg: Any) -> tuple[tuple[str, str], ...]:
-    """The character map of a normalizer made of one-character ``Replace`` steps (none: empty)."""
+def read_normalizer(cfg: Any) -> tuple[tuple[tuple[str, str], ...], str | None]:
+    """A normalizer made of one-character ``Replace`` steps and at most one one-character
+    ``Prepend``: its character map (none: empty) and the character the ``Prepend`` leaves at the
+    start of every section of text, as the later maps turn it (None without one)."""
     if cfg is None:
-        return ()
+        return (), None
     items = cfg.get("normalizers") if cfg.get("type") == "Sequence" else [cfg]
     if [n.get("type") for n in items or []] == ["NFC"]:
-        return ()  # not a character map: the cut predicate's NFC guard covers it (core/cut_predicate.py)
-    out = []
+        return (), None  # not a character map: the cut predicate's NFC guard covers it (core/cut_predicate.py)
+    out: list[tuple[str, str]] = []
+    prepend: str | None = None
     for n in items or []:
         if n.get("type") == "Prepend":
-            raise Unsupported("a Prepend normalizer adds its string to every chunk")
+            p = n.get("prepend")
+            if prepend is not None or not isinstance(p, str) or len(p) != 1:
+                raise Unsupported("a Prepend normalizer that is not one character, or more than one")
+            prepend = p
+            continue
         if n.get("type") != "Replace":
             raise Unsupported(f"normalizer {n.get('type')!r} is not a one-character map")
         pat, content = n.get("pattern") or {}, n.get("content")
         if "String" not in pat or len(pat["String"]) != 1 or not isinstance(content, str) or len(content) != 1:
             raise Unsupported("a Replace normalizer that is not one character by one")
         out.append((pat["String"], content))
-    return tuple(out)
+        if prepend == pat["String"]:  # a map after the Prepend turns the character it added
+            prepend = content
+    return tuple(out), prepend
 
 
 def read_pipeline(normalizer: Any, pre_tokenizer: Any) -> Pipeline:
-    """The steps, character map and constraints of a normalizer (one-character maps) and pre-tokenizer."""
-    char_map = read_normalizer(normalizer)
+    """The steps, character map and constraints of a normalizer (one-character maps, a ``Prepend``)
+    and pre-tokenizer."""
+    char_map, prepend = read_normalizer(normalizer)
     steps, byte_level = read_steps(pre_tokenizer)
-    right = None
+    right = prepend  # a piece after a cut starts with the character the Prepend adds (docs/proof.md §3)
     if pre_tokenizer is not None and pre_tokenizer.get("type") == "Metaspace":
+        if prepend is not None:
+            raise Unsupported("a Prepend normalizer before a Metaspace pre-tokenizer")
         rep = pre_tokenizer.get("replacement", "\u2581")
         if not isinstance(rep, str) or len(rep) != 1:
             raise Unsupported("Metaspace with a replacement that is not one character")
@@ -103,7 +118,9 @@ def read_pipeline(normalizer: Any, pre_tokenizer: Any) -> Pipeline:
         char_map = char_map + ((" ", rep),)
         if pre_tokenizer.get("prepend_scheme", "always") != "never":
             right = rep  # a piece that starts with the separator gets none prepended
-    return Pipeline(tuple(steps), byte_level, char_map, right)
+    if prepend is not None and steps:
+        raise Unsupported("a Prepend normalizer before a splitting pre-tokenizer")
+    return Pipeline(tuple(steps), byte_level, char_map, right, prepend is not None)
 
 
 def read_steps(cfg: Any) -> tuple[list[Step], bool]:

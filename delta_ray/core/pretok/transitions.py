@@ -51,6 +51,7 @@ class DerivedTransitions:
     accept: np.ndarray  # bool (n_classes, n_classes)
     byte_level: bool
     steps: tuple[str, ...]
+    piece_skip: int = 0  # characters a piece after a cut leaves out (a Prepend normalizer writes them back)
 
     def class_table(self) -> np.ndarray:
         return self.classes
@@ -95,9 +96,11 @@ def _step_matrices(step: Step, member: np.ndarray, col: dict[Atom, int]) -> tupl
 
 def derive_from_steps(steps: list[Step], byte_level: bool = False, name: str = "derived", *,
                       char_map: tuple[tuple[str, str], ...] = (), right_required: str | None = None,
-                      model: ModelGuard | None = None) -> DerivedTransitions:
+                      model: ModelGuard | None = None, prepends: bool = False) -> DerivedTransitions:
     """The classes and accepted transitions of split steps (:func:`~delta_ray.core.pretok.steps.read_steps`),
-    after a one-to-one character map, optionally with the model's own guard inside one piece."""
+    after a one-to-one character map, optionally with the model's own guard inside one piece.
+    ``prepends``: a ``Prepend`` normalizer adds ``right_required`` to every section, so a piece
+    after a cut leaves that character out, and no two cuts are adjacent (docs/proof.md §3)."""
     if not steps and model is None:
         raise Unsupported("no pre-tokenizer step splits the text")
     atoms: list[Atom] = []
@@ -135,14 +138,26 @@ def derive_from_steps(steps: list[Step], byte_level: bool = False, name: str = "
         accept |= through & member[:, n_atoms][:, None] & member[:, n_atoms + 1][None, :]
     if right_required is not None:
         accept &= member[:, -2][None, :]
+        if prepends:  # a cut right after a cut would leave an empty piece: never both sides required
+            accept &= ~member[:, -2][:, None]
+    elif prepends:
+        raise Unsupported("a Prepend without the character it adds")
     bad = member[:, -1]
     accept[bad, :] = False
     accept[:, bad] = False
-    class_of = classes.astype(np.uint8).reshape(-1)
-    for raw, mapped in char_map:  # the steps see the mapped character: so does the class of the raw one
-        class_of[ord(raw)] = class_of[ord(mapped)]
+    base = classes.astype(np.uint8).reshape(-1)
+    class_of = base.copy()
+    # The steps see a character after every map: so does its class (maps apply in order, so a
+    # character mapped to one that a later map turns again ends where that one ends).
+    image = {raw: raw for raw, _ in char_map}
+    for raw, mapped in char_map:
+        for c, now in image.items():
+            if now == raw:
+                image[c] = mapped
+    for raw, final in image.items():
+        class_of[ord(raw)] = base[ord(final)]
     return DerivedTransitions(name, class_of, accept, byte_level, tuple(s.label for s in steps)
-                              + (("BPE vocabulary guard",) if model is not None else ()))
+                              + (("BPE vocabulary guard",) if model is not None else ()), 1 if prepends else 0)
 
 
 def derive_pipeline(pipe: Pipeline, model: dict[str, Any] | None, name: str) -> DerivedTransitions:
@@ -156,7 +171,7 @@ def derive_pipeline(pipe: Pipeline, model: dict[str, Any] | None, name: str) -> 
             if not pipe.steps:
                 raise
     return derive_from_steps(list(pipe.steps), pipe.byte_level, name, char_map=pipe.char_map,
-                             right_required=pipe.right_required, model=guard)
+                             right_required=pipe.right_required, model=guard, prepends=pipe.prepends)
 
 
 _BY_DIGEST: dict[str, DerivedTransitions] = {}
