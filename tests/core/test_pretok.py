@@ -195,3 +195,29 @@ def test_end_anchors_are_the_lookaheads_the_derivation_reads():
         a = pre_tokenizers.Split(Regex(r"\s+" + anchor + r"|\S+"), "isolated")
         b = pre_tokenizers.Split(Regex(r"\s+" + look + r"|\S+"), "isolated")
         assert all(a.pre_tokenize_str(t) == b.pre_tokenize_str(t) for t in texts)
+
+
+def test_chained_replace_maps_class_a_character_by_its_final_image(tokenizer_paths):
+    """``Replace(x, y)`` then ``Replace(y, " ")`` turns x into a space: x is cut as a space is. A
+    class taken from y's own (one map only) would accept the cut between a space and "x", which a
+    pre-tokenizer keeping runs of spaces whole does not keep."""
+    normalizer = {"type": "Sequence", "normalizers": [
+        {"type": "Replace", "pattern": {"String": "x"}, "content": "y"},
+        {"type": "Replace", "pattern": {"String": "y"}, "content": " "}]}
+    pre = _bl([_split(r"\w+|\s+")])
+    cfg = json.load(open(tokenizer_paths["qwen-3"], encoding="utf-8"))
+    cfg["pre_tokenizer"], cfg["normalizer"] = pre, normalizer
+    ref = tokenizer_from_str(json.dumps(cfg))
+    table = derive_transitions({"normalizer": normalizer, "pre_tokenizer": pre})
+    assert table.classes[ord("x")] == table.classes[ord("y")] == table.classes[ord(" ")]
+    pred = DeltaTokenizer(ref, strict=True).core._predicate
+    texts = ["".join(t) for t in all_strings(["a", "x", "y", " ", "b"], 4)]
+    pairs = [(t, b) for t in texts for b in accepted_cuts(pred, t)]
+    assert len(pairs) > 100
+    assert Battery(ref).cut_failures(pairs) == []
+    one_map = table.classes.copy()
+    one_map[ord("x")] = table.classes[ord("b")]  # y's class before the second map: a letter's
+    loose = CutPredicate(type(table)(table.name, one_map, table.accept, table.byte_level, table.steps),
+                         SpecialTokenIndex([]))
+    extra = [(t, b) for t in texts for b in accepted_cuts(loose, t) if (t, b) not in pairs]
+    assert extra and Battery(ref).cut_failures(extra)
