@@ -1,7 +1,8 @@
 """SGLang (``apps/dropin/sglang_plugin.py``): what a request binds, and the four hooks on SGLang 0.5.23's
 request path. The default tier runs them over stand-ins with SGLang's structure and its hook
-registry's semantics; where SGLang imports (``python3 tests/tools/sglang_tier.py``: its wheel over the
-vLLM tier's environment; its server needs CUDA kernels and cannot start on these machines), the same
+registry's semantics; where SGLang imports (``python3 tests/tools/sglang_tier.py``: an environment of its
+own on SGLang's pins, transformers 5.19.0 and tokenizers 0.23.2; its server needs CUDA kernels
+and cannot start on these machines), the same
 hooks go through SGLang's own ``HookRegistry`` onto its real classes, with its real request objects
 and its real dynamic batch tokenizer."""
 from __future__ import annotations
