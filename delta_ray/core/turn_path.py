@@ -124,7 +124,9 @@ class TurnPath:
         cut = tail_cut(window, self._pred, self._margin, after=wb, after_ext=ext - w0 if ext > w0 else 0)
         if cut is None:
             return None
-        pieces = pieces_between(window, (wb, cut.pos, len(window)), self._pred.piece_skip, w0)
+        skip = self._pred.piece_skip
+        pieces = (pieces_between(window, (wb, cut.pos, len(window)), skip, w0) if skip
+                  else [window[wb:cut.pos], window[cut.pos:]])
         allows = fast.allows
         if allows is not None and not (allows(pieces[0]) and allows(pieces[1])):
             return None  # the general path confines the guarded code points
