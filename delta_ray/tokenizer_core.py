@@ -10,7 +10,7 @@ import os
 import threading
 from collections import Counter
 from dataclasses import replace
-from typing import Iterable, Sequence, cast
+from typing import TYPE_CHECKING, Iterable, Sequence, cast
 
 import numpy as np
 import pyarrow as pa
@@ -26,6 +26,7 @@ from .core.content_index import ContentIndex
 from .core.cut_predicate import CutPredicate
 from .core.encoder import Encoder, ListEncoder, ReferenceEncoder
 from .core.families import FAMILIES
+from .core.hosts import IdsLike, PoolLocal, SessionHost
 from .core.id_lists import int_list
 from .core.keys import content_key, describe
 from .core.loading import LoadedTokenizer, TokenizerLike, load_tokenizer
@@ -252,7 +253,7 @@ class TokenizerCore:
         self.stats["reference"] += 1
         return self._reference.encode_texts([text], add_special_tokens)[0]
 
-    def decode(self, ids, *, skip_special_tokens: bool = True) -> str:
+    def decode(self, ids: IdsLike, *, skip_special_tokens: bool = True) -> str:
         """The reference decode of IDs (list, numpy or Arrow)."""
         return self._reference.tokenizer.decode(decode_ids(ids), skip_special_tokens=check_flag(
             skip_special_tokens, "skip_special_tokens"))
@@ -460,7 +461,7 @@ class TokenizerCore:
         parts), the template's arrays (built once) around them."""
         return pa.chunked_array(self.template.when(add_special_tokens).chunks(state.arrow_chunks()), type=_INT32)
 
-    def session_arrow(self, id_parts, add_special_tokens: bool) -> pa.ChunkedArray:
+    def session_arrow(self, id_parts: Sequence[np.ndarray | pa.Array], add_special_tokens: bool) -> pa.ChunkedArray:
         """A session's ID parts as a zero-copy ChunkedArray, post-processed (template) once."""
         return self.template.when(add_special_tokens).chunked(id_parts)
 
@@ -538,3 +539,8 @@ class TokenizerCore:
         for dropped in content.add(entry, data):
             self._store.pop(content_key(dropped))
         return res.state.ids
+
+
+if TYPE_CHECKING:  # mypy checks that the core is each host's interface (core/hosts.py), member by member
+    def _is_every_host(core: TokenizerCore) -> tuple[PoolLocal, SessionHost]:
+        return core, core
