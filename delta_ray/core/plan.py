@@ -18,7 +18,8 @@ from delta_ray.core import constants as C
 
 
 def split_at(text: str, cuts: Sequence[int], skip: int = 0) -> list[str]:
-    """``text`` cut at the sorted offsets ``cuts``: consecutive pieces that join back to it."""
+    """``text`` cut at the sorted offsets ``cuts``: consecutive pieces that join back to it, but for
+    the ``skip`` characters each piece after a cut leaves out (:func:`pieces_between`)."""
     if not cuts:
         return [text]
     return pieces_between(text, [0, *cuts, len(text)], skip)

@@ -124,7 +124,7 @@ class TurnPath:
         cut = tail_cut(window, self._pred, self._margin, after=wb, after_ext=ext - w0 if ext > w0 else 0)
         if cut is None:
             return None
-        skip = self._pred.piece_skip
+        skip = self._pred.piece_skip  # the turn's hot path: two plain slices where nothing is skipped
         pieces = (pieces_between(window, (wb, cut.pos, len(window)), skip, w0) if skip
                   else [window[wb:cut.pos], window[cut.pos:]])
         allows = fast.allows
