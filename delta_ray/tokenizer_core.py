@@ -5,7 +5,6 @@ and chunk tasks, Serve replicas and the batch pipelines are handed one and use i
 """
 from __future__ import annotations
 
-import itertools
 import os
 import threading
 from collections import Counter
@@ -22,13 +21,13 @@ from .core.arguments import check_flag, check_text
 from .core.assembly import concat_ids, decode_ids, flat_from_pieces, ids_to_numpy, one_chunk, to_arrow
 from .core.config import REUSE_MODES, TokenizerConfig, tokenizer_config
 from .core.confine import ConfiningEncoder
-from .core.content_index import ContentIndex
 from .core.cut_predicate import CutPredicate
 from .core.encoder import Encoder, ListEncoder, ReferenceEncoder
 from .core.families import FAMILIES
 from .core.hosts import IdsLike, PoolLocal, SessionHost
-from .core.id_lists import int_list
-from .core.keys import content_key, describe
+from .core.id_lists import int_list, list_bytes, untrack_ints
+from .core.keyless import KeylessChoice, KeylessPolicy
+from .core.keys import describe
 from .core.loading import LoadedTokenizer, TokenizerLike, load_tokenizer
 from .core.nfc_anchors import anchor_table
 from .core.parallel_encode import LIST_PIECES_PER_THREAD, PieceThreads, ids_list
@@ -36,9 +35,9 @@ from .core.plan import CHUNKED, CONTENT, HERE, REENCODE, REFERENCE_SESSION, SESS
 from .core.planner import chunk_count, plan_cuts
 from .core.pretok.transitions import derive_transitions
 from .core.reference_api import api_generation, normalizer
-from .core.repair import RepairPlan, common_prefix_len, encode_turn, encode_with_base, plan_repair
+from .core.repair import RepairPlan, encode_turn, plan_repair
 from .core.rope import rope_common_prefix
-from .core.session_store import SessionNotFound, SessionState, SessionStore
+from .core.session_store import KeepList, SessionNotFound, SessionState, SessionStore
 from .core.special_tokens import SpecialTokenIndex
 from .core.template import Template
 from .core.turn_path import TurnPath
@@ -107,17 +106,17 @@ class TokenizerCore:
         self._confining = ConfiningEncoder(self.engine_switch, self._predicate)
         self.encoder: ListEncoder = self._confining
         self.margin = max(C.MIN_MARGIN, max((len(t) for t in self._admission.added_tokens), default=0))
+        # The one owner of this process's session state (keyed, keyless, kept lists): a session's
+        # read-encode-install runs under its key's lock, so two threads extending one session
+        # serialize instead of losing an update; other sessions run in parallel.
         self._store = SessionStore(cfg.max_session_bytes, cfg.max_sessions)
-        self._content = ContentIndex() if cfg.reuse == "content" else None
-        self.router = Router(self._predicate is not None, cfg.cut_threshold, content_reuse=self._content is not None)
+        self._keyless = KeylessPolicy(self._store)
+        self.router = Router(self._predicate is not None, cfg.cut_threshold, content_reuse=cfg.reuse == "content")
         self._session_route = self.router.session_route()  # decided once: admission is fixed for this core
-        self._entry_ids = itertools.count()
         self._threads = PieceThreads()  # long texts' pieces, on up to ``threads`` threads
         self.stats: Counter[str] = Counter()
-        # Thread safety: a session's read-encode-install runs under its stripe's lock, so two threads
-        # extending one session serialize instead of losing an update; other sessions run in parallel.
-        self._session_locks = [threading.Lock() for _ in range(C.SESSION_LOCK_STRIPES)]
-        self._content_lock = threading.Lock()
+        t = self.template
+        self._list_affix = {True: (t.prefix.tolist(), t.suffix.tolist()), False: ([], [])}
         # A fast tier found wrong leaves nothing behind: every state it may have produced goes.
         self._purge_lock, self._purged = threading.Lock(), False
         self.engine_switch.add_disable_listener(self._purge)
@@ -302,6 +301,44 @@ class TokenizerCore:
         with self._lock_for(session):
             self._store.put(session, state)
 
+    def choose_keyless(self, text: str, tenant: str | None = None) -> KeylessChoice | None:
+        """The session a keyless ``text``'s turn runs under (:mod:`delta_ray.core.keyless`, inside
+        ``tenant``): a held conversation it continues, or a new one, started from a held one it
+        shares a long start with. None: too short to be kept (encode it stateless)."""
+        choice = self._keyless.choose(text, tenant)
+        if choice is not None and choice.fork is not None:
+            self._keyless.fork(choice)
+        return choice
+
+    def session_list(self, session: str, text: str, add_special_tokens: bool = True) -> tuple[list[int], bool]:
+        """A session turn's IDs as a new Python list (the caller may mutate it), the template's
+        around them when asked, and whether the turn continued the list kept beside the previous
+        state: the store keeps each session's IDs as a list too, so a warm turn cuts that list and
+        appends the new IDs (O(change)) and hands out a copy (a memcpy), never a conversion of the
+        whole text (the drop-in's engines take lists)."""
+        if self._session_route is not SESSION:
+            raise RuntimeError("session lists need an admitted configuration")
+        with self._lock_for(session):
+            store = self._states()
+            state = store.peek(session)
+            keeper = _ListKeeper(store.kept(session, state.version) if state is not None else None)
+            new, _, _ = self._turn(session, state, text, None, peeked=True, keep=keeper)
+            ids, continued = keeper.ids, keeper.continued
+            if ids is None:  # a replay (nothing installed) or a state not kept
+                ids = keeper.old if new is state else None
+                continued = ids is not None
+                if ids is None:
+                    ids = untrack_ints(new.ids.tolist())
+                    if new is state:
+                        store.attach(session, new.version, ids, list_bytes(ids))
+            prefix, suffix = self._list_affix[add_special_tokens]
+            if prefix or suffix:
+                out = prefix + ids
+                out += suffix
+            else:
+                out = ids.copy()  # the kept list is never handed out
+        return out, continued
+
     # -- IDs as numpy (used by the pool and the batch pipeline) -----------------------------------
     def encode_ids(self, text: str, *, session: str | None = None, add_special_tokens: bool = True) -> np.ndarray:
         """Like :meth:`encode`, returning an int32 numpy array."""
@@ -322,8 +359,14 @@ class TokenizerCore:
             with self._lock_for(key):
                 return self._reference_session(key, text, add_special_tokens)
         if route is CONTENT:
-            with self._content_lock:
-                ids = self._content_ids(text)
+            choice = self.choose_keyless(text)
+            if choice is None:  # too short to be kept: encoded as any stateless text
+                ids = self._run_plan(self.plan(text))
+            else:
+                with self._lock_for(choice.key):
+                    state, reused, _ = self._turn(choice.key, self._states().get(choice.key), text, None)
+                self.stats["content_hit" if reused else "content_miss"] += 1
+                return ids_to_numpy(self._chunked(state, add_special_tokens))
         elif route is UNADMITTED:
             return self.encode_by_reference(text, add_special_tokens)
         elif route is HERE:
@@ -405,8 +448,8 @@ class TokenizerCore:
         return self.template.when(add_special_tokens).apply_flat(values, offsets)
 
     # -- internals --------------------------------------------------------------------------
-    def _lock_for(self, session: str) -> threading.Lock:  # str hashes: cached, stable in the process
-        return self._session_locks[hash(session) % len(self._session_locks)]
+    def _lock_for(self, session: str) -> threading.Lock:
+        return self._store.lock_for(session)
 
     def _purge(self, reason: str) -> None:
         """Discard every state the (now disabled) fast tier may have produced (once)."""
@@ -415,8 +458,6 @@ class TokenizerCore:
                 return
             self._purged = True
             n = self._store.clear()
-            if self._content is not None:
-                self._content.clear()
         self.stats["purged_states"] += n
 
     def _states(self) -> SessionStore:
@@ -428,9 +469,11 @@ class TokenizerCore:
             self._purge(self.engine_switch.disabled_reason)
         return self._store
 
-    def _install(self, key: str, state: SessionState, generation: int) -> None:
-        """Store a state unless the engine switched while it was computed (it may be the wrong engine's)."""
-        self._store.install(key, state, self.engine_switch.generation == generation)
+    def _install(self, key: str, state: SessionState, generation: int, keep: KeepList | None = None,
+                 reused: int = 0) -> None:
+        """Store a state unless the engine switched while it was computed (it may be the wrong
+        engine's); ``keep``: the caller's kept list (:meth:`SessionStore.install`)."""
+        self._store.install(key, state, self.engine_switch.generation == generation, None, keep, reused)
 
     def _batch_route(self) -> Route:
         """The router's decision for a batch as a whole (:meth:`Router.batch`)."""
@@ -466,7 +509,7 @@ class TokenizerCore:
         return self.template.when(add_special_tokens).chunked(id_parts)
 
     def _turn(self, key: str, state: SessionState | None, text: str | None, delta: str | None, *,
-              peeked: bool = False) -> tuple[SessionState, int, bytes | None]:
+              peeked: bool = False, keep: KeepList | None = None) -> tuple[SessionState, int, bytes | None]:
         """One turn of an admitted session (under its lock, ``state`` just read): ``text``, or the
         stored text plus ``delta``. Returns the state now held, how many leading IDs it kept from
         ``state``, and the engine's buffer of the IDs after them when the compact continuation ran
@@ -476,7 +519,8 @@ class TokenizerCore:
         What the turn is is decided once, by the router (:meth:`Router.turn`); a repair that only
         continues the stored text goes to the compact continuation (``core/turn_path.py``), which
         runs the general repair's own steps in fewer native calls, or declines (None), and then
-        the general repair runs. ``peeked``: the caller read ``state`` without marking it used."""
+        the general repair runs. ``peeked``: the caller read ``state`` without marking it used;
+        ``keep``: the caller's kept list, stored with the new state."""
         # ``held``: ``state`` where it is held (an extend's, or one the new text continues);
         # ``new``: ``text`` where it is given (no ``delta``)
         held, new = cast(SessionState, state), cast(str, text)
@@ -499,7 +543,7 @@ class TokenizerCore:
         route = self.router.turn(lcp, fast=switch.current is not self._reference) if state is not None else REENCODE
         if route is not REENCODE and continues:
             turn_path = cast(TurnPath, self._turn_path)  # an admitted core's turn (the router's)
-            done = turn_path.step(key, held, delta if delta is not None else new[held.n_chars:])
+            done = turn_path.step(key, held, delta if delta is not None else new[held.n_chars:], keep)
             if done is not None:
                 return done
         parts = held.text_parts + (delta,) if delta is not None else (new,)  # the new text, as a rope
@@ -511,34 +555,33 @@ class TokenizerCore:
         res = encode_turn(parts, n, state, lcp, cast(CutPredicate, self._predicate), self.encoder, self.planner,
                           self.threads, self.margin)
         self.stats["repair" if res.reused_tokens else "init"] += 1
-        self._install(key, res.state, generation)
+        self._install(key, res.state, generation, keep, res.reused_tokens)
         return res.state, res.reused_tokens, None
 
-    def _content_ids(self, text: str) -> np.ndarray:
-        try:
-            data = text.encode("utf-8")
-        except UnicodeEncodeError as exc:
-            raise ValueError(f"the reference tokenizer rejects this text (not valid Unicode): {exc}") from exc
-        content = cast(ContentIndex, self._content)  # the content route runs with content reuse on
-        if len(data) < content.min_bytes:
-            return self._run_plan(self.plan(text))
-        generation = self.engine_switch.generation
-        entry = content.lookup(data)
-        base = self._states().get(content_key(entry)) if entry is not None else None
-        lcp = common_prefix_len(base.text, text) if base is not None else 0
-        if base is not None and lcp == len(text) == len(base.text):
-            self.stats["content_hit"] += 1
-            return base.ids
-        res = encode_with_base(text, base if lcp else None, lcp, cast(CutPredicate, self._predicate), self.encoder,
-                               self.planner, self.threads, self.margin)
-        self.stats["content_hit" if res.reused_tokens else "content_miss"] += 1
-        # A request that extends a stored text replaces it (the conversation grew); others add one.
-        if base is None or lcp < len(base.text) or entry is None:  # (a base is found through its entry)
-            entry = f"{next(self._entry_ids)}"
-        self._install(content_key(entry), res.state, generation)
-        for dropped in content.add(entry, data):
-            self._store.pop(content_key(dropped))
-        return res.state.ids
+
+class _ListKeeper:
+    """A turn's kept list, made when the turn installs its state: the old state's list cut to the
+    IDs the turn kept and the new ones appended (O(change)), or the new state's IDs converted whole.
+    The list holds only ints, so it is kept out of the collector's sight
+    (:func:`~delta_ray.core.id_lists.untrack_ints`): a full collection does not walk the table."""
+
+    __slots__ = ("old", "ids", "continued")
+
+    def __init__(self, old: list[int] | None):
+        self.old = old
+        self.ids: list[int] | None = None
+        self.continued = False
+
+    def __call__(self, state: SessionState, reused: int, tail: bytes | None) -> tuple[list[int], int]:
+        ids = self.old
+        if ids is not None and reused:
+            del ids[reused:]
+            ids += (np.frombuffer(tail, dtype=np.int32) if tail is not None else state.ids_from(reused)).tolist()
+            self.continued = True
+        else:
+            ids = untrack_ints(state.ids.tolist())
+        self.ids = ids
+        return ids, list_bytes(ids)
 
 
 if TYPE_CHECKING:  # mypy checks that the core is each host's interface (core/hosts.py), member by member

@@ -29,8 +29,7 @@ MAX_JSON_DEPTH = 64  # arrays and objects nested in one JSONL record (clamped co
 MAX_JSON_ITEMS = 1 << 20  # values and keys on one JSONL line (",:[{" outside strings, plus one)
 MAX_JSON_KEYS = 1 << 16  # object keys on one JSONL line (":" outside strings)
 
-CONTENT_MIN_BYTES = 4096  # keyless content reuse starts at this size
-CONTENT_MAX_ENTRIES = 1024
+KEYLESS_CANDIDATES = 8  # keyless conversations held per head and tenant: agents share system prompts
 
 # The Ray pool.
 LOCAL_MAX_BYTES = 4096  # stateless texts under this many UTF-8 bytes are encoded in the caller

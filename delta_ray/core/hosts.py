@@ -16,6 +16,7 @@ import pyarrow as pa
 
 from .admission import Admission
 from .config import TokenizerConfig
+from .keyless import KeylessChoice
 from .plan import Plan, Route
 from .planner import PlannerConfig
 from .repair import RepairPlan
@@ -109,6 +110,8 @@ class SessionHost(Protocol):
                              expect_version: int | None = None) -> tuple[int, int, np.ndarray]: ...
 
     def install_session(self, session: str, state: SessionState) -> None: ...
+
+    def choose_keyless(self, text: str, tenant: str | None = None) -> KeylessChoice | None: ...
 
     def has_session(self, session: str) -> bool: ...
 

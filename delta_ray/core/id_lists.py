@@ -19,17 +19,25 @@ from __future__ import annotations
 
 import gc
 import platform
+import sys
 from typing import Callable, cast
 
 import numpy as np
 
-__all__ = ["MAX_SHARED", "int_list", "untrack_ints"]
+__all__ = ["MAX_SHARED", "int_list", "list_bytes", "untrack_ints"]
 
 MAX_SHARED = 1 << 20  # the largest vocabulary whose ints are shared (about 40 MB of table at most)
 _GATHER_MIN = 4096  # below: ``tolist`` is as fast as the gather
 _STEP = 1 << 14
 _table = np.zeros(0, dtype=object)
 _I32 = np.dtype(np.int32)
+_INT_BYTES = sys.getsizeof(1 << 20)  # a token ID above the small-int cache: its own int object
+
+
+def list_bytes(ids: list[int]) -> int:
+    """What a kept list of IDs holds: the list (its pointer array) and one int object per ID (the
+    few IDs under 257 are shared singletons: counted anyway, an upper bound)."""
+    return sys.getsizeof(ids) + _INT_BYTES * len(ids)
 
 
 def _grown(needed: int) -> np.ndarray:

@@ -8,6 +8,7 @@ another kind's key or another tenant's:
     session   "t-|s:" + name                  (no tenant)
               "t<len>:<tenant>|s:" + name     (the tenant length-prefixed, so no pair spells another)
     content   "t-|c:" + digest, "t<len>:<tenant>|c:" + digest
+    keyless   a content key + "." + serial    (one conversation of several under one head)
 
 The parts are read back unambiguously left to right (the tenant's length, then the kind), so the
 map is injective. A content digest is keyed with a secret (:class:`ContentDigest`): nobody outside
@@ -43,6 +44,23 @@ def content_key(digest: str, tenant: str | None = None) -> str:
     """The store key of a keyless text kept for reuse by content, ``digest`` being its
     :class:`ContentDigest` (or an entry name the store's owner chose): never a session's key."""
     return f"{_ns(tenant)}{CONTENT_TAG}{digest}"
+
+
+def keyless_key(head: str, serial: int) -> str:
+    """The store key of one keyless conversation found under ``head`` (a :func:`content_key`):
+    several conversations may share a head (a long system prompt), each with its own ``serial``."""
+    return f"{head}.{serial}"
+
+
+def keyless_head(key: str) -> str | None:
+    """The head a :func:`keyless_key` was made under; None for every other key (a session's, a
+    content key without a serial). A digest has no ``.``, so the last one ends the head."""
+    if CONTENT_TAG not in key:  # the common case, a session's key, in one scan
+        return None
+    _tenant, tag, name = _split(key)
+    if tag != CONTENT_TAG or "." not in name:
+        return None
+    return key.rpartition(".")[0]
 
 
 def is_content_key(key: str) -> bool:

@@ -10,7 +10,7 @@ import os
 import sys
 import threading
 from collections import OrderedDict
-from typing import Any, Iterable, Sequence, cast
+from typing import Any, Callable, Iterable, Sequence, cast
 
 import numpy as np
 from numpy.typing import NDArray
@@ -19,6 +19,7 @@ from delta_ray.core import constants as C
 
 from .assembly import to_arrow
 from .errors import DeltaRayError
+from .keys import keyless_head
 from .rope import MERGE_IDS_BELOW, CheckpointLog, merge_start, prefix_parts, rope_is_prefix, suffix_parts
 
 
@@ -45,6 +46,9 @@ _I64_EMPTY = np.zeros(0, dtype=np.int64)
 # window's start w0 and the text from w0 on.
 TurnHead = tuple[tuple[Any, ...], tuple[int, ...], bool, int, str]
 CheckpointColumns = tuple[NDArray[np.int64], NDArray[np.int64], NDArray[np.int64]]
+# A turn's kept list (SessionStore.install): (new state, IDs kept of the old one, the engine's buffer
+# of the IDs after them or None) -> (the list of the new state's IDs, its bytes)
+KeepList = Callable[["SessionState", int, "bytes | None"], tuple[list[int], int]]
 
 _CACHES = frozenset({"_text", "_ids", "_cp", "_arrow", "_arrow_from", "_nbytes", "_bytes", "_id_parts", "_head"})
 
@@ -439,26 +443,45 @@ def entry_bytes(key: str, state: SessionState) -> int:
 
 
 class SessionStore:
-    """Thread-safe LRU map from session key to state, bounded by bytes (keys included) and count.
+    """The one owner of a process's session state: a thread-safe LRU map from key to state, bounded
+    by bytes (keys included) and count, with each key's lock, its keyless candidates and an optional
+    kept list.
 
     A single state larger than ``max_state_bytes`` (default a quarter of ``max_bytes``) is not
     stored: its request is still served, and it evicts nothing, so one huge session cannot flush
     every other one.
+
+    - **Locks:** :meth:`lock_for` is the key's lock; a turn's read-encode-install runs under it, so
+      two threads on one key serialize and never lose an update.
+    - **Keyless candidates:** a keyless conversation's key (:func:`~delta_ray.core.keys.keyless_key`)
+      names the head it was found under; :meth:`candidates` lists a head's held conversations,
+      most recent first, at most ``max_candidates`` (the oldest goes).
+    - **Kept lists:** :meth:`attach` keeps a Python list of a state's IDs beside it (the drop-in's
+      O(change) list), counted in the entry's bytes and forgotten with the state it belongs to: any
+      new state under the key, an eviction or a purge.
     """
 
     def __init__(self, max_bytes: int = C.MAX_SESSION_BYTES, max_sessions: int = C.MAX_SESSIONS,
-                 max_state_bytes: int | None = None):
-        if max_bytes < 1 or max_sessions < 1:
+                 max_state_bytes: int | None = None, max_candidates: int = C.KEYLESS_CANDIDATES):
+        if max_bytes < 1 or max_sessions < 1 or max_candidates < 1:
             raise ValueError("session store bounds must be positive")
         self.max_bytes = max_bytes
         self.max_sessions = max_sessions
         self.max_state_bytes = max_state_bytes if max_state_bytes is not None else max(1, max_bytes // 4)
+        self.max_candidates = max_candidates
         self._data: OrderedDict[str, SessionState] = OrderedDict()
         self._sizes: dict[str, int] = {}
+        self._kept: dict[str, tuple[int, list[int], int]] = {}  # key -> (state version, list, its bytes)
+        self._heads: dict[str, list[str]] = {}  # keyless head -> its held conversations, most recent first
         self._bytes = 0
-        self._lock = threading.Lock()
+        self._lock = threading.Lock()  # the table: entries, sizes, kept lists, heads
+        self._key_locks = [threading.Lock() for _ in range(C.SESSION_LOCK_STRIPES)]
         self.evictions = 0
         self.refused = 0
+
+    def lock_for(self, key: str) -> threading.Lock:
+        """The lock a turn of ``key`` runs under (striped: str hashes are cached and stable in a process)."""
+        return self._key_locks[hash(key) % len(self._key_locks)]
 
     def get(self, key: str) -> SessionState | None:
         """The state of a session (marking it recently used), or None."""
@@ -473,15 +496,19 @@ class SessionStore:
         for a caller that installs a new state for it next or marks it with :meth:`get`."""
         return self._data.get(key)
 
-    def put(self, key: str, state: SessionState, size: int | None = None) -> bool:
+    def put(self, key: str, state: SessionState, size: int | None = None,
+            kept: tuple[list[int], int] | None = None) -> bool:
         """Install a new state, evicting least recently used sessions beyond the bounds; ``size``:
-        its :func:`entry_bytes` when the caller knows them (a compact turn).
+        its :func:`entry_bytes` when the caller knows them (a compact turn); ``kept``: a list of its
+        IDs and that list's bytes, kept beside it (:meth:`attach`), else the key's old list goes.
 
         Returns False (and forgets the key's old state, which the caller has moved past) when the
         state alone is over ``max_state_bytes``.
         """
         if size is None:
             size = entry_bytes(key, state)
+        if kept is not None:
+            size += kept[1]
         with self._lock:
             self._pop_locked(key)
             if size > self.max_state_bytes or size > self.max_bytes:
@@ -490,31 +517,89 @@ class SessionStore:
             self._data[key] = state
             self._sizes[key] = size
             self._bytes += size
-            while self._data and (self._bytes > self.max_bytes or len(self._data) > self.max_sessions):
-                k, _ = self._data.popitem(last=False)
-                self._bytes -= self._sizes.pop(k)
-                self.evictions += 1
+            if kept is not None:
+                self._kept[key] = (state.version, kept[0], kept[1])
+            head = keyless_head(key)
+            if head is not None:  # a keyless conversation: its head's most recent
+                self._list_locked(key, head)
+            self._evict_locked()
             return True
 
-    def install(self, key: str, state: SessionState, current: bool, size: int | None = None) -> None:
+    def attach(self, key: str, version: int, kept: list[int], nbytes: int) -> bool:
+        """Keep ``kept`` (a list of the IDs of state ``version``, counted at ``nbytes``) beside that
+        state while it is the key's; False (nothing kept) if the key holds another state now, or if
+        the entry would then be over ``max_state_bytes`` (the entry goes, as :meth:`put` refuses)."""
+        with self._lock:
+            state = self._data.get(key)
+            if state is None or state.version != version:
+                return False
+            old = self._kept.pop(key, None)
+            if old is not None:
+                self._sizes[key] -= old[2]
+                self._bytes -= old[2]
+            if self._sizes[key] + nbytes > self.max_state_bytes:
+                self._pop_locked(key)
+                self.refused += 1
+                return False
+            self._kept[key] = (version, kept, nbytes)
+            self._sizes[key] += nbytes
+            self._bytes += nbytes
+            self._evict_locked()
+            return key in self._data
+
+    def kept(self, key: str, version: int) -> list[int] | None:
+        """The list kept beside state ``version`` of ``key`` (None: none, or another state's)."""
+        entry = self._kept.get(key)
+        return entry[1] if entry is not None and entry[0] == version else None
+
+    def candidates(self, head: str) -> list[tuple[str, SessionState]]:
+        """The held keyless conversations found under ``head``, most recent first."""
+        with self._lock:
+            return [(key, self._data[key]) for key in self._heads.get(head, ())]
+
+    def install(self, key: str, state: SessionState, current: bool, size: int | None = None,
+                keep: KeepList | None = None, reused: int = 0, tail: bytes | None = None) -> None:
         """A turn's new state: stored if it is ``current`` (the engine that made it is still the one
         in use: the generation it read is unchanged), else the key's old state is forgotten too,
-        since it may be the switched-away engine's."""
+        since it may be the switched-away engine's. ``keep``: the turn's caller keeps a list of
+        the IDs, made from the new state, the ``reused`` IDs it kept of the old one and the
+        engine's ``tail`` buffer (None: read from the state), and stored with it in one step."""
         if current:
-            self.put(key, state, size)
+            self.put(key, state, size, keep(state, reused, tail) if keep is not None else None)
         else:
             self.pop(key)
 
-    def _pop_locked(self, key: str) -> SessionState | None:
-        st = self._data.pop(key, None)
-        if st is not None:
-            self._bytes -= self._sizes.pop(key)
-        return st
+    def _list_locked(self, key: str, head: str) -> None:
+        keys = self._heads.setdefault(head, [])
+        keys.insert(0, key)
+        while len(keys) > self.max_candidates:  # the head's oldest conversation goes
+            self._pop_locked(keys[-1])
+            self.evictions += 1
+
+    def _evict_locked(self) -> None:
+        while self._data and (self._bytes > self.max_bytes or len(self._data) > self.max_sessions):
+            self._pop_locked(next(iter(self._data)))
+            self.evictions += 1
+
+    def _pop_locked(self, key: str) -> None:
+        """Remove ``key``'s entry: its state, its kept list, its listing under its head."""
+        if self._data.pop(key, None) is None:
+            return
+        self._bytes -= self._sizes.pop(key)
+        self._kept.pop(key, None)
+        head = keyless_head(key) if self._heads else None
+        keys = self._heads.get(head) if head is not None else None
+        if keys is not None and key in keys:
+            keys.remove(key)
+            if not keys:
+                del self._heads[cast(str, head)]
 
     def pop(self, key: str) -> SessionState | None:
         """Remove a session (a client that ends its conversation)."""
         with self._lock:
-            return self._pop_locked(key)
+            st = self._data.get(key)
+            self._pop_locked(key)
+            return st
 
     def clear(self) -> int:
         """Forget every session (the engine that produced them was found wrong); returns how many."""
@@ -522,6 +607,8 @@ class SessionStore:
             n = len(self._data)
             self._data.clear()
             self._sizes.clear()
+            self._kept.clear()
+            self._heads.clear()
             self._bytes = 0
             return n
 

@@ -35,7 +35,7 @@ from .plan import pieces_between
 from .planner import PlannerConfig, tail_cut
 from .repair import WINDOW_BACK
 from .rope import MERGE_IDS_BELOW, MERGE_TEXT_BELOW, CheckpointLog, merge_start
-from .session_store import SessionState, SessionStore
+from .session_store import KeepList, SessionState, SessionStore
 
 _INT32 = pa.int32()
 _py_buffer = pa.py_buffer
@@ -102,11 +102,13 @@ class TurnPath:
                              max(planner.cut_threshold, planner.min_cut_text))
         self._stats = stats
 
-    def step(self, key: str, state: SessionState, delta: str) -> tuple[SessionState, int, bytes] | None:
+    def step(self, key: str, state: SessionState, delta: str,
+             keep: KeepList | None = None) -> tuple[SessionState, int, bytes] | None:
         """A repair (the router's choice) of ``state``'s text plus ``delta`` (not empty): the new
         state, installed as ``key``'s; the number of leading IDs it kept from ``state``; the
         engine's buffer of the IDs after them (native int32, read-only). None where the general
-        repair must run (see the module docstring). Called under the session's lock."""
+        repair must run (see the module docstring). Called under the session's lock; ``keep``: the
+        caller's kept list, stored with the state (:meth:`SessionStore.install`)."""
         fast = self._engine.fast_path()
         last = state.last_checkpoint
         if fast is None or last is None or not delta:
@@ -172,6 +174,6 @@ class TurnPath:
                                    (kept + (cut_ids,), lens + (t,), True, w1, tail), (tb, ib))
         self._store.install(key, new, self._engine.generation == fast.generation,
                             None if tb is None or ib is None else  # entry_bytes, from known parts
-                            sys.getsizeof(key) + tb + ib + 24 * (b - a) + sys.getsizeof(tail))
+                            sys.getsizeof(key) + tb + ib + 24 * (b - a) + sys.getsizeof(tail), keep, k, buf)
         self._stats["repair"] += 1
         return new, k, buf

@@ -31,7 +31,7 @@ import numpy as np
 
 from delta_ray.core.assembly import ids_to_numpy
 from delta_ray.core.hosts import SessionHost
-from delta_ray.core.keys import ContentDigest, content_key, session_key
+from delta_ray.core.keys import session_key
 from delta_ray.core.loading import LoadedTokenizer
 from delta_ray.core.plan import CONTENT, HERE, POOL, REFERENCE_SESSION, UNADMITTED, Host, Route, Router
 from delta_ray.core.reference_api import decode_fn, id_to_token_fn, vocab_size  # the 0.x API or tokenizer.json (1.x)
@@ -142,7 +142,6 @@ class RequestHandler:
         # (another replica, or this one restarted, holds other states) and reveals nothing about
         # this process (not its state counter, not other sessions).
         self._version_key = os.urandom(32)
-        self._content_digest = ContentDigest()  # this replica's own: keyless texts are reused where they land
 
     def warm(self) -> None:
         """One keyless and one session encode before the first request: the first of each loads
@@ -264,19 +263,23 @@ class RequestHandler:
         elif route is HERE or route is UNADMITTED:
             tokens = await self._off_loop_if(not self._on_loop(len(text), text), self.delta.encode_routed,
                                              route, text, None, add)
+        elif route is CONTENT:
+            # Keyless long prompts continue the conversation they extend (core/keyless.py), always
+            # inside the caller's tenant, so one tenant's timing can never reveal another's text.
+            # The lookup compares stored texts: on the loop only for a text the loop may encode.
+            if self._on_loop(len(text), text):
+                tokens, where = self._keyless(text, req.tenant, add, on_loop=True) or await asyncio.to_thread(
+                    self._keyless, text, req.tenant, add)
+            else:
+                tokens, where = await asyncio.to_thread(self._keyless, text, req.tenant, add)
+            if where:
+                self._record.record_path(f"serve_session_{where}")
+            if req.tenant is None:  # content every tenantless client shares: held/new is no client's to read
+                where = ""
         else:
-            content = route is CONTENT
-            if content:
-                # Keyless long prompts are reused by content, always inside the caller's tenant,
-                # so one tenant's timing can never reveal another's text.
-                key, route = content_key(self._content_digest.of(text), req.tenant), self.router.session_route()
             tokens, where, version = await self._off_loop_if(
                 not self._on_loop(len(text), text) or self._locks.busy(key), self._session, route, key, text, add)
             self._record.record_path(f"serve_session_{where}")
-            if content:
-                version = None  # content keys are the replica's, not a session the client extends
-                if req.tenant is None:  # content every tenantless client shares: held/new is no client's to read
-                    where = ""
         out: dict[str, Any] = {"count": int(len(tokens)), "max_model_len": self.max_model_len, "tokens": tokens}
         if version is not None:
             out["session_version"] = version
@@ -312,6 +315,19 @@ class RequestHandler:
 
     def _token_strs(self, tokens: np.ndarray) -> list:
         return [self.id_to_token(t) for t in tokens.tolist()]
+
+    def _keyless(self, text: str, tenant: "str | None", add: bool,
+                 on_loop: bool = False) -> "tuple[np.ndarray, str] | None":
+        """A keyless text's IDs through the conversation it continues (or a new one), and
+        "held"/"new" ("": too short to be kept, encoded stateless). ``on_loop``: None instead of
+        waiting for a key another request holds (the caller then runs this in a thread)."""
+        choice = self.delta.choose_keyless(text, tenant)
+        if choice is None:
+            return self.delta.encode_routed(HERE if self.delta.admission else UNADMITTED, text, None, add), ""
+        if on_loop and self._locks.busy(choice.key):
+            return None
+        ids, where, _ = self._session(self.router.session_route(), choice.key, text, add)
+        return ids, where
 
     def _session(self, route: Route, key: str, text: str, add: bool) -> "tuple[np.ndarray, str, str | None]":
         """A whole-text turn of a session (``route``: its turn, or the reference's when unadmitted):

@@ -25,6 +25,8 @@ from delta_ray.apps.dropin import hf as dropin_hf  # noqa: E402
 from delta_ray.apps.dropin import sessions as dropin_sessions  # noqa: E402
 from delta_ray.apps.dropin import unpatch_transformers, wrap_tokenizer  # noqa: E402
 from delta_ray.apps.dropin.folders import bundled_hf_folder  # noqa: E402
+from delta_ray.core.constants import KEYLESS_CANDIDATES  # noqa: E402
+from delta_ray.core.id_lists import list_bytes  # noqa: E402
 from delta_ray.core.keys import session_key  # noqa: E402
 
 pytestmark = pytest.mark.skipif(not transformers.__version__.startswith("5."),
@@ -137,8 +139,8 @@ def test_templates_that_rewrite_their_tail_really_do(stocks, real_texts):
 
 def test_a_divergent_turn_never_reuses_past_the_divergence(stocks, real_texts):
     """A new text that differs from the stored one a few characters before its end (and in the
-    middle): every answer is stock's. The test can fail: the same turns with the core made to claim
-    the whole old state as reusable give other IDs."""
+    middle): every answer is stock's. The test can fail: the same turns with the store made to keep
+    the whole old state's list give other IDs."""
     stock = stocks("qwen-3")
     base = real_texts["english"][:40000]  # long enough for checkpoints inside it (reuse before the end)
     texts = [base, base[:-6] + "there.", base[:-6] + "there. And more text follows here.",
@@ -156,19 +158,17 @@ def test_a_divergent_turn_never_reuses_past_the_divergence(stocks, real_texts):
     assert sessions_of(honest_tok).stats["continued"] >= 3  # the divergent turns reused their start
     liar = wrapped(stock, own=True)  # its core is patched below
     core = sessions_of(liar).core
-    honest = core.encode_session_delta
+    store = core.store
+    honest = store.install
 
-    def reuse_everything(key, text, known_version=None, **kw):
-        state = core.store.peek(key)
-        version, k, tail = honest(key, text, known_version=known_version, **kw)
-        if state is not None and state.version == known_version:
-            common = 0
-            while common < min(len(text), state.n_chars) and text[common] == state.text[common]:
-                common += 1
-            if common < state.n_chars:  # pretend the old IDs hold further than they do
-                return version, min(state.n_ids, k + 3), tail
-        return version, k, tail
-    core.encode_session_delta = reuse_everything
+    def claim_everything(key, state, current, size=None, keep=None, reused=0, tail=None):
+        old = store.peek(key)
+        if keep is not None and old is not None and reused < old.n_ids and not old.prefix_of(state.text):
+            # pretend the old IDs hold further than they do: the kept list keeps all of them
+            tail = (np.frombuffer(tail, dtype=np.int32) if tail is not None else state.ids_from(reused)).tobytes()
+            reused = old.n_ids
+        return honest(key, state, current, size, keep, reused, tail)
+    store.install = claim_everything
     assert run(liar) != want
 
 
@@ -287,7 +287,7 @@ def test_lists_are_counted_and_the_table_is_bounded(stocks, real_texts):
     costs its own size; too many conversations on one head drop that head's oldest."""
     stock = stocks("qwen-3")
     ids = list(range(100_000, 110_000))
-    assert 35 * len(ids) < dropin_sessions.list_bytes(ids) < 37 * len(ids) + 200
+    assert 35 * len(ids) < list_bytes(ids) < 37 * len(ids) + 200
     prose = real_texts["english"]
     tok = wrapped(stock, max_session_bytes=4 << 20, max_sessions=6)
     table = sessions_of(tok)
@@ -309,10 +309,10 @@ def test_lists_are_counted_and_the_table_is_bounded(stocks, real_texts):
     wide = wrapped(stock)
     wt = sessions_of(wide)
     head = real_texts["code"][:5000]
-    for c in range(dropin_sessions.CANDIDATES + 2):
+    for c in range(KEYLESS_CANDIDATES + 2):
         t = head + f" conversation {c} " + prose[c * 3000:c * 3000 + 3000]
         assert wide.encode(t) == stock.encode(t)
-    assert len(wt) == dropin_sessions.CANDIDATES
+    assert len(wt) == KEYLESS_CANDIDATES
 
 
 # -- options, threads, the compact turn -----------------------------------------------------------------

@@ -44,23 +44,23 @@ def test_facade_answers_equal_the_reference(tokenizer_paths):
 
 
 def test_a_session_named_like_a_content_entry_keeps_its_own_text(tokenizer_paths):
-    """With content reuse on, content entries live in the same store as sessions: a user's session
-    named like one ("content:0", or the entry's very store key) must neither be replaced by a
-    keyless text nor extend it."""
-    from delta_ray.core.keys import content_key
+    """With content reuse on, keyless conversations live in the same store as sessions: a user's
+    session named like one ("content:0", or the conversation's very store key) must neither be
+    replaced by a keyless text nor extend it."""
     path = tokenizer_paths["qwen-3"]
     ref = tokenizers.Tokenizer.from_file(path)
     dt = DeltaTokenizer(path, reuse="content", engine="reference")
     mine = "My own conversation. " * 300
-    spelled = content_key("0")  # the store key of content entry 0
-    for name in ("content:0", spelled):
-        assert dt.encode(mine, session=name).to_pylist() == ref.encode(mine).ids
     other = "Somebody else's keyless prompt, long enough to be indexed by content. " * 200
-    assert dt.encode(other).to_pylist() == ref.encode(other).ids  # content entry 0
-    for name in ("content:0", spelled):
+    assert dt.encode(other).to_pylist() == ref.encode(other).ids  # a keyless conversation
+    choice = dt.core.choose_keyless(other)
+    assert choice is not None and not choice.new  # the held conversation's store key
+    for name in ("content:0", choice.key):
+        assert dt.encode(mine, session=name).to_pylist() == ref.encode(mine).ids
+    for name in ("content:0", choice.key):
         assert dt.extend(name, " More.").to_pylist() == ref.encode(mine + " More.").ids
     assert dt.encode(other + " Again.").to_pylist() == ref.encode(other + " Again.").ids
-    assert dt.stats["content_hit"] == 1  # the entry was not replaced by the session's text
+    assert dt.stats["content_hit"] == 1  # the conversation was not replaced by the session's text
 
 
 @pytest.mark.parametrize("bad", ["false", "", 0, 1, None, 1.0])

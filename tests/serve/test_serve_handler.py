@@ -9,6 +9,7 @@ import time
 import orjson
 import pytest
 
+from conversations import shared_prompt_conversations
 from delta_ray.apps.bundled import bundled_tokenizer_config
 from delta_ray.core.config import TokenizerConfig
 from delta_ray.core.loading import load_tokenizer
@@ -387,3 +388,23 @@ def test_the_warm_up_leaves_no_session_behind(loaded, ref):
     h.warm()
     assert len(h.delta.store) == 0
     assert _post(h, {"prompt": "warm-up", "session_id": "warm-up"})[1]["tokens"] == ref.encode("warm-up").ids
+
+
+def test_interleaved_keyless_conversations_sharing_a_system_prompt_are_each_held(loaded, ref, real_texts):
+    """Keyless prompts of three agents behind one 50K-character system prompt, interleaved, in one
+    tenant: each conversation is held under its own key (the core's keyless policy), so its next
+    turn continues it; every answer is the reference's. With the first 4 KB as the key, one entry
+    held them all and each turn re-encoded from the shared prompt on."""
+    h = _handler(loaded)
+    convs = shared_prompt_conversations(real_texts, turns=3)
+    for t in range(3):
+        for c, renders in enumerate(convs):
+            out, where = asyncio.run(h.tokenize_body({"prompt": renders[t], "cache_salt": "team"}))
+            assert out["tokens"].tolist() == ref.encode(renders[t]).ids
+            # the first is new; the others' first turns fork from a held one's prompt
+            assert where == ("new" if t == c == 0 else "held") and "session_version" not in out
+    assert len(h.delta.store) == len(convs)
+    for renders in convs:
+        choice = h.delta.choose_keyless(renders[-1] + " next", "team")
+        assert choice is not None and not choice.new
+    assert h.delta.stats["repair"] >= 2 * len(convs) and h.delta.stats["reencode"] == 0

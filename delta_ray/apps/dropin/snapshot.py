@@ -116,10 +116,8 @@ class Snapshot:
         self.tokenizer = DeltaTokenizer(loaded, **{k: v for k, v in options.items() if k not in _DROPIN_KEYS})
         self.template = template_of(loaded.config.get("post_processor"))
         core = self.tokenizer.core
-        # Sessions need the cut predicate (an admitted configuration); the table's bounds are the
-        # core store's, which holds a part of what the table counts (the table drops first).
-        self.sessions = DropinSessions(core, core.config.max_session_bytes, core.config.max_sessions,
-                                       content=options.get(CONTENT_KEY, False)) \
+        # Sessions need the cut predicate (an admitted configuration); they live in the core's store.
+        self.sessions = DropinSessions(core, content=options.get(CONTENT_KEY, False)) \
             if options.get(SESSIONS_KEY, False) and core.predicate is not None else None
         self._private: Tokenizer | None = None
         self._private_lock = threading.Lock()
