@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import importlib.util
 import json
+import re
 
 import pytest
 from test_serve_handler import _chunks, _longest_stall, _NoMetrics, _spin
@@ -84,13 +85,14 @@ def test_a_tiny_append_to_a_run_without_cuts_is_encoded_off_the_loop(fast_handle
     async def append():
         out = await h.http("tokenize", None, _chunks(_body(append="aaaaaaaaaa", session_id="run", cache_salt="t",
                                                            session_version=state["version"])))
-        answer = json.loads(out[1])
-        state["version"], state["text"] = answer["session_version"], state["text"] + "aaaaaaaaaa"
-        state["answer"] = answer
+        # the client's parse of ~250K IDs would stall this loop itself (and its allocations start
+        # full collections of the test process's heap): only the version is read here
+        version = re.search(rb'"session_version":\s*"([0-9a-f]+)"', out[1])
+        state["version"], state["text"] = version.group(1).decode(), state["text"] + "aaaaaaaaaa"
         return out
     bound, stalls, answers = _stalls(h, {"append": append})
     assert stalls["append"] < bound * 1000, (bound, stalls)
-    status, _, _ = answers["append"]
+    status, data, _ = answers["append"]
     want = ref.encode(state["text"]).ids
-    answer = state["answer"]
+    answer = json.loads(data)
     assert status == 200 and answer["count"] == len(want) and answer["tokens"] == want[answer["start"]:]
