@@ -176,13 +176,20 @@ class PoolOrchestrator:
             return await self._stateless_chunked(text, add)
         if route is not CONTENT:  # here, chunked or unadmitted: in the caller
             return await asyncio.to_thread(self.encode_here, route, text, add)
-        # The content key carries the tenant and is never a session's key (core/keys.py): a keyless
-        # prompt never finds another tenant's state on a worker, and no session name reaches it.
-        # A keyless answer is one array like every stateless one (a copy of a text under the cut
-        # threshold's IDs: microseconds against the call's hop).
-        ids = await self._session(content_key(self._content_digest.of(text), tenant), text, add)
+        # The head carries the tenant and is never a session's key (core/keys.py): a keyless prompt
+        # never finds another tenant's state on a worker, and no session name reaches it. The
+        # head's worker picks the conversation the text continues (core/keyless.py), so the text
+        # goes whole (under the cut threshold) and the answer is all its IDs, one array like
+        # every stateless one; nothing of it is mirrored here.
+        head = content_key(self._content_digest.of(text), tenant)
+        call = Call(ENCODE_SESSION, SessionArgs(head, text, known_version=None), head)
+        ids = await self.calls.run("session", len(text), call, share_of=text,
+                                   fallback=lambda: (self.local.encode_ids(text, add_special_tokens=False),))
+        self._forget(head)  # the splice's record of the head: no conversation of its own
+        self.count("session")
+        arr = self.local.session_arrow(ids, add)
         # concat_arrays, not combine_chunks: pyarrow 26's combine_chunks ignores its memory_pool
-        return pa.concat_arrays(ids.chunks, memory_pool=COPY_POOL) if ids.num_chunks else ids.combine_chunks()
+        return pa.concat_arrays(arr.chunks, memory_pool=COPY_POOL) if arr.num_chunks else arr.combine_chunks()
 
     async def extend(self, session: str, delta: str, add: bool, *, tenant: str | None = None) -> pa.ChunkedArray:
         """The session's stored text plus ``delta``, on the worker that holds it."""

@@ -16,7 +16,7 @@ import ray
 
 from delta_ray.core.config import TokenizerConfig
 from delta_ray.core.hosts import SessionHost
-from delta_ray.core.keys import describe
+from delta_ray.core.keys import describe, is_keyless_head
 from delta_ray.core.session_store import SessionState
 from delta_ray.core.state_seal import verify_state
 
@@ -48,7 +48,13 @@ class WorkerService:
 
     @_locked
     def encode_session(self, key: str, text: str, known_version: int | None) -> tuple[int, int, np.ndarray]:
-        """(version, k, tail): IDs (no post-processing) = caller's IDs of known_version[:k] + tail."""
+        """(version, k, tail): IDs (no post-processing) = caller's IDs of known_version[:k] + tail.
+        ``key`` a keyless head (the pool's keyless texts): the conversation ``text`` continues
+        under it, by the core's keyless policy (the caller then names no version)."""
+        if is_keyless_head(key):
+            choice = self._dt.choose_keyless(text, head=key)
+            if choice is not None:
+                key = choice.key
         return self._dt.encode_session_delta(key, text, known_version)
 
     @_locked

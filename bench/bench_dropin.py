@@ -417,12 +417,15 @@ class _Tracked:
     identity), as before issue 58. Lists made then stay tracked; the ones made outside stay not."""
 
     def __enter__(self):
-        from delta_ray.apps.dropin import sessions
-        self._mod, self._was = sessions, sessions.untrack_ints
-        sessions.untrack_ints = lambda ids: ids
+        from delta_ray import tokenizer_core
+        from delta_ray.core import keyless
+        self._mods = [(m, m.untrack_ints) for m in (tokenizer_core, keyless)]  # where kept lists are made
+        for m, _ in self._mods:
+            m.untrack_ints = lambda ids: ids
 
     def __exit__(self, *exc):
-        self._mod.untrack_ints = self._was
+        for m, was in self._mods:
+            m.untrack_ints = was
 
 
 def collect_ms(repeats: int = 7) -> tuple[float, float]:
@@ -463,7 +466,7 @@ def run_gc(args, folder: str, native: bool | None) -> int:
             return toks[v].apply_chat_template(chat, tokenize=True, add_generation_prompt=True, return_dict=False)
 
     def kept_ids(v: str) -> int:
-        return sum(len(e.ids) for e in tables[v]._entries.values())
+        return tables[v].core.store.kept_ids
 
     # As many conversations as fit in the table: its first message to --gc-chars, then --turns
     # short turns on the last --conversations of them (the warm turns timed below).
@@ -480,11 +483,11 @@ def run_gc(args, folder: str, native: bool | None) -> int:
         table = tables[v]
         for c in range(n_fill):
             call(v, c, pool[c][:2])
-            if table.stats["evicted"]:
+            if table.core.store.evictions:
                 break  # full: the table dropped its oldest conversation for this one
         gc.collect()
         print(f"  {v}: {len(table)} conversations held, {kept_ids(v):,} IDs kept, "
-              f"{table.resident_bytes / 2**20:.0f} MiB counted ({table.stats['evicted']} evicted); "
+              f"{table.resident_bytes / 2**20:.0f} MiB counted ({table.core.store.evictions} evicted); "
               f"{time.perf_counter() - t0:.0f} s", flush=True)
         if v == "untracked":
             after = collect_ms()

@@ -1,7 +1,8 @@
 """This checkout against another revision, side by side in one run: stateless texts and session turns.
 
 For each tokenizer: a stateless ``--chars``-character text and a session turn appending ``--append``
-characters to it, encoded by delta-ray as this checkout has it and as ``--baseline`` had it (a
+characters to it (with ``--lists`` also the drop-in's keyed and keyless turns, as transformers'
+lists), encoded by delta-ray as this checkout has it and as ``--baseline`` had it (a
 ``git archive`` of that revision in a temporary folder). Each measurement runs in a child process
 of its own; the rounds alternate the two revisions (A B A B ...), and every answer is checked
 against the reference in the child. Printed: the medians over rounds and the ratio baseline / this
@@ -10,6 +11,7 @@ no speed" (the baseline: the commit before the derived transitions).
 
     .venv/bin/python -m bench.bench_revisions --baseline 3d63162^
     .venv/bin/python -m bench.bench_revisions --baseline HEAD~3 --tokenizers qwen-3 --rounds 5
+    .venv/bin/python -m bench.bench_revisions --baseline a0e0332 --tokenizers qwen-3,llama3.2 --lists
 """
 from __future__ import annotations
 
@@ -53,7 +55,26 @@ for i in range(turns):
     grown += src[chars + i * append:chars + (i + 1) * append]
     t0 = time.perf_counter(); got = dt.encode(grown, session="s"); turn.append((time.perf_counter() - t0) * 1e3)
 assert got.to_pylist() == ref.encode(grown).ids
-print(json.dumps({"stateless_ms": statistics.median(ms), "turn_ms": statistics.median(turn)}))
+out = {"stateless_ms": statistics.median(ms), "turn_ms": statistics.median(turn)}
+if "--lists" in sys.argv:  # the drop-in's turns (transformers lists), keyed and keyless
+    import tempfile
+    from transformers import AutoTokenizer
+    from delta_ray import request_scope
+    from delta_ray.apps.dropin import wrap_tokenizer
+    from delta_ray.apps.dropin.folders import bundled_hf_folder
+    tok = wrap_tokenizer(AutoTokenizer.from_pretrained(bundled_hf_folder(name, tempfile.mkdtemp())),
+                         engine="fast", shadow_rate=0.0)
+    for kind, scope in (("keyed", {"session": "s"}), ("keyless", {})):
+        lt, grown = [], src[:chars]
+        with request_scope(**scope):
+            tok.encode(grown)
+        for i in range(turns):
+            grown += src[chars + i * append:chars + (i + 1) * append]
+            with request_scope(**scope):
+                t0 = time.perf_counter(); got = tok.encode(grown); lt.append((time.perf_counter() - t0) * 1e3)
+        assert got == ref.encode(grown).ids
+        out[f"list_{kind}_ms"] = statistics.median(lt)
+print(json.dumps(out))
 """
 
 
@@ -69,7 +90,8 @@ def run_child(tree: Path, name: str, args: argparse.Namespace) -> dict:
     """One measurement of ``name`` with ``tree``'s delta-ray, in a fresh process."""
     code = f"import sys; sys.path.insert(0, {str(tree)!r})\n" + CHILD
     out = subprocess.run([sys.executable, "-c", code, name, str(args.chars), str(args.append), str(args.turns),
-                          str(args.reps)], cwd=tree, check=True, capture_output=True, text=True).stdout
+                          str(args.reps)] + (["--lists"] if args.lists else []),
+                         cwd=tree, check=True, capture_output=True, text=True).stdout
     return json.loads(out.strip().splitlines()[-1])
 
 
@@ -82,6 +104,8 @@ def main() -> None:
     ap.add_argument("--turns", type=int, default=7)
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--lists", action="store_true",
+                    help="also the drop-in's keyed and keyless turns (transformers' lists)")
     args = ap.parse_args()
     names = args.tokenizers.split(",")
     with tempfile.TemporaryDirectory(prefix="delta-ray-base-") as tmp:
@@ -93,15 +117,15 @@ def main() -> None:
                     got.setdefault((label, name), []).append(run_child(trees[label], name, args))
     print(f"# {args.chars:,} characters, a turn appends {args.append:,}; medians of {args.rounds} rounds "
           f"(alternating); baseline {args.baseline}; ratio = baseline / this")
-    print("| tokenizer | stateless baseline | stateless this | ratio | turn baseline | turn this | ratio |")
-    print("| --- | --- | --- | --- | --- | --- | --- |")
+    kinds = ["stateless_ms", "turn_ms"] + (["list_keyed_ms", "list_keyless_ms"] if args.lists else [])
+    print("| tokenizer | " + " | ".join(f"{k[:-3]} baseline | {k[:-3]} this | ratio" for k in kinds) + " |")
+    print("| --- " * (1 + 3 * len(kinds)) + "|")
     for name in names:
-        m = {(label, k): statistics.median(x[k] for x in got[(label, name)])
-             for label in ("baseline", "this") for k in ("stateless_ms", "turn_ms")}
-        print(f"| {name} | {m['baseline', 'stateless_ms']:.1f} ms | {m['this', 'stateless_ms']:.1f} ms | "
-              f"{m['baseline', 'stateless_ms'] / m['this', 'stateless_ms']:.2f} | {m['baseline', 'turn_ms']:.2f} ms | "
-              f"{m['this', 'turn_ms']:.2f} ms | {m['baseline', 'turn_ms'] / m['this', 'turn_ms']:.2f} |")
-
+        cells = [name]
+        for k in kinds:
+            base, this = (statistics.median(x[k] for x in got[(label, name)]) for label in ("baseline", "this"))
+            cells += [f"{base:.2f} ms", f"{this:.2f} ms", f"{base / this:.2f}"]
+        print("| " + " | ".join(cells) + " |")
 
 if __name__ == "__main__":
     main()

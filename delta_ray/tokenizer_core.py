@@ -301,11 +301,12 @@ class TokenizerCore:
         with self._lock_for(session):
             self._store.put(session, state)
 
-    def choose_keyless(self, text: str, tenant: str | None = None) -> KeylessChoice | None:
+    def choose_keyless(self, text: str, tenant: str | None = None, *, head: str | None = None) -> KeylessChoice | None:
         """The session a keyless ``text``'s turn runs under (:mod:`delta_ray.core.keyless`, inside
-        ``tenant``): a held conversation it continues, or a new one, started from a held one it
-        shares a long start with. None: too short to be kept (encode it stateless)."""
-        choice = self._keyless.choose(text, tenant)
+        ``tenant``, or under the ``head`` a pool computed): a held conversation it continues, or a
+        new one, started from a held one it shares a long start with. None: too short to be kept
+        (encode it stateless)."""
+        choice = self._keyless.choose(text, tenant, head=head)
         if choice is not None and choice.fork is not None:
             self._keyless.fork(choice)
         return choice

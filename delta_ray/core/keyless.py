@@ -16,7 +16,7 @@ import itertools
 from dataclasses import dataclass
 
 from .id_lists import list_bytes, untrack_ints
-from .keys import CONTENT_HEAD_CHARS, ContentDigest, content_key, keyless_key
+from .keys import CONTENT_HEAD_CHARS, ContentDigest, content_key, is_keyless_head, keyless_key
 from .rope import rope_common_prefix
 from .session_store import SessionStore
 
@@ -50,14 +50,19 @@ class KeylessPolicy:
         self._digest = digest if digest is not None else ContentDigest()
         self._serials = itertools.count(1)
 
-    def choose(self, text: str, tenant: str | None = None) -> KeylessChoice | None:
+    def choose(self, text: str, tenant: str | None = None, *, head: str | None = None) -> KeylessChoice | None:
         """The conversation ``text`` continues (the one that keeps the most of its stored text, among
         those whose text is a prefix of ``text`` or diverges from it near its own end: a template
         that rewrote its tail), else a new one, forked from the candidate sharing the most with
-        ``text`` if that is worth a fork. None: ``text`` is too short to be looked up."""
+        ``text`` if that is worth a fork. None: ``text`` is too short to be looked up. ``head``:
+        the text's head as its caller computed it (a pool's, keyed by the pool's secret, with the
+        tenant inside), instead of this policy's digest of it inside ``tenant``."""
         if len(text) < CONTENT_HEAD_CHARS:
             return None
-        head = content_key(self._digest.of(text), tenant)
+        if head is None:
+            head = content_key(self._digest.of(text), tenant)
+        elif not is_keyless_head(head):
+            raise ValueError("a keyless head is a content key without a serial")
         candidates = self._store.candidates(head)
         best, best_kept = None, -1
         for key, state in candidates:  # first the cheap test: a stored text that the new one extends

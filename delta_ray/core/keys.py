@@ -63,6 +63,11 @@ def keyless_head(key: str) -> str | None:
     return key.rpartition(".")[0]
 
 
+def is_keyless_head(key: str) -> bool:
+    """Whether ``key`` is a head keyless conversations are listed under: a content key without a serial."""
+    return is_content_key(key) and keyless_head(key) is None
+
+
 def is_content_key(key: str) -> bool:
     """Whether ``key`` (made by this module) names a content entry rather than a session."""
     return _split(key)[1] == CONTENT_TAG

@@ -622,3 +622,14 @@ class SessionStore:
     @property
     def resident_bytes(self) -> int:
         return self._bytes
+
+    def kept_lists(self) -> list[list[int]]:
+        """The lists kept now (to measure and inspect them: a caller that mutates one corrupts
+        its session's next answer)."""
+        with self._lock:
+            return [ids for _, ids, _ in self._kept.values()]
+
+    @property
+    def kept_ids(self) -> int:
+        """How many IDs the kept lists hold (a metric: what a full collection would walk if tracked)."""
+        return sum(map(len, self.kept_lists()))
