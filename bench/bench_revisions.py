@@ -2,7 +2,8 @@
 
 For each tokenizer: a stateless ``--chars``-character text and a session turn appending ``--append``
 characters to it (with ``--lists`` also the drop-in's keyed and keyless turns, as transformers'
-lists), encoded by delta-ray as this checkout has it and as ``--baseline`` had it (a
+lists; with ``--interleaved`` the turns of three keyless conversations behind one 50K-character
+system prompt under ``reuse="content"``), encoded by delta-ray as this checkout has it and as ``--baseline`` had it (a
 ``git archive`` of that revision in a temporary folder). Each measurement runs in a child process
 of its own; the rounds alternate the two revisions (A B A B ...), and every answer is checked
 against the reference in the child. Printed: the medians over rounds and the ratio baseline / this
@@ -74,6 +75,19 @@ if "--lists" in sys.argv:  # the drop-in's turns (transformers lists), keyed and
                 t0 = time.perf_counter(); got = tok.encode(grown); lt.append((time.perf_counter() - t0) * 1e3)
         assert got == ref.encode(grown).ids
         out[f"list_{kind}_ms"] = statistics.median(lt)
+if "--interleaved" in sys.argv:  # three keyless conversations behind one system prompt, turn by turn
+    dk = DeltaTokenizer(path, engine="fast", shadow_rate=0.0, reuse="content")
+    system = src[:50_000]
+    convs = [system + src[50_000 + c * 10_000:chars] + f" conversation {c}" for c in range(3)]
+    for c in convs:
+        dk.encode(c)
+    kt = []
+    for i in range(turns):
+        for c in range(3):
+            convs[c] += src[chars + i * append:chars + (i + 1) * append]
+            t0 = time.perf_counter(); got = dk.encode(convs[c]); kt.append((time.perf_counter() - t0) * 1e3)
+    assert got.to_pylist() == ref.encode(convs[2]).ids
+    out["interleaved_ms"] = statistics.median(kt)
 print(json.dumps(out))
 """
 
@@ -90,7 +104,8 @@ def run_child(tree: Path, name: str, args: argparse.Namespace) -> dict:
     """One measurement of ``name`` with ``tree``'s delta-ray, in a fresh process."""
     code = f"import sys; sys.path.insert(0, {str(tree)!r})\n" + CHILD
     out = subprocess.run([sys.executable, "-c", code, name, str(args.chars), str(args.append), str(args.turns),
-                          str(args.reps)] + (["--lists"] if args.lists else []),
+                          str(args.reps)] + (["--lists"] if args.lists else [])
+                         + (["--interleaved"] if args.interleaved else []),
                          cwd=tree, check=True, capture_output=True, text=True).stdout
     return json.loads(out.strip().splitlines()[-1])
 
@@ -106,6 +121,8 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--lists", action="store_true",
                     help="also the drop-in's keyed and keyless turns (transformers' lists)")
+    ap.add_argument("--interleaved", action="store_true",
+                    help="also reuse='content' turns of three keyless conversations behind one system prompt")
     args = ap.parse_args()
     names = args.tokenizers.split(",")
     with tempfile.TemporaryDirectory(prefix="delta-ray-base-") as tmp:
@@ -117,7 +134,8 @@ def main() -> None:
                     got.setdefault((label, name), []).append(run_child(trees[label], name, args))
     print(f"# {args.chars:,} characters, a turn appends {args.append:,}; medians of {args.rounds} rounds "
           f"(alternating); baseline {args.baseline}; ratio = baseline / this")
-    kinds = ["stateless_ms", "turn_ms"] + (["list_keyed_ms", "list_keyless_ms"] if args.lists else [])
+    kinds = ["stateless_ms", "turn_ms"] + (["list_keyed_ms", "list_keyless_ms"] if args.lists else []) \
+        + (["interleaved_ms"] if args.interleaved else [])
     print("| tokenizer | " + " | ".join(f"{k[:-3]} baseline | {k[:-3]} this | ratio" for k in kinds) + " |")
     print("| --- " * (1 + 3 * len(kinds)) + "|")
     for name in names:
