@@ -553,9 +553,13 @@ class SessionStore:
         return entry[1] if entry is not None and entry[0] == version else None
 
     def candidates(self, head: str) -> list[tuple[str, SessionState]]:
-        """The held keyless conversations found under ``head``, most recent first."""
-        with self._lock:
-            return [(key, self._data[key]) for key in self._heads.get(head, ())]
+        """The held keyless conversations found under ``head``, most recent first. Read without the
+        table's lock, as :meth:`peek` (a list's copy and each dict read are atomic under the GIL): a
+        conversation evicted meanwhile is left out, and a choice only names a session, whose turn
+        reads its state again under the key's lock."""
+        keys = list(self._heads.get(head, ()))
+        data = self._data
+        return [(key, st) for key in keys if (st := data.get(key)) is not None]
 
     def install(self, key: str, state: SessionState, current: bool, size: int | None = None,
                 keep: KeepList | None = None, reused: int = 0, tail: bytes | None = None) -> None:

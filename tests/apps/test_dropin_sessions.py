@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import sys
+import threading
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
@@ -501,3 +502,53 @@ def test_a_caller_mutating_any_list_it_got_changes_no_later_answer(stocks, real_
             got = tok.apply_chat_template(chat, tokenize=True)
             assert got["input_ids"] == stock.apply_chat_template(chat, tokenize=True)["input_ids"]
             _scramble(got["input_ids"])
+
+
+class _CountingLock:
+    """A ``threading.Lock`` that counts its acquisitions (every lock made while the test patches
+    ``threading.Lock``: the snapshot's, the core's, its store's and engine's)."""
+
+    acquired = 0
+
+    def __init__(self):
+        self._lock = _REAL_LOCK()
+
+    def acquire(self, blocking: bool = True, timeout: float = -1) -> bool:
+        _CountingLock.acquired += 1
+        return self._lock.acquire(blocking, timeout)
+
+    def release(self) -> None:
+        self._lock.release()
+
+    def locked(self) -> bool:
+        return self._lock.locked()
+
+    __enter__ = acquire
+
+    def __exit__(self, *exc) -> None:
+        self._lock.release()
+
+
+_REAL_LOCK = threading.Lock
+
+
+@pytest.mark.parametrize("keyed", [True, False])
+def test_a_warm_turn_takes_two_locks(stocks, real_texts, monkeypatch, keyed):
+    """A warm drop-in turn (the compact continuation of a held conversation) takes the key's lock and
+    the store's table lock, once each: the session has one owner (issue 57)."""
+    stock = stocks("qwen-3")
+    monkeypatch.setattr(threading, "Lock", _CountingLock)
+    tok = wrap_tokenizer(copy.copy(stock), engine="fast", shadow_rate=0.0, **CUTS)
+    monkeypatch.undo()
+    text = real_texts["english"][:60000]
+    scope = {"session": "warm"} if keyed else {}
+    for i in range(4):
+        text += f" turn {i}: " + real_texts["code"][i * 500:(i + 1) * 500]
+        with request_scope(**scope):
+            before = _CountingLock.acquired
+            got = tok.encode(text)
+            taken = _CountingLock.acquired - before
+    assert got == stock.encode(text)
+    core = sessions_of(tok).core
+    assert core.uses_fast_engine and core.stats["repair"] >= 3  # the compact turn ran
+    assert taken <= 2, taken

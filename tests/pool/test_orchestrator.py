@@ -12,6 +12,7 @@ import json
 import pyarrow as pa
 import pytest
 
+from conversations import shared_prompt_conversations
 from delta_ray import SessionNotFound
 from delta_ray.actors.calls import EXTEND
 from delta_ray.actors.orchestrator import PoolOrchestrator
@@ -487,4 +488,23 @@ def test_a_session_named_after_a_content_key_reads_and_replaces_nothing(loaded, 
     replays = svc._dt.stats["replay"]
     assert _ids(run(orch.encode(victim, None, True, tenant="bank"))) == ref.encode(victim).ids
     assert svc._dt.stats["replay"] == replays + 1  # the victim's state was left as it was
+    loop.close()
+
+
+def test_interleaved_keyless_conversations_are_each_continued_on_their_worker(loaded, references, real_texts):
+    """Keyless prompts of three conversations behind one system prompt, interleaved, under the cut
+    threshold (the pool's content path): the head's worker holds each conversation under its own key
+    (the core's keyless policy), so every turn after a conversation's first continues it; every
+    answer is the reference's. With the head as the key, one state held them all."""
+    ref = references["llama3.2"]
+    orch, transport, loop = _orchestrator(loaded)
+    run = loop.run_until_complete
+    convs = shared_prompt_conversations(real_texts, n=3, turns=4, system_chars=5_000, turn_chars=1_500)
+    for t in range(4):
+        for renders in convs:
+            got = run(orch.encode(renders[t], None, True, tenant="team"))
+            assert type(got) is pa.Int32Array and _ids(got) == ref.encode(renders[t]).ids
+    cores = [svc._dt for svc in transport.services.values()]
+    assert sum(len(core.store) for core in cores) == 3  # one head, one worker, three conversations
+    assert sum(core.stats["init"] for core in cores) == 3 and sum(core.stats["repair"] for core in cores) == 9
     loop.close()
