@@ -363,6 +363,54 @@ def test_cited_names_exist(doc):
     assert not bad, "names that do not exist:\n" + "\n".join(bad)
 
 
+# The modules a user imports from: each says what it offers in ``__all__``.
+PUBLIC_HOMES = ("delta_ray", "delta_ray.apps.dropin", "delta_ray.serving")
+
+
+def _home_problem(span: str) -> str | None:
+    """Why a dotted ``delta_ray.`` name in a span is not a public home or a name one offers, or None."""
+    head = re.match(r"delta_ray(?:\.\w+)*", span)
+    if head is None:
+        return None
+    parts = head.group(0).split(".")
+    if parts[-1] in FILE_SUFFIXES or head.group(0) in ("delta_ray.actors", "delta_ray.scheduler"):
+        return None  # (the design's layout: where the top-level folders install)
+    for home in sorted(PUBLIC_HOMES, key=len, reverse=True):
+        hp = home.split(".")
+        if parts[:len(hp)] == hp:
+            rest = parts[len(hp):]
+            offered = _all_of(home)
+            return None if not rest or rest[0] in offered else f"{home}.__all__ has no {rest[0]}"
+    return "not a public home (" + ", ".join(PUBLIC_HOMES) + ")"
+
+
+def _all_of(module: str) -> set[str]:
+    for node in _project()[0][module].body:
+        if isinstance(node, ast.Assign) and any(getattr(t, "id", "") == "__all__" for t in node.targets):
+            return set(ast.literal_eval(node.value))
+    return set()
+
+
+@pytest.mark.parametrize("doc", DOCS, ids=lambda d: d.name)
+def test_cited_imports_are_public_homes(doc):
+    """A ``delta_ray.`` name a document cites is a public home or a name one offers in ``__all__``:
+    users import what the docs show, so the docs show no internal module."""
+    bad = [f"{doc.relative_to(ROOT)}:{n}: `{span}`: {why}" for n, span in _spans(doc)
+           if (why := _home_problem(span)) is not None]
+    assert not bad, "internal names cited:\n" + "\n".join(bad)
+
+
+def test_public_homes_declare_what_they_offer():
+    import importlib
+    for home in PUBLIC_HOMES:
+        offered = _all_of(home)
+        assert offered, f"{home} has no __all__"
+        module = importlib.import_module(home)
+        for name in offered - {"TokenizerPool", "serve_app", "tokenize_dataset", "local_app", "local_server",
+                               "run_local", "replica_endpoints", "routing_headers"}:  # these load Ray or uvicorn
+            assert getattr(module, name) is not None, (home, name)
+
+
 # -- (d) no lab notes in the documents ----------------------------------------------------------------
 DATE_RE = re.compile(r"\b20\d\d-\d\d(?:-\d\d)?\b")
 SESSION_RE = re.compile(r"\bsessions? \d+", re.I)

@@ -16,7 +16,8 @@ from .patch import (
                     unwrap_tokenizer,
                     wrap_tokenizer,
 )
+from .binding import SessionHeader
 from .scope import request_scope
 
-__all__ = ["is_wrapped", "loading_wrapped", "patch_transformers", "refresh", "request_scope", "unpatch_transformers",
-           "unwrap_tokenizer", "wrap_tokenizer"]
+__all__ = ["SessionHeader", "is_wrapped", "loading_wrapped", "patch_transformers", "refresh", "request_scope",
+           "unpatch_transformers", "unwrap_tokenizer", "wrap_tokenizer"]
