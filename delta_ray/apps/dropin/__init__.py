@@ -7,6 +7,7 @@ tenant=...)`` binds a request's identity, so a conversation's next turn re-encod
 transformers is imported on first use. The vLLM tokenizer mode lives in
 :mod:`delta_ray.apps.dropin.vllm_plugin` (loaded by vLLM through its ``vllm.general_plugins`` entry point).
 """
+from .binding import SessionHeader
 from .patch import (
                     is_wrapped,
                     loading_wrapped,
@@ -16,7 +17,6 @@ from .patch import (
                     unwrap_tokenizer,
                     wrap_tokenizer,
 )
-from .binding import SessionHeader
 from .scope import request_scope
 
 __all__ = ["SessionHeader", "is_wrapped", "loading_wrapped", "patch_transformers", "refresh", "request_scope",
