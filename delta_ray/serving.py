@@ -9,7 +9,14 @@ Serve and uvicorn load only when what needs them is asked for. ``docs/serving.md
 from __future__ import annotations
 
 import importlib
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:  # the names' own homes, for type checkers; at run time each loads on first use
+    from delta_ray.actors.serve import replica_endpoints, serve_app
+    from delta_ray.actors.serve_router import routing_headers
+    from delta_ray.actors.tenant_keys import routing_key
+    from delta_ray.scheduler.routing import rendezvous_order
+    from delta_ray.server.local import local_app, local_server, run_local
 
 __all__ = ["local_app", "local_server", "rendezvous_order", "replica_endpoints", "routing_headers", "routing_key",
            "run_local", "serve_app"]
