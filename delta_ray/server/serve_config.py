@@ -62,8 +62,8 @@ class ServeConfig:
         if not isinstance(self.tokenizer, TokenizerConfig):
             raise TypeError(f"tokenizer must be a TokenizerConfig, got {type(self.tokenizer).__name__}")
         if self.tokenizer.reuse == "content":
-            # The tokenizer's own content index knows no tenants: one index for every caller would be
-            # a cross-tenant timing oracle. Replicas reuse keyless prompts by content per tenant.
+            # The tokenizer's own keyless reuse runs without a tenant: one namespace for every caller
+            # would be a cross-tenant timing oracle. Replicas reuse keyless prompts per tenant.
             raise ValueError("Serve does not take reuse='content': keyless prompts are already reused by "
                              "content, inside each tenant (cache_salt)")
         if self.pool is not None and not isinstance(self.pool, PoolConfig):
