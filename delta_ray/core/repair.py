@@ -25,26 +25,6 @@ from .session_store import SessionState, buffer_owner, owners_bytes
 
 WINDOW_BACK = 2 * NFC_WINDOW + 64  # characters before a reused checkpoint the predicate may read
 
-_BLOCK = 1 << 16
-
-
-def common_prefix_len(a: str, b: str) -> int:
-    """Length of the longest common prefix, comparing 64K-character blocks before narrowing down."""
-    n = min(len(a), len(b))
-    if a[:n] == b[:n]:
-        return n
-    i = 0
-    while i + _BLOCK <= n and a[i:i + _BLOCK] == b[i:i + _BLOCK]:
-        i += _BLOCK
-    lo, hi = i, min(n, i + _BLOCK)  # a[:lo] == b[:lo]; they differ before hi
-    while hi - lo > 1:
-        mid = (lo + hi) // 2
-        if a[lo:mid] == b[lo:mid]:
-            lo = mid
-        else:
-            hi = mid
-    return lo if a[lo] != b[lo] else hi
-
 
 @dataclass
 class RepairResult:
@@ -216,9 +196,3 @@ def encode_turn(text_parts: tuple[str, ...], n: int, base: SessionState | None, 
         return _finish(plan, [], [])
     values, offsets = encode_flat(encoder, plan.pieces)
     return finish_flat(plan, values, offsets)
-
-
-def encode_with_base(text: str, base: SessionState | None, lcp: int, predicate: CutPredicate,
-                     encoder: Encoder, cfg: PlannerConfig, workers: int, margin: int) -> RepairResult:
-    """Encode ``text`` reusing ``base``'s IDs up to its last valid checkpoint; return the new state."""
-    return encode_turn((text,), len(text), base, lcp, predicate, encoder, cfg, workers, margin)
