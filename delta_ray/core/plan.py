@@ -123,11 +123,11 @@ class Router:
             if self.pool_from is not None and (n >= self.pool_from or busy):
                 return POOL
             if self.is_small(text) or batch:
-                return HERE if self.admitted else UNADMITTED
+                return self.in_passing()
             return CONTENT
         if host is Host.POOL:
             if self.is_small(text):  # encoded by the caller: a call to the pool costs more
-                return HERE if self.admitted else UNADMITTED
+                return self.in_passing()
             if self.admitted and not batch and self.place_here is not None and self.place_here(text):
                 return CHUNKED if n >= self.cut_threshold else HERE
             if self.admitted and not batch and self.content_reuse and n < self.cut_threshold:
@@ -138,6 +138,11 @@ class Router:
         if self.content_reuse and not batch:
             return CONTENT
         return CHUNKED if n >= self.cut_threshold else HERE
+
+    def in_passing(self) -> Route:
+        """A text encoded whole where it is, kept for nothing: by the fast paths when admitted, else
+        by the reference (a small text, or a keyless one too short to be looked up by content)."""
+        return HERE if self.admitted else UNADMITTED
 
     def session_route(self) -> Route:
         """A named session's route: its turn, or the reference's whole encode when unadmitted."""

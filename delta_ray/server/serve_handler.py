@@ -323,7 +323,7 @@ class RequestHandler:
         waiting for a key another request holds (the caller then runs this in a thread)."""
         choice = self.delta.choose_keyless(text, tenant)
         if choice is None:
-            return self.delta.encode_routed(HERE if self.delta.admission else UNADMITTED, text, None, add), ""
+            return self.delta.encode_routed(self.router.in_passing(), text, None, add), ""
         if on_loop and self._locks.busy(choice.key):
             return None
         ids, where, _ = self._session(self.router.session_route(), choice.key, text, add)
