@@ -141,8 +141,7 @@ def confinement(path: str, sizes: list[int], corpus: str, clock) -> None:
     from tokenizers import Tokenizer
 
     from delta_ray import DeltaTokenizer
-    from delta_ray.core.encoder import ReferenceEncoder
-    from delta_ray.engine.guard import GuardedEncoder
+    from delta_ray.engine.engine import FastTier
     from delta_ray.engine.native import cached_fast_encoder
     from delta_ray.verify.guard_probe import guard_set_for
 
@@ -159,8 +158,8 @@ def confinement(path: str, sizes: list[int], corpus: str, clock) -> None:
           "one thread: the whole text vs only its chunk falls back to the reference")
     print(f"{'chars':>9}{'reference MB/s':>16}{'tier whole MB/s':>17}{'tier 16 chunks MB/s':>21}{'chunked/whole':>15}"
           f"{'match':>7}")
-    whole = DeltaTokenizer(path, encoder=GuardedEncoder(giga, guard, ReferenceEncoder(ref)), threads=1)
-    chunked = DeltaTokenizer(path, encoder=GuardedEncoder(giga, guard, ReferenceEncoder(ref)), threads=16,
+    whole = DeltaTokenizer(path, encoder=FastTier(giga, guard), threads=1)
+    chunked = DeltaTokenizer(path, encoder=FastTier(giga, guard), threads=16,
                              chunk_size=4096, cut_threshold=8192)
     for size in sizes:
         text = corpus[:size // 2] + bad + corpus[size // 2:size]

@@ -52,7 +52,8 @@ def run(path, engine, n, sessions, turns, append, ref, check_every):
         base = src[s * 997:s * 997 + n]
         dt.encode(base, session=f"s{s}")
         parts[s] = [base]
-    fast = getattr(dt.core.engine_switch.current, "fast", None)
+    tier = dt.core.engine.now().tier
+    fast = tier.fast if tier is not None else None
     turn_ms, ext_ms, to_check, whole_texts = [], [], [], []
     churn = []
     for t in range(turns):

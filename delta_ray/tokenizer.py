@@ -9,17 +9,20 @@ kinds of state) and forwards the call.
 from __future__ import annotations
 
 from collections import Counter
-from typing import Sequence, overload
+from typing import TYPE_CHECKING, Sequence, overload
 
 import pyarrow as pa
 
 from .core.admission import Admission
 from .core.arguments import check_flag, check_text
 from .core.config import TokenizerConfig
-from .core.encoder import Encoder
 from .core.keys import session_key
 from .core.loading import TokenizerLike
 from .tokenizer_core import TokenizerCore
+
+if TYPE_CHECKING:
+    from .engine.engine import FastTier
+    from .engine.native import NativeEngine
 
 
 class DeltaTokenizer:
@@ -41,11 +44,11 @@ class DeltaTokenizer:
     __slots__ = ("_core",)
 
     def __init__(self, tokenizer: TokenizerLike, config: TokenizerConfig | None = None, *,
-                 encoder: Encoder | None = None, **options):
+                 encoder: FastTier | NativeEngine | None = None, **options):
         """``config`` (a :class:`~delta_ray.core.config.TokenizerConfig`) and/or its fields as keywords
         (``chunk_size``, ``cut_threshold``, ``max_chunks``, ``threads``, ``reuse``,
         ``max_session_bytes``, ``max_sessions``, ``engine``, ``shadow_rate``, ``strict``); ``encoder`` replaces
-        the engine (tests)."""
+        the admitted fast tier (tests, benchmarks)."""
         self._core = TokenizerCore(tokenizer, config, encoder=encoder, **options)
 
     @overload

@@ -20,9 +20,8 @@ from .core.admission import Admission, admit, announce_refusal
 from .core.arguments import check_flag, check_text
 from .core.assembly import concat_ids, decode_ids, flat_from_pieces, ids_to_numpy, one_chunk, to_arrow
 from .core.config import REUSE_MODES, TokenizerConfig, tokenizer_config
-from .core.confine import ConfiningEncoder
 from .core.cut_predicate import CutPredicate
-from .core.encoder import Encoder, ListEncoder, ReferenceEncoder
+from .core.encoder import ReferenceEncoder
 from .core.families import FAMILIES
 from .core.hosts import IdsLike, PoolLocal, SessionHost
 from .core.id_lists import int_list, list_bytes, untrack_ints
@@ -41,7 +40,8 @@ from .core.session_store import KeepList, SessionNotFound, SessionState, Session
 from .core.special_tokens import SpecialTokenIndex
 from .core.template import Template
 from .core.turn_path import TurnPath
-from .engine.switch import EngineSwitch
+from .engine.engine import Engine, FastTier
+from .engine.native import NativeEngine
 from .verify.admit import select_engine
 
 _INT32 = pa.int32()
@@ -76,11 +76,11 @@ class TokenizerCore:
     """
 
     def __init__(self, tokenizer: TokenizerLike, config: TokenizerConfig | None = None, *,
-                 encoder: Encoder | None = None, **options):
+                 encoder: FastTier | NativeEngine | None = None, **options):
         """``config`` (a :class:`~delta_ray.core.config.TokenizerConfig`) and/or its fields as keywords
         (``chunk_size``, ``cut_threshold``, ``max_chunks``, ``threads``, ``reuse``,
-        ``max_session_bytes``, ``max_sessions``, ``engine``, ``shadow_rate``, ``strict``); ``encoder`` replaces
-        the engine (tests)."""
+        ``max_session_bytes``, ``max_sessions``, ``engine``, ``shadow_rate``, ``strict``); ``encoder``
+        replaces the admitted fast tier (tests, benchmarks): a guarded tier, or an engine with no guard."""
         self.config = cfg = tokenizer_config(config, options)  # the options, as given (validated)
         self._loaded = load_tokenizer(tokenizer)
         self.planner = cfg.planner
@@ -93,18 +93,17 @@ class TokenizerCore:
         self.template = Template.of(self._admission)
         self._reference = ReferenceEncoder(self._loaded)  # a lazy loaded one: built on first use
         self._reference_is_native = api_generation() >= 1  # tokenizers 1.x: as fast as the fast tier
-        # The encoder seam: a switchable engine (reference, or the guarded fast tier once admitted),
-        # sampled by the shadow verifier. Unadmitted configurations only ever use the reference.
-        self.engine_switch = EngineSwitch(self._reference, shadow_rate)
-        if encoder is not None:
-            self.engine_switch.use(encoder, f"{encoder.name} (given)")
-        elif self._admission:
-            select_engine(engine, self._loaded.config_bytes, self.engine_switch, digest=self._loaded.digest)
-        self.shadow = self.engine_switch.shadow
         self._predicate = build_predicate(self._loaded, self._admission) if self._admission else None
-        # A guarded code point sends only a window around it to the reference, not its whole chunk.
-        self._confining = ConfiningEncoder(self.engine_switch, self._predicate)
-        self.encoder: ListEncoder = self._confining
+        # The encoder seam: the reference, or the guarded fast tier once admitted (a guarded code
+        # point sends only a window around it to the reference), sampled by the shadow verifier.
+        # Unadmitted configurations only ever use the reference.
+        self.engine = Engine(self._reference, self._predicate, shadow_rate)
+        if encoder is not None:
+            tier = encoder if isinstance(encoder, FastTier) else FastTier(encoder)
+            self.engine.use(tier, f"{tier.description} (given)")
+        elif self._admission:
+            select_engine(engine, self._loaded.config_bytes, self.engine, digest=self._loaded.digest)
+        self.shadow = self.engine.shadow
         self.margin = max(C.MIN_MARGIN, max((len(t) for t in self._admission.added_tokens), default=0))
         # The one owner of this process's session state (keyed, keyless, kept lists): a session's
         # read-encode-install runs under its key's lock, so two threads extending one session
@@ -119,15 +118,15 @@ class TokenizerCore:
         self._list_affix = {True: (t.prefix.tolist(), t.suffix.tolist()), False: ([], [])}
         # A fast tier found wrong leaves nothing behind: every state it may have produced goes.
         self._purge_lock, self._purged = threading.Lock(), False
-        self.engine_switch.add_disable_listener(self._purge)
-        self._turn_path = TurnPath(self.engine_switch, self._store, self._predicate, self.margin,
+        self.engine.add_disable_listener(self._purge)
+        self._turn_path = TurnPath(self.engine, self._store, self._predicate, self.margin,
                                    self.planner, self.stats) if self._predicate is not None else None
 
     # -- public API -------------------------------------------------------------------------
     @property
     def admission(self) -> Admission:
         """Whether the fast paths serve this tokenizer, why, and which engine encodes now."""
-        return replace(self._admission, engine=self.engine_switch.reason)
+        return replace(self._admission, engine=self.engine.reason)
 
     @property
     def digest(self) -> str:
@@ -216,18 +215,18 @@ class TokenizerCore:
     def prepare_lists(self) -> None:
         """Start the fast engine's list entry point check in the background (the drop-in calls this
         when it attaches, so that the first requests find it done); nothing on the reference."""
-        self._confining.prepare_lists()
+        self.engine.prepare_lists()
 
     @property
     def uses_fast_engine(self) -> bool:
         """Whether the fast tier encodes now (it may be switched off for good by the shadow check)."""
-        return self.engine_switch.now().guarded is not None
+        return self.engine.now().tier is not None
 
     def fast_allows(self, text: str) -> bool:
         """Whether the fast engine in use now would encode all of ``text`` (its guard allows every
         code point of it): the text then costs the fast engine's time, not the reference's."""
-        fp = self.engine_switch.fast_path()
-        return fp is not None and (fp.allows is None or fp.allows(text))
+        now = self.engine.now()
+        return now.tier is not None and (now.allows is None or now.allows(text))
 
     def turn_chars(self, session: str, delta_chars: int) -> int:
         """The characters a turn appending ``delta_chars`` to ``session`` re-encodes, read in O(1)
@@ -241,7 +240,7 @@ class TokenizerCore:
 
     def run_pieces(self, pieces: list[str]) -> list[np.ndarray]:
         """The in-process executor: each piece's IDs (no post-processing) from the current engine."""
-        return self.encoder.encode_pieces(pieces)
+        return self.engine.encode_pieces(pieces)
 
     def finish(self, ids: np.ndarray, add_special_tokens: bool) -> np.ndarray:
         """A plan's concatenated piece IDs, post-processed (template) when asked."""
@@ -390,10 +389,10 @@ class TokenizerCore:
         plan = self.plan(text, LIST_PIECES_PER_THREAD * self.threads) if route is CHUNKED else None
         if plan is not None and plan.cuts:
             self.stats["chunked"] += 1
-            ids = self._threads.encode_list(self.encoder, plan.pieces, self.threads, self.uses_fast_engine)
+            ids = self._threads.encode_list(self.engine, plan.pieces, self.threads, self.uses_fast_engine)
         else:
             self.stats["whole"] += 1
-            ids = ids_list(self.encoder, [text])
+            ids = ids_list(self.engine, [text])
         template = self.template.when(add_special_tokens)
         if template.added:
             ids[:0] = template.prefix.tolist()
@@ -438,7 +437,7 @@ class TokenizerCore:
             plan_pieces = self._batch_pieces(t)
             pieces.extend(plan_pieces)
             counts[i] = len(plan_pieces)
-        values, piece_offsets = self._threads.encode_flat(self.encoder, pieces, threads or 1, self.uses_fast_engine)
+        values, piece_offsets = self._threads.encode_flat(self.engine, pieces, threads or 1, self.uses_fast_engine)
         if len(pieces) == len(texts):
             offsets = piece_offsets
         else:
@@ -466,15 +465,16 @@ class TokenizerCore:
         has not run yet. The switch to the reference is immediate but its purge listener runs after
         the rejection is persisted; without this, a turn in between could reuse the disabled
         engine's IDs (a replay returned them unchanged)."""
-        if not self._purged and self.engine_switch.disabled_reason is not None:
-            self._purge(self.engine_switch.disabled_reason)
+        disabled = self.engine.disabled_reason
+        if not self._purged and disabled is not None:
+            self._purge(disabled)
         return self._store
 
     def _install(self, key: str, state: SessionState, generation: int, keep: KeepList | None = None,
                  reused: int = 0) -> None:
         """Store a state unless the engine switched while it was computed (it may be the wrong
         engine's); ``keep``: the caller's kept list (:meth:`SessionStore.install`)."""
-        self._store.install(key, state, self.engine_switch.generation == generation, None, keep, reused)
+        self._store.install(key, state, self.engine.generation == generation, None, keep, reused)
 
     def _batch_route(self) -> Route:
         """The router's decision for a batch as a whole (:meth:`Router.batch`)."""
@@ -491,7 +491,7 @@ class TokenizerCore:
             self.stats["whole"] += 1
             return self.run_pieces([plan.text])[0]
         self.stats["chunked"] += 1
-        values, _ = self._threads.encode_flat(self.encoder, plan.pieces, self.threads, self.uses_fast_engine)
+        values, _ = self._threads.encode_flat(self.engine, plan.pieces, self.threads, self.uses_fast_engine)
         return values
 
     def _reference_session(self, key: str, text: str, add_special_tokens: bool) -> np.ndarray:
@@ -539,9 +539,9 @@ class TokenizerCore:
             if peeked:
                 self._store.get(key)  # recently used, though this turn installs nothing
             return held, held.n_ids, None
-        switch = self.engine_switch
-        generation = switch.generation
-        route = self.router.turn(lcp, fast=switch.current is not self._reference) if state is not None else REENCODE
+        now = self.engine.now()
+        generation = now.generation
+        route = self.router.turn(lcp, fast=now.tier is not None) if state is not None else REENCODE
         if route is not REENCODE and continues:
             turn_path = cast(TurnPath, self._turn_path)  # an admitted core's turn (the router's)
             done = turn_path.step(key, held, delta if delta is not None else new[held.n_chars:], keep)
@@ -553,7 +553,7 @@ class TokenizerCore:
         if route is REENCODE and state is not None:
             state, lcp = None, 0  # cheaper whole: a first encode's state (IDs and checkpoints)
             self.stats["reencode"] += 1
-        res = encode_turn(parts, n, state, lcp, cast(CutPredicate, self._predicate), self.encoder, self.planner,
+        res = encode_turn(parts, n, state, lcp, cast(CutPredicate, self._predicate), self.engine, self.planner,
                           self.threads, self.margin)
         self.stats["repair" if res.reused_tokens else "init"] += 1
         self._install(key, res.state, generation, keep, res.reused_tokens)

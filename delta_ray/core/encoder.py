@@ -23,13 +23,24 @@ PARALLEL_MIN_CHARS = 32768  # below this total, pieces are encoded sequentially
 
 @runtime_checkable
 class Encoder(Protocol):
-    """Encodes pieces of text to int32 IDs with no post-processing."""
+    """Encodes pieces of text to int32 IDs with no post-processing, in each output shape a caller
+    needs: one array per text, one flat buffer with offsets, or Python lists (the drop-in's
+    container). Every shape is declared, so no caller probes an encoder for one."""
 
     @property
     def name(self) -> str: ...
 
     def encode_pieces(self, texts: Sequence[str]) -> list[np.ndarray]:
         """Return one int32 array per text, equal to the reference's IDs with add_special_tokens=False."""
+        ...
+
+    def encode_flat(self, texts: Sequence[str]) -> tuple[np.ndarray, np.ndarray]:
+        """The IDs of ``texts`` concatenated, and each text's start in them (len(texts) + 1 offsets)."""
+        ...
+
+    def encode_lists(self, texts: Sequence[str]) -> list[list[int]] | None:
+        """One Python list of IDs per text where the encoder makes them itself, or None: the caller
+        then converts :meth:`encode_flat`'s values."""
         ...
 
 
@@ -52,61 +63,28 @@ class Guard(Protocol):
         """Indices of every guarded code point in ``text``."""
         ...
 
-
-class GuardedTier(Encoder, Protocol):
-    """The fast tier in use (``engine.guard.GuardedEncoder``), as the core runs it directly: every
-    capability declared, so no caller probes an engine object for one."""
-
-    fast_texts: int
-
-    @property
-    def guard(self) -> Guard: ...
-
-    def fast_pieces(self, texts: list[str]) -> list[np.ndarray]:
-        """The fast engine's IDs of ``texts``, one int32 array each (the caller checked the guard)."""
-        ...
-
-    def fast_flat(self, texts: list[str]) -> tuple[np.ndarray, np.ndarray]:
-        """The fast engine's flat IDs and offsets of ``texts`` (the caller checked the guard)."""
-        ...
-
-    def fast_lists(self, texts: list[str]) -> list[list[int]] | None:
-        """The fast engine's own Python lists of ``texts``, or None where it has no trusted list
-        entry point yet (the caller checked the guard)."""
-        ...
-
-    def check_lists(self, *, background: bool = False) -> bool | None:
-        """Check the fast engine's list entry point (in the background when asked)."""
-        ...
+    def __len__(self) -> int: ...
 
 
-@runtime_checkable
-class FlatEncoder(Encoder, Protocol):
-    """An encoder with its own flat output: one int32 buffer and int64 offsets, no per-text arrays."""
+class PiecesEncoder:
+    """An encoder that makes only arrays: its flat output is assembled from them, and it has no
+    lists of its own. Subclasses implement :meth:`encode_pieces`."""
+
+    name = "pieces"
+
+    def encode_pieces(self, texts: Sequence[str]) -> list[np.ndarray]:
+        raise NotImplementedError
 
     def encode_flat(self, texts: Sequence[str]) -> tuple[np.ndarray, np.ndarray]:
-        """The IDs of ``texts`` concatenated, and each text's start in them (len(texts) + 1 offsets)."""
-        ...
-
-
-class ListEncoder(FlatEncoder, Protocol):
-    """An encoder that may answer Python lists straight from its engine (the confining encoder):
-    ``encode_lists`` returns None where it cannot, and the caller converts ``encode_flat``'s values."""
+        """:meth:`encode_pieces`' arrays as one buffer and offsets."""
+        return flat_from_pieces(self.encode_pieces(texts))
 
     def encode_lists(self, texts: Sequence[str]) -> list[list[int]] | None:
-        """One list of IDs per text from the engine's own list builder, or None."""
-        ...
+        """None: the caller converts :meth:`encode_flat`'s values."""
+        return None
 
 
-def encode_flat(encoder: Encoder, texts: Sequence[str]) -> tuple[np.ndarray, np.ndarray]:
-    """``encoder``'s IDs of ``texts`` as one int32 buffer plus int64 offsets: the engine's own flat
-    output where it declares one (:class:`FlatEncoder`), else assembled from ``encode_pieces``."""
-    if isinstance(encoder, FlatEncoder):
-        return encoder.encode_flat(texts)
-    return flat_from_pieces(encoder.encode_pieces(texts))
-
-
-class ReferenceEncoder:
+class ReferenceEncoder(PiecesEncoder):
     """The reference ``tokenizers`` pipeline, used through its GIL-releasing batch form.
 
     ``encode_batch_fast`` (``encode_batch`` under tokenizers 1.x, :mod:`delta_ray.core.reference_api`)

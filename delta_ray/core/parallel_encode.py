@@ -9,7 +9,7 @@ from typing import cast
 
 import numpy as np
 
-from .encoder import Encoder, ListEncoder, encode_flat
+from .encoder import Encoder
 from .id_lists import int_list
 
 MIN_PARALLEL_CHARS = 65536  # below this a second thread costs more than it saves
@@ -17,13 +17,13 @@ STRAGGLER_SLACK_S = 0.0002  # encode_list: added to a late helper's expected tim
 LIST_PIECES_PER_THREAD = 2  # encode_list: pieces per thread (a piece's conversion overlaps the next one's encode)
 
 
-def ids_list(encoder: ListEncoder, pieces: list[str]) -> list[int]:
+def ids_list(encoder: Encoder, pieces: list[str]) -> list[int]:
     """The pieces' IDs, concatenated in order, as one Python list, in one engine call: the engine's own
     lists where the encoder has them for these pieces (``encode_lists``: the guarded fast engine's
     direct path, docs/dropin.md §14), else its flat int32 values converted."""
     lists = encoder.encode_lists(pieces)
     if lists is None:
-        return int_list(encode_flat(encoder, pieces)[0])
+        return int_list(encoder.encode_flat(pieces)[0])
     out = lists[0]
     for part in lists[1:]:
         out += part
@@ -42,7 +42,7 @@ class PieceThreads:
     """A lazily grown thread pool that encodes pieces in contiguous groups of about equal length.
 
     The groups' flat outputs are concatenated in order, so the values and offsets are exactly
-    those of encoding the pieces one after another (:func:`delta_ray.core.encoder.encode_flat`).
+    those of encoding the pieces one after another (the encoder's own ``encode_flat``).
     """
 
     def __init__(self) -> None:
@@ -56,9 +56,9 @@ class PieceThreads:
         when ``parallel`` (an engine that releases the GIL) and the work is large enough."""
         total = sum(map(len, pieces))
         if not parallel or threads <= 1 or len(pieces) < 2 or total < MIN_PARALLEL_CHARS:
-            return encode_flat(encoder, pieces)
+            return encoder.encode_flat(pieces)
         groups = _groups(pieces, total, threads)
-        parts = list(self._executor(threads).map(lambda g: encode_flat(encoder, g), groups))
+        parts = list(self._executor(threads).map(lambda g: encoder.encode_flat(g), groups))
         values = np.concatenate([v for v, _ in parts]).astype(np.int32, copy=False)
         offsets = np.zeros(len(pieces) + 1, dtype=np.int64)
         pos, base = 1, 0
@@ -68,7 +68,7 @@ class PieceThreads:
             base += len(v)
         return values, offsets
 
-    def encode_list(self, encoder: ListEncoder, pieces: list[str], threads: int, parallel: bool = True) -> list[int]:
+    def encode_list(self, encoder: Encoder, pieces: list[str], threads: int, parallel: bool = True) -> list[int]:
         """The pieces' IDs, concatenated in order, as one Python list (what transformers returns).
 
         The same engine on the same pieces as :meth:`encode_flat`; only the container differs. The

@@ -17,7 +17,7 @@ import numpy as np
 from delta_ray.core import constants as C
 
 from .cut_predicate import NFC_WINDOW, CutPredicate
-from .encoder import Encoder, encode_flat
+from .encoder import Encoder
 from .plan import pieces_between
 from .planner import Cut, PlannerConfig, plan_cuts, tail_cut
 from .rope import CheckpointLog, merge_id_parts, merge_text_parts, suffix_parts
@@ -194,5 +194,5 @@ def encode_turn(text_parts: tuple[str, ...], n: int, base: SessionState | None, 
     plan = plan_turn(text_parts, n, base, lcp, predicate, cfg, workers, margin)
     if not plan.pieces:
         return _finish(plan, [], [])
-    values, offsets = encode_flat(encoder, plan.pieces)
+    values, offsets = encoder.encode_flat(plan.pieces)
     return finish_flat(plan, values, offsets)

@@ -3,7 +3,7 @@
 After an idle every code path a call touches is cold (a server's neighbours soon evict the
 caches), so a turn costs roughly a fixed price per distinct native entry point it
 enters. The general turn (:func:`delta_ray.core.repair.encode_turn`) enters numpy, pyarrow, the
-five-layer encoder stack and the planner's general form; this one, for the common continuation,
+engine's general paths and the planner's general form; this one, for the common continuation,
 enters the engine once and pyarrow three times (one buffer, two arrays over it) and otherwise runs
 plain Python over ints, strs and tuples.
 
@@ -11,8 +11,8 @@ It is the general turn restricted to the case where the general turn would do ex
 §15): the stored state's last checkpoint is valid for the new text (its evidence lies in the stored
 text), the span after it is too short for chunk cuts or intermediate checkpoints, the repair is
 the router's choice (not a whole re-encode: its caller asks the router once), a tail cut exists, and the engine in use
-now offers its native flat call (:meth:`~delta_ray.engine.switch.EngineSwitch.fast_path`) behind a guard that
-allows both pieces; anything else returns None and the caller runs the general turn. Every step is
+now (one read of :meth:`~delta_ray.engine.engine.Engine.now`) is a fast tier with a native flat call, behind a guard
+that allows both pieces; anything else returns None and the caller runs the general turn. Every step is
 the general turn's own, called, not copied: the tail cut (:func:`~delta_ray.core.planner.tail_cut`),
 the guard's test, the shadow verifier's sampling step, the checkpoint log's append
 (:meth:`~delta_ray.core.rope.CheckpointLog.append_in_place`) and the store's install, which stores
@@ -45,37 +45,46 @@ _from_buffers = pa.Array.from_buffers
 class TurnShadow(Protocol):
     """The shadow verifier's sampling step, as the turn runs it (``engine.shadow.ShadowVerifier``)."""
 
-    def sampled(self, enc: Any) -> bool: ...
+    def sampled(self) -> bool: ...
 
     def queue_flat(self, texts: Sequence[str], values: np.ndarray, offsets: np.ndarray, enc: Any) -> None: ...
 
 
-class TurnFastPath(Protocol):
-    """The engine in use as the turn runs it directly (``engine.switch.FastPath``)."""
+class TurnTier(Protocol):
+    """The fast tier in use, as the turn counts its work (``engine.engine.FastTier``)."""
+
+    fast_texts: int
+
+    @property
+    def description(self) -> str: ...
+
+
+class TurnNow(Protocol):
+    """One read of the engine in use (``engine.engine.EngineNow``)."""
 
     @property
     def generation(self) -> int: ...
 
     @property
-    def engine(self) -> Any: ...
+    def tier(self) -> TurnTier | None: ...
 
     @property
-    def encode(self) -> Callable[[list[str]], tuple[bytes, bytes]]: ...
+    def raw_flat(self) -> Callable[[list[str]], tuple[bytes, bytes]] | None: ...
 
     @property
     def allows(self) -> Callable[[str], bool] | None: ...
 
-    @property
-    def shadow(self) -> TurnShadow: ...
-
 
 class TurnEngine(Protocol):
-    """The engine switch as the turn reads it (``engine.switch.EngineSwitch``)."""
+    """The engine as the turn reads it (``engine.engine.Engine``)."""
 
     @property
     def generation(self) -> int: ...
 
-    def fast_path(self) -> TurnFastPath | None: ...
+    @property
+    def shadow(self) -> TurnShadow: ...
+
+    def now(self) -> TurnNow: ...
 
 
 def merge_chunks(chunks: tuple[Any, ...], lens: tuple[int, ...]) -> tuple[tuple[Any, ...], tuple[int, ...], bool]:
@@ -92,7 +101,7 @@ class TurnPath:
 
     def __init__(self, engine: TurnEngine, store: SessionStore, predicate: CutPredicate, margin: int,
                  planner: PlannerConfig, stats: dict[str, int]):
-        self._engine = engine  # engine.switch.EngineSwitch: the engine in use, its generation and fast path
+        self._engine = engine  # engine.engine.Engine: the engine in use (read once a turn), its shadow
         self._store = store
         self._pred = predicate
         self._margin = margin
@@ -109,9 +118,10 @@ class TurnPath:
         engine's buffer of the IDs after them (native int32, read-only). None where the general
         repair must run (see the module docstring). Called under the session's lock; ``keep``: the
         caller's kept list, stored with the state (:meth:`SessionStore.install`)."""
-        fast = self._engine.fast_path()
+        now = self._engine.now()
+        encode, tier = now.raw_flat, now.tier
         last = state.last_checkpoint
-        if fast is None or last is None or not delta:
+        if encode is None or tier is None or last is None or not delta:
             return None
         pos, k, ext = last
         n0 = state.n_chars
@@ -129,19 +139,18 @@ class TurnPath:
         skip = self._pred.piece_skip  # the turn's hot path: two plain slices where nothing is skipped
         pieces = (pieces_between(window, (wb, cut.pos, len(window)), skip, w0) if skip
                   else [window[wb:cut.pos], window[cut.pos:]])
-        allows = fast.allows
+        allows = now.allows
         if allows is not None and not (allows(pieces[0]) and allows(pieces[1])):
             return None  # the general path confines the guarded code points
         checkpoint()
         try:
-            buf, offs = fast.encode(pieces)
+            buf, offs = encode(pieces)
         except (TypeError, UnicodeEncodeError) as exc:  # as FastEncoder: the reference refuses these too
             raise ValueError(f"the fast engine rejected the text: {exc}") from exc
-        engine = fast.engine
-        engine.fast_texts += 2
-        shadow = fast.shadow
-        if shadow.sampled(engine):
-            shadow.queue_flat(pieces, np.frombuffer(buf, dtype=np.int32), np.frombuffer(offs, dtype=np.int64), engine)
+        tier.fast_texts += 2
+        shadow = self._engine.shadow
+        if shadow.sampled():
+            shadow.queue_flat(pieces, np.frombuffer(buf, dtype=np.int32), np.frombuffer(offs, dtype=np.int64), tier)
         t = int.from_bytes(offs[8:16], "little")  # the cut's index in the new IDs
         m = len(buf) >> 2
         pybuf = _py_buffer(buf)
@@ -172,7 +181,7 @@ class TurnPath:
         tail = window[w1 - w0:]
         new = SessionState.compact(text_parts, n, k + m, (log, a, b), cp, chunks,
                                    (kept + (cut_ids,), lens + (t,), True, w1, tail), (tb, ib))
-        self._store.install(key, new, self._engine.generation == fast.generation,
+        self._store.install(key, new, self._engine.generation == now.generation,
                             None if tb is None or ib is None else  # entry_bytes, from known parts
                             sys.getsizeof(key) + tb + ib + 24 * (b - a) + sys.getsizeof(tail), keep, k, buf)
         self._stats["repair"] += 1

@@ -1,9 +1,9 @@
-"""What runs on every request of the fast tier: the guard set and the guarded encoder.
+"""What runs on every request of the fast tier: the guard set.
 
 A :class:`GuardSet` holds the code points on which a fast engine may disagree with the reference
 for one tokenizer (derived by :mod:`delta_ray.verify.guard_probe`, cached as part of an admission record);
-``allows(text)`` says whether the engine may encode a text. :class:`GuardedEncoder` sends each text
-to the fast engine when the guard allows it and to the reference otherwise. Also here: the range
+``allows(text)`` says whether the engine may encode a text (:class:`delta_ray.engine.engine.Engine`
+sends the rest to the reference). Also here: the range
 form a guard set is stored in, with its digest and validation (every record that carries one).
 """
 from __future__ import annotations
@@ -16,10 +16,6 @@ from dataclasses import dataclass, field
 from typing import Any, Iterable, Sequence, cast
 
 import numpy as np
-
-from ..core.assembly import flat_from_pieces
-from ..core.encoder import Encoder
-from .native import FastEncoder
 
 
 def _ranges(cps: Iterable[int]) -> list[tuple[int, int]]:
@@ -179,66 +175,3 @@ def valid_guard_payload(p: dict[str, Any]) -> bool:
     """A stored guard set: valid ranges bound to their digest, and a stats dict."""
     return (valid_ranges(p.get("ranges")) and p.get("ranges_sha256") == ranges_digest(p["ranges"])
             and isinstance(p.get("stats"), dict))
-
-
-class GuardedEncoder:
-    """``Encoder`` that sends each text to the fast engine when the guard allows it, else to the reference."""
-
-    name = "fast"
-    description: str  # set by the admission that made it (delta_ray.verify.admit), for logs
-
-    def __init__(self, fast: FastEncoder, guard: GuardSet, fallback: Encoder, *,
-                 verdict_key: dict[str, Any] | None = None):
-        self.fast = fast
-        self.guard = guard
-        self.fallback = fallback  # an Encoder, e.g. delta_ray.core.encoder.ReferenceEncoder
-        self.verdict_key = verdict_key  # where a caught mismatch persists the rejection
-        self.fast_texts = 0
-        self.fallback_texts = 0
-
-    def fast_pieces(self, texts: list[str]) -> list[np.ndarray]:
-        """The fast engine's IDs of ``texts``, one array each (the caller checked the guard)."""
-        return self.fast.encode_pieces(texts)
-
-    def fast_flat(self, texts: list[str]) -> tuple[np.ndarray, np.ndarray]:
-        """The fast engine's flat IDs of ``texts`` (the caller checked the guard)."""
-        return self.fast.encode_flat(texts)
-
-    def fast_lists(self, texts: list[str]) -> list[list[int]] | None:
-        """The fast engine's own lists of ``texts``, None where it has no trusted list entry point
-        (the caller checked the guard). An engine without one at all (a test's) answers None."""
-        lists = getattr(self.fast, "encode_lists", None)  # an engine's optional entry point, read here only
-        return lists(texts) if lists is not None else None
-
-    def check_lists(self, *, background: bool = False) -> bool | None:
-        """Start (or run) the fast engine's list entry point check; None where it has none."""
-        check = getattr(self.fast, "check_lists", None)  # an engine's optional check, read here only
-        return check(background=background) if check is not None else None
-
-    def encode_flat(self, texts: Sequence[str]) -> tuple[np.ndarray, np.ndarray]:
-        """Flat IDs straight from the engine when the guard allows every text, else via pieces."""
-        texts = list(texts)
-        if all(self.guard.allows(t) for t in texts):
-            self.fast_texts += len(texts)
-            return self.fast.encode_flat(texts)
-        return flat_from_pieces(self.encode_pieces(texts))
-
-    def encode_pieces(self, texts: Sequence[str]) -> list[np.ndarray]:
-        texts = list(texts)
-        if not texts:
-            return []
-        ok = [self.guard.allows(t) for t in texts]
-        if all(ok):
-            self.fast_texts += len(texts)
-            return self.fast.encode_pieces(texts)
-        out: list[np.ndarray | None] = [None] * len(texts)
-        fast_idx = [i for i, k in enumerate(ok) if k]
-        slow_idx = [i for i, k in enumerate(ok) if not k]
-        for i, ids in zip(fast_idx, self.fast.encode_pieces([texts[i] for i in fast_idx]) if fast_idx else []):
-            out[i] = ids
-        for i, ids in zip(slow_idx, self.fallback.encode_pieces([texts[i] for i in slow_idx])):
-            out[i] = ids
-        self.fast_texts += len(fast_idx)
-        self.fallback_texts += len(slow_idx)
-        return out  # type: ignore[return-value]
-

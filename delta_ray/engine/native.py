@@ -68,6 +68,7 @@ import numpy as np
 
 from ..core.assembly import flat_from_pieces
 from ..core.charclass import candidate_source
+from ..core.encoder import Encoder, PiecesEncoder
 from ..core.errors import DeltaRayError
 from ..core.reference_api import FULL_API
 from ..core.reference_version import reference_version
@@ -308,6 +309,34 @@ class NativeBackend(Protocol):
 FlatCall = Callable[[list[str]], tuple[np.ndarray, np.ndarray]]
 RawFlatCall = Callable[[list[str]], tuple[bytes, bytes]]  # LE int32 IDs, LE int64 offsets
 ListsCall = Callable[[list[str]], Union[list[list[int]], None]]
+
+
+
+class NativeEngine(Encoder, Protocol):
+    """A fast engine as :class:`~delta_ray.engine.engine.Engine` runs it: the core's three output
+    shapes, its native flat call where it has one, and the check of its list entry point."""
+
+    @property
+    def raw_flat(self) -> RawFlatCall | None:
+        """The engine's flat call answering raw buffers (LE int32 IDs, LE int64 offsets), or None."""
+        ...
+
+    def check_lists(self, *, background: bool = False) -> bool | None:
+        """Check the list entry point (in the background when asked); None where it has none or
+        the check runs."""
+        ...
+
+
+class PiecesEngine(PiecesEncoder):
+    """A fast engine that makes only arrays (an engine under test, a wrapper): no raw flat call and
+    no list entry point."""
+
+    name = "fast"
+    raw_flat: RawFlatCall | None = None
+
+    def check_lists(self, *, background: bool = False) -> bool | None:
+        return None
+
 
 _LISTS_CHECK_LOCK = threading.Lock()
 _BACKEND_CLASSES: dict[str, Callable[[bytes], NativeBackend]] = {"fastokens": _FastokensBackend,

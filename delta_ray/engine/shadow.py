@@ -2,7 +2,7 @@
 
 A sampled call's texts and answers are queued; one background thread re-encodes them with the
 reference and compares. Any mismatch switches the tokenizer back to the reference tier for good
-(``EngineSwitch.back_to_reference``), which persists the rejection and makes every owner discard
+(``Engine.back_to_reference``), which persists the rejection and makes every owner discard
 the states the engine produced. Log lines carry the text's length and digest, not the text, unless
 ``DELTA_RAY_LOG_TEXT=1`` (request text is user data). Counters: ``comparisons``, ``mismatches``;
 ``add_listener`` hooks metrics.
@@ -22,7 +22,7 @@ from typing import Callable, Protocol, Sequence
 
 import numpy as np
 
-from ..core.encoder import ArraysByIndex, Encoder, encode_flat
+from ..core.encoder import ArraysByIndex, Encoder
 from ..runtime.exit_guard import start_thread
 
 log = logging.getLogger("delta_ray.engine.shadow")
@@ -36,14 +36,15 @@ def describe_text(text: str) -> str:
     return f"a {len(text)}-character text {digest}"
 
 
-class VerifiedSwitch(Protocol):
-    """What the verifier reads of its switch (:class:`~delta_ray.engine.switch.EngineSwitch`)."""
+class Checked(Protocol):
+    """The fast tier whose answers are checked (:class:`~delta_ray.engine.engine.FastTier`)."""
 
     @property
-    def name(self) -> str: ...
+    def description(self) -> str: ...
 
-    @property
-    def current(self) -> Encoder: ...
+
+class VerifiedEngine(Protocol):
+    """What the verifier reads of its engine (:class:`~delta_ray.engine.engine.Engine`)."""
 
     @property
     def reference(self) -> Encoder: ...
@@ -51,18 +52,19 @@ class VerifiedSwitch(Protocol):
     def back_to_reference(self, reason: str) -> None: ...
 
 
-# A sampled call: its texts, the engine's IDs of them, and the engine; None stops the thread.
-_Sample = tuple[list[str], list[np.ndarray], Encoder]
+# A sampled call: its texts, the fast tier's IDs of them, and the tier; None stops the thread.
+_Sample = tuple[list[str], list[np.ndarray], Checked]
 
 
 class ShadowVerifier:
-    """Wraps the switchable encoder; samples fast-tier answers for background comparison."""
+    """Samples the fast tier's answers for comparison with the reference in a background thread
+    (the engine calls :meth:`check_later` after each fast call it makes)."""
 
-    def __init__(self, switch: VerifiedSwitch, rate: float, *, max_queue: int = 64, max_chars: int = 1 << 16,
+    def __init__(self, engine: VerifiedEngine, rate: float, *, max_queue: int = 64, max_chars: int = 1 << 16,
                  on_result: Callable[[bool], None] | None = None, seed: int | None = None):
         if not 0.0 <= rate <= 1.0:
             raise ValueError(f"shadow_rate must be within [0, 1], got {rate!r}")
-        self.switch = switch
+        self.engine = engine
         self._rng = random.Random(seed)
         self.rate = rate  # (a property: also draws the first gap)
         self.max_chars = max_chars  # a sampled call re-checks at most this many characters
@@ -74,10 +76,6 @@ class ShadowVerifier:
         self._thread: threading.Thread | None = None
         self._thread_lock = threading.Lock()
         self._stopping = False  # set at exit (exit_guard): the thread finishes its comparison and ends
-
-    @property
-    def name(self) -> str:
-        return self.switch.name
 
     @property
     def rate(self) -> float:
@@ -102,11 +100,11 @@ class ShadowVerifier:
             return sys.maxsize
         return int(math.log1p(-self._rng.random()) / denom)
 
-    def sampled(self, enc: Encoder) -> bool:
-        """The sampling step, once per call of the engine ``enc``: whether this call's answers are
-        re-checked (never the reference's). An unsampled call costs a countdown step (a lost
-        decrement between two threads only shifts which call is sampled)."""
-        if not self._rate or enc is self.switch.reference:
+    def sampled(self) -> bool:
+        """The sampling step, once per call of the fast tier: whether this call's answers are
+        re-checked. An unsampled call costs a countdown step (a lost decrement between two threads
+        only shifts which call is sampled)."""
+        if not self._rate:
             return False
         if self._gap:
             self._gap -= 1
@@ -133,40 +131,26 @@ class ShadowVerifier:
                 break
         return sorted(picked)
 
-    def _enqueue(self, texts: list[str], got: list[np.ndarray], enc: Encoder) -> None:
+    def _enqueue(self, texts: list[str], got: list[np.ndarray], enc: Checked) -> None:
         try:
             self._queue.put_nowait((texts, got, enc))
             self._ensure_thread()
         except queue.Full:  # verification never slows the request path
             pass
 
-    def encode_pieces(self, texts: Sequence[str]) -> list[np.ndarray]:
-        enc = self.switch.current
-        out = enc.encode_pieces(texts)
-        self.check_later(texts, out, enc)
-        return out
-
-    def check_later(self, texts: Sequence[str], out: ArraysByIndex, enc: Encoder) -> None:
-        """Sample one call's answers (``enc``'s IDs of ``texts``) for comparison off the request
-        path; a caller that ran the engine itself (the turn's direct path) samples through this."""
-        if self.sampled(enc):
+    def check_later(self, texts: Sequence[str], out: ArraysByIndex, enc: Checked) -> None:
+        """Sample one call's answers (the fast tier ``enc``'s IDs of ``texts``) for comparison off
+        the request path."""
+        if self.sampled():
             idx = self._sample(len(texts), texts)
             self._enqueue([texts[i] for i in idx], [out[i] for i in idx], enc)
 
-    def encode_flat(self, texts: Sequence[str]) -> tuple[np.ndarray, np.ndarray]:
-        """Flat IDs from the current engine; a sampled call is split into per-text arrays in the
-        verifier's thread, never on the request path."""
-        enc = self.switch.current
-        values, offsets = encode_flat(enc, texts)
-        self.check_flat_later(texts, values, offsets, enc)
-        return values, offsets
-
-    def check_flat_later(self, texts: Sequence[str], values: np.ndarray, offsets: np.ndarray, enc: Encoder) -> None:
+    def check_flat_later(self, texts: Sequence[str], values: np.ndarray, offsets: np.ndarray, enc: Checked) -> None:
         """:meth:`check_later` for a flat answer (split into per-text arrays only when sampled)."""
-        if self.sampled(enc):
+        if self.sampled():
             self.queue_flat(texts, values, offsets, enc)
 
-    def queue_flat(self, texts: Sequence[str], values: np.ndarray, offsets: np.ndarray, enc: Encoder) -> None:
+    def queue_flat(self, texts: Sequence[str], values: np.ndarray, offsets: np.ndarray, enc: Checked) -> None:
         """Queue a call that :meth:`sampled` picked, its answer flat (``values`` cut at ``offsets``):
         for a caller that holds the engine's raw buffers and makes arrays of them only when sampled."""
         texts = list(texts)
@@ -191,7 +175,7 @@ class ShadowVerifier:
             self._queue.put_nowait(None)  # wakes a waiting get(); a full queue means no get() waits
 
     def _run(self) -> None:
-        ref = self.switch.reference
+        ref = self.engine.reference
         while not self._stopping:
             item = self._queue.get()
             if item is None or self._stopping:
@@ -208,8 +192,8 @@ class ShadowVerifier:
                         self.last_mismatch = text
                         log.error("fast tier (%s) disagrees with the reference on %s; switching this "
                                   "tokenizer back to the reference and discarding its states",
-                                  getattr(enc, "description", enc.name), describe_text(text))
-                        self.switch.back_to_reference(f"shadow mismatch on a {len(text)}-character text")
+                                  enc.description, describe_text(text))
+                        self.engine.back_to_reference(f"shadow mismatch on a {len(text)}-character text")
                     for fn in self._listeners:
                         fn(same)
             except Exception:  # noqa: BLE001

@@ -5,7 +5,7 @@ engine's name and version, the reference's version, delta-ray's version, the pro
 battery's formats (the key, :func:`delta_ray.verify.admit.verdict_key`), and carrying the guard set
 with its own digest. A record that fails validation is discarded and the admission re-run; a
 rejection (failed battery, a shadow mismatch) is persisted so that no later process admits the
-engine again for the same versions. The switch persists a rejection when it leaves an engine and
+engine again for the same versions. The engine persists a rejection when it leaves its fast tier and
 watches the record of the engine it uses, so a rejection written by another process reaches it.
 """
 from __future__ import annotations
@@ -64,8 +64,8 @@ def reject_verdict(key: dict[str, Any] | None, reason: str) -> None:
 VERDICT_POLL_S = 2.0  # how often a process using the fast tier re-reads its verdict
 
 
-class WatchedSwitch(Protocol):
-    """What the watch reads of its switch (:class:`~delta_ray.engine.switch.EngineSwitch`)."""
+class WatchedEngine(Protocol):
+    """What the watch reads of its engine (:class:`~delta_ray.engine.engine.Engine`)."""
 
     @property
     def disabled_reason(self) -> str | None: ...
@@ -73,11 +73,11 @@ class WatchedSwitch(Protocol):
     def back_to_reference(self, reason: str) -> None: ...
 
 
-def watch_verdict(switch: WatchedSwitch, key: dict[str, Any]) -> None:
-    """Poll the admission record of ``switch``'s engine (an :class:`~delta_ray.engine.switch.EngineSwitch`):
+def watch_verdict(engine: WatchedEngine, key: dict[str, Any]) -> None:
+    """Poll the admission record of ``engine``'s fast tier (an :class:`~delta_ray.engine.engine.Engine`):
     a rejection persisted by another process (a pool worker whose shadow verifier caught the engine)
     disables the fast tier here too, with the same purge."""
-    ref = weakref.ref(switch)
+    ref = weakref.ref(engine)
     stop = threading.Event()
 
     def run() -> None:

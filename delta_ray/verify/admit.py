@@ -23,9 +23,9 @@ from typing import Callable
 from delta_ray.core import constants as C
 
 from ..core.encoder import ReferenceEncoder
-from ..engine.guard import GuardedEncoder, GuardSet, guard_from_ranges
+from ..engine.engine import Engine, FastTier
+from ..engine.guard import GuardSet, guard_from_ranges
 from ..engine.native import FAST_BACKENDS, FastEngineUnavailable, cached_fast_encoder, package_version
-from ..engine.switch import EngineSwitch
 from ..engine.verdicts import load_verdict, save_verdict
 from ..runtime.cache_lock import bounded_lock
 from ..runtime.exit_guard import checkpoint, start_thread
@@ -75,8 +75,8 @@ def _fuzz_at_admission(config_bytes: bytes, reference: ReferenceEncoder, fast, g
     return extra, unguardable
 
 
-def admit_fast(config_bytes: bytes, reference: ReferenceEncoder, backend: str = "auto") -> GuardedEncoder:
-    """Load, guard, fuzz and verify the fast engine (cached); a GuardedEncoder or FastEngineUnavailable."""
+def admit_fast(config_bytes: bytes, reference: ReferenceEncoder, backend: str = "auto") -> FastTier:
+    """Load, guard, fuzz and verify the fast engine (cached); a FastTier or FastEngineUnavailable."""
     checkpoint()
     fast = cached_fast_encoder(config_bytes, backend)
     checkpoint()
@@ -104,9 +104,8 @@ def admit_fast(config_bytes: bytes, reference: ReferenceEncoder, backend: str = 
                 ok, reason = False, latest["reason"]
     if not ok:
         raise FastEngineUnavailable(f"{fast.backend} {fast.backend_version} is not admitted: {reason}")
-    enc = GuardedEncoder(fast, guard, reference, verdict_key=key)
-    enc.description = f"fast ({fast.backend} {fast.backend_version}, {len(guard)} guarded code points)"
-    return enc
+    return FastTier(fast, guard, verdict_key=key,
+                    description=f"fast ({fast.backend} {fast.backend_version}, {len(guard)} guarded code points)")
 
 
 def cached_admission_exists(config_bytes: bytes, backend: str = "auto") -> bool:
@@ -127,60 +126,60 @@ _BG_LOCK = threading.Lock()
 _BG_STARTED: set[str] = set()
 
 
-def select_engine(engine: str, config_bytes: bytes, switch: EngineSwitch, *, digest: str,
+def select_engine(engine: str, config_bytes: bytes, target: Engine, *, digest: str,
                   on_ready: Callable[[str], None] | None = None) -> str:
-    """Configure ``switch`` for ``engine``; returns a human-readable reason."""
+    """Configure ``target`` for ``engine``; returns a human-readable reason."""
     if engine not in C.ENGINES:
         raise ValueError(f"engine must be one of {C.ENGINES}, got {engine!r}")
     if engine == "reference":
-        switch.reason = "reference (requested)"
-        return switch.reason
+        target.reason = "reference (requested)"
+        return target.reason
     if engine == "fast" or cached_admission_exists(config_bytes):
         try:
-            enc = admit_fast(config_bytes, switch.reference)
+            enc = admit_fast(config_bytes, target.reference)
         except FastEngineUnavailable as exc:
             if engine == "fast":
                 raise
-            switch.reason = f"reference (fast tier unavailable: {exc})"
-            return switch.reason
-        switch.use(enc, enc.description)
-        return switch.reason
+            target.reason = f"reference (fast tier unavailable: {exc})"
+            return target.reason
+        target.use(enc, enc.description)
+        return target.reason
     # auto, nothing cached: admit in the background unless disabled (tests, tiny jobs)
     if os.environ.get("DELTA_RAY_FAST_BACKGROUND", "1") == "0":
-        switch.reason = "reference (fast tier not admitted yet; background admission disabled)"
-        return switch.reason
-    switch.reason = "reference (fast tier admission running in the background)"
-    _start_background(config_bytes, switch, digest, on_ready)
-    return switch.reason
+        target.reason = "reference (fast tier not admitted yet; background admission disabled)"
+        return target.reason
+    target.reason = "reference (fast tier admission running in the background)"
+    _start_background(config_bytes, target, digest, on_ready)
+    return target.reason
 
 
-def _start_background(config_bytes: bytes, switch: EngineSwitch, digest: str, on_ready) -> None:
+def _start_background(config_bytes: bytes, target: Engine, digest: str, on_ready) -> None:
     """Admit the fast tier in a background thread (see :mod:`delta_ray.runtime.exit_guard` for how it ends
     when the process exits: at its next checkpoint, before finalization, recording nothing)."""
     def waiting(msg: str) -> None:  # shown by DeltaTokenizer.admission.engine while the lock is busy
-        if switch.disabled_reason is None:
-            switch.reason = f"reference (fast tier admission {msg})"
+        if target.disabled_reason is None:
+            target.reason = f"reference (fast tier admission {msg})"
 
     def run():
         try:
             # one probing process per machine; a stopped or hung holder is waited for with a bound
             with bounded_lock(f"admitting-{digest[:16]}.lock", on_wait=waiting) as lock:
-                if switch.disabled_reason is None:
-                    switch.reason = ("reference (fast tier admission running in the background)" if lock.held
+                if target.disabled_reason is None:
+                    target.reason = ("reference (fast tier admission running in the background)" if lock.held
                                      else f"reference (fast tier admission running: {lock.reason})")
-                enc = admit_fast(config_bytes, switch.reference)
-            switch.use(enc, enc.description)
+                enc = admit_fast(config_bytes, target.reference)
+            target.use(enc, enc.description)
             log.info("fast tier admitted: %s", enc.description)
         except FastEngineUnavailable as exc:
-            switch.reason = f"reference (fast tier unavailable: {exc})"
+            target.reason = f"reference (fast tier unavailable: {exc})"
         except Exception as exc:  # noqa: BLE001 - the reference keeps serving
-            switch.reason = f"reference (fast tier admission failed: {type(exc).__name__}: {exc})"
+            target.reason = f"reference (fast tier admission failed: {type(exc).__name__}: {exc})"
             log.warning("fast tier admission failed", exc_info=True)
         if on_ready is not None:
-            on_ready(switch.reason)
+            on_ready(target.reason)
 
     with _BG_LOCK:
-        key = f"{digest}:{id(switch)}"
+        key = f"{digest}:{id(target)}"
         if key in _BG_STARTED:
             return
         _BG_STARTED.add(key)

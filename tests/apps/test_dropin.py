@@ -394,8 +394,7 @@ def test_minimax_long_s_with_the_fast_tier(folders, pairs):
     fastokens = pytest.importorskip("fastokens", reason="the fast tier's engine (fastokens) is not installed")
     from transformers import AutoTokenizer
 
-    from delta_ray.core.encoder import ReferenceEncoder
-    from delta_ray.engine.guard import GuardedEncoder
+    from delta_ray.engine.engine import FastTier
     from delta_ray.engine.native import FastEncoder
     from delta_ray.verify.guard_probe import guard_set_for
 
@@ -404,7 +403,7 @@ def test_minimax_long_s_with_the_fast_tier(folders, pairs):
     live, ref = loaded.config_bytes, loaded.tokenizer  # the live backend's configuration
     fast = FastEncoder(live, "fastokens")
     guard = guard_set_for(live, fast, ref_tokenizer=ref, code_points=[0x17F, 0x212A, ord("I"), ord("S")])
-    guarded = wrap_tokenizer(copy.copy(stock), encoder=GuardedEncoder(fast, guard, ReferenceEncoder(ref)))
+    guarded = wrap_tokenizer(copy.copy(stock), encoder=FastTier(fast, guard))
     unguarded = wrap_tokenizer(copy.copy(stock), encoder=fast)
     want = [stock.encode(t) for t in LONG_S]
     assert want[0] == [2586, 158967]
@@ -425,9 +424,8 @@ def test_list_path_on_threads_equals_stock(pairs, real_texts):
     list where it was encoded, joined in order (``TokenizerCore.encode_list``): equal to stock, with
     guarded code points inside some pieces (those go to the reference)."""
     pytest.importorskip("fastokens", reason="the fast tier's engine (fastokens) is not installed")
-    from delta_ray.core.encoder import ReferenceEncoder
     from delta_ray.core.parallel_encode import MIN_PARALLEL_CHARS
-    from delta_ray.engine.guard import GuardedEncoder
+    from delta_ray.engine.engine import FastTier
     from delta_ray.engine.native import FastEncoder
     from delta_ray.verify.guard_probe import guard_set_for
 
@@ -436,7 +434,7 @@ def test_list_path_on_threads_equals_stock(pairs, real_texts):
         loaded = patched.__dict__[dropin_hf.STATE_ATTR].current(patched).tokenizer.core.loaded
         fast = FastEncoder(loaded.config_bytes, "fastokens")
         guard = guard_set_for(loaded.config_bytes, fast, ref_tokenizer=loaded.tokenizer, code_points=[0x17F, 0xE9])
-        tok = wrap_tokenizer(copy.copy(stock), encoder=GuardedEncoder(fast, guard, ReferenceEncoder(loaded.tokenizer)),
+        tok = wrap_tokenizer(copy.copy(stock), encoder=FastTier(fast, guard),
                              sessions=False, **SMALL_CUTS)  # the stateless list path (sessions: their own tests)
         core = tok.__dict__[dropin_hf.STATE_ATTR].current(tok).tokenizer.core
         prose, code = real_texts["english"], real_texts["code"]

@@ -37,7 +37,7 @@ _PRELUDE = textwrap.dedent("""
     from delta_ray.engine import native
     from delta_ray.engine.native import FastEncoder
     from delta_ray.verify.guard_probe import guard_set_for
-    from delta_ray.engine.guard import GuardedEncoder
+    from delta_ray.engine.engine import FastTier
 
     class WrongOnLongS(FastEncoder):
         calls = 0
@@ -100,7 +100,7 @@ def test_native_threads_equal_stock_above_the_cut_threshold():
                                   code_points=[0x17F, 0xE9, ord("a")])
             assert not guard.allows("\\u017f") and guard.allows("a")
             tok = wrap_tokenizer(copy.copy(stock), native_threads=True, sessions=False,  # the stateless cut path
-                                 encoder=GuardedEncoder(wrong, guard, ReferenceEncoder(loaded.tokenizer)))
+                                 encoder=FastTier(wrong, guard))
             core = live(tok)
             assert core.threads == 1 and core.planner.cut_threshold == 131072
             texts = [prose[:150000] + code[:60000],
@@ -148,7 +148,7 @@ def test_native_threads_minimax_long_s_equal_stock():
         guard = guard_set_for(loaded.config_bytes, fast, ref_tokenizer=loaded.tokenizer,
                               code_points=[0x17F, 0x212A, ord("I"), ord("S")])
         tok = wrap_tokenizer(copy.copy(stock), native_threads=True,
-                             encoder=GuardedEncoder(fast, guard, ReferenceEncoder(loaded.tokenizer)))
+                             encoder=FastTier(fast, guard))
         bare = wrap_tokenizer(copy.copy(stock), native_threads=True, encoder=fast)
         text = prose[:100000] + " I'\\u017f x" + code[:60000] + " I'\\u017f\\u017f" + prose[100000:130000]
         assert len(live(tok).plan(text, 2).cuts) >= 1

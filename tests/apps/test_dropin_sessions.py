@@ -363,8 +363,7 @@ def test_the_fast_engines_compact_turn(stocks, real_texts):
     """With the guarded fastokens engine the core continues a session by its compact turn (one engine
     call); the list built from its (version, k, tail) equals stock's, guarded code points included."""
     pytest.importorskip("fastokens", reason="the fast tier's engine (fastokens) is not installed")
-    from delta_ray.core.encoder import ReferenceEncoder
-    from delta_ray.engine.guard import GuardedEncoder
+    from delta_ray.engine.engine import FastTier
     from delta_ray.engine.native import FastEncoder
     from delta_ray.verify.guard_probe import guard_set_for
 
@@ -373,7 +372,7 @@ def test_the_fast_engines_compact_turn(stocks, real_texts):
     loaded = probe.__dict__[dropin_hf.STATE_ATTR].current(probe).tokenizer.core.loaded
     fast = FastEncoder(loaded.config_bytes, "fastokens")
     guard = guard_set_for(loaded.config_bytes, fast, ref_tokenizer=loaded.tokenizer, code_points=[0x17F])
-    tok = wrap_tokenizer(copy.copy(stock), encoder=GuardedEncoder(fast, guard, ReferenceEncoder(loaded.tokenizer)))
+    tok = wrap_tokenizer(copy.copy(stock), encoder=FastTier(fast, guard))
     core = sessions_of(tok).core
     for keyed in (True, False):
         for chat in agent_chat(real_texts, 8, first=30000):

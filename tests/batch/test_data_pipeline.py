@@ -309,7 +309,7 @@ def test_task_form_builds_the_reference_only_when_needed(tokenizer_paths, real_t
         core = call(texts, shadow_rate=1.0)  # the shadow check builds it in its own thread and compares
         core.shadow.drain()
         assert core.loaded.built and core.shadow.comparisons > 0 and core.shadow.mismatches == 0
-        guarded = sorted(core.engine_switch.current.guard.code_points)
+        guarded = sorted(core.engine.now().tier.guard.code_points)
         if guarded:  # a guarded code point goes to the reference, which is then built first
             tokenizer_cache.clear()
             core = call(texts[:2], shadow_rate=0.0)

@@ -14,9 +14,9 @@ import numpy as np
 import pytest
 
 from delta_ray import DeltaTokenizer, SessionNotFound
-from delta_ray.core.encoder import ReferenceEncoder
 from delta_ray.core.keys import session_key
 from delta_ray.core.session_store import owners_bytes
+from delta_ray.engine.engine import FastTier
 from exactness import chat_messages
 
 pytestmark = pytest.mark.skipif(importlib.util.find_spec("fastokens") is None, reason="fastokens is not installed")
@@ -24,10 +24,11 @@ pytestmark = pytest.mark.skipif(importlib.util.find_spec("fastokens") is None, r
 
 def _fast(tokenizer_paths, references, name: str, guard=(), **options):
     """A tokenizer on the guarded fastokens engine (given, so no admission runs) and that engine."""
-    from delta_ray.engine.guard import GuardedEncoder, GuardSet
+    from delta_ray.engine.engine import FastTier
+    from delta_ray.engine.guard import GuardSet
     from delta_ray.engine.native import cached_fast_encoder
     fast = cached_fast_encoder(open(tokenizer_paths[name], "rb").read(), "fastokens")
-    enc = GuardedEncoder(fast, GuardSet(frozenset(guard)), ReferenceEncoder(references[name]))
+    enc = FastTier(fast, GuardSet(frozenset(guard)))
     return DeltaTokenizer(tokenizer_paths[name], encoder=enc, **options), enc
 
 
@@ -100,8 +101,8 @@ def test_delta_answers_take_the_compact_path(tokenizer_paths, references, real_t
 
 
 def test_an_engine_switch_stops_the_compact_path(tokenizer_paths, references, real_texts):
-    """After the switch goes to the reference, no turn reaches the fast engine (the path binds
-    its engine per switch generation) and every answer is still the reference's."""
+    """After the engine switches to another tier, no turn reaches the old one (the path reads the
+    engine once per turn) and every answer is still the reference's."""
     ref = references["qwen-3"]
     dt, enc = _fast(tokenizer_paths, references, "qwen-3", shadow_rate=0.0)
     msgs = chat_messages(real_texts, 24)
@@ -109,12 +110,13 @@ def test_an_engine_switch_stops_the_compact_path(tokenizer_paths, references, re
     dt.encode(text, session="s")
     text += msgs[12]
     assert dt.extend("s", msgs[12]).to_pylist() == ref.encode(text).ids and _compact(dt)
-    dt.core.engine_switch.use(dt.core.engine_switch.reference, "reference (test)")
+    other = FastTier(enc.fast, enc.guard)
+    dt.core.engine.use(other, "another tier (test)")
     used = enc.fast_texts
     for m in msgs[13:]:
         text += m
         assert dt.extend("s", m).to_pylist() == ref.encode(text).ids
-    assert enc.fast_texts == used
+    assert enc.fast_texts == used and other.fast_texts > 0
 
 
 def test_a_disabled_fast_tier_leaves_no_compact_state(tokenizer_paths, references, real_texts):
@@ -129,7 +131,7 @@ def test_a_disabled_fast_tier_leaves_no_compact_state(tokenizer_paths, reference
         text += m
         dt.extend("s", m)
     assert _compact(dt)
-    dt.core.engine_switch.back_to_reference("test: shadow mismatch")
+    dt.core.engine.back_to_reference("test: shadow mismatch")
     with pytest.raises(SessionNotFound):
         dt.extend("s", msgs[15])
     used = enc.fast_texts

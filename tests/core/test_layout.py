@@ -5,8 +5,9 @@ Parts, bottom up (docs/design.md, "Map"):
                      exit, the heap kept out of full collections. Imports nothing else of the project.
   delta_ray/core     the exact core: loading, admission, cut predicate, planner, repair, session
                      store, assembly, the encoder protocol. Imports the runtime.
-  delta_ray/engine   what runs an engine at request time: the native engines, the guard, the switch
-                     and its fast path, the shadow verifier, the admission records. Imports core, runtime.
+  delta_ray/engine   what runs an engine at request time: the Engine (the one object that encodes,
+                     read once per call), the native engines, the guard, the shadow verifier, the
+                     admission records. Imports core, runtime.
   delta_ray/verify   what admits an engine: probe, fuzzer, battery, admission. Imports core, runtime, engine.
   delta_ray/*.py     the tokenizer (TokenizerCore composes core, engine and verify; DeltaTokenizer is
                      the user's facade) and the package's lazy front door.
@@ -359,8 +360,9 @@ def test_a_part_loads_without_the_parts_above_it_or_ray(part):
     subprocess.run([sys.executable, "-c", code], check=True, cwd=ROOT)
 
 
-# What an engine object may or may not offer: read only inside engine/, where GuardedEncoder and
-# EngineSwitch declare it to everyone else (core/encoder.py's GuardedTier and FlatEncoder Protocols).
+# What an engine object may or may not offer: declared in Protocols (core/encoder.py's Encoder,
+# engine/native.py's NativeEngine), read through Engine.now(); only engine/native.py reads a loaded
+# backend's optional entry points, once, when it wraps the backend.
 ENGINE_CAPABILITIES = frozenset({"fast", "guard", "raw_flat", "verdict_key", "encode_pieces", "encode_flat",
                                  "encode_lists", "check_lists", "prepare_lists", "fast_pieces", "fast_flat",
                                  "fast_lists"})
@@ -378,13 +380,31 @@ def _capability_probes(path: pathlib.Path) -> list[str]:
 
 
 def test_no_capability_is_discovered_outside_the_engine():
-    """The engine's capabilities are declared in Protocols and read through ``EngineSwitch.now()``:
-    outside ``delta_ray/engine/`` no module asks an object with getattr/hasattr whether it has one
-    (a probe would let a path decide for itself which engine may take its pieces)."""
-    engine = ROOT / "delta_ray" / "engine"
-    bad = [line for path in sorted(_modules().values()) if engine not in path.parents
+    """The engine's capabilities are declared in Protocols and read through ``Engine.now()``: no
+    module but the backends' wrapper (``engine/native.py``) asks an object with getattr/hasattr
+    whether it has one (a probe would let a path decide for itself which engine may take its pieces)."""
+    wrapper = ROOT / "delta_ray" / "engine" / "native.py"
+    bad = [line for path in sorted(_modules().values()) if path != wrapper
            for line in _capability_probes(path)]
     assert not bad, "capability probes outside engine/:\n" + "\n".join(bad)
+
+
+# The classes of the package that encode pieces: the core's Protocol, base and reference, the one Engine, and
+# the native engine with its backends. A wrapper layer around the engine would be a new name here.
+ENCODING_CLASSES = {"core/encoder.py": {"Encoder", "PiecesEncoder", "ReferenceEncoder"}, "engine/engine.py": {"Engine"},
+                    "engine/native.py": {"_FastokensBackend", "_GigatokenBackend", "NativeBackend", "FastEncoder"}}
+
+
+def test_one_engine_encodes():
+    """Only the classes of ENCODING_CLASSES define ``encode_pieces``: every path encodes through the
+    one :class:`~delta_ray.engine.engine.Engine`, not a stack of wrappers each deciding for itself."""
+    found: dict[str, set[str]] = {}
+    for path in sorted((ROOT / "delta_ray").rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.ClassDef) and any(isinstance(f, ast.FunctionDef) and f.name == "encode_pieces"
+                                                      for f in node.body):
+                found.setdefault(str(path.relative_to(ROOT / "delta_ray")), set()).add(node.name)
+    assert found == ENCODING_CLASSES
 
 
 def test_the_capability_probe_check_catches_one():

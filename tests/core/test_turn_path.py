@@ -81,7 +81,7 @@ def test_the_shared_checkpoint_log_never_changes_an_older_state(tokenizer_paths,
     dt.extend("s", msgs[10])
     base = dt.core.store.get(session_key("s"))
     before = [c.copy() for c in (base.cp_pos, base.cp_tok, base.cp_ext)]
-    args = (dt.core.predicate, dt.core.encoder, dt.core.planner, 1, dt.core.margin)
+    args = (dt.core.predicate, dt.core.engine, dt.core.planner, 1, dt.core.margin)
     n0 = base.n_chars
     a = encode_turn(base.text_parts + (msgs[11],), n0 + len(msgs[11]), base, n0, *args).state
     other = "<|im_start|>user\nsomething else entirely, 12345<|im_end|>\n"
@@ -101,14 +101,15 @@ def test_the_direct_path_keeps_the_guard_and_the_shadow(tokenizer_paths, referen
     """A turn with the guarded fast tier calls the engine directly, but only when the guard allows
     every piece (minimax-m3: fastokens splits " I'\u017f" differently from the reference, so a
     turn that skipped the guard would return wrong IDs), and the shadow verifier still samples it."""
-    from delta_ray.engine.guard import GuardedEncoder, GuardSet
+    from delta_ray.engine.engine import FastTier
+    from delta_ray.engine.guard import GuardSet
     from delta_ray.engine.native import cached_fast_encoder
     name = "minimax-m3"
     ref = references[name]
     fast = cached_fast_encoder(open(tokenizer_paths[name], "rb").read(), "fastokens")
     bad = " I'\u017f"
     assert fast.encode(bad).tolist() != ref.encode(bad, add_special_tokens=False).ids  # what the guard prevents
-    enc = GuardedEncoder(fast, GuardSet(frozenset({0x17F})), ReferenceEncoder(ref))
+    enc = FastTier(fast, GuardSet(frozenset({0x17F})))
     dt = DeltaTokenizer(tokenizer_paths[name], encoder=enc, shadow_rate=1.0)
     text = real_texts["english"][:20_000]
     dt.encode(text, session="s")
@@ -241,29 +242,31 @@ def test_added_token_prefilter_agrees_with_every_occurrence(tokenizer_paths, ref
             assert sp.overlaps(text, lo, hi) == any(s < hi and e > lo for s, e in occ), (text, lo, hi)
 
 
-def test_shadow_sampling_by_gaps_keeps_the_rate():
+def test_shadow_sampling_by_gaps_keeps_the_rate(references):
     """The shadow verifier draws the gap to its next sample instead of a number per call: each call
     is still sampled with probability ``rate`` (binomial bounds, fixed seed), 0 samples nothing, 1
     samples every call, and setting ``rate`` takes effect at once."""
     from delta_ray.engine.shadow import ShadowVerifier
 
-    class _Switch:
+    class _Engine:
         reference = None
-        name = "x"
 
     n = 40_000
     for rate in (0.0, 0.01, 0.2, 0.5, 1.0):
-        v = ShadowVerifier(_Switch(), rate, seed=3)
-        hits = sum(v.sampled("engine") for _ in range(n))
+        v = ShadowVerifier(_Engine(), rate, seed=3)
+        hits = sum(v.sampled() for _ in range(n))
         sd = (n * rate * (1 - rate)) ** 0.5
         assert abs(hits - n * rate) <= 6 * sd + 1, (rate, hits)
-    v = ShadowVerifier(_Switch(), 0.0, seed=3)
+    v = ShadowVerifier(_Engine(), 0.0, seed=3)
     v.rate = 1.0
-    assert all(v.sampled("engine") for _ in range(100))
+    assert all(v.sampled() for _ in range(100))
     v.rate = 0.0
-    assert not any(v.sampled("engine") for _ in range(n))
-    v.rate = 1.0
-    assert not v.sampled(None)  # the reference's answers are never re-checked
+    assert not any(v.sampled() for _ in range(n))
+    from delta_ray.engine.engine import Engine
+    engine = Engine(ReferenceEncoder(references["qwen-3"]), None, 1.0)
+    engine.encode_pieces(["some text"]), engine.encode_flat(["more text"])
+    engine.shadow.drain()
+    assert engine.shadow.comparisons == 0  # the reference's answers are never re-checked
 
 
 def test_to_arrow_wraps_contiguous_int32_as_is_and_converts_the_rest():

@@ -11,6 +11,8 @@ import pytest
 from delta_ray import DeltaTokenizer
 from delta_ray.core.encoder import ReferenceEncoder
 from delta_ray.core.keys import session_key
+from delta_ray.engine.engine import FastTier
+from delta_ray.engine.native import PiecesEngine
 from exactness import ADVERSARIAL, special_fragments
 
 HAS_FAST = importlib.util.find_spec("fastokens") is not None
@@ -45,14 +47,14 @@ def test_core_battery_with_the_fast_engine(name, fast_deltas, references, real_t
     for i in range(12):
         text += rnd.choice(frags) + real_texts["english"][i * 300:(i + 1) * 300 + rnd.randint(0, 40)]
         assert dt.encode(text, session="s").to_pylist() == ref.encode(text).ids
-    assert dt.core.engine_switch.current.fast_texts > 0  # the fast engine did the work
+    assert dt.core.engine.now().tier.fast_texts > 0  # the fast engine did the work
 
 
 @pytest.mark.skipif(not HAS_GIGA, reason="gigatoken is not installed")
 def test_guard_confines_a_disagreeing_engine_to_its_chunk(tokenizer_paths, references, real_texts):
     """gigatoken disagrees with the reference on some recent code points: with its guard, only the
     chunk holding one goes to the reference and the IDs stay exact; without it they would not."""
-    from delta_ray.engine.guard import GuardedEncoder
+    from delta_ray.engine.engine import FastTier
     from delta_ray.engine.native import cached_fast_encoder
     from delta_ray.verify.guard_probe import guard_set_for
 
@@ -67,7 +69,7 @@ def test_guard_confines_a_disagreeing_engine_to_its_chunk(tokenizer_paths, refer
     assert not np.array_equal(fast.encode("x " + needle + " y"),
                               ref.encode("x " + needle + " y", add_special_tokens=False).ids)
     text = real_texts["english"][:30_000] + needle + real_texts["code"][:30_000]
-    guarded = GuardedEncoder(fast, guard, ReferenceEncoder(ref))
+    guarded = FastTier(fast, guard)
     dt = DeltaTokenizer(tokenizer_paths[name], encoder=guarded, chunk_size=4096, cut_threshold=8192, threads=16)
     assert dt.encode(text).to_pylist() == ref.encode(text).ids
     assert guarded.fallback_texts == 1 and guarded.fast_texts >= 10  # one chunk confined
@@ -75,10 +77,8 @@ def test_guard_confines_a_disagreeing_engine_to_its_chunk(tokenizer_paths, refer
     assert unguarded.encode(text).to_pylist() != ref.encode(text).ids  # what the guard prevents
 
 
-class _WrongEncoder:
+class _WrongEncoder(PiecesEngine):
     """A deliberately wrong engine: the reference's IDs with the last one changed."""
-
-    name = "fast"
 
     def __init__(self, ref):
         self.ref = ReferenceEncoder(ref)
@@ -122,8 +122,8 @@ def test_a_caught_mismatch_leaves_nothing_wrong_behind(tokenizer_paths, referenc
     monkeypatch.setenv("DELTA_RAY_CACHE", str(tmp_path / "cache"))
     name = "glm-4"
     ref = references[name]
-    wrong = _WrongEncoder(ref)
-    wrong.verdict_key = verdict_key(open(tokenizer_paths[name], "rb").read(), "fastokens", "injected")
+    wrong = FastTier(_WrongEncoder(ref),
+                     verdict_key=verdict_key(open(tokenizer_paths[name], "rb").read(), "fastokens", "injected"))
     save_verdict(wrong.verdict_key, True, "admitted", [])
     dt = DeltaTokenizer(tokenizer_paths[name], encoder=wrong, shadow_rate=0.0, reuse="content")
     base = "Turn one of a long conversation. " * 200
@@ -174,8 +174,8 @@ def test_a_rejection_elsewhere_disables_the_fast_tier_here(tokenizer_paths, refe
     monkeypatch.setattr(verdicts, "VERDICT_POLL_S", 0.05)
     name = "glm-4"
     ref = references[name]
-    enc = _WrongEncoder(ref)
-    enc.verdict_key = verdict_key(open(tokenizer_paths[name], "rb").read(), "fastokens", "injected-2")
+    enc = FastTier(_WrongEncoder(ref),
+                   verdict_key=verdict_key(open(tokenizer_paths[name], "rb").read(), "fastokens", "injected-2"))
     save_verdict(enc.verdict_key, True, "admitted", [])
     dt = DeltaTokenizer(tokenizer_paths[name], encoder=enc, shadow_rate=0.0)
     dt.encode("some text " * 50, session="a")
@@ -194,7 +194,7 @@ def test_no_turn_reuses_a_disabled_engine_state_before_its_purge_has_run(tokeniz
     """The switch to the reference is immediate; the purge listener runs after the rejection is
     persisted. Turns that come in between (here: while the rejection is being written) must not
     replay or extend the disabled engine's IDs."""
-    from delta_ray.engine import switch
+    from delta_ray.engine import engine as engine_module
     monkeypatch.setenv("DELTA_RAY_CACHE", str(tmp_path / "cache"))
     ref = references["glm-4"]
     dt = DeltaTokenizer(tokenizer_paths["glm-4"], encoder=_WrongEncoder(ref), shadow_rate=0.0, reuse="content")
@@ -202,7 +202,7 @@ def test_no_turn_reuses_a_disabled_engine_state_before_its_purge_has_run(tokeniz
     assert dt.encode(text, session="a").to_pylist() != ref.encode(text).ids  # wrong, unchecked
     dt.encode(text * 3)  # a content entry too
     seen = {}
-    real_reject = switch.reject_verdict
+    real_reject = engine_module.reject_verdict
 
     def reject_meanwhile(key, reason):
         # back_to_reference has switched the engine; its listeners (the purge) have not run
@@ -211,8 +211,8 @@ def test_no_turn_reuses_a_disabled_engine_state_before_its_purge_has_run(tokeniz
         seen["content"] = dt.encode(text * 3).to_pylist()
         real_reject(key, reason)
 
-    monkeypatch.setattr(switch, "reject_verdict", reject_meanwhile)
-    dt.core.engine_switch.back_to_reference("caught in a test")
+    monkeypatch.setattr(engine_module, "reject_verdict", reject_meanwhile)
+    dt.core.engine.back_to_reference("caught in a test")
     assert seen["replay"] == ref.encode(text).ids
     assert seen["extend"] == ref.encode(text + " and more").ids
     assert seen["content"] == ref.encode(text * 3).ids
@@ -222,27 +222,21 @@ def test_no_turn_reuses_a_disabled_engine_state_before_its_purge_has_run(tokeniz
 def test_a_guarded_code_point_sends_only_a_window_to_the_reference(tokenizer_paths, references, real_texts):
     """One guarded character in a long text: the reference encodes a few thousand characters
     around it, not its whole chunk, and the IDs are exact."""
-    from delta_ray.engine.guard import GuardedEncoder, GuardSet
+    from delta_ray.engine.engine import FastTier
+    from delta_ray.engine.guard import GuardSet
     from delta_ray.engine.native import cached_fast_encoder
     name = "minimax-m3"
     ref = references[name]
-
-    class Counting(ReferenceEncoder):
-        chars = 0
-
-        def encode_pieces(self, texts):
-            Counting.chars += sum(map(len, texts))
-            return super().encode_pieces(texts)
     fast = cached_fast_encoder(open(tokenizer_paths[name], "rb").read(), "fastokens")
-    enc = GuardedEncoder(fast, GuardSet(frozenset({0x17F})), Counting(ref))
+    enc = FastTier(fast, GuardSet(frozenset({0x17F})))
     body = (real_texts["english"] * 3)[:300_000]
     text = body[:150_000] + " I'\u017f " + body[150_000:]
     for threads in (1, 4):
-        Counting.chars = 0
+        enc.fallback_chars = 0
         dt = DeltaTokenizer(tokenizer_paths[name], encoder=enc, threads=threads, chunk_size=65536,
                             cut_threshold=131072, shadow_rate=0.0)
         assert dt.encode(text).to_pylist() == ref.encode(text).ids
-        assert 0 < Counting.chars <= 8192, Counting.chars
-    Counting.chars = 0
+        assert 0 < enc.fallback_chars <= 8192, enc.fallback_chars
+    enc.fallback_chars = 0
     assert dt.encode(text, session="s").to_pylist() == ref.encode(text).ids  # sessions too
-    assert Counting.chars <= 8192 * 4
+    assert enc.fallback_chars <= 8192 * 4

@@ -14,8 +14,8 @@ import time
 import pytest
 
 from delta_ray.core.reference_api import tokenizer_from_str
+from delta_ray.engine.engine import Engine
 from delta_ray.engine.native import FastEngineUnavailable
-from delta_ray.engine.switch import EngineSwitch
 from delta_ray.verify import admit
 from delta_ray.verify.admit import select_engine
 
@@ -44,7 +44,7 @@ pytestmark = pytest.mark.usefixtures("private_cache")  # a fresh admission cache
 def switch(tokenizer_paths):
     from delta_ray.core.encoder import ReferenceEncoder
     data = open(tokenizer_paths["glm-4"], "rb").read()
-    return EngineSwitch(ReferenceEncoder(tokenizer_from_str(data.decode()))), data
+    return Engine(ReferenceEncoder(tokenizer_from_str(data.decode()))), data
 
 
 def _holder(code: str, arg: str) -> subprocess.Popen:
@@ -54,7 +54,7 @@ def _holder(code: str, arg: str) -> subprocess.Popen:
     return proc
 
 
-def _admit_in_background(switch_and_data, monkeypatch) -> tuple[EngineSwitch, threading.Event, list]:
+def _admit_in_background(switch_and_data, monkeypatch) -> tuple[Engine, threading.Event, list]:
     """select_engine("auto") with nothing cached: the background admission, with a stand-in for the
     (minutes-long) probe that records that it ran."""
     sw, data = switch_and_data

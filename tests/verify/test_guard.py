@@ -16,7 +16,8 @@ from delta_ray.apps.bundled import (
     bundled_tokenizer_path,
 )
 from delta_ray.core.encoder import Encoder, ReferenceEncoder
-from delta_ray.engine.guard import GuardedEncoder, GuardSet
+from delta_ray.engine.engine import Engine, FastTier
+from delta_ray.engine.guard import GuardSet
 from delta_ray.engine.native import cached_fast_encoder
 from delta_ray.verify.guard_battery import verify_fast_engine
 from delta_ray.verify.guard_probe import (
@@ -177,9 +178,11 @@ def test_guard_catches_a_real_disagreement(bundled):
     assert 0x16D67 in guard and 0x1AEB in guard
     assert not guard.allows(text)
     assert guard.allows("Kirat Rai is not here: ok")
-    enc = GuardedEncoder(fast, guard, ReferenceEncoder(ref))
-    assert isinstance(enc, Encoder)
-    out = enc.encode_pieces([text, "plain", "café"])
+    enc = FastTier(fast, guard)
+    engine = Engine(ReferenceEncoder(ref))
+    engine.use(enc, "the guarded tier (test)")
+    assert isinstance(engine, Encoder)
+    out = engine.encode_pieces([text, "plain", "café"])
     assert out[0].tolist() == want
     assert out[1].tolist() == ref.encode("plain", add_special_tokens=False).ids
     assert enc.fallback_texts == 1 and enc.fast_texts == 2

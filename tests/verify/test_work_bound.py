@@ -6,12 +6,11 @@ from __future__ import annotations
 
 import importlib.util
 import time
-from types import SimpleNamespace
 
 import pytest
 
 from delta_ray import DeltaTokenizer
-from delta_ray.core.confine import ConfiningEncoder
+from delta_ray.core.confine import confine
 from delta_ray.engine.guard import GuardSet
 
 NAME = "qwen-3"
@@ -80,20 +79,6 @@ def test_every_path_stays_within_10x_the_references_cpu(fast, references, shape)
     assert all(r <= 10 for r in ratios.values()), (shape, ratios)
 
 
-class _Guarded:
-    def __init__(self, guard):
-        self.guard = guard
-
-
-class _Engine:  # EngineSwitch as the confining encoder reads it: now().guarded.guard
-    def __init__(self, guard):
-        self._now = SimpleNamespace(generation=1, encoder=None, guarded=_Guarded(guard))
-        self.shadow = None
-
-    def now(self):
-        return self._now
-
-
 @pytest.mark.parametrize("shape", ["run", "every 3", "sparse", "prose"])
 def test_confinement_cuts_are_safe_and_each_position_is_scanned_once(fast, references, real_texts, shape):
     """The split's sub-pieces encode to the piece's IDs, and the scans it makes cover each position
@@ -104,7 +89,7 @@ def test_confinement_cuts_are_safe_and_each_position_is_scanned_once(fast, refer
              "sparse": prose[:20_000] + G + prose[20_000:40_000] + G * 3 + prose[40_000:],
              "prose": prose.replace("e", G, 40)}[shape]
     pred = fast.core.predicate
-    enc = ConfiningEncoder(_Engine(GuardSet(frozenset({ord(G)}))), pred)
+    guard = GuardSet(frozenset({ord(G)}))
     scanned = []
     real_scan = pred.scan_back
 
@@ -113,7 +98,7 @@ def test_confinement_cuts_are_safe_and_each_position_is_scanned_once(fast, refer
         return real_scan(text, start, stop, *a, **k)
     pred.scan_back = counting
     try:
-        subs = enc.split(piece)
+        subs = confine(piece, guard, pred)
     finally:
         del pred.scan_back
     assert "".join(subs) == piece
