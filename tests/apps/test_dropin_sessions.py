@@ -384,6 +384,45 @@ def test_the_fast_engines_compact_turn(stocks, real_texts):
     assert core.stats["repair"] >= 12
 
 
+def test_a_disabled_engine_takes_its_kept_lists_with_it(stocks, real_texts):
+    """The kept lists are the engine's output too: when the fast tier is caught (here a wrong
+    engine, its rejection simulated), the purge drops every kept list with its state, and the next
+    turns of the same conversations equal stock's. Fails if a kept list outlived its purge (its IDs
+    would be cut and extended) or a turn reused one made before it."""
+    from delta_ray.core.encoder import ReferenceEncoder
+    from delta_ray.engine.engine import FastTier
+    from delta_ray.engine.native import PiecesEngine
+
+    class Wrong(PiecesEngine):  # the reference's IDs with the last one of each piece changed
+        def __init__(self, ref):
+            self.ref = ReferenceEncoder(ref)
+
+        def encode_pieces(self, texts):
+            out = self.ref.encode_pieces(texts)
+            for ids in out:
+                if len(ids):
+                    ids[-1] = (ids[-1] + 1) % 1000
+            return out
+
+    stock = stocks("qwen-3")
+    probe = wrapped(stock)
+    loaded = probe.__dict__[dropin_hf.STATE_ATTR].current(probe).tokenizer.core.loaded
+    tok = wrap_tokenizer(copy.copy(stock), encoder=FastTier(Wrong(loaded.tokenizer)), shadow_rate=0.0)
+    table = sessions_of(tok)
+    chats = [[dict(m) for m in chat] for chat in agent_chat(real_texts, 6, first=30000)]
+    for chat in chats[:3]:
+        for key in ("k", None):
+            with request_scope(session=key):
+                assert tok.apply_chat_template(chat, **CHAT) != stock.apply_chat_template(chat, **CHAT)
+    assert table.core.store.kept_lists()  # the wrong engine's lists are kept
+    table.core.engine.back_to_reference("caught in a test")
+    assert table.core.store.kept_lists() == [] and len(table.core.store) == 0
+    for chat in chats[3:]:
+        for key in ("k", None):
+            with request_scope(session=key):
+                assert tok.apply_chat_template(chat, **CHAT) == stock.apply_chat_template(chat, **CHAT)
+
+
 def test_memory_per_token_is_what_the_docs_say(stocks, real_texts):
     """A kept session of qwen-3 English at about 36 bytes an ID plus the core's state: the figure
     docs/dropin.md gives for a server's default."""
