@@ -44,7 +44,8 @@ class WorkerService:
     def __init__(self, tokenizer: SessionHost, secret: bytes):
         self._lock = threading.Lock()
         self._secret = secret  # the pool's: authenticates the side channel and sealed session states
-        self._dt = tokenizer
+        self.core = tokenizer  # the stateless encoder
+        self.sessions = tokenizer.sessions  # the session owner
 
     @_locked
     def encode_session(self, key: str, text: str, known_version: int | None) -> tuple[int, int, np.ndarray]:
@@ -52,49 +53,49 @@ class WorkerService:
         ``key`` a keyless head (the pool's keyless texts): the conversation ``text`` continues
         under it, by the core's keyless policy (the caller then names no version)."""
         if is_keyless_head(key):
-            choice = self._dt.choose_keyless(text, head=key)
+            choice = self.sessions.choose_keyless(text, head=key)
             if choice is not None:
                 key = choice.key
-        return self._dt.encode_session_delta(key, text, known_version)
+        return self.sessions.encode_session_delta(key, text, known_version)
 
     @_locked
     def extend(self, key: str, delta: str, known_version: int | None,
                expect_version: int | None = None) -> tuple[int, int, np.ndarray]:
         """Like encode_session for the stored text plus delta; SessionNotFound if not held, or if the
         held state is not the version the caller extends (a stale extend that outlived its timeout)."""
-        return self._dt.encode_session_delta(key, "", known_version, delta=delta, expect_version=expect_version)
+        return self.sessions.encode_session_delta(key, "", known_version, delta=delta, expect_version=expect_version)
 
     @_locked
     def install(self, key: str, state: SessionState, seal: bytes) -> bool:
         """Adopt a state the pool computed (chunked initialization); refused unless its seal verifies."""
         if not verify_state(self._secret, key, state, seal):
             raise PermissionError(f"refused to install {describe(key)}: the state is not sealed by this pool")
-        self._dt.install_session(key, state)
+        self.sessions.install_session(key, state)
         return True
 
     @_locked
     def encode_pieces(self, pieces: list[str]) -> list[np.ndarray]:
-        return self._dt.run_pieces(pieces)
+        return self.core.run_pieces(pieces)
 
     @_locked
     def encode_whole(self, text: str, add_special_tokens: bool) -> np.ndarray:
         """A stateless text's IDs, post-processed (an unadmitted configuration's whole-text plan)."""
-        return self._dt.encode_ids(text, add_special_tokens=add_special_tokens)
+        return self.core.encode_ids(text, add_special_tokens=add_special_tokens)
 
     @_locked
     def has_session(self, key: str) -> bool:
-        return self._dt.has_session(key)
+        return self.sessions.has_session(key)
 
     @_locked
     def drop_session(self, key: str) -> bool:
-        return self._dt.drop_session(key)
+        return self.sessions.drop_session(key)
 
     @_locked
     def stats(self) -> dict:
-        sh = self._dt.shadow
-        return {"paths": dict(self._dt.stats), "sessions": len(self._dt.store),
-                "resident_bytes": self._dt.store.resident_bytes, "pid": os.getpid(),
-                "engine": self._dt.admission.engine,
+        sh = self.core.shadow
+        return {"paths": dict(self.core.stats), "sessions": len(self.sessions.store),
+                "resident_bytes": self.sessions.store.resident_bytes, "pid": os.getpid(),
+                "engine": self.core.admission.engine,
                 "shadow": {"comparisons": sh.comparisons, "mismatches": sh.mismatches}}
 
 
@@ -104,7 +105,7 @@ class TokenizerWorker(WorkerService):
 
     def __init__(self, config_bytes: bytes, digest: str, config: TokenizerConfig, secret: bytes):
         super().__init__(get_tokenizer(config_bytes, digest, config, settle=True), secret)
-        self._dt.shadow.add_listener(metrics.record_shadow)  # comparisons and mismatches as metrics
+        self.core.shadow.add_listener(metrics.record_shadow)  # comparisons and mismatches as metrics
         self._channel = (worker_channel.ChannelServer(self._channel_call, secret, methods=CHANNEL_METHODS)
                          if worker_channel.supported() else None)
 
@@ -119,4 +120,4 @@ class TokenizerWorker(WorkerService):
     def ready(self) -> dict:
         """Loaded and serving: the process id and node, for placement checks."""
         return {"pid": os.getpid(), "node": ray.get_runtime_context().get_node_id(),
-                "digest": self._dt.digest, "admitted": self._dt.admission.admitted}
+                "digest": self.core.digest, "admitted": self.core.admission.admitted}

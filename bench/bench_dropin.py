@@ -466,7 +466,7 @@ def run_gc(args, folder: str, native: bool | None) -> int:
             return toks[v].apply_chat_template(chat, tokenize=True, add_generation_prompt=True, return_dict=False)
 
     def kept_ids(v: str) -> int:
-        return tables[v].core.store.kept_ids
+        return tables[v].sessions.store.kept_ids
 
     # As many conversations as fit in the table: its first message to --gc-chars, then --turns
     # short turns on the last --conversations of them (the warm turns timed below).
@@ -483,11 +483,11 @@ def run_gc(args, folder: str, native: bool | None) -> int:
         table = tables[v]
         for c in range(n_fill):
             call(v, c, pool[c][:2])
-            if table.core.store.evictions:
+            if table.sessions.store.evictions:
                 break  # full: the table dropped its oldest conversation for this one
         gc.collect()
         print(f"  {v}: {len(table)} conversations held, {kept_ids(v):,} IDs kept, "
-              f"{table.resident_bytes / 2**20:.0f} MiB counted ({table.core.store.evictions} evicted); "
+              f"{table.resident_bytes / 2**20:.0f} MiB counted ({table.sessions.store.evictions} evicted); "
               f"{time.perf_counter() - t0:.0f} s", flush=True)
         if v == "untracked":
             after = collect_ms()

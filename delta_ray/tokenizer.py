@@ -99,7 +99,7 @@ class DeltaTokenizer:
 
     def drop_session(self, session: str) -> bool:
         """Forget a session; returns whether it was held."""
-        return self._core.drop_session(session_key(check_text(session, "session")))
+        return self._core.sessions.drop_session(session_key(check_text(session, "session")))
 
     @property
     def admission(self) -> Admission:

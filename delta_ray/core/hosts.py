@@ -1,7 +1,8 @@
 """What each host asks of the tokenizer it is handed: narrow interfaces over ``TokenizerCore``.
 
 A pool's caller side, a pool's worker and a Serve replica each hold a
-:class:`~delta_ray.tokenizer_core.TokenizerCore`, but each uses only the part of it named here
+:class:`~delta_ray.tokenizer_core.TokenizerCore` (the hosts of sessions also its session owner,
+``sessions``), but each uses only the part of it named here
 (``tests/core/test_hosts.py`` checks their source against these), so the core behind them can change
 without reaching into them. The types are the concrete ones: mypy checks that ``TokenizerCore`` is
 both (``tokenizer_core.py``'s last lines). Ray-free; types only.
@@ -16,11 +17,10 @@ import pyarrow as pa
 
 from .admission import Admission
 from .config import TokenizerConfig
-from .keyless import KeylessChoice
 from .plan import Plan, Route
 from .planner import PlannerConfig
 from .repair import RepairPlan
-from .session_store import SessionState, SessionStore
+from .sessions import Sessions
 from .template import Template
 
 #: IDs as a caller hands them to decode: a list, numpy, or Arrow (pyarrow is untyped here).
@@ -79,12 +79,15 @@ class PoolLocal(Protocol):
 
 
 class SessionHost(Protocol):
-    """The tokenizer that holds sessions where they are served: a pool's worker, a Serve replica."""
+    """The tokenizer that holds sessions where they are served (a pool's worker, a Serve replica):
+    its stateless side here, its session owner as ``sessions`` (the concrete
+    :class:`~delta_ray.core.sessions.Sessions`, the one holder of the process's session state)."""
 
     template: Template
     stats: Counter[str]
     config: TokenizerConfig
     threads: int
+    sessions: Sessions
 
     @property
     def shadow(self) -> ShadowCounts: ...
@@ -96,29 +99,9 @@ class SessionHost(Protocol):
     def digest(self) -> str: ...
 
     @property
-    def store(self) -> SessionStore: ...
-
-    @property
     def uses_fast_engine(self) -> bool: ...
 
     def fast_allows(self, text: str) -> bool: ...
-
-    def turn_chars(self, session: str, delta_chars: int) -> int: ...
-
-    def encode_session_delta(self, session: str, text: str, known_version: int | None = None,
-                             delta: str | None = None,
-                             expect_version: int | None = None) -> tuple[int, int, np.ndarray]: ...
-
-    def install_session(self, session: str, state: SessionState) -> None: ...
-
-    def choose_keyless(self, text: str, tenant: str | None = None, *,
-                       head: str | None = None) -> KeylessChoice | None: ...
-
-    def has_session(self, session: str) -> bool: ...
-
-    def drop_session(self, session: str) -> bool: ...
-
-    def extend(self, session: str, delta: str, *, add_special_tokens: bool = True) -> pa.ChunkedArray: ...
 
     def encode_routed(self, route: Route, text: str, session: str | None = None,
                       add_special_tokens: bool = True) -> np.ndarray: ...

@@ -106,24 +106,25 @@ class RequestHandler:
     per body, counted before it is parsed.
     """
 
-    def __init__(self, loaded: LoadedTokenizer, delta: SessionHost, *, template: Any = None, pool: Any = None,
+    def __init__(self, loaded: LoadedTokenizer, core: SessionHost, *, template: Any = None, pool: Any = None,
                  served: "set[str] | None" = None, max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
                  max_model_len: "int | None" = None, require_tenant: bool = False,
                  pool_min_chars: "int | None" = None, overflow_inflight: "int | None" = None,
                  max_detokenize_tokens: int = DEFAULT_MAX_DETOKENIZE_TOKENS, replica_id: str = "",
                  max_json_items: int = DEFAULT_MAX_JSON_ITEMS, record: Any = None):
-        self.delta = delta
+        self.core = core  # the stateless encoder and the route's runner
+        self.sessions = core.sessions  # the session owner
         self.pool = pool
         self.template = template
         self.served = set(served or ())
         self.max_body = max_body_bytes
         self.max_model_len = max_model_len
         self.require_tenant = require_tenant
-        self.pool_min_chars = pool_min_chars or delta.config.cut_threshold
-        self.overflow_inflight = overflow_inflight or 2 * max(1, delta.threads)
+        self.pool_min_chars = pool_min_chars or core.config.cut_threshold
+        self.overflow_inflight = overflow_inflight or 2 * max(1, core.threads)
         # The one decision per request: the replica's session, its content reuse, the stateless
         # path here, or its pool (long keyless texts, and overflow while busy).
-        self.router = Router(bool(delta.admission), delta.config.cut_threshold, Host.SERVE,
+        self.router = Router(bool(core.admission), core.config.cut_threshold, Host.SERVE,
                              pool_from=self.pool_min_chars if pool is not None else None)
         self.max_detokenize = max_detokenize_tokens
         self.max_detokenize_bytes = detokenize_max_bytes(max_detokenize_tokens, max_body_bytes)
@@ -148,11 +149,11 @@ class RequestHandler:
         what their paths import lazily (pyarrow's numpy conversion imports pandas), which cost the
         first client about 0.2-0.3 s each here. The session is a random tenant's, then dropped."""
         key = session_key("warm-up", os.urandom(16).hex())
-        self.delta.encode_routed(self.router.decide("warm-up"), "warm-up", None, True)
+        self.core.encode_routed(self.router.decide("warm-up"), "warm-up", None, True)
         try:
             self._session(self.router.session_route(), key, "warm-up", True)
         finally:
-            self.delta.drop_session(key)
+            self.sessions.drop_session(key)
 
     # -- the handle API (model composition): the same JSON bodies as HTTP ------------------------------
     async def tokenize(self, body: dict) -> dict:
@@ -261,7 +262,7 @@ class RequestHandler:
             tokens = ids_to_numpy(arr)
             self._record.record_path("serve_pool")
         elif route is HERE or route is UNADMITTED:
-            tokens = await self._off_loop_if(not self._on_loop(len(text), text), self.delta.encode_routed,
+            tokens = await self._off_loop_if(not self._on_loop(len(text), text), self.core.encode_routed,
                                              route, text, None, add)
         elif route is CONTENT:
             # Keyless long prompts continue the conversation they extend (core/keyless.py), always
@@ -307,7 +308,7 @@ class RequestHandler:
         code point there costs at most that much of the reference). Anything else runs in a thread."""
         if chars <= OFF_LOOP_CHARS_REFERENCE:
             return True
-        return chars <= OFF_LOOP_CHARS and stored <= OFF_LOOP_CHARS_REFERENCE and self.delta.fast_allows(text)
+        return chars <= OFF_LOOP_CHARS and stored <= OFF_LOOP_CHARS_REFERENCE and self.core.fast_allows(text)
 
     @staticmethod
     async def _off_loop_if(cond: bool, fn: Callable, *args):
@@ -321,9 +322,9 @@ class RequestHandler:
         """A keyless text's IDs through the conversation it continues (or a new one), and
         "held"/"new" ("": too short to be kept, encoded stateless). ``on_loop``: None instead of
         waiting for a key another request holds (the caller then runs this in a thread)."""
-        choice = self.delta.choose_keyless(text, tenant)
+        choice = self.sessions.choose_keyless(text, tenant)
         if choice is None:
-            return self.delta.encode_routed(self.router.in_passing(), text, None, add), ""
+            return self.core.encode_routed(self.router.in_passing(), text, None, add), ""
         if on_loop and self._locks.busy(choice.key):
             return None
         ids, where, _ = self._session(self.router.session_route(), choice.key, text, add)
@@ -333,8 +334,8 @@ class RequestHandler:
         """A whole-text turn of a session (``route``: its turn, or the reference's when unadmitted):
         its IDs, "held"/"new", and the version it leaves."""
         with self._locks.hold(key):
-            where = "held" if self.delta.has_session(key) else "new"
-            ids = self.delta.encode_routed(route, text, key, add)
+            where = "held" if self.sessions.has_session(key) else "new"
+            ids = self.core.encode_routed(route, text, key, add)
             return ids, where, self._version_of(key, add)
 
     # -- append: only the delta travels in, only the IDs that changed travel out --------------------------
@@ -347,14 +348,14 @@ class RequestHandler:
         return h.hexdigest()
 
     def _version_of(self, key: str, add: bool) -> "str | None":
-        state = self.delta.store.get(key)
+        state = self.sessions.store.get(key)
         return None if state is None else self._version(key, state.version, add)
 
     async def _append_request(self, req: TokenizeRequest) -> "tuple[dict, str]":
         key = session_key(req.session, req.tenant)  # an append names its session (parse_tokenize checks)
         # By work, not by the delta's size: a turn re-encodes everything after the stored state's
         # last checkpoint, which a long run without a safe cut can put megabytes back.
-        chars = self.delta.turn_chars(key, len(req.append))
+        chars = self.sessions.turn_chars(key, len(req.append))
         big = not self._on_loop(chars, req.append, chars - len(req.append)) or self._locks.busy(key)
         try:
             start, count, tail, version = await self._off_loop_if(
@@ -376,22 +377,22 @@ class RequestHandler:
         not_held = (f"session {name!r} is not held here (unknown, evicted or moved to this replica): "
                     "send the whole text with 'prompt'")
         with self._locks.hold(key):
-            state = self.delta.store.get(key)
+            state = self.sessions.store.get(key)
             if state is None:
                 raise SessionNotFound(not_held)
             add = self._check_version(key, name, state.version, add, claimed)
             try:
                 if self.router.session_route() is REFERENCE_SESSION:  # unadmitted: the reference, whole answer
-                    ids = self.delta.extend(key, delta, add_special_tokens=add).to_numpy()
+                    ids = self.sessions.extend(key, delta, add).to_numpy()
                     return 0, len(ids), ids, self._version_of(key, add)
                 # expect_version: refused if the state changed since it was checked (it cannot under
                 # the key lock, but the store is shared with nothing else only by convention)
-                version, k, tail = self.delta.encode_session_delta(key, None, known_version=state.version,
+                version, k, tail = self.sessions.encode_session_delta(key, None, known_version=state.version,
                                                                    delta=delta, expect_version=state.version)
             except SessionNotFound:  # evicted meanwhile; the core's message names the key, salt and all
                 raise SessionNotFound(not_held) from None
         tail = np.asarray(tail, dtype=np.int32)
-        template = self.delta.template.when(add)
+        template = self.core.template.when(add)
         return template.start(k), template.count(k + len(tail)), template.tail(k, tail), \
             self._version(key, version, add)
 

@@ -88,7 +88,7 @@ def test_a_full_table_is_out_of_the_collectors_sight(stock, real_texts):
         if check:
             assert got == stock.encode(text)
             assert gc.is_tracked(got)  # the caller's own list, not a kept one
-            assert all(got is not ids for ids in table.core.store.kept_lists())
+            assert all(got is not ids for ids in table.sessions.store.kept_lists())
             got.reverse()  # the caller may do what it likes with it (and drops it: not kept here,
             # where it would count in the collections timed below)
 
@@ -98,7 +98,7 @@ def test_a_full_table_is_out_of_the_collectors_sight(stock, real_texts):
         turn(base + tail(j), tenant=f"t{j % 2}", check=j == 3)
     assert len(table) == KEYED + KEYLESS
     assert table.stats["new"] == KEYED + 2 and table.stats["forked"] == KEYLESS - 2, table.stats
-    kept = table.core.store.kept_lists()
+    kept = table.sessions.store.kept_lists()
     n_ids = sum(map(len, kept))
     assert min(map(len, kept)) > 280_000
 
@@ -130,5 +130,5 @@ def test_a_full_table_is_out_of_the_collectors_sight(stock, real_texts):
         turn(keyless, tenant="t1", check=True)
     assert table.stats["continued"] >= 4, table.stats
     assert len(table) == KEYED + KEYLESS
-    assert not any(gc.is_tracked(ids) for ids in table.core.store.kept_lists())
+    assert not any(gc.is_tracked(ids) for ids in table.sessions.store.kept_lists())
     table.clear()

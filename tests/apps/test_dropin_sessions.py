@@ -158,8 +158,7 @@ def test_a_divergent_turn_never_reuses_past_the_divergence(stocks, real_texts):
     assert run(honest_tok) == want
     assert sessions_of(honest_tok).stats["continued"] >= 3  # the divergent turns reused their start
     liar = wrapped(stock, own=True)  # its core is patched below
-    core = sessions_of(liar).core
-    store = core.store
+    store = sessions_of(liar).sessions.store
     honest = store.install
 
     def claim_everything(key, state, current, size=None, keep=None, reused=0, tail=None):
@@ -229,7 +228,7 @@ def test_no_state_crosses_tenants(stocks, real_texts):
         with request_scope(**scope):
             assert tok.encode(text + " more") == stock.encode(text + " more")
     assert table.stats["new"] == 6 and table.stats["continued"] == 3
-    core = table.core
+    core = table.sessions
     assert core.has_session(session_key("s", "a")) and core.has_session(session_key("s", "b"))
 
 
@@ -265,7 +264,7 @@ def test_a_state_replaced_behind_the_table_is_not_reused(stocks, real_texts):
     stock = stocks("qwen-3")
     tok = wrapped(stock)
     table = sessions_of(tok)
-    core = table.core
+    core = table.sessions
     prose, code = real_texts["english"], real_texts["code"]
     key = session_key("r", "t")
     with request_scope(session="r", tenant="t"):
@@ -292,7 +291,7 @@ def test_lists_are_counted_and_the_table_is_bounded(stocks, real_texts):
     prose = real_texts["english"]
     tok = wrapped(stock, max_session_bytes=4 << 20, max_sessions=6)
     table = sessions_of(tok)
-    core = table.core
+    core = table.sessions
     for i in range(10):
         with request_scope(session=f"s{i}"):
             t = prose[i * 1000:i * 1000 + 40000]
@@ -373,7 +372,7 @@ def test_the_fast_engines_compact_turn(stocks, real_texts):
     fast = FastEncoder(loaded.config_bytes, "fastokens")
     guard = guard_set_for(loaded.config_bytes, fast, ref_tokenizer=loaded.tokenizer, code_points=[0x17F])
     tok = wrap_tokenizer(copy.copy(stock), encoder=FastTier(fast, guard))
-    core = sessions_of(tok).core
+    core = sessions_of(tok).sessions
     for keyed in (True, False):
         for chat in agent_chat(real_texts, 8, first=30000):
             if keyed:
@@ -414,9 +413,9 @@ def test_a_disabled_engine_takes_its_kept_lists_with_it(stocks, real_texts):
         for key in ("k", None):
             with request_scope(session=key):
                 assert tok.apply_chat_template(chat, **CHAT) != stock.apply_chat_template(chat, **CHAT)
-    assert table.core.store.kept_lists()  # the wrong engine's lists are kept
-    table.core.engine.back_to_reference("caught in a test")
-    assert table.core.store.kept_lists() == [] and len(table.core.store) == 0
+    assert table.sessions.store.kept_lists()  # the wrong engine's lists are kept
+    tok.__dict__[dropin_hf.STATE_ATTR].current(tok).tokenizer.core.engine.back_to_reference("caught in a test")
+    assert table.sessions.store.kept_lists() == [] and len(table.sessions.store) == 0
     for chat in chats[3:]:
         for key in ("k", None):
             with request_scope(session=key):
@@ -587,6 +586,6 @@ def test_a_warm_turn_takes_two_locks(stocks, real_texts, monkeypatch, keyed):
             got = tok.encode(text)
             taken = _CountingLock.acquired - before
     assert got == stock.encode(text)
-    core = sessions_of(tok).core
+    core = tok.__dict__[dropin_hf.STATE_ATTR].current(tok).tokenizer.core
     assert core.uses_fast_engine and core.stats["repair"] >= 3  # the compact turn ran
     assert taken <= 2, taken

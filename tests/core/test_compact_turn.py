@@ -33,7 +33,7 @@ def _fast(tokenizer_paths, references, name: str, guard=(), **options):
 
 
 def _compact(dt, key: str = "s") -> bool:
-    head = dt.core.store.peek(session_key(key))._head
+    head = dt.core.sessions.store.peek(session_key(key))._head
     return head is not None and head[2]
 
 
@@ -57,7 +57,7 @@ def test_compact_turns_are_the_reference(name, tokenizer_paths, references, real
         assert got.to_pylist() == want
         answers.append((got, want))
         compact += _compact(dt)
-        st = dt.core.store.peek(session_key("s"))
+        st = dt.core.sessions.store.peek(session_key("s"))
         assert st.id_bytes == owners_bytes(st.id_parts)
         assert np.array_equal(st.ids, ref.encode(text, add_special_tokens=False).ids)
     assert compact >= 30  # the compact path served the continuations
@@ -80,7 +80,7 @@ def test_delta_answers_take_the_compact_path(tokenizer_paths, references, real_t
     core = dt.core
     msgs = chat_messages(real_texts, 40)
     text = "".join(msgs[:12])
-    version, k, tail = core.encode_session_delta(session_key("s"), text)
+    version, k, tail = core.sessions.encode_session_delta(session_key("s"), text)
     assert k == 0
     held = (version, np.asarray(tail))  # (version, IDs) the caller holds
     compact = 0
@@ -88,9 +88,9 @@ def test_delta_answers_take_the_compact_path(tokenizer_paths, references, real_t
         text += m
         known = held[0] if i % 4 != 3 else None  # now and then a caller that lost its IDs
         if i % 3 == 2:
-            version, k, tail = core.encode_session_delta(session_key("s"), text, known_version=known)
+            version, k, tail = core.sessions.encode_session_delta(session_key("s"), text, known_version=known)
         else:
-            version, k, tail = core.encode_session_delta(session_key("s"), "", known_version=known, delta=m,
+            version, k, tail = core.sessions.encode_session_delta(session_key("s"), "", known_version=known, delta=m,
                                                          expect_version=held[0])
         ids = np.concatenate([held[1][:k], np.asarray(tail)]) if k else np.asarray(tail)
         assert ids.tolist() == ref.encode(text, add_special_tokens=False).ids, i

@@ -5,14 +5,18 @@ import ast
 import pathlib
 
 from delta_ray.core.hosts import PoolLocal, SessionHost
+from delta_ray.core.sessions import Sessions
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 # (file, how it reaches the core, the interface it is handed)
 USES = [("actors/orchestrator.py", "self.local", PoolLocal),
         ("actors/pool.py", "self._orch.local", PoolLocal),
-        ("actors/worker.py", "self._dt", SessionHost),
-        ("delta_ray/server/serve_handler.py", "self.delta", SessionHost),
-        ("delta_ray/server/serve_handler.py", "delta", SessionHost)]
+        ("actors/worker.py", "self.core", SessionHost),
+        ("actors/worker.py", "self.sessions", Sessions),
+        ("delta_ray/server/serve_handler.py", "self.core", SessionHost),
+        ("delta_ray/server/serve_handler.py", "core", SessionHost),
+        ("delta_ray/server/serve_handler.py", "self.sessions", Sessions),
+        ("delta_ray/apps/dropin/sessions.py", "self.sessions", Sessions)]
 
 
 def _members(protocol: type) -> set[str]:
@@ -46,5 +50,5 @@ def test_the_core_is_each_interface():
     for protocol in (PoolLocal, SessionHost):
         missing = {n for n in _members(protocol) if not hasattr(TokenizerCore, n)}
         # annotated attributes are set by the constructor
-        missing -= {"planner", "template", "stats", "shadow", "config", "threads"}
+        missing -= {"planner", "template", "stats", "shadow", "config", "threads", "sessions"}
         assert not missing, (protocol.__name__, missing)

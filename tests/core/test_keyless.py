@@ -74,11 +74,11 @@ def test_interleaved_keyless_conversations_sharing_a_system_prompt_each_continue
     def run(candidates: int | None = None) -> list[bool]:
         dt = DeltaTokenizer(tokenizer_paths[NAME], reuse="content", engine="reference")
         if candidates is not None:
-            dt.core.store.max_candidates = candidates
+            dt.core.sessions.store.max_candidates = candidates
         new = []
         for t in range(len(convs[0])):
             for renders in convs:
-                choice = dt.core.choose_keyless(renders[t])
+                choice = dt.core.sessions.choose_keyless(renders[t])
                 assert choice is not None
                 new.append(choice.new)
                 assert dt.encode(renders[t]).to_pylist() == ref.encode(renders[t]).ids
@@ -98,12 +98,12 @@ def test_a_new_conversation_forks_from_the_one_it_shares_a_long_start_with(token
     a, b = _conversations(real_texts, n=2, turns=2)
     dt = DeltaTokenizer(tokenizer_paths[NAME], reuse="content", engine="reference")
     assert dt.encode(a[1]).to_pylist() == ref.encode(a[1]).ids
-    choice = dt.core.choose_keyless(b[1])
+    choice = dt.core.sessions.choose_keyless(b[1])
     assert choice is not None and choice.new and choice.fork is not None
-    assert dt.core.store.peek(choice.key) is dt.core.store.peek(choice.fork)  # shared, not copied
+    assert dt.core.sessions.store.peek(choice.key) is dt.core.sessions.store.peek(choice.fork)  # shared, not copied
     assert dt.encode(b[1]).to_pylist() == ref.encode(b[1]).ids
     assert dt.stats["content_hit"] == 1 and dt.stats["content_miss"] == 1  # a[1] was new, b[1] a fork
-    again = dt.core.choose_keyless(a[1] + " more")
+    again = dt.core.sessions.choose_keyless(a[1] + " more")
     assert again is not None and not again.new  # the first conversation is still held
 
 
@@ -114,13 +114,13 @@ def test_keyless_conversations_never_cross_tenants(tokenizer_paths, references, 
     (a,) = _conversations(real_texts, n=1, turns=1)
     dt = DeltaTokenizer(tokenizer_paths[NAME], reuse="content", engine="reference")
     core = dt.core
-    first = core.choose_keyless(a[0], "victim")
+    first = core.sessions.choose_keyless(a[0], "victim")
     assert first is not None
-    ids, _ = core.session_list(first.key, a[0], False)
+    ids, _ = core.sessions.session_list(first.key, a[0], False)
     assert ids == ref.encode(a[0], add_special_tokens=False).ids
-    other = core.choose_keyless(a[0], "attacker")
+    other = core.sessions.choose_keyless(a[0], "attacker")
     assert other is not None and other.new and other.fork is None and other.key != first.key
-    same = core.choose_keyless(a[0], "victim")
+    same = core.sessions.choose_keyless(a[0], "victim")
     assert same is not None and same.key == first.key and not same.new
 
 
@@ -129,5 +129,5 @@ def test_short_keyless_texts_are_not_kept(tokenizer_paths, references, n_chars):
     ref = references[NAME]
     dt = DeltaTokenizer(tokenizer_paths[NAME], reuse="content", engine="reference")
     text = ("x y " * n_chars)[:n_chars]
-    assert dt.core.choose_keyless(text) is None
-    assert dt.encode(text).to_pylist() == ref.encode(text).ids and len(dt.core.store) == 0
+    assert dt.core.sessions.choose_keyless(text) is None
+    assert dt.encode(text).to_pylist() == ref.encode(text).ids and len(dt.core.sessions.store) == 0

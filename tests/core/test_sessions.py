@@ -102,8 +102,8 @@ def test_eviction_never_changes_ids(tokenizer_paths, references, real_texts):
         for i, t in enumerate(texts):
             t = t + "x" * rnd
             assert dt.encode(t, session=f"s{i}").to_pylist() == ref.encode(t).ids
-    assert dt.core.store.evictions > 0 and len(dt.core.store) <= 3
-    assert dt.core.store.resident_bytes <= 400_000
+    assert dt.core.sessions.store.evictions > 0 and len(dt.core.sessions.store) <= 3
+    assert dt.core.sessions.store.resident_bytes <= 400_000
 
 
 def test_bad_input_is_a_clear_error_and_leaves_the_session(tokenizer_paths, references):
@@ -117,12 +117,12 @@ def test_bad_input_is_a_clear_error_and_leaves_the_session(tokenizer_paths, refe
         dt.encode_batch("not a list")
     text = "hello world " * 100
     dt.encode(text, session="s")
-    before = dt.core.store.get(session_key("s"))
+    before = dt.core.sessions.store.get(session_key("s"))
     with pytest.raises(ValueError, match="rejected"):
         dt.encode(text + "\ud800 tail", session="s")
     with pytest.raises(ValueError, match="rejected"):
         dt.extend("s", "\udfff")
-    assert dt.core.store.get(session_key("s")) is before
+    assert dt.core.sessions.store.get(session_key("s")) is before
     assert dt.extend("s", " ok").to_pylist() == ref.encode(text + " ok").ids
 
 
@@ -156,7 +156,7 @@ def test_every_checkpoint_is_exact(name, tokenizer_paths, references, real_texts
     text = real_texts["multilingual"][:25_000] + real_texts["code"][:30_000]
     for end in (40_000, 41_000, 41_500, 47_000, len(text)):
         dt.encode(text[:end], session="s")
-    st = dt.core.store.get(session_key("s"))
+    st = dt.core.sessions.store.get(session_key("s"))
     assert len(st.cp_pos) >= 3
     for pos, tok, ext in zip(st.cp_pos, st.cp_tok, st.cp_ext):
         assert ext <= len(st.text) or pos == st.cp_pos[-1]
@@ -185,7 +185,7 @@ def test_threads_extending_one_session_never_lose_an_update(tokenizer_paths, ref
     for t in threads:
         t.join()
     assert not errors
-    text = dt.core.store.get(session_key("s")).text
+    text = dt.core.sessions.store.get(session_key("s")).text
     for i in range(8):
         for j in range(200):
             assert f" t{i}-{j}." in text  # no extend lost
@@ -224,14 +224,14 @@ def test_a_stale_extend_is_refused(tokenizer_paths, references):
     from delta_ray import DeltaTokenizer, SessionNotFound
     ref = references["qwen-3"]
     dt = DeltaTokenizer(tokenizer_paths["qwen-3"], engine="reference", shadow_rate=0.0)
-    v1, _, _ = dt.core.encode_session_delta(session_key("s"), "Hello there.")
+    v1, _, _ = dt.core.sessions.encode_session_delta(session_key("s"), "Hello there.")
     # the caller timed out on extend(" More.") and resent the whole text
-    v2, _, _ = dt.core.encode_session_delta(session_key("s"), "Hello there. More.")
+    v2, _, _ = dt.core.sessions.encode_session_delta(session_key("s"), "Hello there. More.")
     with pytest.raises(SessionNotFound, match="stale"):
-        dt.core.encode_session_delta(session_key("s"), "", v1, delta=" More.", expect_version=v1)
-    assert dt.core.store.get(session_key("s")).text == "Hello there. More."
-    v3, k, tail = dt.core.encode_session_delta(session_key("s"), "", v2, delta=" Next.", expect_version=v2)
-    assert dt.core.store.get(session_key("s")).text == "Hello there. More. Next."
+        dt.core.sessions.encode_session_delta(session_key("s"), "", v1, delta=" More.", expect_version=v1)
+    assert dt.core.sessions.store.get(session_key("s")).text == "Hello there. More."
+    v3, k, tail = dt.core.sessions.encode_session_delta(session_key("s"), "", v2, delta=" Next.", expect_version=v2)
+    assert dt.core.sessions.store.get(session_key("s")).text == "Hello there. More. Next."
     assert dt.encode("Hello there. More. Next.", session="s").to_pylist() == ref.encode("Hello there. More. Next.").ids
 
 
@@ -243,15 +243,15 @@ def test_turns_keep_the_context_in_place_and_results_never_change(tokenizer_path
     text = (real_texts["english"] * 2)[:100_000]  # over the rope's small-part merge threshold
     first = dt.encode(text, session="s")
     first_list = first.to_pylist()
-    old = dt.core.store.get(session_key("s"))
+    old = dt.core.sessions.store.get(session_key("s"))
     for i in range(6):
         delta = f"\nturn {i}: " + real_texts["code"][i * 700:(i + 1) * 700]
         text += delta
         got = dt.extend("s", delta) if i % 2 else dt.encode(text, session="s")
         assert got.to_pylist() == ref.encode(text).ids
-        new = dt.core.store.get(session_key("s"))
+        new = dt.core.sessions.store.get(session_key("s"))
         assert np.shares_memory(new.id_parts[0], old.id_parts[0])  # the context's IDs were not copied
         assert new.text_parts[0] is old.text_parts[0] or i % 2 == 0  # extend keeps the text in place
         old = new
     assert first.to_pylist() == first_list
-    assert len(dt.core.store.get(session_key("s")).id_parts) <= 12  # the rope stays shallow
+    assert len(dt.core.sessions.store.get(session_key("s")).id_parts) <= 12  # the rope stays shallow

@@ -136,8 +136,8 @@ def test_session_delta_through_the_core(case, tokenizer_paths):
     core = TokenizerCore(tokenizer_paths[name])
     old = "The quick brown fox jumps over the lazy dog. " * 200  # past the repair-or-re-encode bound
     core.encode(old, session="s")
-    state = core.store.get("s")
-    version, k, tail = core.encode_session_delta("s", None, known_version=state.version, delta="And again.")
+    state = core.sessions.store.get("s")
+    version, k, tail = core.sessions.encode_session_delta("s", None, known_version=state.version, delta="And again.")
     assert k > 0  # a repair kept IDs: the delta path is what is tested
     for add in (True, False):
         t = core.template.when(add)

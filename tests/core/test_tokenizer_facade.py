@@ -53,7 +53,7 @@ def test_a_session_named_like_a_content_entry_keeps_its_own_text(tokenizer_paths
     mine = "My own conversation. " * 300
     other = "Somebody else's keyless prompt, long enough to be indexed by content. " * 200
     assert dt.encode(other).to_pylist() == ref.encode(other).ids  # a keyless conversation
-    choice = dt.core.choose_keyless(other)
+    choice = dt.core.sessions.choose_keyless(other)
     assert choice is not None and not choice.new  # the held conversation's store key
     for name in ("content:0", choice.key):
         assert dt.encode(mine, session=name).to_pylist() == ref.encode(mine).ids

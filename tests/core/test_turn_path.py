@@ -61,7 +61,7 @@ def test_checkpoints_stay_chained_and_exact_over_mixed_turns(tokenizer_paths, re
             text += m
             got = dt.encode(text, session="s")
         assert got.to_pylist() == ref.encode(text).ids
-        st = dt.core.store.get(session_key("s"))
+        st = dt.core.sessions.store.get(session_key("s"))
         _assert_chained(st)
         assert st.last_checkpoint == (int(st.cp_pos[-1]), int(st.cp_tok[-1]), int(st.cp_ext[-1]))
     ids = st.ids
@@ -79,7 +79,7 @@ def test_the_shared_checkpoint_log_never_changes_an_older_state(tokenizer_paths,
     base_text = "".join(msgs[:10])
     dt.encode(base_text, session="s")
     dt.extend("s", msgs[10])
-    base = dt.core.store.get(session_key("s"))
+    base = dt.core.sessions.store.get(session_key("s"))
     before = [c.copy() for c in (base.cp_pos, base.cp_tok, base.cp_ext)]
     args = (dt.core.predicate, dt.core.engine, dt.core.planner, 1, dt.core.margin)
     n0 = base.n_chars
@@ -132,11 +132,11 @@ def test_a_turn_reuses_the_arrow_arrays_of_the_parts_it_keeps(tokenizer_paths, r
     kept = first.to_pylist()
     results = []
     for m in msgs[30:]:
-        prev = dt.core.store.get(session_key("s"))
+        prev = dt.core.sessions.store.get(session_key("s"))
         text += m
         got = dt.extend("s", m)
         assert got.to_pylist() == ref.encode(text).ids
-        new = dt.core.store.get(session_key("s"))
+        new = dt.core.sessions.store.get(session_key("s"))
         shared = [i for i, p in enumerate(new.id_parts) if i < len(prev.id_parts) and p is prev.id_parts[i]]
         for i in shared:
             assert new.arrow_chunks()[i] is prev.arrow_chunks()[i]
@@ -161,7 +161,7 @@ def test_a_turn_with_little_to_reuse_is_re_encoded_whole_and_the_session_goes_on
     dt.encode(text, session="s")
     text += "How are you? I hope all is well."  # the next turn has enough to reuse
     assert dt.encode(text, session="s").to_pylist() == ref.encode(text).ids
-    assert dt.stats["reencode"] == 1 and dt.core.store.get(session_key("s")).n_checkpoints >= 1
+    assert dt.stats["reencode"] == 1 and dt.core.sessions.store.get(session_key("s")).n_checkpoints >= 1
     text += " Fine, thanks. " * 10
     assert dt.extend("s", " Fine, thanks. " * 10).to_pylist() == ref.encode(text).ids
     assert dt.stats["repair"] >= 1
@@ -174,17 +174,17 @@ def test_small_appends_wait_and_are_joined_eight_at_a_time(tokenizer_paths, refe
     dt = DeltaTokenizer(tokenizer_paths["qwen-3"], engine="reference", shadow_rate=0.0)
     text = real_texts["english"][:50_000]
     dt.encode(text, session="s")
-    first_part = dt.core.store.get(session_key("s")).text_parts[0]
+    first_part = dt.core.sessions.store.get(session_key("s")).text_parts[0]
     depths = []
     for i, m in enumerate(chat_messages(real_texts, 3 * YOUNG_PARTS)):
         text += m
         assert dt.extend("s", m).to_pylist() == ref.encode(text).ids
-        st = dt.core.store.get(session_key("s"))
+        st = dt.core.sessions.store.get(session_key("s"))
         depths.append(len(st.text_parts))
         assert st.text_parts[0] is first_part  # the context is never copied again
         # the byte count a turn derives from its base's equals a full recount of the new state
         full = sum(map(sys.getsizeof, st.text_parts)) + owners_bytes(st.id_parts) + 24 * st.n_checkpoints
-        assert st.nbytes == full and dt.core.store.resident_bytes == full + sys.getsizeof(session_key("s"))
+        assert st.nbytes == full and dt.core.sessions.store.resident_bytes == full + sys.getsizeof(session_key("s"))
     assert max(depths) <= YOUNG_PARTS + 1 and min(depths) < max(depths)
     assert "".join(st.text_parts) == text
 
@@ -200,11 +200,11 @@ def test_a_continuation_keeps_whole_parts_and_reuses_their_arrow_arrays(tokenize
     dt.encode(text, session="s")
     whole_parts = 0
     for m in msgs[20:]:
-        prev = dt.core.store.get(session_key("s"))
+        prev = dt.core.sessions.store.get(session_key("s"))
         prev_chunks = prev.arrow_chunks()
         text += m
         assert dt.extend("s", m).to_pylist() == ref.encode(text).ids
-        new = dt.core.store.get(session_key("s"))
+        new = dt.core.sessions.store.get(session_key("s"))
         kept = len(prev.id_parts) - 1
         if len(new.id_parts) == len(prev.id_parts) + 1:  # no join this turn: head and tail appended
             assert all(new.id_parts[i] is prev.id_parts[i] for i in range(kept))

@@ -130,12 +130,12 @@ def test_a_caught_mismatch_leaves_nothing_wrong_behind(tokenizer_paths, referenc
     for key in ("a", "b"):
         assert dt.encode(base + key, session=key).to_pylist() != ref.encode(base + key).ids  # wrong, unchecked
     dt.encode(base * 3)  # a content entry made by the wrong engine
-    assert dt.core.has_session(session_key("a")) and len(dt.core.store) == 3
+    assert dt.core.sessions.has_session(session_key("a")) and len(dt.core.sessions.store) == 3
     dt.core.shadow.rate = 1.0
     dt.encode("one sampled call")
     dt.core.shadow.drain()
     assert "disabled" in dt.admission.engine
-    assert len(dt.core.store) == 0 and not dt.core.has_session(session_key("a"))  # purged
+    assert len(dt.core.sessions.store) == 0 and not dt.core.sessions.has_session(session_key("a"))  # purged
     for key in ("a", "b"):  # the next turn re-initializes from the reference
         text = base + key + " and turn two"
         assert dt.encode(text, session=key).to_pylist() == ref.encode(text).ids
@@ -179,13 +179,13 @@ def test_a_rejection_elsewhere_disables_the_fast_tier_here(tokenizer_paths, refe
     save_verdict(enc.verdict_key, True, "admitted", [])
     dt = DeltaTokenizer(tokenizer_paths[name], encoder=enc, shadow_rate=0.0)
     dt.encode("some text " * 50, session="a")
-    assert dt.core.has_session(session_key("a"))
+    assert dt.core.sessions.has_session(session_key("a"))
     reject_verdict(enc.verdict_key, "caught by another worker")
     deadline = _time.time() + 10
     while "disabled" not in dt.admission.engine and _time.time() < deadline:
         _time.sleep(0.05)
     # no state is read once disabled
-    assert "disabled" in dt.admission.engine and not dt.core.has_session(session_key("a"))
+    assert "disabled" in dt.admission.engine and not dt.core.sessions.has_session(session_key("a"))
     assert dt.encode("some text " * 51, session="a").to_pylist() == ref.encode("some text " * 51).ids
 
 

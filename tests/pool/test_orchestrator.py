@@ -247,7 +247,7 @@ def test_keyless_content_reuse_stays_inside_its_tenant(loaded, references, real_
     reuse = ("replay", "repair")
 
     def reused() -> int:
-        return sum(svc._dt.stats[k] for svc in transport.services.values() for k in reuse)
+        return sum(svc.core.stats[k] for svc in transport.services.values() for k in reuse)
 
     got = run(orch.encode(text, None, True, tenant="victim"))
     assert type(got) is pa.Int32Array and _ids(got) == ref.encode(text).ids  # keyless: one array
@@ -485,9 +485,9 @@ def test_a_session_named_after_a_content_key_reads_and_replaces_nothing(loaded, 
                 run(orch.extend(spelled, "", True, tenant=tenant))
         other = "Attacker text. " * 400
         assert _ids(run(orch.encode(other, spelled, True))) == ref.encode(other).ids
-    replays = svc._dt.stats["replay"]
+    replays = svc.core.stats["replay"]
     assert _ids(run(orch.encode(victim, None, True, tenant="bank"))) == ref.encode(victim).ids
-    assert svc._dt.stats["replay"] == replays + 1  # the victim's state was left as it was
+    assert svc.core.stats["replay"] == replays + 1  # the victim's state was left as it was
     loop.close()
 
 
@@ -504,7 +504,7 @@ def test_interleaved_keyless_conversations_are_each_continued_on_their_worker(lo
         for renders in convs:
             got = run(orch.encode(renders[t], None, True, tenant="team"))
             assert type(got) is pa.Int32Array and _ids(got) == ref.encode(renders[t]).ids
-    cores = [svc._dt for svc in transport.services.values()]
-    assert sum(len(core.store) for core in cores) == 3  # one head, one worker, three conversations
+    cores = [svc.sessions for svc in transport.services.values()]
+    assert sum(len(s.store) for s in cores) == 3  # one head, one worker, three conversations
     assert sum(core.stats["init"] for core in cores) == 3 and sum(core.stats["repair"] for core in cores) == 9
     loop.close()

@@ -80,7 +80,7 @@ def test_a_tiny_append_to_a_run_without_cuts_is_encoded_off_the_loop(fast_handle
                                                                          cache_salt="t"))))
     assert status == 200
     state = {"version": json.loads(data)["session_version"], "text": text}
-    assert h.delta.turn_chars(session_key("run", "t"), 10) > 4_000_000
+    assert h.sessions.turn_chars(session_key("run", "t"), 10) > 4_000_000
 
     async def append():
         out = await h.http("tokenize", None, _chunks(_body(append="aaaaaaaaaa", session_id="run", cache_salt="t",

@@ -145,11 +145,11 @@ def test_append_needs_a_version_and_a_held_session(loaded):
 
 class _FakePool:
     def __init__(self, delta: TokenizerCore):
-        self.delta, self.calls = delta, []
+        self.core, self.calls = delta, []
 
     async def encode_async(self, text, *, add_special_tokens=True, session=None, tenant=None):
         self.calls.append({"session": session, "tenant": tenant})
-        return self.delta.encode(text, add_special_tokens=add_special_tokens)
+        return self.core.encode(text, add_special_tokens=add_special_tokens)
 
 
 def test_keyless_prompts_sent_to_the_pool_keep_their_tenant(loaded, ref, text):
@@ -248,13 +248,13 @@ def test_a_409_names_the_session_never_its_tenants_salt(loaded, ref, text):
     answers = [c.append(h, "x", version="00")]  # never held here
     assert c.prompt(h, text)[0] == 200
     answers.append(c.append(h, "x", version="ff" * 16))  # held, but another state
-    real = h.delta.encode_session_delta
+    real = h.sessions.encode_session_delta
 
     def evicted(key, *a, **k):  # the core names the key it was given, salt and all
         raise SessionNotFound(f"session {key!r} is not held (unknown or evicted)")
-    h.delta.encode_session_delta = evicted
+    h.sessions.encode_session_delta = evicted
     answers.append(c.append(h, "x"))
-    h.delta.encode_session_delta = real
+    h.sessions.encode_session_delta = real
     for status, out in answers:
         message = out["error"]["message"]
         assert status == 409 and salt not in message and "'conv-9'" in message, message
@@ -361,9 +361,9 @@ def test_the_reference_encodes_long_texts_off_the_loop(loaded, ref, real_texts):
     import threading
 
     h = _handler(loaded)
-    assert not h.delta.uses_fast_engine
+    assert not h.core.uses_fast_engine
     on_loop: list[str] = []
-    real_encode, real_delta = h.delta.encode_routed, h.delta.encode_session_delta
+    real_encode, real_delta = h.core.encode_routed, h.sessions.encode_session_delta
 
     def where(name, fn):
         def run(*a, **k):
@@ -371,8 +371,8 @@ def test_the_reference_encodes_long_texts_off_the_loop(loaded, ref, real_texts):
                 on_loop.append(name)
             return fn(*a, **k)
         return run
-    h.delta.encode_routed = where("encode", real_encode)
-    h.delta.encode_session_delta = where("append", real_delta)
+    h.core.encode_routed = where("encode", real_encode)
+    h.sessions.encode_session_delta = where("append", real_delta)
     text = (real_texts["english"] * 2)[:20_000]
     assert _post(h, {"prompt": text})[1]["tokens"] == ref.encode(text).ids
     c = _Client("long")
@@ -386,7 +386,7 @@ def test_the_warm_up_leaves_no_session_behind(loaded, ref):
     client 0.2-0.3 s); the session it used is dropped, and no client's name can reach it."""
     h = _handler(loaded)
     h.warm()
-    assert len(h.delta.store) == 0
+    assert len(h.sessions.store) == 0
     assert _post(h, {"prompt": "warm-up", "session_id": "warm-up"})[1]["tokens"] == ref.encode("warm-up").ids
 
 
@@ -403,8 +403,8 @@ def test_interleaved_keyless_conversations_sharing_a_system_prompt_are_each_held
             assert out["tokens"].tolist() == ref.encode(renders[t]).ids
             # the first is new; the others' first turns fork from a held one's prompt
             assert where == ("new" if t == c == 0 else "held") and "session_version" not in out
-    assert len(h.delta.store) == len(convs)
+    assert len(h.sessions.store) == len(convs)
     for renders in convs:
-        choice = h.delta.choose_keyless(renders[-1] + " next", "team")
+        choice = h.sessions.choose_keyless(renders[-1] + " next", "team")
         assert choice is not None and not choice.new
-    assert h.delta.stats["repair"] >= 2 * len(convs) and h.delta.stats["reencode"] == 0
+    assert h.core.stats["repair"] >= 2 * len(convs) and h.core.stats["reencode"] == 0

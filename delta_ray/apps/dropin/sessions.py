@@ -4,16 +4,17 @@ last call, and builds its Python list from the one it kept.
 A wrapped tokenizer's one-text encode (``encode``, ``__call__`` with one text,
 ``apply_chat_template(tokenize=True)`` of one chat) reads the request's scope
 (:func:`delta_ray.request_scope`). With a session key it continues the session
-``session_key(key, tenant)`` of the snapshot's ``TokenizerCore``; without one, a text of at least
+``session_key(key, tenant)`` of the snapshot's session owner; without one, a text of at least
 :data:`HEAD_CHARS` characters is looked up by content among the recent conversations of its tenant
 that begin with the same 4 KB (no scope: the shared namespace of requests without a tenant).
 
-The IDs are the core's session turn (proof.md: the tail after the last checkpoint the new text still
-shares, exact for any new text: a continuation, a chat template that rewrote its tail, an unrelated
-text), as a list (``TokenizerCore.session_list``): the core's store keeps the raw IDs (no template)
-of each session's current state as a Python list beside it, so a turn cuts that list to the IDs it
-kept and appends the new ones (O(change)), then hands the caller a copy with the template around
-it: the caller may mutate what it got; the kept list is never handed out. The list belongs to one
+The IDs are the session owner's turn (:mod:`delta_ray.core.sessions`; proof.md: the tail after the
+last checkpoint the new text still shares, exact for any new text: a continuation, a chat template
+that rewrote its tail, an unrelated text), as a list (``Sessions.session_list``): the owner's store
+keeps the raw IDs (no template) of each session's current state as a Python list beside it, so a
+turn cuts that list to the IDs it kept and appends the new ones (O(change)), then hands the caller
+a copy with the template around it: the caller may mutate what it got; the kept list is never
+handed out. The list belongs to one
 state and goes with it (a state the core replaced, evicted or purged because a fast tier was found
 wrong), so it is never reused for another.
 
@@ -34,6 +35,7 @@ from __future__ import annotations
 
 from ...core.keyless import FORK_MIN_CHARS, TAIL_SLACK_CHARS
 from ...core.keys import CONTENT_HEAD_CHARS, session_key
+from ...core.sessions import Sessions
 
 __all__ = ["DropinSessions", "FORK_MIN_CHARS", "HEAD_CHARS", "TAIL_SLACK_CHARS"]
 
@@ -41,11 +43,11 @@ HEAD_CHARS = CONTENT_HEAD_CHARS  # keyless texts shorter than the digested head 
 
 
 class DropinSessions:
-    """The drop-in's view of one snapshot's ``TokenizerCore`` sessions (thread-safe: calls on one
-    session are serialized by the core, other sessions run concurrently)."""
+    """The drop-in's view of one snapshot's session owner (thread-safe: calls on one session are
+    serialized by the owner, other sessions run concurrently)."""
 
-    def __init__(self, core, *, content: bool = True):
-        self.core = core
+    def __init__(self, sessions: Sessions, *, content: bool = True):
+        self.sessions = sessions
         self.content = content
         self.stats = {"keyed": 0, "keyless": 0, "continued": 0, "forked": 0, "new": 0}
 
@@ -59,23 +61,23 @@ class DropinSessions:
             self.stats["keyed"] += 1
             key = session_key(session, tenant)
         else:
-            choice = self.core.choose_keyless(text, tenant) if self.content else None
+            choice = self.sessions.choose_keyless(text, tenant) if self.content else None
             if choice is None:
                 return None
             self.stats["keyless"] += 1
             key, fork = choice.key, choice.fork is not None
-        ids, continued = self.core.session_list(key, text, add_special_tokens)
+        ids, continued = self.sessions.session_list(key, text, add_special_tokens)
         self.stats[("forked" if fork else "continued") if continued else "new"] += 1
         return ids
 
     def clear(self) -> None:
-        """Forget every conversation (the core's sessions: one store)."""
-        self.core.store.clear()
+        """Forget every conversation (the owner's sessions: one store)."""
+        self.sessions.store.clear()
 
     def __len__(self) -> int:
-        return len(self.core.store)
+        return len(self.sessions.store)
 
     @property
     def resident_bytes(self) -> int:
-        """Bytes the core's store counts now (kept lists, states, keys)."""
-        return self.core.store.resident_bytes
+        """Bytes the owner's store counts now (kept lists, states, keys)."""
+        return self.sessions.store.resident_bytes

@@ -117,7 +117,7 @@ class Snapshot:
         self.template = template_of(loaded.config.get("post_processor"))
         core = self.tokenizer.core
         # Sessions need the cut predicate (an admitted configuration); they live in the core's store.
-        self.sessions = DropinSessions(core, content=options.get(CONTENT_KEY, False)) \
+        self.sessions = DropinSessions(core.sessions, content=options.get(CONTENT_KEY, False)) \
             if options.get(SESSIONS_KEY, False) and core.predicate is not None else None
         self._private: Tokenizer | None = None
         self._private_lock = threading.Lock()
