@@ -20,9 +20,9 @@ import threading
 import time
 from typing import Any, Callable
 
-from delta_ray.core.config import PoolConfig
-from delta_ray.core.keys import describe
-from delta_ray.core.session_store import SessionNotFound
+from delta_ray._core.config import PoolConfig
+from delta_ray._core.keys import describe
+from delta_ray._core.session_store import SessionNotFound
 from delta_ray.scheduler import Dispatcher, nonascii_share
 
 from .calls import DROP_SESSION, Call, DropArgs

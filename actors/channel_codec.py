@@ -16,8 +16,8 @@ from typing import Any
 
 import numpy as np
 
-from delta_ray.core.errors import DeltaRayError
-from delta_ray.core.session_store import SessionNotFound
+from delta_ray._core.errors import DeltaRayError
+from delta_ray._core.session_store import SessionNotFound
 
 try:  # OpenSSL's HMAC object itself, which hmac.new wraps: copy/update/digest are then C calls
     from _hashlib import hmac_new as _openssl_hmac

@@ -8,8 +8,8 @@ from typing import Callable
 import numpy as np
 import ray
 
-from delta_ray.core.config import PoolConfig, TokenizerConfig
-from delta_ray.tokenizer_core import TokenizerCore
+from delta_ray._core.config import PoolConfig, TokenizerConfig
+from delta_ray._tokenizer_core import TokenizerCore
 
 from .calls import ENCODE_PIECES, ENCODE_WHOLE, Call
 from .local_ray import WORKER_ENV

@@ -3,9 +3,9 @@
 Every row gets exactly ``Tokenizer.from_file(p).encode(text, add_special_tokens=...).ids`` as a
 ``list<int32>`` column (plus an ``int32`` count column). The work runs on an actor pool
 (``map_batches`` with a callable class, ``batch_format="pyarrow"``): each actor builds one
-:class:`~delta_ray.tokenizer_core.TokenizerCore` from the tokenizer configuration *bytes* (checked by
+:class:`~delta_ray._tokenizer_core.TokenizerCore` from the tokenizer configuration *bytes* (checked by
 SHA-256, so no worker needs the driver's file system) and encodes the blocks it is given with
-:func:`delta_ray.core.text_columns.encode_table` (the batch specification every batch path shares): long
+:func:`delta_ray._core.text_columns.encode_table` (the batch specification every batch path shares): long
 documents cut at safe cuts, the pieces of a slice of at most ``batch_bytes`` of text in one
 GIL-releasing batch encode spread over the node's cores, the output column built from the engine's
 values buffer plus offsets, without a Python object per token.
@@ -45,16 +45,16 @@ from typing import Any, Iterator
 
 import pyarrow as pa
 
+from delta_ray._core import constants as C
+from delta_ray._core.config import TokenizerConfig
+from delta_ray._core.loading import LoadedTokenizer, load_tokenizer
+from delta_ray._core.text_columns import BatchSpec, checked_text_column, encode_table
+from delta_ray._engine.native import FastEngineUnavailable
+from delta_ray._runtime.exit_guard import start_thread
+from delta_ray._tokenizer_core import TokenizerCore
+from delta_ray._verify.admit import cached_admission_exists
 from delta_ray.batch.inputs import byte_slices
-from delta_ray.core import constants as C
-from delta_ray.core.config import TokenizerConfig
-from delta_ray.core.loading import LoadedTokenizer, load_tokenizer
-from delta_ray.core.text_columns import BatchSpec, checked_text_column, encode_table
-from delta_ray.engine.native import FastEngineUnavailable
-from delta_ray.runtime.exit_guard import start_thread
 from delta_ray.tokenizer import DeltaTokenizer
-from delta_ray.tokenizer_core import TokenizerCore
-from delta_ray.verify.admit import cached_admission_exists
 
 from .data_reads import per_file_read
 from .tokenizer_cache import build_tokenizer, cached, get_tokenizer
@@ -265,9 +265,9 @@ def tokenize_dataset(dataset, tokenizer, spec: BatchSpec | None = None, *, batch
     Args:
         dataset: a ``ray.data.Dataset`` with a string column (``text_column``, default ``"text"``).
         tokenizer: a path to tokenizer.json, a directory holding one, a ``tokenizers.Tokenizer``, a
-            :class:`~delta_ray.core.loading.LoadedTokenizer` or a :class:`~delta_ray.DeltaTokenizer`. Its
+            :class:`~delta_ray._core.loading.LoadedTokenizer` or a :class:`~delta_ray.DeltaTokenizer`. Its
             configuration bytes (not a path) travel to the workers, which check their SHA-256.
-        spec: the batch specification (:class:`~delta_ray.core.text_columns.BatchSpec`), the same one
+        spec: the batch specification (:class:`~delta_ray._core.text_columns.BatchSpec`), the same one
             ``delta-ray tokenize`` uses; its fields may also be given as keywords (they replace the
             spec's): ``text_column``, ``output_column`` (the ``list<int32>`` IDs, replaced if it
             exists), ``count_column`` (``int32`` IDs per row; None for none), ``add_special_tokens``

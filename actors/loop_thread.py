@@ -13,7 +13,7 @@ import logging
 import threading
 from typing import Any, Callable, Coroutine
 
-from delta_ray.core.errors import PoolClosed
+from delta_ray._core.errors import PoolClosed
 
 log = logging.getLogger("delta_ray.pool")
 _ANSWER_LOCK = _thread.allocate_lock()  # makes "answered at most once" atomic across threads

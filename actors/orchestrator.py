@@ -7,7 +7,7 @@ How a call is executed (queue, dispatch, timers, retries, retired workers, orpha
 does, and merges worker answers into the session records. Neither holds a Ray handle: workers are
 reached through a :class:`~delta_ray.actors.transport.WorkerTransport`, so the fault handling is
 tested in milliseconds on an in-process fake transport. Requests follow the core's one path:
-:class:`delta_ray.core.plan.Router` decides, ``TokenizerCore.plan`` / ``plan_session_init`` cut, the
+:class:`delta_ray._core.plan.Router` decides, ``TokenizerCore.plan`` / ``plan_session_init`` cut, the
 workers run the pieces, and ``TokenizerCore.finish`` / ``session_arrow`` assemble, exactly as in
 process.
 """
@@ -21,12 +21,12 @@ from typing import Any, Sequence
 import numpy as np
 import pyarrow as pa
 
-from delta_ray.core import constants as C
-from delta_ray.core.assembly import COPY_POOL, concat_ids, one_chunk, to_arrow
-from delta_ray.core.config import PoolConfig
-from delta_ray.core.hosts import PoolLocal
-from delta_ray.core.keys import ContentDigest, content_key, describe, session_key
-from delta_ray.core.plan import (
+from delta_ray._core import constants as C
+from delta_ray._core.assembly import COPY_POOL, concat_ids, one_chunk, to_arrow
+from delta_ray._core.config import PoolConfig
+from delta_ray._core.hosts import PoolLocal
+from delta_ray._core.keys import ContentDigest, content_key, describe, session_key
+from delta_ray._core.plan import (
     CONTENT,
     POOL,
     REFERENCE_SESSION,
@@ -35,11 +35,11 @@ from delta_ray.core.plan import (
     Route,
     Router,
 )
-from delta_ray.core.planner import chunk_count
-from delta_ray.core.repair import finish_repair
-from delta_ray.core.rope import merge_text_parts, rope_is_prefix
-from delta_ray.core.session_store import SessionNotFound, splice_arrow
-from delta_ray.core.state_seal import seal_state
+from delta_ray._core.planner import chunk_count
+from delta_ray._core.repair import finish_repair
+from delta_ray._core.rope import merge_text_parts, rope_is_prefix
+from delta_ray._core.session_store import SessionNotFound, splice_arrow
+from delta_ray._core.state_seal import seal_state
 from delta_ray.scheduler import Dispatcher, PlacementModel
 
 from . import metrics
@@ -86,7 +86,7 @@ class PoolOrchestrator:
     """Everything the pool decides, on one event loop, over a transport.
 
     ``local`` is the caller-side tokenizer (planning, short texts, the in-process fail-over);
-    ``config`` a resolved :class:`~delta_ray.core.config.PoolConfig`. Coroutines must run on ``loop``.
+    ``config`` a resolved :class:`~delta_ray._core.config.PoolConfig`. Coroutines must run on ``loop``.
     """
 
     def __init__(self, local: PoolLocal, transport: WorkerTransport, worker_ids: Sequence[str],
@@ -165,7 +165,7 @@ class PoolOrchestrator:
         (an Int32Array: planned over the pool, or sticky by content inside ``tenant``). ``route``:
         the router's decision, when the caller made it (:class:`~delta_ray.actors.pool.TokenizerPool`
         does, to run the texts it keeps without a hop to this loop). Every state on the workers is
-        stored under a key of :mod:`delta_ray.core.keys`, one namespace per kind."""
+        stored under a key of :mod:`delta_ray._core.keys`, one namespace per kind."""
         if route is None:
             route = self.router.decide(text, session)
         if route is SESSION:
@@ -176,9 +176,9 @@ class PoolOrchestrator:
             return await self._stateless_chunked(text, add)
         if route is not CONTENT:  # here, chunked or unadmitted: in the caller
             return await asyncio.to_thread(self.encode_here, route, text, add)
-        # The head carries the tenant and is never a session's key (core/keys.py): a keyless prompt
+        # The head carries the tenant and is never a session's key (_core/keys.py): a keyless prompt
         # never finds another tenant's state on a worker, and no session name reaches it. The
-        # head's worker picks the conversation the text continues (core/keyless.py), so the text
+        # head's worker picks the conversation the text continues (_core/keyless.py), so the text
         # goes whole (under the cut threshold) and the answer is all its IDs, one array like
         # every stateless one; nothing of it is mirrored here.
         head = content_key(self._content_digest.of(text), tenant)

@@ -28,15 +28,15 @@ import numpy as np
 import pyarrow as pa
 import ray
 
-from delta_ray.core import constants as C
-from delta_ray.core.arguments import check_flag, check_tenant, check_text
-from delta_ray.core.config import PoolConfig, pool_config
-from delta_ray.core.errors import PoolAuthError, PoolClosed, PoolStartupError
-from delta_ray.core.loading import TokenizerLike, load_tokenizer
-from delta_ray.core.plan import CHUNKED, HERE, UNADMITTED
+from delta_ray._core import constants as C
+from delta_ray._core.arguments import check_flag, check_tenant, check_text
+from delta_ray._core.config import PoolConfig, pool_config
+from delta_ray._core.errors import PoolAuthError, PoolClosed, PoolStartupError
+from delta_ray._core.loading import TokenizerLike, load_tokenizer
+from delta_ray._core.plan import CHUNKED, HERE, UNADMITTED
+from delta_ray._tokenizer_core import TokenizerCore
 from delta_ray.scheduler.policies import make_policy
 from delta_ray.scheduler.routing import worker_name
-from delta_ray.tokenizer_core import TokenizerCore
 
 from . import worker_channel
 from .chunk_task import ChunkLauncher, warm_distinct
@@ -92,7 +92,7 @@ class TokenizerPool:
     chunks run in parallel; stateless texts under 4,096 bytes are encoded in the caller's process.
     Thread-safe and coroutine-safe; use ``close()`` or a ``with`` block.
 
-    Options: a :class:`~delta_ray.core.config.PoolConfig` and/or its fields as keywords (``num_workers``,
+    Options: a :class:`~delta_ray._core.config.PoolConfig` and/or its fields as keywords (``num_workers``,
     ``policy``, ``max_inflight_tasks``, ``request_timeout_s``, ...), plus the workers' tokenizer
     options (``chunk_size``, ``cut_threshold``, ``engine``, ...). Stateless texts and chunks run as
     Ray tasks, at most ``max_inflight_tasks`` at once (default: the cluster's CPUs).

@@ -5,7 +5,7 @@ of vLLM's and SGLang's OpenAI-compatible servers (``POST /tokenize``, ``POST /de
 ``GET /health``), so existing clients work; a ``DeploymentHandle`` can call ``tokenize`` and
 ``detokenize`` with the same JSON bodies (model composition).
 
-Sessions are served where they arrive: every replica holds a :class:`~delta_ray.tokenizer_core.TokenizerCore` with its
+Sessions are served where they arrive: every replica holds a :class:`~delta_ray._tokenizer_core.TokenizerCore` with its
 sessions in process, and the deployment's request router (``serve_router.SessionRouter``) sends
 a session's requests to the replica that holds it, by the ``x-session-id`` header
 (:func:`routing_headers`). There is no second hop on a session turn. A pool (``pool_name`` or
@@ -23,8 +23,8 @@ from typing import Any
 from ray import serve
 from ray.serve.config import RequestRouterConfig
 
-from delta_ray.core.loading import LoadedTokenizer, TokenizerLike
-from delta_ray.runtime.heap import freeze_heap
+from delta_ray._core.loading import LoadedTokenizer, TokenizerLike
+from delta_ray._runtime.heap import freeze_heap
 from delta_ray.server.asgi import TokenizerASGI
 from delta_ray.server.serve_config import (
     DEFAULT_MAX_BODY_BYTES,
@@ -48,7 +48,7 @@ FAST_REPLICA_ENV = {"RAY_SERVE_RUN_USER_CODE_IN_SEPARATE_THREAD": "0", "RAY_SERV
 @serve.deployment
 @serve.ingress()
 class TokenizerService:
-    """One replica: a :class:`~delta_ray.tokenizer_core.TokenizerCore` with its sessions, an optional pool, and
+    """One replica: a :class:`~delta_ray._tokenizer_core.TokenizerCore` with its sessions, an optional pool, and
     the Ray-free :class:`~delta_ray.server.serve_handler.RequestHandler` that answers requests.
 
     Built by :func:`serve_app` (deployment options, the tokenizer's bytes, its chat config and a
@@ -120,9 +120,9 @@ def serve_app(tokenizer: TokenizerLike, *, model_name: "str | None" = None, pool
     ``max_body_bytes`` per body, ``max_detokenize_tokens`` IDs per /detokenize (whose body may
     take 16 bytes an ID), ``max_json_items`` JSON values and keys per body, counted before it is
     parsed (a parse holds the replica's event loop however it is threaded). Other keyword arguments are
-    :class:`~delta_ray.core.config.TokenizerConfig` fields (``chunk_size``, ``cut_threshold``, ``engine``,
+    :class:`~delta_ray._core.config.TokenizerConfig` fields (``chunk_size``, ``cut_threshold``, ``engine``,
     ...: the replica's tokenizer and the pool's workers; ``max_session_bytes`` and ``max_sessions``
-    only the replica's) or, with ``num_workers``, :class:`~delta_ray.core.config.PoolConfig` fields; any
+    only the replica's) or, with ``num_workers``, :class:`~delta_ray._core.config.PoolConfig` fields; any
     other name is a TypeError. They are validated here, once, into a :class:`ServeConfig`.
 
     ``fast_replica`` (default) trims Serve's per-request work in the replicas: user code on the

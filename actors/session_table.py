@@ -16,7 +16,7 @@ import sys
 from collections import OrderedDict
 from typing import Any
 
-from delta_ray.core.session_store import arrow_parts
+from delta_ray._core.session_store import arrow_parts
 
 _RECORD_OVERHEAD = 200  # bytes per record besides its values (dict slot, record, digest, tuples)
 _KID_CACHE_CHARS = 1 << 20  # key characters the digest cache may hold (keys may be megabytes)

@@ -1,13 +1,13 @@
 """The routing header of a tenant's session: what Ray Serve's session router hashes.
 
-The keys state is stored under are made by :mod:`delta_ray.core.keys` on every path; this is only
+The keys state is stored under are made by :mod:`delta_ray._core.keys` on every path; this is only
 their digest for a header. Ray-free.
 """
 from __future__ import annotations
 
 import hashlib
 
-from delta_ray.core.keys import session_key
+from delta_ray._core.keys import session_key
 
 ROUTING_PREFIX = "r1:"  # routing header values made by :func:`routing_key` (versioned, so it may change)
 

@@ -14,11 +14,11 @@ import threading
 from collections import OrderedDict
 from typing import Callable, Union
 
-from delta_ray.core.config import TokenizerConfig
-from delta_ray.core.loading import LoadedTokenizer
-from delta_ray.engine.native import FastEngineUnavailable
-from delta_ray.runtime.heap import freeze_heap
-from delta_ray.tokenizer_core import TokenizerCore
+from delta_ray._core.config import TokenizerConfig
+from delta_ray._core.loading import LoadedTokenizer
+from delta_ray._engine.native import FastEngineUnavailable
+from delta_ray._runtime.heap import freeze_heap
+from delta_ray._tokenizer_core import TokenizerCore
 
 MAX_ENTRIES = 2  # configurations per process (each holds its engines: ~100-300 MB)
 
@@ -58,7 +58,7 @@ def get_tokenizer(config_bytes: ConfigSource, digest: str, config: TokenizerConf
     :func:`build_tokenizer`; then the most recently used entry). ``config_bytes`` may be a function
     that fetches them: called only when no entry of this process holds ``digest``'s bytes, whose
     SHA-256 the build then checks as always. ``settle``: after a build, freeze the process's heap
-    (:func:`~delta_ray.runtime.heap.freeze_heap`), in a process delta-ray owns (a pool worker, a
+    (:func:`~delta_ray._runtime.heap.freeze_heap`), in a process delta-ray owns (a pool worker, a
     chunk-task process): its full garbage collections then skip the tokenizer and Ray."""
     key = (digest, config, fallback)
     with _LOCK:

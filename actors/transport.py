@@ -20,7 +20,7 @@ import asyncio
 import logging
 from typing import Any, Callable, Protocol
 
-from delta_ray.core.errors import DeltaRayError
+from delta_ray._core.errors import DeltaRayError
 
 from .calls import Call
 from .worker_channel import ChannelClosed, ChannelNotSent

@@ -14,11 +14,11 @@ import threading
 import numpy as np
 import ray
 
-from delta_ray.core.config import TokenizerConfig
-from delta_ray.core.hosts import SessionHost
-from delta_ray.core.keys import describe, is_keyless_head
-from delta_ray.core.session_store import SessionState
-from delta_ray.core.state_seal import verify_state
+from delta_ray._core.config import TokenizerConfig
+from delta_ray._core.hosts import SessionHost
+from delta_ray._core.keys import describe, is_keyless_head
+from delta_ray._core.session_store import SessionState
+from delta_ray._core.state_seal import verify_state
 
 from . import metrics, worker_channel
 from .calls import CHANNEL_METHODS

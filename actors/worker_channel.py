@@ -65,7 +65,7 @@ import time
 import uuid
 from typing import Any, Callable, Optional
 
-from delta_ray.core.errors import DeltaRayError
+from delta_ray._core.errors import DeltaRayError
 
 from . import channel_codec as codec
 from .channel_codec import (

@@ -38,16 +38,16 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 import numpy as np  # noqa: E402
 
 from bench.harness import cpu_wall  # noqa: E402
+from delta_ray._core.arguments import check_text  # noqa: E402
+from delta_ray._core.config import PoolConfig, TokenizerConfig  # noqa: E402
+from delta_ray._core.keys import ContentDigest  # noqa: E402
+from delta_ray._core.loading import load_tokenizer  # noqa: E402
+from delta_ray._tokenizer_core import TokenizerCore  # noqa: E402
 from delta_ray.actors.loop_thread import LoopThread  # noqa: E402
 from delta_ray.actors.orchestrator import PoolOrchestrator  # noqa: E402
 from delta_ray.apps.bundled import bundled_tokenizer_path  # noqa: E402
 from delta_ray.apps.sample_text import corpus  # noqa: E402
-from delta_ray.core.arguments import check_text  # noqa: E402
-from delta_ray.core.config import PoolConfig, TokenizerConfig  # noqa: E402
-from delta_ray.core.keys import ContentDigest  # noqa: E402
-from delta_ray.core.loading import load_tokenizer  # noqa: E402
 from delta_ray.scheduler import home_worker, worker_name  # noqa: E402
-from delta_ray.tokenizer_core import TokenizerCore  # noqa: E402
 
 SECRET = b"s" * 32
 CONTEXT_TOKENS = 25_000  # a 100K-character session

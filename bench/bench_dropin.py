@@ -417,9 +417,8 @@ class _Tracked:
     identity), as before issue 58. Lists made then stay tracked; the ones made outside stay not."""
 
     def __enter__(self):
-        from delta_ray import tokenizer_core
-        from delta_ray.core import keyless
-        self._mods = [(m, m.untrack_ints) for m in (tokenizer_core, keyless)]  # where kept lists are made
+        from delta_ray._core import keyless, sessions
+        self._mods = [(m, m.untrack_ints) for m in (sessions, keyless)]  # where kept lists are made
         for m, _ in self._mods:
             m.untrack_ints = lambda ids: ids
 
@@ -647,7 +646,7 @@ def main(argv=None) -> int:
     if not args.fastokens_in_process:
         inputs = {"chat": chats if has_chat else [], "raw": raw, "vllm": raw, "offsets": raw}
         peer = Peer(folder, args.cache_mib, inputs, args.fastokens_threads)
-        from delta_ray.engine.native import fast_engine_threads
+        from delta_ray._engine.native import fast_engine_threads
         mine = fast_engine_threads()
         print(f"fastokens timed in a child process, FASTOKENS_BPE_THREADS={peer.threads} there; "
               f"delta-ray here: FASTOKENS_BPE_THREADS={mine['FASTOKENS_BPE_THREADS']} "

@@ -35,9 +35,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import numpy as np  # noqa: E402
 
+from delta_ray._core.reference_api import encode_batch_ids  # noqa: E402 - encode_batch_fast (0.x) or encode_batch (1.x)
+from delta_ray._engine.native import fast_engine_threads, fast_engine_versions  # noqa: E402
 from delta_ray.apps.bundled import bundled_tokenizer_path  # noqa: E402
-from delta_ray.core.reference_api import encode_batch_ids  # noqa: E402 - encode_batch_fast (0.x) or encode_batch (1.x)
-from delta_ray.engine.native import fast_engine_threads, fast_engine_versions  # noqa: E402
 
 CORPUS_DIR = Path(os.environ.get("DELTA_RAY_CORPUS", "/work/shared/corpus"))
 
@@ -141,9 +141,9 @@ def confinement(path: str, sizes: list[int], corpus: str, clock) -> None:
     from tokenizers import Tokenizer
 
     from delta_ray import DeltaTokenizer
-    from delta_ray.engine.engine import FastTier
-    from delta_ray.engine.native import cached_fast_encoder
-    from delta_ray.verify.guard_probe import guard_set_for
+    from delta_ray._engine.engine import FastTier
+    from delta_ray._engine.native import cached_fast_encoder
+    from delta_ray._verify.guard_probe import guard_set_for
 
     ref = Tokenizer.from_file(path)
     data = Path(path).read_bytes()
@@ -196,7 +196,7 @@ def main(argv=None) -> int:
     clock = time.process_time if args.clock == "cpu" else time.perf_counter
     wanted = args.engines.split(",")
 
-    from delta_ray.engine.guard import GuardSet
+    from delta_ray._engine.guard import GuardSet
 
     engines = build_engines(bundled_tokenizer_path(args.tokenizer), wanted)
     guard = GuardSet(frozenset(range(0x31350, 0x323B0)) | frozenset(range(0x1AC0, 0x1AF0))

@@ -138,8 +138,8 @@ def child_main() -> int:
         from delta_ray.apps.dropin import sessions as dropin_sessions
         dropin_sessions.untrack_ints = lambda ids: ids
 
+    from delta_ray._engine.native import allow_native_threads
     from delta_ray.apps.dropin.scope import request_scope
-    from delta_ray.engine.native import allow_native_threads
     allow_native_threads()  # delta-ray's import pinned fastokens to one thread; users of its patch run its default
     if use_fastokens:
         import fastokens

@@ -2,7 +2,7 @@
 
 A full garbage collection traces every container object of the process with the GIL held; with Ray
 initialized that is about 100K objects, 60-125 ms a collection on this project's 2-core VM, and in
-a pool's calling process every call waits it out (``delta_ray/runtime/heap.py``). The pool's own
+a pool's calling process every call waits it out (``delta_ray/_runtime/heap.py``). The pool's own
 processes freeze theirs after building their tokenizer; this bench runs one pool (2 workers) and
 alternates rounds with the calling process's heap frozen (``delta_ray.freeze_heap()``) and thawed:
 4 callers' session turns (+1.3K characters each), then 2 callers' 1M-character texts (chunk tasks),

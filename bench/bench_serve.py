@@ -411,9 +411,9 @@ def _start_serve(args, path, modes, endpoints):
     from ray import serve
 
     from delta_ray import serve_app
+    from delta_ray._core.loading import load_tokenizer
     from delta_ray.actors.local_ray import local_init_kwargs
     from delta_ray.actors.serve import replica_endpoints
-    from delta_ray.core.loading import load_tokenizer
 
     ray.init(address="local", **local_init_kwargs())
     sport = free_port()

@@ -27,9 +27,9 @@ from tokenizers import Tokenizer  # noqa: E402
 
 from bench.harness import timed_ms  # noqa: E402
 from delta_ray import DeltaTokenizer  # noqa: E402
+from delta_ray._core.reference_api import describe, encode_batch_ids, ids_of  # noqa: E402
 from delta_ray.apps.bundled import bundled_tokenizer_path  # noqa: E402
 from delta_ray.apps.sample_text import corpus  # noqa: E402
-from delta_ray.core.reference_api import describe, encode_batch_ids, ids_of  # noqa: E402
 
 
 def ref_ids(ref, text, add=True):

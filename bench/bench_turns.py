@@ -244,7 +244,7 @@ def tail_table(path, engine, sizes, turns, ref) -> dict:
     import numpy as np
     import pyarrow as pa
 
-    from delta_ray.core import turn_path
+    from delta_ray._core import turn_path
     print(f"\n# turn tail: {turns} extends back to back per context, two sessions alternating, ms")
     print(f"{'context':>10}  {'joins from':<22}{'median':>8}{'P99':>8}{'max':>8}{'mean':>8}{'> 1 ms':>8}")
     src = corpus("code", max(sizes) + 2 * (turns + 1) * 1300 + 1000)

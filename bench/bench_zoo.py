@@ -22,8 +22,8 @@ import time
 from bench import zoo
 from bench.peers.in_process import Fastokens
 from delta_ray import DeltaTokenizer, FastEngineUnavailable
+from delta_ray._core.loading import load_tokenizer
 from delta_ray.apps.sample_text import corpus
-from delta_ray.core.loading import load_tokenizer
 
 #: One tokenizer of each kind the derivation newly admits.
 DEFAULT = ("mistral-tekken-240911", "gguf-gpt-2", "otc-deepseek-v2", "gguf-gemma-4", "gguf-llama-spm", "gguf-phi-3")

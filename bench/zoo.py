@@ -383,8 +383,8 @@ def _stand_in_gguf_reader() -> None:
 def survey(root: Path | None = None) -> list[tuple[str, str, bool, str]]:
     """(name, kind, admitted, reason) for each zoo tokenizer, from delta-ray's admission."""
     # lazy: `build` needs none of delta-ray (the conversion's child imports this module)
-    from delta_ray.core.admission import admit
-    from delta_ray.core.loading import load_tokenizer
+    from delta_ray._core.admission import admit
+    from delta_ray._core.loading import load_tokenizer
     rows = []
     for name, folder in build(root).items():
         path = folder / "tokenizer.json"

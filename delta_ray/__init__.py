@@ -5,24 +5,24 @@ The core (everything imported eagerly here) never imports Ray; the Ray-backed en
 """
 import importlib
 
-from delta_ray.core.errors import DeltaRayError as DeltaRayError
-from delta_ray.core.errors import PoolAuthError as PoolAuthError
-from delta_ray.core.errors import PoolClosed as PoolClosed
-from delta_ray.core.errors import PoolStartupError as PoolStartupError
-from delta_ray.core.reference_version import UnsupportedReference as UnsupportedReference
-from delta_ray.core.reference_version import check_reference as _check_reference
+from delta_ray._core.errors import DeltaRayError as DeltaRayError
+from delta_ray._core.errors import PoolAuthError as PoolAuthError
+from delta_ray._core.errors import PoolClosed as PoolClosed
+from delta_ray._core.errors import PoolStartupError as PoolStartupError
+from delta_ray._core.reference_version import UnsupportedReference as UnsupportedReference
+from delta_ray._core.reference_version import check_reference as _check_reference
 
 _check_reference()  # a clear error under an unsupported tokenizers (1.x), before anything imports it
 
-from delta_ray.core.admission import Admission as Admission  # noqa: E402
-from delta_ray.core.admission import NotAdmitted as NotAdmitted  # noqa: E402
-from delta_ray.core.admission import NotAdmittedWarning as NotAdmittedWarning  # noqa: E402
-from delta_ray.core.config import PoolConfig as PoolConfig  # noqa: E402
-from delta_ray.core.config import TokenizerConfig as TokenizerConfig  # noqa: E402
-from delta_ray.core.loading import load_tokenizer as load_tokenizer  # noqa: E402
-from delta_ray.core.session_store import SessionNotFound as SessionNotFound  # noqa: E402
-from delta_ray.engine.native import FastEngineUnavailable as FastEngineUnavailable  # noqa: E402
-from delta_ray.runtime.heap import freeze_heap as freeze_heap  # noqa: E402
+from delta_ray._core.admission import Admission as Admission  # noqa: E402
+from delta_ray._core.admission import NotAdmitted as NotAdmitted  # noqa: E402
+from delta_ray._core.admission import NotAdmittedWarning as NotAdmittedWarning  # noqa: E402
+from delta_ray._core.config import PoolConfig as PoolConfig  # noqa: E402
+from delta_ray._core.config import TokenizerConfig as TokenizerConfig  # noqa: E402
+from delta_ray._core.loading import load_tokenizer as load_tokenizer  # noqa: E402
+from delta_ray._core.session_store import SessionNotFound as SessionNotFound  # noqa: E402
+from delta_ray._engine.native import FastEngineUnavailable as FastEngineUnavailable  # noqa: E402
+from delta_ray._runtime.heap import freeze_heap as freeze_heap  # noqa: E402
 from delta_ray.tokenizer import DeltaTokenizer as DeltaTokenizer  # noqa: E402
 
 __all__ = ["Admission", "DeltaRayError", "DeltaTokenizer", "FastEngineUnavailable", "NotAdmitted", "NotAdmittedWarning",

@@ -1,9 +1,9 @@
 """``DeltaTokenizer``: the user's tokenizer (exact IDs, sessions, safe-cut chunking) in a few methods.
 
 Everything else a pool, a worker, Serve or a batch pipeline needs (plans, pieces, session states,
-flat batch buffers) lives on :class:`delta_ray.tokenizer_core.TokenizerCore`, reachable as ``.core`` and
+flat batch buffers) lives on :class:`delta_ray._tokenizer_core.TokenizerCore`, reachable as ``.core`` and
 handed to those parts explicitly; this class checks the user's arguments, names a session by its
-store key (:func:`delta_ray.core.keys.session_key`, never a raw name the store shares with other
+store key (:func:`delta_ray._core.keys.session_key`, never a raw name the store shares with other
 kinds of state) and forwards the call.
 """
 from __future__ import annotations
@@ -13,16 +13,16 @@ from typing import TYPE_CHECKING, Sequence, overload
 
 import pyarrow as pa
 
-from .core.admission import Admission
-from .core.arguments import check_flag, check_text
-from .core.config import TokenizerConfig
-from .core.keys import session_key
-from .core.loading import TokenizerLike
-from .tokenizer_core import TokenizerCore
+from ._core.admission import Admission
+from ._core.arguments import check_flag, check_text
+from ._core.config import TokenizerConfig
+from ._core.keys import session_key
+from ._core.loading import TokenizerLike
+from ._tokenizer_core import TokenizerCore
 
 if TYPE_CHECKING:
-    from .engine.engine import FastTier
-    from .engine.native import NativeEngine
+    from ._engine.engine import FastTier
+    from ._engine.native import NativeEngine
 
 
 class DeltaTokenizer:
@@ -45,7 +45,7 @@ class DeltaTokenizer:
 
     def __init__(self, tokenizer: TokenizerLike, config: TokenizerConfig | None = None, *,
                  encoder: FastTier | NativeEngine | None = None, **options):
-        """``config`` (a :class:`~delta_ray.core.config.TokenizerConfig`) and/or its fields as keywords
+        """``config`` (a :class:`~delta_ray._core.config.TokenizerConfig`) and/or its fields as keywords
         (``chunk_size``, ``cut_threshold``, ``max_chunks``, ``threads``, ``reuse``,
         ``max_session_bytes``, ``max_sessions``, ``engine``, ``shadow_rate``, ``strict``); ``encoder`` replaces
         the admitted fast tier (tests, benchmarks)."""

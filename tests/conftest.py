@@ -37,7 +37,7 @@ def run_own_process():
 @pytest.fixture
 def private_cache(tmp_path, monkeypatch):
     """A fresh admission cache for one test (verdicts, probes, locks), its warnings not yet given."""
-    from delta_ray.runtime import cache_store
+    from delta_ray._runtime import cache_store
     monkeypatch.setenv("DELTA_RAY_CACHE", str(tmp_path / "cache"))
     cache_store._WARNED.clear()
     return tmp_path / "cache"
@@ -57,7 +57,7 @@ def _refused_by_reference() -> dict[str, str]:
     """Test tokenizers the installed reference refuses to load, with its reason (tokenizers 1.x
     refuses qwen-3.5's Split pattern: it needs a system-regex backend). Under 0.x: none, and a load
     failure is an error of the test, not a skip."""
-    from delta_ray.core.reference_version import reference_major
+    from delta_ray._core.reference_version import reference_major
     if reference_major() < 1:
         return {}
     out = {}

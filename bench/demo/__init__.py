@@ -54,8 +54,8 @@ def main(args) -> int:
     t_start = time.perf_counter()
     sizes = QUICK if args.quick else FULL
 
+    from delta_ray._core.loading import load_tokenizer
     from delta_ray.apps.bundled import DEFAULT_TOKENIZER, bundled_tokenizer_path
-    from delta_ray.core.loading import load_tokenizer
 
     from .baselines import Engines
     from .fast_tier import fast_tier_tokenizer

@@ -18,7 +18,7 @@ import numpy as np
 from tokenizers import Tokenizer
 
 from bench.peers.in_process import Fastokens, fastokens_version
-from delta_ray.core.assembly import ids_to_numpy
+from delta_ray._core.assembly import ids_to_numpy
 
 
 @dataclass

@@ -18,10 +18,10 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from bench.peers import plain_script
+from delta_ray._tokenizer_core import TokenizerCore
 from delta_ray.apps.sample_text import doc_source
 from delta_ray.batch.files import Options, output_name, tokenize_files
 from delta_ray.tokenizer import DeltaTokenizer
-from delta_ray.tokenizer_core import TokenizerCore
 
 from .baselines import Engines
 from .report import Table, out, progress, verdict

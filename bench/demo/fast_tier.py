@@ -10,10 +10,10 @@ from __future__ import annotations
 
 import time
 
-from delta_ray.core.loading import LoadedTokenizer
-from delta_ray.engine.native import FastEngineUnavailable, available_backends
+from delta_ray._core.loading import LoadedTokenizer
+from delta_ray._engine.native import FastEngineUnavailable, available_backends
+from delta_ray._verify.admit import cached_admission_exists
 from delta_ray.tokenizer import DeltaTokenizer
-from delta_ray.verify.admit import cached_admission_exists
 
 from .report import out, progress
 

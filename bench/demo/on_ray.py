@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import os
 
+from delta_ray._core.loading import LoadedTokenizer
 from delta_ray.apps.sample_text import chat_transcript, corpus
-from delta_ray.core.loading import LoadedTokenizer
 
 from .baselines import Engines, chat_calls
 from .over_http import CHAT_SIZES, http_section
@@ -69,7 +69,7 @@ def ray_sections(eng: Engines, loaded: LoadedTokenizer, sizes, log_path: str) ->
     out(f"  Ray: {int(ray.cluster_resources().get('CPU', 0))} CPUs; its logs: {logs}")
     ok = True
     try:
-        from delta_ray.core.errors import PoolStartupError
+        from delta_ray._core.errors import PoolStartupError
         try:
             ok &= pool_section(eng, loaded, sizes.pool_turns)
         except PoolStartupError as exc:

@@ -20,8 +20,8 @@ import numpy as np
 
 from bench.harness import free_port
 from bench.peers import plain_server as plain_server_script
+from delta_ray._core.loading import LoadedTokenizer
 from delta_ray.apps.sample_text import chat_transcript
-from delta_ray.core.loading import LoadedTokenizer
 
 from .baselines import Engines
 from .report import Steps, Table, median, ms, progress, quiet_ray_loggers, ratio, size_label, verdict

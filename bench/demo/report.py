@@ -193,7 +193,7 @@ def demo_log_path() -> str:
     """Where the demo's Python log records go: the cache directory when private, else /tmp."""
     import tempfile
 
-    from delta_ray.runtime.cache_store import cache_root
+    from delta_ray._runtime.cache_store import cache_root
     d = str(cache_root())
     try:
         os.makedirs(d, mode=0o700, exist_ok=True)

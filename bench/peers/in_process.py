@@ -13,7 +13,7 @@ SEGMENT_CACHE_BYTES = 512 << 20
 
 def fastokens_version() -> str | None:
     """The installed fastokens' version, or None."""
-    from delta_ray.engine.native import package_version
+    from delta_ray._engine.native import package_version
     return package_version("fastokens")
 
 

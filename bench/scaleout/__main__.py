@@ -38,8 +38,8 @@ import sys
 os.environ.setdefault("RAY_ENABLE_AUTO_CONNECT", "0")
 
 from bench import bench_ceilings as ceil  # noqa: E402
+from delta_ray._core.loading import load_tokenizer  # noqa: E402
 from delta_ray.apps.bundled import bundled_tokenizer_path  # noqa: E402
-from delta_ray.core.loading import load_tokenizer  # noqa: E402
 
 from . import validate as validation  # noqa: E402
 from .grid import grid, workload  # noqa: E402

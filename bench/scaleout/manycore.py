@@ -113,10 +113,10 @@ def main(argv: list[str] | None = None) -> int:
 
     from bench.scaleout.measure import measure_costs
     from bench.scaleout.validate import Loops, measure_pool, predict, throughput_header, throughput_row
+    from delta_ray._core.loading import load_tokenizer
+    from delta_ray._engine.native import FastEngineUnavailable
     from delta_ray.actors.local_ray import local_init_kwargs
     from delta_ray.apps.bundled import bundled_tokenizer_path
-    from delta_ray.core.loading import load_tokenizer
-    from delta_ray.engine.native import FastEngineUnavailable
     from delta_ray.tokenizer import DeltaTokenizer
 
     workers = [int(w) for w in (args.workers or ("2" if args.quick else "4,8,16")).split(",")]

@@ -20,11 +20,11 @@ import numpy as np
 
 from bench import bench_ceilings as ceil
 from bench.harness import CpuMeter, cpu_per_call, median_ms, samples
+from delta_ray._core.assembly import concat_ids, to_arrow
+from delta_ray._core.config import TokenizerConfig
+from delta_ray._tokenizer_core import TokenizerCore
 from delta_ray.actors.loop_thread import LoopThread
 from delta_ray.apps.sample_text import corpus
-from delta_ray.core.assembly import concat_ids, to_arrow
-from delta_ray.core.config import TokenizerConfig
-from delta_ray.tokenizer_core import TokenizerCore
 
 from .costs import Costs, spread_of
 
@@ -145,9 +145,9 @@ def measure_ray(ray, loaded, engine: str, n: int = 300) -> dict:
     # The pool's own chunk task (its launcher and options, the tokenizer's configuration by
     # reference, the fast engine in the task's process), fed real text, where a stand-in task
     # returning zeros used to stand for it (2026-12-02).
+    from delta_ray._core.config import pool_config
     from delta_ray.actors.calls import ENCODE_PIECES, Call, PiecesArgs
     from delta_ray.actors.chunk_task import ChunkLauncher
-    from delta_ray.core.config import pool_config
     launcher = ChunkLauncher(config_ref, loaded.digest,
                              pool_config(None, {"engine": engine, "shadow_rate": 0.0}))
     loop = asyncio.new_event_loop()

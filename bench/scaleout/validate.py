@@ -21,8 +21,8 @@ from typing import Callable, NamedTuple, Sequence
 import numpy as np
 
 from bench.harness import CpuMeter, Loop, closed_loop, proc_cpu_ms, stolen_ms
+from delta_ray._runtime.heap import freeze_heap
 from delta_ray.apps.sample_text import corpus
-from delta_ray.runtime.heap import freeze_heap
 
 from .costs import Costs, excess, stalls_of
 from .measure import TURN

@@ -12,8 +12,8 @@ import tempfile
 import zipfile
 from pathlib import Path
 
-from ..core.errors import DeltaRayError
-from ..runtime.cache_store import atomic_write, cache_root
+from .._core.errors import DeltaRayError
+from .._runtime.cache_store import atomic_write, cache_root
 
 # name -> (package, relative path inside the package, sha256 of tokenizer.json)
 BUNDLED: dict[str, tuple[str, str, str]] = {

@@ -12,7 +12,7 @@ a summary, and ``--verify N`` checks N random rows against the reference. ``--ra
 same encode on Ray Data instead (for a cluster; one directory of part files): tasks fused with the
 reads and writes by default (one read task per file where Ray Data would split the files:
 :func:`delta_ray.actors.data_reads.per_file_read`), an actor pool with ``--concurrency``. Both
-paths take one :class:`~delta_ray.core.text_columns.BatchSpec` built from the options (:func:`spec_of`):
+paths take one :class:`~delta_ray._core.text_columns.BatchSpec` built from the options (:func:`spec_of`):
 the columns, ``--no-special-tokens``, ``--drop-text``, ``--batch-bytes``, ``--engine`` and
 ``--threads`` mean the same on both; ``--concurrency``, ``--num-cpus`` and ``--batch-size`` size the
 Ray Data stage and are refused without ``--ray-data``. One output directory takes one run at a time
@@ -26,7 +26,7 @@ Inputs by extension: ``.txt`` is one document per line (empty lines skipped; Ray
 in pieces of ``--batch-bytes``, never decompressed whole; without ``--ray-data`` a line longer than
 ``--max-record-bytes``, 64 MiB by default, is refused naming the file and the line's offset; on both
 paths a JSONL line nested too deep or holding too many items or keys is refused the same way, before
-pyarrow parses it: :mod:`delta_ray.core.json_scan`). The
+pyarrow parses it: :mod:`delta_ray._core.json_scan`). The
 output keeps the input columns (``--drop-text`` omits the text) and adds the ``list<int32>`` IDs and
 an ``int32`` count column; ``--output`` is a new or empty local directory (on a multi-node cluster,
 one every node can write: a shared file system) or a URI Ray Data can write to; its rows keep the
@@ -43,12 +43,12 @@ import sys
 import time
 from pathlib import Path
 
+from delta_ray._core import constants as C
+from delta_ray._core.loading import load_tokenizer
+from delta_ray._core.text_columns import BatchSpec
+from delta_ray._tokenizer_core import TokenizerCore
 from delta_ray.batch import files as batch_files
 from delta_ray.batch.inputs import COMPRESSED, DuplicateInput, check_distinct, check_json_file, input_kind
-from delta_ray.core import constants as C
-from delta_ray.core.loading import load_tokenizer
-from delta_ray.core.text_columns import BatchSpec
-from delta_ray.tokenizer_core import TokenizerCore
 
 
 class UsageError(Exception):

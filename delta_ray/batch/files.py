@@ -43,9 +43,9 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from ..core.text_columns import BatchSpec, encode_table
+from .._core.text_columns import BatchSpec, encode_table
+from .._tokenizer_core import TokenizerCore
 from ..tokenizer import DeltaTokenizer
-from ..tokenizer_core import TokenizerCore
 from .inputs import check_distinct, conform, input_kind, json_table, line_chunks, stream_tables, units
 
 MANIFEST_FORMAT = 2  # 2: the output's size and SHA-256 (a manifest without them is redone)

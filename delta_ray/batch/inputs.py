@@ -17,10 +17,10 @@ import pyarrow as pa
 import pyarrow.json as pj
 import pyarrow.parquet as pq
 
-from delta_ray.core import constants as C
+from delta_ray._core import constants as C
 
-from ..core.json_scan import JsonLinesBound
-from ..core.text_columns import BatchSpec
+from .._core.json_scan import JsonLinesBound
+from .._core.text_columns import BatchSpec
 
 KINDS = {".txt": "text", ".jsonl": "json", ".json": "json", ".parquet": "parquet"}
 COMPRESSED = (".gz", ".bz2", ".zst")
@@ -138,7 +138,7 @@ def json_table(chunk: bytes, where: str = "JSON input", offset: int = 0) -> pa.T
     """The JSON lines of a piece; its block size holds the piece whole (pyarrow's default, 1 MiB,
     refuses a record longer than that: "straddles two block boundaries").
 
-    The piece is first scanned at the bytes level (:class:`~delta_ray.core.json_scan.JsonLinesBound`):
+    The piece is first scanned at the bytes level (:class:`~delta_ray._core.json_scan.JsonLinesBound`):
     a line nested deeper than ``MAX_JSON_DEPTH`` (pyarrow's recursive parser overflows its stack,
     SIGSEGV, at about 15,000 levels) or holding more than ``MAX_JSON_ITEMS`` items or
     ``MAX_JSON_KEYS`` keys (pyarrow's memory: a column per distinct key) is refused with a

@@ -15,7 +15,7 @@ from typing import Any
 from jinja2.exceptions import TemplateError
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
-from ..core.errors import DeltaRayError
+from .._core.errors import DeltaRayError
 
 
 class ChatTemplateError(DeltaRayError, ValueError):

@@ -14,7 +14,7 @@ try:
 except ImportError:  # pragma: no cover - orjson is a dependency; the stdlib as a fallback
     orjson = None
 
-from delta_ray.core.errors import DeltaRayError
+from delta_ray._core.errors import DeltaRayError
 
 TOKENIZE_FIELDS = {"model", "prompt", "messages", "add_special_tokens", "add_generation_prompt",
                    "continue_final_message", "chat_template_kwargs", "tools", "return_token_strs",

@@ -31,8 +31,8 @@ from typing import Any
 
 import uvicorn
 
-from delta_ray.core.loading import TokenizerLike
-from delta_ray.runtime.heap import freeze_heap
+from delta_ray._core.loading import TokenizerLike
+from delta_ray._runtime.heap import freeze_heap
 
 from .asgi import DEFAULT_BODY_TIMEOUT_S, BodyBudget, TokenizerASGI
 from .http_limits import ConnectionLimits, limited_protocol
@@ -69,7 +69,7 @@ def local_app(tokenizer: TokenizerLike, *, model_name: "str | None" = None, toke
     requirement and the request limits (a body must arrive whole within ``body_timeout_s``; the
     body bytes of the requests in progress are bounded by ``max_inflight_bytes`` in all, a 503
     past it, and ``max_client_inflight_bytes`` per client address, a 429: defaults in
-    ``serve_config.py``), and :class:`~delta_ray.core.config.TokenizerConfig` fields (``engine``,
+    ``serve_config.py``), and :class:`~delta_ray._core.config.TokenizerConfig` fields (``engine``,
     ``chunk_size``, ``max_sessions``, ...). ``metrics=True`` serves the request counters at
     ``GET /metrics`` (keep that port behind the operator's network: the counters tell held from new
     content). A pool option is a TypeError: a pool runs on Ray (``serve_app(num_workers=...)``)."""

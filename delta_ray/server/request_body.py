@@ -17,7 +17,7 @@ from typing import Any
 
 import orjson
 
-from ..core.json_scan import SLICE_BYTES, Structure, items_in
+from .._core.json_scan import SLICE_BYTES, Structure, items_in
 from .http_api import BadRequest, loads_json
 from .serve_config import DEFAULT_MAX_JSON_ITEMS  # noqa: F401 - the bound's default, re-exported
 
@@ -45,7 +45,7 @@ def item_bound(raw: bytes, limit: int) -> int:
 
     Counts ``,`` ``:`` ``[`` ``{`` outside strings, plus one: each container's first item, each
     further item and each key needs one of them. Strings are found by the shared bytes-level scan
-    (:class:`delta_ray.core.json_scan.Structure`, which bounds JSONL inputs too), slice by slice: a
+    (:class:`delta_ray._core.json_scan.Structure`, which bounds JSONL inputs too), slice by slice: a
     slice may end inside a string or a run of backslashes. A byte that is not valid JSON where it
     stands only makes the count after it inexact, and a parse stops there, so the bound holds for
     what a parse reads.

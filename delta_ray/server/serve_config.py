@@ -1,7 +1,7 @@
 """``ServeConfig``: what every replica of the tokenization service runs with, validated once.
 
 A frozen value built by ``serve_app`` from its keyword options and sent to each replica as it is:
-the replica's :class:`~delta_ray.core.config.TokenizerConfig`, the :class:`~delta_ray.core.config.PoolConfig`
+the replica's :class:`~delta_ray._core.config.TokenizerConfig`, the :class:`~delta_ray._core.config.PoolConfig`
 of a pool started per replica (or the name of a running pool to attach to), and the request
 limits. The tokenizer and pool options are the config classes' own fields, so no list of option
 names is kept by hand here. Ray-free.
@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, fields
 from typing import Any, Mapping
 
-from delta_ray.core.config import PoolConfig, TokenizerConfig, pool_config, tokenizer_config
+from delta_ray._core.config import PoolConfig, TokenizerConfig, pool_config, tokenizer_config
 
 DEFAULT_MAX_BODY_BYTES = 64 * 1024 * 1024
 # IDs per /detokenize request (1,048,576); more is a 413. Past a million the GIL-bound steps of a

@@ -29,13 +29,13 @@ from typing import Any, AsyncIterable, Callable
 
 import numpy as np
 
-from delta_ray.core.assembly import ids_to_numpy
-from delta_ray.core.hosts import SessionHost
-from delta_ray.core.keys import session_key
-from delta_ray.core.loading import LoadedTokenizer
-from delta_ray.core.plan import CONTENT, HERE, POOL, REFERENCE_SESSION, UNADMITTED, Host, Route, Router
-from delta_ray.core.reference_api import decode_fn, id_to_token_fn, vocab_size  # the 0.x API or tokenizer.json (1.x)
-from delta_ray.core.session_store import SessionNotFound
+from delta_ray._core.assembly import ids_to_numpy
+from delta_ray._core.hosts import SessionHost
+from delta_ray._core.keys import session_key
+from delta_ray._core.loading import LoadedTokenizer
+from delta_ray._core.plan import CONTENT, HERE, POOL, REFERENCE_SESSION, UNADMITTED, Host, Route, Router
+from delta_ray._core.reference_api import decode_fn, id_to_token_fn, vocab_size  # the 0.x API or tokenizer.json (1.x)
+from delta_ray._core.session_store import SessionNotFound
 from delta_ray.server.chat_template import ChatTemplateError
 
 from .http_api import (
@@ -265,7 +265,7 @@ class RequestHandler:
             tokens = await self._off_loop_if(not self._on_loop(len(text), text), self.core.encode_routed,
                                              route, text, None, add)
         elif route is CONTENT:
-            # Keyless long prompts continue the conversation they extend (core/keyless.py), always
+            # Keyless long prompts continue the conversation they extend (_core/keyless.py), always
             # inside the caller's tenant, so one tenant's timing can never reveal another's text.
             # The lookup compares stored texts: on the loop only for a text the loop may encode.
             if self._on_loop(len(text), text):

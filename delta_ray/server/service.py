@@ -12,8 +12,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from delta_ray.core.loading import LoadedTokenizer, TokenizerLike, load_tokenizer
-from delta_ray.tokenizer_core import TokenizerCore
+from delta_ray._core.loading import LoadedTokenizer, TokenizerLike, load_tokenizer
+from delta_ray._tokenizer_core import TokenizerCore
 
 from .chat_template import ChatTemplate
 from .serve_config import ServeConfig

@@ -394,9 +394,9 @@ def test_minimax_long_s_with_the_fast_tier(folders, pairs):
     fastokens = pytest.importorskip("fastokens", reason="the fast tier's engine (fastokens) is not installed")
     from transformers import AutoTokenizer
 
-    from delta_ray.engine.engine import FastTier
-    from delta_ray.engine.native import FastEncoder
-    from delta_ray.verify.guard_probe import guard_set_for
+    from delta_ray._engine.engine import FastTier
+    from delta_ray._engine.native import FastEncoder
+    from delta_ray._verify.guard_probe import guard_set_for
 
     stock, patched = pairs("minimax-m3")
     loaded = patched.__dict__[dropin_hf.STATE_ATTR].current(patched).tokenizer.core.loaded
@@ -424,10 +424,10 @@ def test_list_path_on_threads_equals_stock(pairs, real_texts):
     list where it was encoded, joined in order (``TokenizerCore.encode_list``): equal to stock, with
     guarded code points inside some pieces (those go to the reference)."""
     pytest.importorskip("fastokens", reason="the fast tier's engine (fastokens) is not installed")
-    from delta_ray.core.parallel_encode import MIN_PARALLEL_CHARS
-    from delta_ray.engine.engine import FastTier
-    from delta_ray.engine.native import FastEncoder
-    from delta_ray.verify.guard_probe import guard_set_for
+    from delta_ray._core.parallel_encode import MIN_PARALLEL_CHARS
+    from delta_ray._engine.engine import FastTier
+    from delta_ray._engine.native import FastEncoder
+    from delta_ray._verify.guard_probe import guard_set_for
 
     for name in ("qwen-3", "llama3.2"):  # no template / a BOS template
         stock, patched = pairs(name)
@@ -456,7 +456,7 @@ def test_list_path_takes_over_a_late_helper_and_raises_errors():
     encodes that piece itself; the same IDs, in order); a piece the engine rejects raises."""
     import threading
 
-    from delta_ray.core.parallel_encode import PieceThreads
+    from delta_ray._core.parallel_encode import PieceThreads
 
     caller, release = threading.get_ident(), threading.Event()
 
@@ -467,7 +467,7 @@ def test_list_path_takes_over_a_late_helper_and_raises_errors():
             return None
 
         def encode_flat(self, texts):
-            from delta_ray.core.assembly import flat_from_pieces
+            from delta_ray._core.assembly import flat_from_pieces
             return flat_from_pieces(self.encode_pieces(texts))
 
         def encode_pieces(self, texts):

@@ -1,6 +1,6 @@
 """The drop-in's kept lists and Python's cyclic collector (issue 58, part 3): each session keeps its
 IDs as a Python list of ints, which can be on no reference cycle, so the list is untracked where it
-is made (``delta_ray.core.id_lists.untrack_ints``). A full ``gc.collect()`` with the table full then
+is made (``delta_ray._core.id_lists.untrack_ints``). A full ``gc.collect()`` with the table full then
 costs about what it costs with the table empty, and every answer is still stock's.
 """
 from __future__ import annotations
@@ -16,10 +16,10 @@ transformers = pytest.importorskip("transformers", reason="the drop-in tests nee
                                                           "pip install 'transformers==5.23.*' (the test extra)")
 
 from delta_ray import request_scope  # noqa: E402
+from delta_ray._core.id_lists import untrack_ints  # noqa: E402
 from delta_ray.apps.dropin import hf as dropin_hf  # noqa: E402
 from delta_ray.apps.dropin import unpatch_transformers, wrap_tokenizer  # noqa: E402
 from delta_ray.apps.dropin.folders import bundled_hf_folder  # noqa: E402
-from delta_ray.core.id_lists import untrack_ints  # noqa: E402
 
 pytestmark = pytest.mark.skipif(not transformers.__version__.startswith("5."),
                                 reason=f"the drop-in hooks transformers 5 (found {transformers.__version__})")

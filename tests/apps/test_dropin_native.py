@@ -33,11 +33,11 @@ _PRELUDE = textwrap.dedent("""
     from delta_ray.apps.dropin import hf as dropin_hf
     from delta_ray.apps.dropin.folders import bundled_hf_folder
     from delta_ray.apps.sample_text import corpus
-    from delta_ray.core.encoder import ReferenceEncoder
-    from delta_ray.engine import native
-    from delta_ray.engine.native import FastEncoder
-    from delta_ray.verify.guard_probe import guard_set_for
-    from delta_ray.engine.engine import FastTier
+    from delta_ray._core.encoder import ReferenceEncoder
+    from delta_ray._engine import native
+    from delta_ray._engine.native import FastEncoder
+    from delta_ray._verify.guard_probe import guard_set_for
+    from delta_ray._engine.engine import FastTier
 
     class WrongOnLongS(FastEncoder):
         calls = 0
@@ -47,7 +47,7 @@ _PRELUDE = textwrap.dedent("""
             WrongOnLongS.calls += 1
             return [self._lie(t, a) for t, a in zip(texts, super().encode_pieces(texts))]
         def encode_flat(self, texts):
-            from delta_ray.core.assembly import flat_from_pieces
+            from delta_ray._core.assembly import flat_from_pieces
             return flat_from_pieces(self.encode_pieces(list(texts)))
         def encode_lists(self, texts):
             lists = super().encode_lists(texts)
@@ -183,8 +183,8 @@ def test_engine_lists_are_used_only_once_they_match_the_flat_output(tokenizer_pa
     """``FastEncoder.encode_lists`` (the engine's own Python lists) is used only after it gave exactly
     ``encode_flat``'s IDs on the check texts; an entry point that disagrees is never used, and the
     list path (``parallel_encode.ids_list``) then converts the flat output instead."""
-    from delta_ray.core.parallel_encode import ids_list
-    from delta_ray.engine.native import FastEncoder, list_entry_texts
+    from delta_ray._core.parallel_encode import ids_list
+    from delta_ray._engine.native import FastEncoder, list_entry_texts
 
     good = FastEncoder(tokenizer_paths["qwen-3"], "fastokens")
     texts = ["Hello world, it's 12:45.", "caf\u00e9 " * 5000]
@@ -206,8 +206,8 @@ def test_the_list_check_never_runs_on_the_request_path(tokenizer_paths):
     passed, the engine's lists are used (a failing check: the test above)."""
     import time
 
-    from delta_ray.core.parallel_encode import ids_list
-    from delta_ray.engine.native import FastEncoder
+    from delta_ray._core.parallel_encode import ids_list
+    from delta_ray._engine.native import FastEncoder
 
     enc = FastEncoder(tokenizer_paths["qwen-3"], "fastokens")
     texts = ["Hello world, it's 12:45.", "caf\u00e9 " * 5000]

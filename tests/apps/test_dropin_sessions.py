@@ -22,13 +22,13 @@ transformers = pytest.importorskip("transformers", reason="the drop-in tests nee
                                                           "pip install 'transformers==5.23.*' (the test extra)")
 
 from delta_ray import request_scope  # noqa: E402
+from delta_ray._core.constants import KEYLESS_CANDIDATES  # noqa: E402
+from delta_ray._core.id_lists import list_bytes  # noqa: E402
+from delta_ray._core.keys import session_key  # noqa: E402
 from delta_ray.apps.dropin import hf as dropin_hf  # noqa: E402
 from delta_ray.apps.dropin import sessions as dropin_sessions  # noqa: E402
 from delta_ray.apps.dropin import unpatch_transformers, wrap_tokenizer  # noqa: E402
 from delta_ray.apps.dropin.folders import bundled_hf_folder  # noqa: E402
-from delta_ray.core.constants import KEYLESS_CANDIDATES  # noqa: E402
-from delta_ray.core.id_lists import list_bytes  # noqa: E402
-from delta_ray.core.keys import session_key  # noqa: E402
 
 pytestmark = pytest.mark.skipif(not transformers.__version__.startswith("5."),
                                 reason=f"the drop-in hooks transformers 5 (found {transformers.__version__})")
@@ -362,9 +362,9 @@ def test_the_fast_engines_compact_turn(stocks, real_texts):
     """With the guarded fastokens engine the core continues a session by its compact turn (one engine
     call); the list built from its (version, k, tail) equals stock's, guarded code points included."""
     pytest.importorskip("fastokens", reason="the fast tier's engine (fastokens) is not installed")
-    from delta_ray.engine.engine import FastTier
-    from delta_ray.engine.native import FastEncoder
-    from delta_ray.verify.guard_probe import guard_set_for
+    from delta_ray._engine.engine import FastTier
+    from delta_ray._engine.native import FastEncoder
+    from delta_ray._verify.guard_probe import guard_set_for
 
     stock = stocks("qwen-3")
     probe = wrapped(stock)
@@ -388,9 +388,9 @@ def test_a_disabled_engine_takes_its_kept_lists_with_it(stocks, real_texts):
     engine, its rejection simulated), the purge drops every kept list with its state, and the next
     turns of the same conversations equal stock's. Fails if a kept list outlived its purge (its IDs
     would be cut and extended) or a turn reused one made before it."""
-    from delta_ray.core.encoder import ReferenceEncoder
-    from delta_ray.engine.engine import FastTier
-    from delta_ray.engine.native import PiecesEngine
+    from delta_ray._core.encoder import ReferenceEncoder
+    from delta_ray._engine.engine import FastTier
+    from delta_ray._engine.native import PiecesEngine
 
     class Wrong(PiecesEngine):  # the reference's IDs with the last one of each piece changed
         def __init__(self, ref):

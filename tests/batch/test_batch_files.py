@@ -9,9 +9,9 @@ import pyarrow.parquet as pq
 import pytest
 
 from delta_ray import DeltaTokenizer
+from delta_ray._tokenizer_core import TokenizerCore
 from delta_ray.batch.files import Options, output_name, tokenize_files, verify_outputs
 from delta_ray.batch.inputs import byte_slices
-from delta_ray.tokenizer_core import TokenizerCore
 
 
 @pytest.fixture(scope="module")
@@ -208,7 +208,7 @@ _STREAM_PROBE = r"""
 import resource, sys
 import pyarrow.compute
 from delta_ray.batch.inputs import input_kind, units
-from delta_ray.core.text_columns import BatchSpec
+from delta_ray._core.text_columns import BatchSpec
 path = sys.argv[1]
 before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
 loaders = units(path, input_kind(path), BatchSpec(batch_bytes=1 << 20))

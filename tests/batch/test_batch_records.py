@@ -11,9 +11,9 @@ import zlib
 import pytest
 
 import delta_ray.batch.inputs as bi
+from delta_ray._core.text_columns import BatchSpec
 from delta_ray.batch.files import check_text_column
 from delta_ray.batch.inputs import RecordTooLong, line_chunks, stream_tables
-from delta_ray.core.text_columns import BatchSpec
 
 MiB = 1 << 20
 

@@ -10,7 +10,7 @@ import pytest
 from tokenizers import Tokenizer
 
 from delta_ray import DeltaTokenizer, load_tokenizer
-from delta_ray.core.reference_api import tokenizer_from_str
+from delta_ray._core.reference_api import tokenizer_from_str
 
 pytestmark = pytest.mark.ray
 
@@ -231,9 +231,9 @@ def test_task_form_uses_the_one_bounded_process_cache(tokenizer_paths, real_text
     configurations (the least recently used one goes), entries of the same bytes sharing one
     LoadedTokenizer; outputs stay exact."""
     import delta_ray.actors.data as data_mod
+    from delta_ray._core.config import TokenizerConfig
+    from delta_ray._core.text_columns import BatchSpec
     from delta_ray.actors import tokenizer_cache
-    from delta_ray.core.config import TokenizerConfig
-    from delta_ray.core.text_columns import BatchSpec
 
     loaded = load_tokenizer(tokenizer_paths["qwen-3"])
     ref = Tokenizer.from_file(tokenizer_paths["qwen-3"])
@@ -279,9 +279,9 @@ def test_task_form_builds_the_reference_only_when_needed(tokenizer_paths, real_t
     equals the reference. (This machine's cache: a private one would re-derive the fast tier's
     admission, minutes here.)"""
     import delta_ray.actors.data as data_mod
+    from delta_ray._core.config import TokenizerConfig
+    from delta_ray._core.text_columns import BatchSpec
     from delta_ray.actors import tokenizer_cache
-    from delta_ray.core.config import TokenizerConfig
-    from delta_ray.core.text_columns import BatchSpec
 
     path = tokenizer_paths["llama3.2"]
     data = open(path, "rb").read()
@@ -327,8 +327,8 @@ def test_admission_is_cached_for_lazy_loads(private_cache, tokenizer_paths):
     import hashlib
     import json as _json
 
-    from delta_ray.core.admission import admit
-    from delta_ray.core.loading import LoadedTokenizer
+    from delta_ray._core.admission import admit
+    from delta_ray._core.loading import LoadedTokenizer
 
     data = open(tokenizer_paths["llama3.2"], "rb").read()
     eager = admit(LoadedTokenizer.from_bytes(data))
@@ -346,7 +346,7 @@ def test_admission_is_cached_for_lazy_loads(private_cache, tokenizer_paths):
     body = _json.loads(record.read_bytes())
     body["payload"]["family"] = "no-such-family"  # re-sealed but invalid: discarded too
     body.pop("sha256")
-    from delta_ray.runtime.cache_store import _canonical
+    from delta_ray._runtime.cache_store import _canonical
     body["sha256"] = hashlib.sha256(_canonical(body)).hexdigest()
     record.write_text(_json.dumps(body))
     fourth = LoadedTokenizer.from_bytes(data, lazy=True)
@@ -360,8 +360,8 @@ def test_source_prefetches_the_tokenizer_when_unpickled(tokenizer_paths, monkeyp
     import pickle
 
     import delta_ray.actors.data as data_mod
+    from delta_ray._core.config import TokenizerConfig
     from delta_ray.actors import tokenizer_cache
-    from delta_ray.core.config import TokenizerConfig
 
     loaded = load_tokenizer(tokenizer_paths["qwen-3"])
     builds = []
@@ -588,9 +588,9 @@ def test_cli_usage_errors(tokenizer_paths, tmp_path, capsys):
 
 
 def _batch_fn(config: bytes, digest: str, **kw):
+    from delta_ray._core.config import TokenizerConfig
+    from delta_ray._core.text_columns import BatchSpec
     from delta_ray.actors.data import TokenizeBatch
-    from delta_ray.core.config import TokenizerConfig
-    from delta_ray.core.text_columns import BatchSpec
 
     return TokenizeBatch(config, digest, TokenizerConfig(chunk_size=65_536, cut_threshold=131_072, reuse="none"),
                          BatchSpec(**kw))
@@ -601,7 +601,7 @@ def test_actor_class_unadmitted_config_and_digest(tokenizer_paths, real_texts):
     configuration bytes that do not match their digest are refused."""
     import hashlib
 
-    from delta_ray.core.loading import DigestMismatch
+    from delta_ray._core.loading import DigestMismatch
 
     cfg = json.loads(open(tokenizer_paths["llama3.2"], encoding="utf-8").read())
     cfg["normalizer"] = {"type": "Lowercase"}  # not absent/NFC: not admitted
@@ -636,8 +636,8 @@ def test_every_cli_option_reaches_both_paths(ray_session, tokenizer_paths, tmp_p
 
     import delta_ray.actors.data as data_mod
     import delta_ray.batch.files as bf
+    from delta_ray._core.text_columns import BatchSpec
     from delta_ray.apps import tokenize_cli
-    from delta_ray.core.text_columns import BatchSpec
 
     src = tmp_path / "docs.jsonl"
     src.write_text(json.dumps({"body": "hello", "k": 1}) + "\n", encoding="utf-8")

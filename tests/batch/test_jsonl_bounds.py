@@ -1,4 +1,4 @@
-"""JSONL lines are bounded before pyarrow's reader sees them (delta_ray/core/json_scan.py, applied by
+"""JSONL lines are bounded before pyarrow's reader sees them (delta_ray/_core/json_scan.py, applied by
 delta_ray/batch/inputs.py): nesting depth, items and keys per line, found by a bytes-level scan
 that does not count what lies inside strings. A 20,000-deep line made pyarrow's parser overflow its
 stack (SIGSEGV: ``delta-ray tokenize`` died with status -11 and nothing on stderr), and a line of
@@ -18,11 +18,11 @@ import pyarrow as pa
 import pyarrow.json as pj
 import pytest
 
+import delta_ray._core.json_scan as js
 import delta_ray.batch.inputs as bi
-import delta_ray.core.json_scan as js
+from delta_ray._core import constants as C
+from delta_ray._core.text_columns import BatchSpec
 from delta_ray.batch.files import check_text_column
-from delta_ray.core import constants as C
-from delta_ray.core.text_columns import BatchSpec
 
 DEEP = 100_000
 

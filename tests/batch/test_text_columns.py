@@ -5,7 +5,7 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
-from delta_ray.core.text_columns import checked_text_column, id_columns, is_text_type
+from delta_ray._core.text_columns import checked_text_column, id_columns, is_text_type
 
 
 def test_text_types():
@@ -38,7 +38,7 @@ def test_more_ids_than_list_int32_offsets_hold_is_refused():
 
 
 def test_batch_spec_refuses_bad_fields():
-    from delta_ray.core.text_columns import BatchSpec
+    from delta_ray._core.text_columns import BatchSpec
 
     assert BatchSpec().digest() == BatchSpec(engine="reference", threads=2, batch_bytes=5).digest()
     assert BatchSpec().digest() != BatchSpec(drop_text=True).digest()
@@ -51,7 +51,7 @@ def test_batch_spec_refuses_bad_fields():
 
 
 def test_one_schema_check_with_one_null_rule():
-    from delta_ray.core.text_columns import BatchSpec
+    from delta_ray._core.text_columns import BatchSpec
 
     spec = BatchSpec()
     spec.check_schema(pa.schema([("text", pa.large_string()), ("id", pa.int64())]))
@@ -64,7 +64,7 @@ def test_one_schema_check_with_one_null_rule():
 
 
 def test_encode_table_columns_and_drop_text():
-    from delta_ray.core.text_columns import BatchSpec, encode_table
+    from delta_ray._core.text_columns import BatchSpec, encode_table
 
     class Fake:  # two IDs per text: the column plumbing, not the encode
         def encode_batch_flat(self, texts, *, add_special_tokens=True, threads=None):

@@ -7,7 +7,7 @@ import pytest
 from tokenizers import Tokenizer
 
 from delta_ray import DeltaTokenizer, NotAdmitted, NotAdmittedWarning, load_tokenizer
-from delta_ray.core.reference_api import tokenizer_from_str
+from delta_ray._core.reference_api import tokenizer_from_str
 
 
 def _variant(path: str, edit) -> Tokenizer:
@@ -53,7 +53,7 @@ def test_not_admitted_falls_back_to_reference(edit, tokenizer_paths):
 
 
 def test_admission_of_the_six(tokenizer_paths):
-    from delta_ray.core.reference_api import FULL_API
+    from delta_ray._core.reference_api import FULL_API
     kinds = {}
     for name, path in tokenizer_paths.items():
         dt = DeltaTokenizer(path, strict=True)

@@ -6,7 +6,7 @@ import random
 import numpy as np
 from tokenizers import Regex, pre_tokenizers
 
-from delta_ray.core import charclass as cc
+from delta_ray._core import charclass as cc
 
 
 def test_sampled_code_points_agree_with_reference_regex():

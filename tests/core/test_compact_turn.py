@@ -1,4 +1,4 @@
-"""The compact continuation (issue 27, :mod:`delta_ray.core.turn_path`): every answer is the
+"""The compact continuation (issue 27, :mod:`delta_ray._core.turn_path`): every answer is the
 reference's, and every check the general turn makes still decides when it matters.
 
 Each test compares with the reference, and each guard test fails when its check is skipped: a
@@ -14,9 +14,9 @@ import numpy as np
 import pytest
 
 from delta_ray import DeltaTokenizer, SessionNotFound
-from delta_ray.core.keys import session_key
-from delta_ray.core.session_store import owners_bytes
-from delta_ray.engine.engine import FastTier
+from delta_ray._core.keys import session_key
+from delta_ray._core.session_store import owners_bytes
+from delta_ray._engine.engine import FastTier
 from exactness import chat_messages
 
 pytestmark = pytest.mark.skipif(importlib.util.find_spec("fastokens") is None, reason="fastokens is not installed")
@@ -24,9 +24,9 @@ pytestmark = pytest.mark.skipif(importlib.util.find_spec("fastokens") is None, r
 
 def _fast(tokenizer_paths, references, name: str, guard=(), **options):
     """A tokenizer on the guarded fastokens engine (given, so no admission runs) and that engine."""
-    from delta_ray.engine.engine import FastTier
-    from delta_ray.engine.guard import GuardSet
-    from delta_ray.engine.native import cached_fast_encoder
+    from delta_ray._engine.engine import FastTier
+    from delta_ray._engine.guard import GuardSet
+    from delta_ray._engine.native import cached_fast_encoder
     fast = cached_fast_encoder(open(tokenizer_paths[name], "rb").read(), "fastokens")
     enc = FastTier(fast, GuardSet(frozenset(guard)))
     return DeltaTokenizer(tokenizer_paths[name], encoder=enc, **options), enc

@@ -9,7 +9,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from delta_ray import DeltaTokenizer
-from delta_ray.core.cut_predicate import CutPredicate
+from delta_ray._core.cut_predicate import CutPredicate
 from exactness import ADVERSARIAL, REPRESENTATIVES, Battery, accepted_cuts, all_strings, special_fragments
 
 pytestmark = pytest.mark.battery  # the quick exactness battery (also run under tokenizers 1.x)
@@ -118,7 +118,7 @@ def test_control_without_special_guard_finds_differences(deltas, references):
     """Likewise for the added-token guard: cutting inside a special token changes IDs."""
     name = "qwen-3"
     pred = deltas[name].core._predicate
-    from delta_ray.core.special_tokens import SpecialTokenIndex
+    from delta_ray._core.special_tokens import SpecialTokenIndex
     unguarded = CutPredicate(pred.family, SpecialTokenIndex([]), pred.normalize, pred.anchors)
     texts = ["a<|im_end|>b", "x <|im_start|>user\nhi<|im_end|>\n", "<|endoftext|>5<|endoftext|>"]
     assert Battery(references[name]).cut_failures(_pairs(unguarded, texts))

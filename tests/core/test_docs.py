@@ -12,7 +12,7 @@ Conventions the documents follow (and these tests enforce):
   defined. Any other block (one that needs Ray, a network or a model download) is illustration.
 * **The README's "Use" block** is runnable, and every ``encode``/``extend`` it makes is compared
   with the reference tokenizer's IDs of the same text.
-* **Paths.** A path in backticks (``core/plan.py``, ``actors/pool.py``, ``bench/scaleout/``) or in a
+* **Paths.** A path in backticks (``_core/plan.py``, ``actors/pool.py``, ``bench/scaleout/``) or in a
   code block (``bench/bench_tk1.py``) must exist: relative to the repository, or to ``delta_ray/``
   for the package's parts; a bare file name (``test_layout.py``, ``bench_turns.py``) must exist
   somewhere in the repository, so a test or bench may move between folders. A dotted name under

@@ -1,11 +1,11 @@
-"""Each host uses only its interface of the tokenizer core (delta_ray/core/hosts.py)."""
+"""Each host uses only its interface of the tokenizer core (delta_ray/_core/hosts.py)."""
 from __future__ import annotations
 
 import ast
 import pathlib
 
-from delta_ray.core.hosts import PoolLocal, SessionHost
-from delta_ray.core.sessions import Sessions
+from delta_ray._core.hosts import PoolLocal, SessionHost
+from delta_ray._core.sessions import Sessions
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 # (file, how it reaches the core, the interface it is handed)
@@ -46,7 +46,7 @@ def test_hosts_use_only_their_interface():
 
 def test_the_core_is_each_interface():
     """TokenizerCore provides every member of both interfaces."""
-    from delta_ray.tokenizer_core import TokenizerCore
+    from delta_ray._tokenizer_core import TokenizerCore
     for protocol in (PoolLocal, SessionHost):
         missing = {n for n in _members(protocol) if not hasattr(TokenizerCore, n)}
         # annotated attributes are set by the constructor

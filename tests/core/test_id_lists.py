@@ -1,9 +1,9 @@
-"""int32 IDs to Python lists (core/id_lists.py): always ``tolist()``'s values, from shared ints when long."""
+"""int32 IDs to Python lists (_core/id_lists.py): always ``tolist()``'s values, from shared ints when long."""
 import numpy as np
 import pytest
 
-from delta_ray.core import id_lists
-from delta_ray.core.id_lists import MAX_SHARED, int_list
+from delta_ray._core import id_lists
+from delta_ray._core.id_lists import MAX_SHARED, int_list
 
 
 def _same(got: list, arr: np.ndarray) -> None:

@@ -1,4 +1,4 @@
-"""The one keyless policy (``delta_ray.core.keyless``) and the one session owner it reads
+"""The one keyless policy (``delta_ray._core.keyless``) and the one session owner it reads
 (``SessionStore``): interleaved keyless conversations that share a long system prompt each continue
 their own state, on the library and the HTTP handler alike, with the reference's IDs every turn."""
 from __future__ import annotations
@@ -8,9 +8,9 @@ import pytest
 
 from conversations import shared_prompt_conversations as _conversations
 from delta_ray import DeltaTokenizer
-from delta_ray.core.id_lists import list_bytes
-from delta_ray.core.keys import content_key, keyless_head, keyless_key, session_key
-from delta_ray.core.session_store import SessionState, SessionStore
+from delta_ray._core.id_lists import list_bytes
+from delta_ray._core.keys import content_key, keyless_head, keyless_key, session_key
+from delta_ray._core.session_store import SessionState, SessionStore
 
 NAME = "qwen-3"
 

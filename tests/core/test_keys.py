@@ -1,12 +1,12 @@
-"""Every kind of key in its own injective namespace (core/keys.py), and the attacks that needed it."""
+"""Every kind of key in its own injective namespace (_core/keys.py), and the attacks that needed it."""
 from __future__ import annotations
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from delta_ray.core.arguments import check_tenant
-from delta_ray.core.keys import ContentDigest, content_key, describe, is_content_key, session_key
+from delta_ray._core.arguments import check_tenant
+from delta_ray._core.keys import ContentDigest, content_key, describe, is_content_key, session_key
 
 _names = st.text(alphabet=st.sampled_from("ab:|st-c0123456789\x00é"), max_size=12)
 _tenants = st.none() | _names

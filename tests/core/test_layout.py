@@ -1,14 +1,14 @@
 """The package's dependency rule, read from the source (function-local imports included).
 
 Parts, bottom up (docs/design.md, "Map"):
-  delta_ray/runtime  what a process needs around the core: the private cache and its lock, clean
+  delta_ray/_runtime  what a process needs around the core: the private cache and its lock, clean
                      exit, the heap kept out of full collections. Imports nothing else of the project.
-  delta_ray/core     the exact core: loading, admission, cut predicate, planner, repair, session
+  delta_ray/_core     the exact core: loading, admission, cut predicate, planner, repair, session
                      store, assembly, the encoder protocol. Imports the runtime.
-  delta_ray/engine   what runs an engine at request time: the Engine (the one object that encodes,
+  delta_ray/_engine   what runs an engine at request time: the Engine (the one object that encodes,
                      read once per call), the native engines, the guard, the shadow verifier, the
                      admission records. Imports core, runtime.
-  delta_ray/verify   what admits an engine: probe, fuzzer, battery, admission. Imports core, runtime, engine.
+  delta_ray/_verify   what admits an engine: probe, fuzzer, battery, admission. Imports core, runtime, engine.
   delta_ray/*.py     the tokenizer (TokenizerCore composes core, engine and verify; DeltaTokenizer is
                      the user's facade) and the package's lazy front door.
   delta_ray/batch    batch files without Ray (inputs, local tokenization). Imports the tokenizer and below.
@@ -81,9 +81,8 @@ def _part(module: str) -> str:
     rest = module.split(".")[1:]
     if not rest:
         return "top"
-    if rest[0] in ALLOWED:
-        return rest[0]
-    return "top"
+    part = rest[0].lstrip("_")  # an internal package is named with a leading underscore
+    return part if part in ALLOWED else "top"
 
 
 def _type_checking_only(node: ast.AST) -> bool:
@@ -228,7 +227,7 @@ def test_no_module_reads_another_objects_private_names():
 
 
 def test_the_private_read_check_catches_one(tmp_path):
-    probe = ROOT / "delta_ray" / "core" / "_probe_private_read.py"
+    probe = ROOT / "delta_ray" / "_core" / "_probe_private_read.py"
     probe.write_text("def f(state):\n    return state._head\n\n\ndef g(tok):\n"
                      "    return tok._tokenizer  # third-party seam: named\n", encoding="utf-8")
     try:
@@ -273,7 +272,7 @@ def test_function_level_imports_say_why():
 
 
 def test_the_local_import_check_catches_one():
-    probe = ROOT / "delta_ray" / "core" / "_probe_local_import.py"
+    probe = ROOT / "delta_ray" / "_core" / "_probe_local_import.py"
     probe.write_text("def f():\n    import json\n    import ray\n    from transformers import x\n"
                      "    import fcntl  # lazy: Unix only\n\n    # lazy: the Ray glue\n"
                      "    from delta_ray.actors import pool\n    from delta_ray.actors import data\n\n"
@@ -337,11 +336,11 @@ def test_scheduler_holds_the_queue_policy_only():
 
 # What a part's modules must not load in a fresh interpreter: the parts above it, Ray, the native engines.
 ABOVE = {
-    "runtime": ("delta_ray.core", "delta_ray.engine", "delta_ray.verify", "delta_ray.tokenizer", "delta_ray.batch",
+    "runtime": ("delta_ray._core", "delta_ray._engine", "delta_ray._verify", "delta_ray.tokenizer", "delta_ray.batch",
                 "delta_ray.server", "delta_ray.actors", "delta_ray.apps", "ray", "fastokens", "gigatoken"),
-    "core": ("delta_ray.engine", "delta_ray.verify", "delta_ray.tokenizer", "delta_ray.batch", "delta_ray.server",
+    "core": ("delta_ray._engine", "delta_ray._verify", "delta_ray.tokenizer", "delta_ray.batch", "delta_ray.server",
              "delta_ray.actors", "delta_ray.apps", "ray", "fastokens", "gigatoken"),
-    "engine": ("delta_ray.verify", "delta_ray.tokenizer", "delta_ray.batch", "delta_ray.server", "delta_ray.actors",
+    "engine": ("delta_ray._verify", "delta_ray.tokenizer", "delta_ray.batch", "delta_ray.server", "delta_ray.actors",
                "delta_ray.apps", "ray", "fastokens", "gigatoken"),
 }
 
@@ -360,8 +359,8 @@ def test_a_part_loads_without_the_parts_above_it_or_ray(part):
     subprocess.run([sys.executable, "-c", code], check=True, cwd=ROOT)
 
 
-# What an engine object may or may not offer: declared in Protocols (core/encoder.py's Encoder,
-# engine/native.py's NativeEngine), read through Engine.now(); only engine/native.py reads a loaded
+# What an engine object may or may not offer: declared in Protocols (_core/encoder.py's Encoder,
+# _engine/native.py's NativeEngine), read through Engine.now(); only _engine/native.py reads a loaded
 # backend's optional entry points, once, when it wraps the backend.
 ENGINE_CAPABILITIES = frozenset({"fast", "guard", "raw_flat", "verdict_key", "encode_pieces", "encode_flat",
                                  "encode_lists", "check_lists", "prepare_lists", "fast_pieces", "fast_flat",
@@ -381,9 +380,9 @@ def _capability_probes(path: pathlib.Path) -> list[str]:
 
 def test_no_capability_is_discovered_outside_the_engine():
     """The engine's capabilities are declared in Protocols and read through ``Engine.now()``: no
-    module but the backends' wrapper (``engine/native.py``) asks an object with getattr/hasattr
+    module but the backends' wrapper (``_engine/native.py``) asks an object with getattr/hasattr
     whether it has one (a probe would let a path decide for itself which engine may take its pieces)."""
-    wrapper = ROOT / "delta_ray" / "engine" / "native.py"
+    wrapper = ROOT / "delta_ray" / "_engine" / "native.py"
     bad = [line for path in sorted(_modules().values()) if path != wrapper
            for line in _capability_probes(path)]
     assert not bad, "capability probes outside engine/:\n" + "\n".join(bad)
@@ -391,13 +390,14 @@ def test_no_capability_is_discovered_outside_the_engine():
 
 # The classes of the package that encode pieces: the core's Protocol, base and reference, the one Engine, and
 # the native engine with its backends. A wrapper layer around the engine would be a new name here.
-ENCODING_CLASSES = {"core/encoder.py": {"Encoder", "PiecesEncoder", "ReferenceEncoder"}, "engine/engine.py": {"Engine"},
-                    "engine/native.py": {"_FastokensBackend", "_GigatokenBackend", "NativeBackend", "FastEncoder"}}
+ENCODING_CLASSES = {"_core/encoder.py": {"Encoder", "PiecesEncoder", "ReferenceEncoder"},
+                    "_engine/engine.py": {"Engine"},
+                    "_engine/native.py": {"_FastokensBackend", "_GigatokenBackend", "NativeBackend", "FastEncoder"}}
 
 
 def test_one_engine_encodes():
     """Only the classes of ENCODING_CLASSES define ``encode_pieces``: every path encodes through the
-    one :class:`~delta_ray.engine.engine.Engine`, not a stack of wrappers each deciding for itself."""
+    one :class:`~delta_ray._engine.engine.Engine`, not a stack of wrappers each deciding for itself."""
     found: dict[str, set[str]] = {}
     for path in sorted((ROOT / "delta_ray").rglob("*.py")):
         for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
@@ -408,7 +408,7 @@ def test_one_engine_encodes():
 
 
 def test_the_capability_probe_check_catches_one():
-    probe = ROOT / "delta_ray" / "core" / "_probe_capability.py"
+    probe = ROOT / "delta_ray" / "_core" / "_probe_capability.py"
     probe.write_text("def f(enc):\n    return getattr(enc, 'guard', None), hasattr(enc, 'name')\n", encoding="utf-8")
     try:
         assert [x.split(": ", 1)[1] for x in _capability_probes(probe)] == ["getattr(enc, 'guard', None)"]

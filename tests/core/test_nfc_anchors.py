@@ -4,9 +4,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from delta_ray.core.charclass import all_codepoints_text
-from delta_ray.core.nfc_anchors import anchor_table
-from delta_ray.core.reference_api import normalizer
+from delta_ray._core.charclass import all_codepoints_text
+from delta_ray._core.nfc_anchors import anchor_table
+from delta_ray._core.reference_api import normalizer
 
 pytestmark = pytest.mark.battery
 

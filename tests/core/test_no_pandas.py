@@ -6,7 +6,7 @@ import sys
 import numpy as np
 import pyarrow as pa
 
-from delta_ray.core.assembly import ids_to_numpy
+from delta_ray._core.assembly import ids_to_numpy
 
 
 def test_ids_to_numpy_views_and_joins():
@@ -22,7 +22,7 @@ def test_an_encode_and_its_numpy_view_do_not_import_pandas(tokenizer_paths):
     code = (
         "import sys\n"
         "from delta_ray import DeltaTokenizer\n"
-        "from delta_ray.core.assembly import ids_to_numpy\n"
+        "from delta_ray._core.assembly import ids_to_numpy\n"
         f"tok = DeltaTokenizer({str(tokenizer_path)!r}, engine='reference')\n"
         "ids_to_numpy(tok.encode('hello world ' * 50))\n"
         "ids_to_numpy(tok.encode('hello world ' * 50, session='s'))\n"

@@ -6,9 +6,9 @@ import time
 import pytest
 
 from delta_ray import DeltaTokenizer
-from delta_ray.core.planner import PlannerConfig, chunk_count
-from delta_ray.core.reference_api import encode_batch_ids
-from delta_ray.core.reference_version import reference_major
+from delta_ray._core.planner import PlannerConfig, chunk_count
+from delta_ray._core.reference_api import encode_batch_ids
+from delta_ray._core.reference_version import reference_major
 
 pytestmark = pytest.mark.battery  # the quick exactness battery (also run under tokenizers 1.x)
 

@@ -1,4 +1,4 @@
-"""Safe-cut transitions derived from the pre-tokenizer's own steps (delta_ray/core/pretok), against
+"""Safe-cut transitions derived from the pre-tokenizer's own steps (delta_ray/_core/pretok), against
 the reference: the five hand-written families reproduced or tightened, every step kind and split
 behavior checked exhaustively over class representatives, and controls that make the battery fail."""
 from __future__ import annotations
@@ -9,14 +9,14 @@ import numpy as np
 import pytest
 
 from delta_ray import DeltaTokenizer
-from delta_ray.core.cut_predicate import CutPredicate
-from delta_ray.core.families import CLASS_NAMES, FAMILIES, UNV
-from delta_ray.core.pretok.positions import analyze
-from delta_ray.core.pretok.regex_syntax import Alt, Cat, Look, Repeat, Unsupported, parse
-from delta_ray.core.pretok.steps import GPT2_PATTERN, Step, read_steps
-from delta_ray.core.pretok.transitions import derive_from_steps, derive_transitions
-from delta_ray.core.reference_api import FULL_API, tokenizer_from_str
-from delta_ray.core.special_tokens import SpecialTokenIndex
+from delta_ray._core.cut_predicate import CutPredicate
+from delta_ray._core.families import CLASS_NAMES, FAMILIES, UNV
+from delta_ray._core.pretok.positions import analyze
+from delta_ray._core.pretok.regex_syntax import Alt, Cat, Look, Repeat, Unsupported, parse
+from delta_ray._core.pretok.steps import GPT2_PATTERN, Step, read_steps
+from delta_ray._core.pretok.transitions import derive_from_steps, derive_transitions
+from delta_ray._core.reference_api import FULL_API, tokenizer_from_str
+from delta_ray._core.special_tokens import SpecialTokenIndex
 from exactness import ADVERSARIAL, Battery, accepted_cuts, all_strings, class_representatives
 
 pytestmark = pytest.mark.skipif(not FULL_API, reason="derivation needs the reference's regex engine (tokenizers 0.x)")

@@ -15,9 +15,9 @@ import random
 import numpy as np
 import pytest
 
+from delta_ray._core import reference_api as ra
+from delta_ray._core.reference_version import reference_major
 from delta_ray.apps.bundled import bundled_tokenizer_path
-from delta_ray.core import reference_api as ra
-from delta_ray.core.reference_version import reference_major
 
 pytestmark = pytest.mark.battery
 ONE_X = reference_major() >= 1
@@ -63,7 +63,7 @@ def test_reference_nfc_is_the_real_tokenizers_nfc(tok_name, references, real_tex
 def test_synthetic_normalizers_equal_the_0x_normalizers_on_every_code_point():
     from tokenizers import normalizers
 
-    from delta_ray.core.charclass import all_codepoints_text
+    from delta_ray._core.charclass import all_codepoints_text
     text, _ = all_codepoints_text()
     for kind in ("NFC", "NFD"):
         tok = ra._normalizer_tokenizer(kind)
@@ -111,7 +111,7 @@ def test_qwen35_is_refused_with_its_reason():
     """tokenizers 1.x cannot load qwen-3.5 (its Split pattern needs a system-regex backend): the
     reference itself refuses, so delta-ray says so when asked for it, never a crash at import."""
     from delta_ray import DeltaTokenizer
-    from delta_ray.core.reference_api import ReferenceRefused
+    from delta_ray._core.reference_api import ReferenceRefused
     path = bundled_tokenizer_path("qwen-3.5")
     with pytest.raises(ValueError, match="cannot encode with this tokenizer.json: .*system-regex") as info:
         DeltaTokenizer(path)
@@ -125,8 +125,8 @@ def test_class_verification_confirms_assigned_code_points(family):
     candidate class of almost every code point Python's Unicode tables assign."""
     import unicodedata
 
-    from delta_ray.core.class_verify import check_sensitivity, verified_mask
-    from delta_ray.core.families import FAMILIES, UNV
+    from delta_ray._core.class_verify import check_sensitivity, verified_mask
+    from delta_ray._core.families import FAMILIES, UNV
     assert check_sensitivity(FAMILIES[family]) == []
     mask = verified_mask(FAMILIES[family])
     assigned = np.array([unicodedata.category(chr(c)) not in ("Cn", "Cs") for c in range(0x110000)])
@@ -140,8 +140,8 @@ def test_class_verification_confirms_assigned_code_points(family):
 @only_1x
 def test_unverified_code_points_are_never_next_to_a_cut(references):
     from delta_ray import DeltaTokenizer
-    from delta_ray.core.class_verify import verified_mask
-    from delta_ray.core.families import FAMILIES
+    from delta_ray._core.class_verify import verified_mask
+    from delta_ray._core.families import FAMILIES
     dt = DeltaTokenizer(bundled_tokenizer_path("qwen-3"), engine="reference")
     bad = int(np.flatnonzero(~verified_mask(FAMILIES["qwen3"]) & (np.arange(0x110000) >= 0xE000))[0])
     text = f"word {chr(bad)} 123 more"
@@ -156,9 +156,9 @@ def test_fast_tier_is_admitted_against_the_installed_reference(references, real_
     the verdict is keyed by its version; the admitted engine's answers equal the reference's."""
     pytest.importorskip("fastokens")
     from delta_ray import DeltaTokenizer
-    from delta_ray.core.reference_version import reference_version
-    from delta_ray.engine.native import package_version
-    from delta_ray.verify.admit import verdict_key
+    from delta_ray._core.reference_version import reference_version
+    from delta_ray._engine.native import package_version
+    from delta_ray._verify.admit import verdict_key
     name = "llama3.2"
     path = bundled_tokenizer_path(name)
     key = verdict_key(pathlib.Path(path).read_bytes(), "fastokens", package_version("fastokens"))
@@ -176,9 +176,9 @@ def test_class_verification_catches_a_wrong_candidate(family, monkeypatch):
     """Control: give the candidate table a wrong class for a few code points (a letter called a
     digit, a digit called a letter, a space called punctuation); the reference's pieces disagree and
     exactly those code points come out unverified, while their neighbours stay verified."""
-    from delta_ray.core import charclass as cc
-    from delta_ray.core import class_verify as cv
-    from delta_ray.core.families import FAMILIES, candidate_family_table
+    from delta_ray._core import charclass as cc
+    from delta_ray._core import class_verify as cv
+    from delta_ray._core.families import FAMILIES, candidate_family_table
     table = cc.class_table().copy()
     wrong = {0xE9: cc.N, 0x0663: cc.L | cc.LO, 0x2003: cc.P}  # é, ARABIC-INDIC THREE, EM SPACE
     for cp, bits in wrong.items():

@@ -6,7 +6,7 @@ import sys
 
 import pytest
 
-from delta_ray.core.reference_version import UnsupportedReference, check_reference
+from delta_ray._core.reference_version import UnsupportedReference, check_reference
 
 
 @pytest.mark.parametrize("version", ["0.20.0", "0.23.3", "1.0.0rc3", "1.0.0", "1.4.2"])

@@ -1,4 +1,4 @@
-"""The rope's merge policy (delta_ray/core/rope.py): one rule, :func:`merge_start`, applied to text
+"""The rope's merge policy (delta_ray/_core/rope.py): one rule, :func:`merge_start`, applied to text
 parts, ID parts and the compact turn's Arrow chunks alike."""
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import pyarrow as pa
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from delta_ray.core.rope import (
+from delta_ray._core.rope import (
     MERGE_IDS_BELOW,
     MERGE_TEXT_BELOW,
     YOUNG_PARTS,
@@ -16,7 +16,7 @@ from delta_ray.core.rope import (
     merge_text_parts,
     rope_common_prefix,
 )
-from delta_ray.core.turn_path import merge_chunks
+from delta_ray._core.turn_path import merge_chunks
 
 
 def stepwise(sizes: list[int], small: int) -> list[int]:
@@ -92,7 +92,7 @@ def test_arrow_parts_reuse_only_what_they_show():
     """A kept part reuses its Arrow array, a prefix view its zero-copy slice; a view of the same
     memory that is not its prefix (another offset, another stride) is wrapped anew: every chunk
     shows exactly its part (the pool's mirror gets tails from transports that may share memory)."""
-    from delta_ray.core.session_store import arrow_parts
+    from delta_ray._core.session_store import arrow_parts
 
     owner = np.arange(1000, dtype=np.int32)
     old = (owner[:600], owner[600:])
@@ -114,8 +114,8 @@ def test_a_splice_is_the_general_route_in_one_walk(sizes, at, tail_len):
     any joined part their own; an answer that keeps more IDs than the rope holds is refused."""
     import pytest
 
-    from delta_ray.core.rope import prefix_parts
-    from delta_ray.core.session_store import arrow_parts, splice_arrow
+    from delta_ray._core.rope import prefix_parts
+    from delta_ray._core.session_store import arrow_parts, splice_arrow
 
     rng = np.random.default_rng(len(sizes) * 7 + tail_len)
     parts = merge_id_parts([rng.integers(0, 1000, s, dtype=np.int32) for s in sizes])

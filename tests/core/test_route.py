@@ -1,4 +1,4 @@
-"""The one routing decision (delta_ray.core.plan.Router.decide): every host asks it, none re-derives it."""
+"""The one routing decision (delta_ray._core.plan.Router.decide): every host asks it, none re-derives it."""
 from __future__ import annotations
 
 import ast
@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from delta_ray.core.plan import CHUNKED, CONTENT, HERE, POOL, REFERENCE_SESSION, SESSION, UNADMITTED, Host, Router
+from delta_ray._core.plan import CHUNKED, CONTENT, HERE, POOL, REFERENCE_SESSION, SESSION, UNADMITTED, Host, Router
 
 BIG = "x" * 5000  # over the 4,096 bytes encoded in passing
 ROOT = pathlib.Path(__file__).resolve().parents[2]
@@ -62,7 +62,7 @@ def test_is_small_is_the_utf8_size(text, small_bytes):
     assert router.is_small(text) == (len(text.encode("utf-8", "surrogatepass")) < small_bytes)
 
 
-HOSTS = ["delta_ray/tokenizer.py", "delta_ray/tokenizer_core.py", "actors/orchestrator.py", "actors/pool.py",
+HOSTS = ["delta_ray/tokenizer.py", "delta_ray/_tokenizer_core.py", "actors/orchestrator.py", "actors/pool.py",
          "actors/worker.py", "actors/data.py",
          *sorted(str(p.relative_to(ROOT)) for part in ("apps", "server", "batch")
                  for p in (ROOT / "delta_ray" / part).rglob("*.py"))]
@@ -101,7 +101,7 @@ def _route_decisions(path: pathlib.Path) -> list[str]:
 
 def test_router_decide_is_the_only_place_a_route_is_decided():
     """No host holds a routing rule of its own: thresholds are compared and admission is read in
-    core/plan.py alone, and each host matches on the Route the router returns."""
+    _core/plan.py alone, and each host matches on the Route the router returns."""
     found = [d for rel in HOSTS for d in _route_decisions(ROOT / rel)]
     assert not found, "routing decided outside Router.decide:\n" + "\n".join(found)
 

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from delta_ray import DeltaTokenizer, SessionNotFound
-from delta_ray.core.keys import session_key
+from delta_ray._core.keys import session_key
 from exactness import ADVERSARIAL, special_fragments
 
 pytestmark = pytest.mark.battery  # the quick exactness battery (also run under tokenizers 1.x)
@@ -197,7 +197,7 @@ def test_session_keys_count_against_the_bound():
     """300 sessions with 1 MiB keys under an 8 MiB bound stay within the bound + 10%."""
     import numpy as np
 
-    from delta_ray.core.session_store import SessionState, SessionStore
+    from delta_ray._core.session_store import SessionState, SessionStore
     store = SessionStore(max_bytes=8 << 20, max_sessions=10_000)
     z = np.zeros(0, np.int64)
     for i in range(300):
@@ -209,7 +209,7 @@ def test_session_keys_count_against_the_bound():
 def test_one_huge_session_evicts_nothing():
     import numpy as np
 
-    from delta_ray.core.session_store import SessionState, SessionStore
+    from delta_ray._core.session_store import SessionState, SessionStore
     store = SessionStore(max_bytes=1 << 20)
     z = np.zeros(0, np.int64)
     for i in range(10):

@@ -5,7 +5,7 @@ import random
 
 import pytest
 
-from delta_ray.core.special_tokens import SpecialTokenIndex
+from delta_ray._core.special_tokens import SpecialTokenIndex
 
 pytestmark = pytest.mark.battery  # the quick exactness battery (also run under tokenizers 1.x)
 

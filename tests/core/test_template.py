@@ -1,4 +1,4 @@
-"""The one Template value (delta_ray/core/template.py) against the reference's own post-processing.
+"""The one Template value (delta_ray/_core/template.py) against the reference's own post-processing.
 
 Every form (one array, a flat batch, a session's Arrow parts, a session answer that resends only
 what changed) is compared with ``encode(x, add_special_tokens=True/False).ids`` of the reference.
@@ -10,11 +10,11 @@ import pyarrow as pa
 import pytest
 
 import exactness
-from delta_ray.core.admission import Admission, admit
-from delta_ray.core.assembly import flat_list_array
-from delta_ray.core.loading import load_tokenizer
-from delta_ray.core.template import NO_TEMPLATE, Template
-from delta_ray.tokenizer_core import TokenizerCore
+from delta_ray._core.admission import Admission, admit
+from delta_ray._core.assembly import flat_list_array
+from delta_ray._core.loading import load_tokenizer
+from delta_ray._core.template import NO_TEMPLATE, Template
+from delta_ray._tokenizer_core import TokenizerCore
 
 # llama3.2 and glm-4 add a BOS; qwen-3 adds nothing (the test fails if that ever changes unnoticed)
 HAS_PREFIX = {"llama3.2": True, "glm-4": True, "qwen-3": False}

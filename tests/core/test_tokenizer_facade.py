@@ -7,7 +7,7 @@ import pytest
 import tokenizers
 
 from delta_ray import DeltaTokenizer, SessionNotFound
-from delta_ray.tokenizer_core import TokenizerCore
+from delta_ray._tokenizer_core import TokenizerCore
 
 USER_SURFACE = {"encode", "extend", "encode_batch", "decode", "cuts", "drop_session", "admission", "digest",
                 "config", "stats", "core"}
@@ -111,7 +111,7 @@ def test_one_return_type_per_call(tokenizer_paths, admitted):
 
     import pyarrow as pa
 
-    from delta_ray.core.reference_api import tokenizer_from_str
+    from delta_ray._core.reference_api import tokenizer_from_str
     cfg = json.loads(open(tokenizer_paths["llama3.2"], encoding="utf-8").read())
     if not admitted:
         cfg["normalizer"] = {"type": "Lowercase"}  # not covered by the exactness argument

@@ -14,9 +14,9 @@ import numpy as np
 import pytest
 
 from delta_ray import DeltaTokenizer
-from delta_ray.core.encoder import ReferenceEncoder
-from delta_ray.core.keys import session_key
-from delta_ray.core.plan import (
+from delta_ray._core.encoder import ReferenceEncoder
+from delta_ray._core.keys import session_key
+from delta_ray._core.plan import (
     REENCODE,
     REFERENCE_SESSION,
     REPAIR,
@@ -25,9 +25,9 @@ from delta_ray.core.plan import (
     SPLICE_CHARS_REFERENCE,
     Router,
 )
-from delta_ray.core.repair import encode_turn
-from delta_ray.core.rope import YOUNG_PARTS
-from delta_ray.core.session_store import owners_bytes
+from delta_ray._core.repair import encode_turn
+from delta_ray._core.rope import YOUNG_PARTS
+from delta_ray._core.session_store import owners_bytes
 from exactness import chat_messages
 
 HAS_FAST = importlib.util.find_spec("fastokens") is not None
@@ -101,9 +101,9 @@ def test_the_direct_path_keeps_the_guard_and_the_shadow(tokenizer_paths, referen
     """A turn with the guarded fast tier calls the engine directly, but only when the guard allows
     every piece (minimax-m3: fastokens splits " I'\u017f" differently from the reference, so a
     turn that skipped the guard would return wrong IDs), and the shadow verifier still samples it."""
-    from delta_ray.engine.engine import FastTier
-    from delta_ray.engine.guard import GuardSet
-    from delta_ray.engine.native import cached_fast_encoder
+    from delta_ray._engine.engine import FastTier
+    from delta_ray._engine.guard import GuardSet
+    from delta_ray._engine.native import cached_fast_encoder
     name = "minimax-m3"
     ref = references[name]
     fast = cached_fast_encoder(open(tokenizer_paths[name], "rb").read(), "fastokens")
@@ -246,7 +246,7 @@ def test_shadow_sampling_by_gaps_keeps_the_rate(references):
     """The shadow verifier draws the gap to its next sample instead of a number per call: each call
     is still sampled with probability ``rate`` (binomial bounds, fixed seed), 0 samples nothing, 1
     samples every call, and setting ``rate`` takes effect at once."""
-    from delta_ray.engine.shadow import ShadowVerifier
+    from delta_ray._engine.shadow import ShadowVerifier
 
     class _Engine:
         reference = None
@@ -262,7 +262,7 @@ def test_shadow_sampling_by_gaps_keeps_the_rate(references):
     assert all(v.sampled() for _ in range(100))
     v.rate = 0.0
     assert not any(v.sampled() for _ in range(n))
-    from delta_ray.engine.engine import Engine
+    from delta_ray._engine.engine import Engine
     engine = Engine(ReferenceEncoder(references["qwen-3"]), None, 1.0)
     engine.encode_pieces(["some text"]), engine.encode_flat(["more text"])
     engine.shadow.drain()
@@ -272,7 +272,7 @@ def test_shadow_sampling_by_gaps_keeps_the_rate(references):
 def test_to_arrow_wraps_contiguous_int32_as_is_and_converts_the_rest():
     """to_arrow's no-conversion path is taken only by 1-D contiguous native int32 arrays (zero-copy);
     strided views, other dtypes, other byte orders and lists are converted, with the same values."""
-    from delta_ray.core.assembly import to_arrow
+    from delta_ray._core.assembly import to_arrow
     a = np.arange(10, dtype=np.int32)
     tail = a[3:]
     got = to_arrow(tail)

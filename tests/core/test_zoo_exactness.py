@@ -25,15 +25,15 @@ import pytest
 
 from bench import zoo
 from delta_ray import DeltaTokenizer
+from delta_ray._core.cut_predicate import CutPredicate
+from delta_ray._core.loading import load_tokenizer
+from delta_ray._core.pretok.merges import ModelGuard, model_guard
+from delta_ray._core.pretok.steps import read_pipeline
+from delta_ray._core.pretok.transitions import derive_from_steps
+from delta_ray._core.reference_api import FULL_API
+from delta_ray._core.special_tokens import SpecialTokenIndex
+from delta_ray._verify.fuzz import fuzz_alphabet, generate
 from delta_ray.apps.sample_text import corpus
-from delta_ray.core.cut_predicate import CutPredicate
-from delta_ray.core.loading import load_tokenizer
-from delta_ray.core.pretok.merges import ModelGuard, model_guard
-from delta_ray.core.pretok.steps import read_pipeline
-from delta_ray.core.pretok.transitions import derive_from_steps
-from delta_ray.core.reference_api import FULL_API
-from delta_ray.core.special_tokens import SpecialTokenIndex
-from delta_ray.verify.fuzz import fuzz_alphabet, generate
 from exactness import ADVERSARIAL, Battery, accepted_cuts, all_strings, class_representatives, special_fragments
 
 pytestmark = pytest.mark.skipif(not FULL_API, reason="the derivation needs the reference's regex engine (0.x)")

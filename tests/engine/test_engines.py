@@ -9,10 +9,10 @@ import numpy as np
 import pytest
 
 from delta_ray import DeltaTokenizer
-from delta_ray.core.encoder import ReferenceEncoder
-from delta_ray.core.keys import session_key
-from delta_ray.engine.engine import FastTier
-from delta_ray.engine.native import PiecesEngine
+from delta_ray._core.encoder import ReferenceEncoder
+from delta_ray._core.keys import session_key
+from delta_ray._engine.engine import FastTier
+from delta_ray._engine.native import PiecesEngine
 from exactness import ADVERSARIAL, special_fragments
 
 HAS_FAST = importlib.util.find_spec("fastokens") is not None
@@ -54,9 +54,9 @@ def test_core_battery_with_the_fast_engine(name, fast_deltas, references, real_t
 def test_guard_confines_a_disagreeing_engine_to_its_chunk(tokenizer_paths, references, real_texts):
     """gigatoken disagrees with the reference on some recent code points: with its guard, only the
     chunk holding one goes to the reference and the IDs stay exact; without it they would not."""
-    from delta_ray.engine.engine import FastTier
-    from delta_ray.engine.native import cached_fast_encoder
-    from delta_ray.verify.guard_probe import guard_set_for
+    from delta_ray._engine.engine import FastTier
+    from delta_ray._engine.native import cached_fast_encoder
+    from delta_ray._verify.guard_probe import guard_set_for
 
     name = "qwen-3"
     ref = references[name]
@@ -117,8 +117,8 @@ def test_engine_argument(tokenizer_paths):
 def test_a_caught_mismatch_leaves_nothing_wrong_behind(tokenizer_paths, references, tmp_path, monkeypatch):
     """After the shadow verifier catches the engine, the sessions and content entries it produced are
     gone, the next turns of those sessions are exact, and the rejection is persisted."""
-    from delta_ray.engine.verdicts import load_verdict, save_verdict
-    from delta_ray.verify.admit import verdict_key
+    from delta_ray._engine.verdicts import load_verdict, save_verdict
+    from delta_ray._verify.admit import verdict_key
     monkeypatch.setenv("DELTA_RAY_CACHE", str(tmp_path / "cache"))
     name = "glm-4"
     ref = references[name]
@@ -158,7 +158,7 @@ def test_shadow_logs_carry_no_request_text(tokenizer_paths, references, caplog, 
 
 
 def test_in_process_shadow_is_on_by_default(tokenizer_paths):
-    from delta_ray.core import constants as C
+    from delta_ray._core import constants as C
     dt = DeltaTokenizer(tokenizer_paths["glm-4"], engine="reference")
     assert dt.core.shadow.rate == C.SHADOW_RATE > 0
 
@@ -167,9 +167,9 @@ def test_a_rejection_elsewhere_disables_the_fast_tier_here(tokenizer_paths, refe
     """Another process (a pool worker) persisting a rejection makes this one purge and switch too."""
     import time as _time
 
-    from delta_ray.engine import verdicts
-    from delta_ray.engine.verdicts import reject_verdict, save_verdict
-    from delta_ray.verify.admit import verdict_key
+    from delta_ray._engine import verdicts
+    from delta_ray._engine.verdicts import reject_verdict, save_verdict
+    from delta_ray._verify.admit import verdict_key
     monkeypatch.setenv("DELTA_RAY_CACHE", str(tmp_path / "cache"))
     monkeypatch.setattr(verdicts, "VERDICT_POLL_S", 0.05)
     name = "glm-4"
@@ -194,7 +194,7 @@ def test_no_turn_reuses_a_disabled_engine_state_before_its_purge_has_run(tokeniz
     """The switch to the reference is immediate; the purge listener runs after the rejection is
     persisted. Turns that come in between (here: while the rejection is being written) must not
     replay or extend the disabled engine's IDs."""
-    from delta_ray.engine import engine as engine_module
+    from delta_ray._engine import engine as engine_module
     monkeypatch.setenv("DELTA_RAY_CACHE", str(tmp_path / "cache"))
     ref = references["glm-4"]
     dt = DeltaTokenizer(tokenizer_paths["glm-4"], encoder=_WrongEncoder(ref), shadow_rate=0.0, reuse="content")
@@ -222,9 +222,9 @@ def test_no_turn_reuses_a_disabled_engine_state_before_its_purge_has_run(tokeniz
 def test_a_guarded_code_point_sends_only_a_window_to_the_reference(tokenizer_paths, references, real_texts):
     """One guarded character in a long text: the reference encodes a few thousand characters
     around it, not its whole chunk, and the IDs are exact."""
-    from delta_ray.engine.engine import FastTier
-    from delta_ray.engine.guard import GuardSet
-    from delta_ray.engine.native import cached_fast_encoder
+    from delta_ray._engine.engine import FastTier
+    from delta_ray._engine.guard import GuardSet
+    from delta_ray._engine.native import cached_fast_encoder
     name = "minimax-m3"
     ref = references[name]
     fast = cached_fast_encoder(open(tokenizer_paths[name], "rb").read(), "fastokens")

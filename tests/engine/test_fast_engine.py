@@ -10,9 +10,8 @@ import textwrap
 import numpy as np
 import pytest
 
-from delta_ray.apps.bundled import TEST_TOKENIZERS, BundledTokenizerError, bundled_tokenizer_path
-from delta_ray.core.encoder import Encoder
-from delta_ray.engine.native import (
+from delta_ray._core.encoder import Encoder
+from delta_ray._engine.native import (
     DEFAULT_BACKEND,
     FAST_BACKENDS,
     FastEncoder,
@@ -21,7 +20,8 @@ from delta_ray.engine.native import (
     cached_fast_encoder,
     fast_engine_versions,
 )
-from delta_ray.verify.guard_battery import adversarial_battery, verify_fast_engine
+from delta_ray._verify.guard_battery import adversarial_battery, verify_fast_engine
+from delta_ray.apps.bundled import TEST_TOKENIZERS, BundledTokenizerError, bundled_tokenizer_path
 
 tokenizers = pytest.importorskip("tokenizers")
 
@@ -69,8 +69,8 @@ def test_fast_encoder_equals_reference_on_adversarial_battery(name, backend, tok
     ref = references[name]
     if backend == "gigatoken":
         # gigatoken's Unicode tables are not the reference's: judge it where its guard lets it work
-        from delta_ray.engine.guard import GuardSet
-        from delta_ray.verify.guard_battery import ALPHABETS as _ALPHABETS
+        from delta_ray._engine.guard import GuardSet
+        from delta_ray._verify.guard_battery import ALPHABETS as _ALPHABETS
         recent = {ord(ch) for s in _ALPHABETS["recent"] for ch in s}
         ok, reason = verify_fast_engine(ref, fast, guard=GuardSet(frozenset(recent)))
     else:
@@ -158,7 +158,7 @@ def test_fastokens_runs_on_the_calling_thread(tokenizer_paths):
     """With FASTOKENS_BPE_THREADS unset, importing engine.native pins fastokens' pool to one thread."""
     code = textwrap.dedent(f"""
         import os
-        from delta_ray.engine.native import FastEncoder
+        from delta_ray._engine.native import FastEncoder
         assert os.environ["FASTOKENS_BPE_THREADS"] == "1"
         fast = FastEncoder({tokenizer_paths["qwen-3"]!r}, "fastokens")
         before = len(os.listdir("/proc/self/task"))

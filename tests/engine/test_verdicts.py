@@ -8,9 +8,9 @@ import os
 
 import pytest
 
-from delta_ray.engine.verdicts import load_verdict, reject_verdict, save_verdict
-from delta_ray.runtime import cache_store
-from delta_ray.verify.admit import verdict_key
+from delta_ray._engine.verdicts import load_verdict, reject_verdict, save_verdict
+from delta_ray._runtime import cache_store
+from delta_ray._verify.admit import verdict_key
 
 HAS_FAST = importlib.util.find_spec("fastokens") is not None
 
@@ -148,7 +148,7 @@ def test_reference_engine_never_touches_the_cache(tokenizer_paths, tmp_path, mon
 @pytest.mark.skipif(not HAS_FAST, reason="fastokens is not installed")
 def test_a_rejected_verdict_is_not_admitted_again(tokenizer_paths):
     from delta_ray import DeltaTokenizer
-    from delta_ray.engine.native import FastEngineUnavailable, package_version
+    from delta_ray._engine.native import FastEngineUnavailable, package_version
     data = open(tokenizer_paths["glm-4"], "rb").read()
     k = verdict_key(data, "fastokens", package_version("fastokens"))
     reject_verdict(k, "shadow mismatch in an earlier process")
@@ -170,9 +170,9 @@ def test_a_late_passing_verdict_never_overwrites_a_persisted_rejection(key):
 
 
 def test_a_rejection_written_in_the_old_layout_is_not_overwritten_either(key):
-    from delta_ray.engine.verdicts import _valid_verdict  # noqa: F401 - the record format is the same
+    from delta_ray._engine.verdicts import _valid_verdict  # noqa: F401 - the record format is the same
     cache_store.save_record("verdict", key, {"ok": False, "reason": "refused earlier", "at": 1.0, "ranges": [],
-                                             "ranges_sha256": __import__("delta_ray.engine.guard", fromlist=["x"])
+                                             "ranges_sha256": __import__("delta_ray._engine.guard", fromlist=["x"])
                                              .ranges_digest([]), "stats": {}})
     save_verdict(key, True, "battery passed", [])
     assert load_verdict(key)["ok"] is False

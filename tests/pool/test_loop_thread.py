@@ -8,8 +8,8 @@ import time
 import pytest
 
 from delta_ray import SessionNotFound
+from delta_ray._core.errors import PoolClosed
 from delta_ray.actors.loop_thread import LoopThread
-from delta_ray.core.errors import PoolClosed
 
 
 @pytest.fixture

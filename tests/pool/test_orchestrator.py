@@ -14,15 +14,15 @@ import pytest
 
 from conversations import shared_prompt_conversations
 from delta_ray import SessionNotFound
+from delta_ray._core.config import PoolConfig, TokenizerConfig
+from delta_ray._core.keys import session_key
+from delta_ray._core.loading import load_tokenizer
+from delta_ray._core.plan import CHUNKED, HERE, POOL
+from delta_ray._tokenizer_core import TokenizerCore
 from delta_ray.actors.calls import EXTEND
 from delta_ray.actors.orchestrator import PoolOrchestrator
 from delta_ray.actors.transport import ConnectionLost, WorkerDead
 from delta_ray.actors.worker import WorkerService
-from delta_ray.core.config import PoolConfig, TokenizerConfig
-from delta_ray.core.keys import session_key
-from delta_ray.core.loading import load_tokenizer
-from delta_ray.core.plan import CHUNKED, HERE, POOL
-from delta_ray.tokenizer_core import TokenizerCore
 
 SECRET = b"s" * 32
 TOK = TokenizerConfig(chunk_size=4096, cut_threshold=12_000, threads=1, engine="reference", shadow_rate=0.0)
@@ -192,7 +192,7 @@ def test_unadmitted_configuration_encodes_once_with_the_reference_template(token
     ref = references["llama3.2"]
     cfg = json.loads(open(tokenizer_paths["llama3.2"], encoding="utf-8").read())
     cfg["normalizer"] = {"type": "Lowercase"}  # not covered by the exactness argument
-    from delta_ray.core.reference_api import tokenizer_from_str
+    from delta_ray._core.reference_api import tokenizer_from_str
     lowered_ref = tokenizer_from_str(json.dumps(cfg))
     loaded = load_tokenizer(lowered_ref)
     orch, transport, loop = _orchestrator(loaded)
@@ -277,7 +277,7 @@ def test_keyless_answer_is_copied_by_the_c_allocator(loaded, references, real_te
 def test_session_records_are_bounded_and_evicted_whole(loaded, references, real_texts, monkeypatch):
     """Every per-session table of the orchestrator is bounded: past the limit the oldest session is
     forgotten entirely (its start included), and a forgotten session still answers exactly."""
-    from delta_ray.core import constants as C
+    from delta_ray._core import constants as C
     ref = references["llama3.2"]
     monkeypatch.setattr(C, "KNOWN_SESSIONS", 8)
     orch, transport, loop = _orchestrator(loaded)
@@ -468,7 +468,7 @@ def test_a_session_named_after_a_content_key_reads_and_replaces_nothing(loaded, 
     replaced it. Now a session's key and a content key never meet, and the digest is keyed."""
     import hashlib
 
-    from delta_ray.core.keys import ContentDigest, content_key
+    from delta_ray._core.keys import ContentDigest, content_key
 
     ref = references["llama3.2"]
     orch, transport, loop = _orchestrator(loaded, n_workers=1)

@@ -93,7 +93,7 @@ def test_a_session_named_after_a_content_key_gets_nothing(pool, references, real
     keyed by the pool's secret): the extend finds nothing, and the victim's state stays exact."""
     import hashlib
 
-    from delta_ray.core.keys import ContentDigest, content_key
+    from delta_ray._core.keys import ContentDigest, content_key
 
     ref = references["llama3.2"]
     victim = real_texts["english"][:8_000] + "\nMy account number is 4242-1717-9999."
@@ -177,8 +177,8 @@ def test_connect_refuses_a_registry_that_does_not_prove_the_secret(pool, tokeniz
     nonce) with the workers swapped. Either way connect() must refuse, not adopt them."""
     import os
 
+    from delta_ray._core import constants as C
     from delta_ray.actors.pool import PoolAuthError, _attach_proof
-    from delta_ray.core import constants as C
 
     @ray.remote(num_cpus=0)
     class Impostor:
@@ -210,8 +210,8 @@ def test_workers_install_only_sealed_states(pool, references):
     import numpy as np
     import ray
 
-    from delta_ray.core.session_store import SessionState
-    from delta_ray.core.state_seal import seal_state
+    from delta_ray._core.session_store import SessionState
+    from delta_ray._core.state_seal import seal_state
     worker = next(iter(pool._workers.values()))
     z = np.zeros(0, np.int64)
     bogus = SessionState("hello", np.array([1, 2, 3], np.int32), z, z, z)
@@ -315,7 +315,7 @@ def test_whole_transcript_turns_ship_only_the_suffix(pool, references, real_text
 # completion once aborted this process inside Ray 2.60; tests/pool/test_transport.py holds the rule.
 def test_closing_a_pool_answers_every_caller_in_flight(pool, references, real_texts):
     """close() while threads wait on the pool: each gets its exact IDs or PoolClosed, none hangs."""
-    from delta_ray.core.errors import PoolClosed
+    from delta_ray._core.errors import PoolClosed
     ref = references["llama3.2"]
     other = TokenizerPool.connect("test-pool", pool.secret)  # its own loop and channels, the same workers
     text = real_texts["english"][:60_000]  # over cut_threshold: chunk tasks in flight

@@ -5,12 +5,12 @@ from __future__ import annotations
 import asyncio
 import logging
 
+from delta_ray._core.config import PoolConfig, TokenizerConfig
+from delta_ray._core.loading import load_tokenizer
+from delta_ray._tokenizer_core import TokenizerCore
 from delta_ray.actors.calls import INSTALL
 from delta_ray.actors.orchestrator import PoolOrchestrator
 from delta_ray.actors.worker import WorkerService
-from delta_ray.core.config import PoolConfig, TokenizerConfig
-from delta_ray.core.loading import load_tokenizer
-from delta_ray.tokenizer_core import TokenizerCore
 
 SECRET = b"s" * 32
 TOK = TokenizerConfig(chunk_size=4096, cut_threshold=12_000, threads=1, engine="reference", shadow_rate=0.0)

@@ -2,11 +2,11 @@
 theirs unresolved (Ray-free: a fake stands for the remote function)."""
 import pytest
 
+from delta_ray._core.config import TokenizerConfig, pool_config
+from delta_ray._core.loading import DigestMismatch, load_tokenizer
 from delta_ray.actors import chunk_task, tokenizer_cache
 from delta_ray.actors.calls import ENCODE_PIECES, Call, PiecesArgs
 from delta_ray.apps.bundled import DEFAULT_TOKENIZER, bundled_tokenizer_path
-from delta_ray.core.config import TokenizerConfig, pool_config
-from delta_ray.core.loading import DigestMismatch, load_tokenizer
 
 
 @pytest.fixture(scope="module")

@@ -724,13 +724,13 @@ def channel_pool(tokenizer_paths):
     channel with a 0.3 s idle timeout, and through a fake Ray otherwise."""
     import os
 
+    from delta_ray._core.config import PoolConfig, TokenizerConfig
+    from delta_ray._core.loading import load_tokenizer
+    from delta_ray._tokenizer_core import TokenizerCore
     from delta_ray.actors.calls import CHANNEL_METHODS
     from delta_ray.actors.orchestrator import PoolOrchestrator
     from delta_ray.actors.transport import ChannelTransport
     from delta_ray.actors.worker import WorkerService
-    from delta_ray.core.config import PoolConfig, TokenizerConfig
-    from delta_ray.core.loading import load_tokenizer
-    from delta_ray.tokenizer_core import TokenizerCore
 
     class NoMetrics:
         def __getattr__(self, name):

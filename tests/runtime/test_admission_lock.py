@@ -13,11 +13,11 @@ import time
 
 import pytest
 
-from delta_ray.core.reference_api import tokenizer_from_str
-from delta_ray.engine.engine import Engine
-from delta_ray.engine.native import FastEngineUnavailable
-from delta_ray.verify import admit
-from delta_ray.verify.admit import select_engine
+from delta_ray._core.reference_api import tokenizer_from_str
+from delta_ray._engine.engine import Engine
+from delta_ray._engine.native import FastEngineUnavailable
+from delta_ray._verify import admit
+from delta_ray._verify.admit import select_engine
 
 HOLD_RAW = """
 import fcntl, os, sys, time
@@ -29,7 +29,7 @@ time.sleep(600)
 
 HOLD_RECORDED = """
 import sys, time
-from delta_ray.runtime.cache_lock import bounded_lock
+from delta_ray._runtime.cache_lock import bounded_lock
 with bounded_lock(sys.argv[1]) as lock:
     assert lock.held
     print("held", flush=True)
@@ -42,7 +42,7 @@ pytestmark = pytest.mark.usefixtures("private_cache")  # a fresh admission cache
 
 @pytest.fixture
 def switch(tokenizer_paths):
-    from delta_ray.core.encoder import ReferenceEncoder
+    from delta_ray._core.encoder import ReferenceEncoder
     data = open(tokenizer_paths["glm-4"], "rb").read()
     return Engine(ReferenceEncoder(tokenizer_from_str(data.decode()))), data
 
@@ -99,7 +99,7 @@ def test_a_hung_holder_is_waited_for_with_a_bound_and_the_reason_is_shown(switch
 
 def test_a_stopped_holder_is_detected_and_named(switch, tmp_path, monkeypatch):
     monkeypatch.setenv("DELTA_RAY_ADMISSION_LOCK_TIMEOUT_S", "600")  # only the detection can end the wait
-    from delta_ray.runtime import cache_lock
+    from delta_ray._runtime import cache_lock
     sw0, _ = switch
     name = os.path.basename(_lock_path(tmp_path, sw0))
     holder = _holder(HOLD_RECORDED, name)

@@ -20,8 +20,8 @@ import threading
 
 import pytest
 
-from delta_ray.runtime import exit_guard
-from delta_ray.runtime.cache_store import cache_root
+from delta_ray._runtime import exit_guard
+from delta_ray._runtime.cache_store import cache_root
 
 TOOLS = pathlib.Path(__file__).parents[1] / "tools"  # the child scripts
 HAS_FAST = importlib.util.find_spec("fastokens") is not None

@@ -9,10 +9,10 @@ import weakref
 import pytest
 
 from delta_ray import freeze_heap
+from delta_ray._core.config import TokenizerConfig
+from delta_ray._core.loading import load_tokenizer
 from delta_ray.actors import chunk_task, tokenizer_cache
 from delta_ray.apps.bundled import DEFAULT_TOKENIZER, bundled_tokenizer_path
-from delta_ray.core.config import TokenizerConfig
-from delta_ray.core.loading import load_tokenizer
 
 
 @pytest.fixture

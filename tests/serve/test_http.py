@@ -151,7 +151,7 @@ def test_a_chunked_upload_is_refused_while_it_streams(host):
 
 def test_keyless_long_prompts_never_share_state_across_tenants(host, references):
     """A keyless non-ASCII prompt of >= 4 KB is reused only inside its tenant (no timing oracle)."""
-    from delta_ray.core.keys import ContentDigest, content_key
+    from delta_ray._core.keys import ContentDigest, content_key
     text = "é" * 3000  # 3,000 characters, 6,000 UTF-8 bytes
     for tenant in ("victim", "attacker"):
         got, out = _post(f"{host.base}/tokenize", {"prompt": text, "cache_salt": tenant})

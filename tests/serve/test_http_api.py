@@ -125,12 +125,12 @@ def test_require_tenant_refuses_a_blank_cache_salt(tokenizer_paths, references):
     import asyncio
     import json
 
+    from delta_ray._core.config import TokenizerConfig
+    from delta_ray._core.loading import load_tokenizer
+    from delta_ray._tokenizer_core import TokenizerCore
     from delta_ray.apps.bundled import bundled_tokenizer_config
-    from delta_ray.core.config import TokenizerConfig
-    from delta_ray.core.loading import load_tokenizer
     from delta_ray.server.chat_template import ChatTemplate
     from delta_ray.server.serve_handler import RequestHandler
-    from delta_ray.tokenizer_core import TokenizerCore
 
     class NoMetrics:
         def __getattr__(self, name):

@@ -12,11 +12,11 @@ import re
 import pytest
 from test_serve_handler import _chunks, _longest_stall, _NoMetrics, _spin
 
-from delta_ray.core.config import TokenizerConfig
-from delta_ray.core.keys import session_key
-from delta_ray.core.loading import load_tokenizer
+from delta_ray._core.config import TokenizerConfig
+from delta_ray._core.keys import session_key
+from delta_ray._core.loading import load_tokenizer
+from delta_ray._tokenizer_core import TokenizerCore
 from delta_ray.server.serve_handler import RequestHandler
-from delta_ray.tokenizer_core import TokenizerCore
 
 NAME = "qwen-3"  # its fast tier guards U+017F
 GUARDED = "\u017f"

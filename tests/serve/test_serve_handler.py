@@ -10,13 +10,13 @@ import orjson
 import pytest
 
 from conversations import shared_prompt_conversations
+from delta_ray._core.config import TokenizerConfig
+from delta_ray._core.loading import load_tokenizer
+from delta_ray._tokenizer_core import TokenizerCore
 from delta_ray.apps.bundled import bundled_tokenizer_config
-from delta_ray.core.config import TokenizerConfig
-from delta_ray.core.loading import load_tokenizer
 from delta_ray.server.chat_template import ChatTemplate
 from delta_ray.server.http_api import BadRequest
 from delta_ray.server.serve_handler import RequestHandler
-from delta_ray.tokenizer_core import TokenizerCore
 
 NAME = "llama3.2"  # a BOS template: IDs with and without add_special_tokens differ
 TOK = TokenizerConfig(chunk_size=4096, cut_threshold=12_000, threads=1, engine="reference", shadow_rate=0.0)
@@ -212,7 +212,7 @@ def test_serve_config_takes_the_config_classes_own_fields():
     frozen ServeConfig; no list of names is kept by hand, so every field reaches its process."""
     from dataclasses import fields
 
-    from delta_ray.core.config import PoolConfig
+    from delta_ray._core.config import PoolConfig
     from delta_ray.server.serve_config import ServeConfig
 
     cfg = ServeConfig.from_options({"chunk_size": 8192, "cut_threshold": 20_000, "max_sessions": 7,
@@ -240,7 +240,7 @@ def test_serve_config_takes_the_config_classes_own_fields():
 def test_a_409_names_the_session_never_its_tenants_salt(loaded, ref, text):
     """A session's store key carries its tenant's cache_salt: no answer may show it, however the
     append is refused (not held, another state, evicted while it ran)."""
-    from delta_ray.core.session_store import SessionNotFound
+    from delta_ray._core.session_store import SessionNotFound
 
     salt = "tenant-secret-salt-0042"
     h = _handler(loaded)

@@ -24,6 +24,6 @@ def test_the_dashboard_stays_on_loopback():
 
 def test_one_default_policy():
     """The pool's default queue policy is the scheduler's (one default, not two that drift)."""
-    from delta_ray.core.config import PoolConfig
+    from delta_ray._core.config import PoolConfig
     from delta_ray.scheduler.constants import DEFAULT_POLICY
     assert PoolConfig().policy == DEFAULT_POLICY

@@ -6,8 +6,8 @@ from typing import Iterable, Sequence
 
 from tokenizers import Tokenizer
 
-from delta_ray.core.cut_predicate import CutPredicate
-from delta_ray.core.reference_api import added_token_contents
+from delta_ray._core.cut_predicate import CutPredicate
+from delta_ray._core.reference_api import added_token_contents
 
 # Fragments that stress each guard: normalization (decomposed accents, U+0958, Hangul jamo,
 # reordering marks), the regex families (contractions, digit runs, whitespace and CR/LF runs,
@@ -82,7 +82,7 @@ class Battery:
 
     def cut_failures(self, pairs: Sequence[tuple[str, int]]) -> list[tuple[str, int]]:
         """Pairs (text, b) where the encoding of text is not that of its two pieces at b
-        (:func:`delta_ray.core.plan.split_at`: text[:b], then text[b:] less ``skip`` characters)."""
+        (:func:`delta_ray._core.plan.split_at`: text[:b], then text[b:] less ``skip`` characters)."""
         k = self.skip
         self.signatures(t for text, b in pairs for t in (text, text[:b], text[b + k:]))
         return [(text, b) for text, b in pairs if not self._joined_equal(text, text[:b], text[b + k:])]

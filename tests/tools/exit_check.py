@@ -56,7 +56,7 @@ def in_stage(stage: str) -> bool:
         if ident == main:
             continue
         if stage == "native":
-            if (frame.f_code.co_filename.endswith(os.path.join("engine", "native.py"))
+            if (frame.f_code.co_filename.endswith(os.path.join("_engine", "native.py"))
                     and frame.f_code.co_name in ("encode_pieces", "encode_flat")
                     and "encode_batch_flat" in _line(frame)):
                 return True

@@ -13,7 +13,7 @@ def main() -> None:
     from tokenizers import Tokenizer
 
     from delta_ray import DeltaTokenizer
-    from delta_ray.engine.native import cached_fast_encoder
+    from delta_ray._engine.native import cached_fast_encoder
 
     path = sys.argv[1]
     tok = DeltaTokenizer(path, encoder=cached_fast_encoder(path, "fastokens"), shadow_rate=1.0)

@@ -28,7 +28,7 @@ HERE = pathlib.Path(__file__).parent
 
 
 def fresh_cache(base: pathlib.Path, name: str, seed: bool) -> pathlib.Path:
-    from delta_ray.runtime.cache_store import cache_root
+    from delta_ray._runtime.cache_store import cache_root
     d = base / name
     d.mkdir(mode=0o700)
     if seed:

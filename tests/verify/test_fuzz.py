@@ -8,10 +8,10 @@ import os
 import numpy as np
 import pytest
 
-from delta_ray.core.encoder import ReferenceEncoder
-from delta_ray.engine.guard import GuardSet
-from delta_ray.verify.fuzz import fuzz, fuzz_alphabet, shrink
-from delta_ray.verify.probe_contexts import fold_sensitive_code_points
+from delta_ray._core.encoder import ReferenceEncoder
+from delta_ray._engine.guard import GuardSet
+from delta_ray._verify.fuzz import fuzz, fuzz_alphabet, shrink
+from delta_ray._verify.probe_contexts import fold_sensitive_code_points
 
 HAS_FAST = importlib.util.find_spec("fastokens") is not None
 HAS_GIGA = importlib.util.find_spec("gigatoken") is not None
@@ -61,7 +61,7 @@ def test_shrink_keeps_the_disagreement(tokenizer_paths, references):
 @pytest.mark.skipif(not HAS_FAST, reason="fastokens is not installed")
 def test_fastokens_behind_its_fold_guard_agrees(name, tokenizer_paths, references):
     """CI's default tier: a few seconds per tokenizer of fastokens behind the case-fold guard."""
-    from delta_ray.engine.native import cached_fast_encoder
+    from delta_ray._engine.native import cached_fast_encoder
     cfg, alphabet, reference = _setup(name, tokenizer_paths, references)
     fast = cached_fast_encoder(open(tokenizer_paths[name], "rb").read(), "fastokens")
     guard = GuardSet(fold_sensitive_code_points(cfg))
@@ -77,7 +77,7 @@ def test_fastokens_behind_its_fold_guard_agrees(name, tokenizer_paths, reference
     pytest.param("gigatoken", marks=pytest.mark.skipif(not HAS_GIGA, reason="no gigatoken"))])
 def test_fuzz_slow_tier_a_million_comparisons(name, backend, tokenizer_paths, references):
     """Slow tier: at least 1M comparisons per tokenizer and engine behind its full admitted guard."""
-    from delta_ray.verify.admit import admit_fast
+    from delta_ray._verify.admit import admit_fast
     cfg, alphabet, reference = _setup(name, tokenizer_paths, references)
     enc = admit_fast(open(tokenizer_paths[name], "rb").read(), ReferenceEncoder(references[name]), backend)
     res = fuzz(reference, enc.fast.encode_pieces, alphabet, allows=enc.guard.allows,

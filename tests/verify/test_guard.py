@@ -9,23 +9,23 @@ import time
 import numpy as np
 import pytest
 
-from delta_ray.apps.bundled import (
-    TEST_TOKENIZERS,
-    BundledTokenizerError,
-    bundled_tokenizer_json,
-    bundled_tokenizer_path,
-)
-from delta_ray.core.encoder import Encoder, ReferenceEncoder
-from delta_ray.engine.engine import Engine, FastTier
-from delta_ray.engine.guard import GuardSet
-from delta_ray.engine.native import cached_fast_encoder
-from delta_ray.verify.guard_battery import verify_fast_engine
-from delta_ray.verify.guard_probe import (
+from delta_ray._core.encoder import Encoder, ReferenceEncoder
+from delta_ray._engine.engine import Engine, FastTier
+from delta_ray._engine.guard import GuardSet
+from delta_ray._engine.native import cached_fast_encoder
+from delta_ray._verify.guard_battery import verify_fast_engine
+from delta_ray._verify.guard_probe import (
     CONTEXTS,
     _pick_separator,
     check_probe_isolation,
     guard_set_for,
     probe_disagreements,
+)
+from delta_ray.apps.bundled import (
+    TEST_TOKENIZERS,
+    BundledTokenizerError,
+    bundled_tokenizer_json,
+    bundled_tokenizer_path,
 )
 
 tokenizers = pytest.importorskip("tokenizers")
@@ -275,5 +275,5 @@ def test_full_guard_probe(name, backend, bundled, shared_cache, monkeypatch):
     ok, reason = verify_fast_engine(ref, fast, guard=guard)
     assert ok, reason
     if backend == "fastokens":  # only the case-fold guard (none for DeepSeek's case-sensitive pattern)
-        from delta_ray.verify.probe_contexts import fold_sensitive_code_points
+        from delta_ray._verify.probe_contexts import fold_sensitive_code_points
         assert guard.code_points == fold_sensitive_code_points(json.loads(data))

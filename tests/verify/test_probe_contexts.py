@@ -7,10 +7,10 @@ import json
 import numpy as np
 import pytest
 
-from delta_ray.core import case_groups as cg
-from delta_ray.core.encoder import ReferenceEncoder
-from delta_ray.verify import probe_contexts as pc
-from delta_ray.verify.guard_probe import probe_disagreements
+from delta_ray._core import case_groups as cg
+from delta_ray._core.encoder import ReferenceEncoder
+from delta_ray._verify import probe_contexts as pc
+from delta_ray._verify.guard_probe import probe_disagreements
 
 HAS_FAST = importlib.util.find_spec("fastokens") is not None
 
@@ -96,7 +96,7 @@ def test_control_derived_contexts_catch_a_contraction_fold_bug(references, confi
 def test_fastokens_long_s_contraction_is_guarded(references, configs, tokenizer_paths):
     """fastokens 0.3.5 does not fold U+017F into o200k's contraction group; the reference does.
     Minimal reproduction: " I'\u017f" (reference [" I'", "\u017f"], fastokens [" I", "'", "\u017f"])."""
-    from delta_ray.engine.native import cached_fast_encoder
+    from delta_ray._engine.native import cached_fast_encoder
     name = "minimax-m3"
     ref, cfg = references[name], configs[name]
     fast = cached_fast_encoder(open(tokenizer_paths[name], "rb").read(), "fastokens")

@@ -10,8 +10,8 @@ import time
 import pytest
 
 from delta_ray import DeltaTokenizer
-from delta_ray.core.confine import confine
-from delta_ray.engine.guard import GuardSet
+from delta_ray._core.confine import confine
+from delta_ray._engine.guard import GuardSet
 
 NAME = "qwen-3"
 G = "\u017f"  # the code point qwen-3's fast tier guards

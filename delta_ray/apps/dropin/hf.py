@@ -41,7 +41,7 @@ import sys
 import threading
 from typing import Any
 
-from ...core.id_lists import int_list
+from ..._core.id_lists import int_list
 from .render import install, memo_render, uninstall
 from .scope import current_scope
 from .snapshot import RENDER_DEFAULT, RENDER_KEY, SESSIONS_KEY, LazyEncoding, Snapshot

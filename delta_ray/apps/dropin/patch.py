@@ -44,8 +44,8 @@ from __future__ import annotations
 import threading
 from typing import Any
 
-from ...core.config import tokenizer_config
-from ...engine.native import allow_native_threads
+from ..._core.config import tokenizer_config
+from ..._engine.native import allow_native_threads
 from .hf import STATE_ATTR, DropinState, hooks_installed, install_hooks, remove_hooks, state_of
 from .snapshot import CHECK_KEY, CONTENT_KEY, NATIVE_KEY, RENDER_DEFAULT, RENDER_KEY, SESSIONS_KEY
 
@@ -62,7 +62,7 @@ _scoped = threading.local()  # loading_wrapped(): wrap loads on this thread only
 
 def _native(native_threads: bool | None) -> bool:
     """Whether the fast engine may spread one text over its own native threads in this process
-    (decided once per process: see :func:`delta_ray.engine.native.allow_native_threads`)."""
+    (decided once per process: see :func:`delta_ray._engine.native.allow_native_threads`)."""
     if native_threads is not None and not isinstance(native_threads, bool):
         raise TypeError(f"native_threads must be a bool or None, not {type(native_threads).__name__}")
     if native_threads is False:

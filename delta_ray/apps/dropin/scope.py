@@ -23,7 +23,7 @@ import contextvars
 import functools
 from typing import Callable, NamedTuple, TypeVar
 
-from ...core.arguments import check_tenant, check_text
+from ..._core.arguments import check_tenant, check_text
 
 __all__ = ["Scope", "request_scope"]
 

@@ -8,7 +8,7 @@ A wrapped tokenizer's one-text encode (``encode``, ``__call__`` with one text,
 :data:`HEAD_CHARS` characters is looked up by content among the recent conversations of its tenant
 that begin with the same 4 KB (no scope: the shared namespace of requests without a tenant).
 
-The IDs are the session owner's turn (:mod:`delta_ray.core.sessions`; proof.md: the tail after the
+The IDs are the session owner's turn (:mod:`delta_ray._core.sessions`; proof.md: the tail after the
 last checkpoint the new text still shares, exact for any new text: a continuation, a chat template
 that rewrote its tail, an unrelated text), as a list (``Sessions.session_list``): the owner's store
 keeps the raw IDs (no template) of each session's current state as a Python list beside it, so a
@@ -18,24 +18,24 @@ handed out. The list belongs to one
 state and goes with it (a state the core replaced, evicted or purged because a fast tier was found
 wrong), so it is never reused for another.
 
-The kept lists are out of the cyclic collector's sight (:func:`~delta_ray.core.id_lists.untrack_ints`,
+The kept lists are out of the cyclic collector's sight (:func:`~delta_ray._core.id_lists.untrack_ints`,
 where each is made: a new state's ``tolist``, a fork's copy): a list of ints can be on no reference
 cycle, and each of these only ever holds ints (cut with ``del``, extended with an integer array's
 ``tolist``), so a full collection does not walk the table's IDs (a default 1 GiB table holds about
 23M in 1M-character conversations: ``bench_dropin.py --gc``). What the caller gets is a new list,
 tracked as any.
 
-The keyless lookup is the core's (:mod:`delta_ray.core.keyless`, one policy for every host): it
+The keyless lookup is the core's (:mod:`delta_ray._core.keyless`, one policy for every host): it
 never decides an ID. The kept lists, the LRU, the byte bound (each kept list at
-:func:`~delta_ray.core.id_lists.list_bytes`, its state's bytes and its key: a hostile key costs its
-own size) and the per-key lock are the core store's (:class:`~delta_ray.core.session_store.SessionStore`),
+:func:`~delta_ray._core.id_lists.list_bytes`, its state's bytes and its key: a hostile key costs its
+own size) and the per-key lock are the core store's (:class:`~delta_ray._core.session_store.SessionStore`),
 the one owner of session state in the process; this table only names the session and counts.
 """
 from __future__ import annotations
 
-from ...core.keyless import FORK_MIN_CHARS, TAIL_SLACK_CHARS
-from ...core.keys import CONTENT_HEAD_CHARS, session_key
-from ...core.sessions import Sessions
+from ..._core.keyless import FORK_MIN_CHARS, TAIL_SLACK_CHARS
+from ..._core.keys import CONTENT_HEAD_CHARS, session_key
+from ..._core.sessions import Sessions
 
 __all__ = ["DropinSessions", "FORK_MIN_CHARS", "HEAD_CHARS", "TAIL_SLACK_CHARS"]
 

@@ -23,7 +23,7 @@ from typing import Any
 
 from tokenizers import Encoding, Tokenizer
 
-from ...core.loading import LoadedTokenizer
+from ..._core.loading import LoadedTokenizer
 from ...tokenizer import DeltaTokenizer
 from .sessions import DropinSessions
 from .tripwire import Tripwire
