@@ -85,14 +85,14 @@ class _KeyLock:
 class PoolOrchestrator:
     """Everything the pool decides, on one event loop, over a transport.
 
-    ``local`` is the caller-side tokenizer (planning, short texts, the in-process fail-over);
+    ``core`` is the caller-side tokenizer (planning, short texts, the in-process fail-over);
     ``config`` a resolved :class:`~delta_ray._core.config.PoolConfig`. Coroutines must run on ``loop``.
     """
 
-    def __init__(self, local: PoolLocal, transport: WorkerTransport, worker_ids: Sequence[str],
+    def __init__(self, core: PoolLocal, transport: WorkerTransport, worker_ids: Sequence[str],
                  config: PoolConfig, loop: asyncio.AbstractEventLoop, secret: bytes, *,
                  record: Any = metrics, clock=None):
-        self.local = local
+        self.core = core  # the pool's own tokenizer in this process: plans, runs what stays here, assembles
         self.secret = secret
         # Keyless texts' content keys, keyed by the pool's secret: only its authenticated callers
         # can compute the key of a text, and every one of them finds the same worker state.
@@ -101,7 +101,7 @@ class PoolOrchestrator:
         # Keyless texts under the cut threshold are sticky by content on a worker (inside their
         # tenant), so a repeated prompt finds its state; longer ones are planned over the cluster,
         # or placed in the caller where the cost model expects it to finish first.
-        self.router = Router(bool(local.admission), local.config.cut_threshold, Host.POOL, content_reuse=True,
+        self.router = Router(bool(core.admission), core.config.cut_threshold, Host.POOL, content_reuse=True,
                              place_here=self._placed_here if config.placement else None)
         dispatcher = Dispatcher(config.policy, workers=list(worker_ids),
                                 max_inflight_tasks=config.max_inflight_tasks,
@@ -140,7 +140,7 @@ class PoolOrchestrator:
     def _placed_here(self, text: str) -> bool:
         """The placement model's answer for a keyless text too large to be encoded in passing:
         whether the caller finishes it before the pool would (scheduler/placement.py)."""
-        if self.local.uses_fast_engine and not self._fast_seen:
+        if self.core.uses_fast_engine and not self._fast_seen:
             self._fast_seen = True  # the caller's engine just became the fast tier: start from its speed
             self.placement.local_chars_per_ms = max(self.placement.local_chars_per_ms, C.FAST_CHARS_PER_MS)
         return self.placement.run_local(len(text), self._chunks(text))
@@ -149,7 +149,7 @@ class PoolOrchestrator:
         """A keyless text the router kept in the caller (``route``: here, chunked or unadmitted),
         encoded by the caller's own tokenizer; its time teaches the placement model."""
         t0 = time.perf_counter()
-        out = to_arrow(self.local.encode_routed(route, text, None, add))
+        out = to_arrow(self.core.encode_routed(route, text, None, add))
         self.placement.observe_local(len(text), (time.perf_counter() - t0) * 1e3)
         self.placement.remote_chars_per_ms = self.placement.local_chars_per_ms  # workers run the same engine
         self.count("placed_here")
@@ -184,10 +184,10 @@ class PoolOrchestrator:
         head = content_key(self._content_digest.of(text), tenant)
         call = Call(ENCODE_SESSION, SessionArgs(head, text, known_version=None), head)
         ids = await self.calls.run("session", len(text), call, share_of=text,
-                                   fallback=lambda: (self.local.encode_ids(text, add_special_tokens=False),))
+                                   fallback=lambda: (self.core.encode_ids(text, add_special_tokens=False),))
         self._forget(head)  # the splice's record of the head: no conversation of its own
         self.count("session")
-        arr = self.local.session_arrow(ids, add)
+        arr = self.core.session_arrow(ids, add)
         # concat_arrays, not combine_chunks: pyarrow 26's combine_chunks ignores its memory_pool
         return pa.concat_arrays(arr.chunks, memory_pool=COPY_POOL) if arr.num_chunks else arr.combine_chunks()
 
@@ -210,7 +210,7 @@ class PoolOrchestrator:
             else:
                 self.sessions.sent(key, None, None)
             self.count("extend")
-            return self.local.template.when(add).chunked_arrays(ids)  # _splice's chunks: Arrow, none empty
+            return self.core.template.when(add).chunked_arrays(ids)  # _splice's chunks: Arrow, none empty
 
     async def extend_tail(self, session: str, delta: str, add: bool, *,
                           tenant: str | None = None) -> tuple[int, int, np.ndarray]:
@@ -218,7 +218,7 @@ class PoolOrchestrator:
         ids = await self.extend(session, delta, add, tenant=tenant)
         # read once: the next answer sets it again
         k = self.sessions.set(session_key(session, tenant), "start", None) or 0
-        start = self.local.template.when(add).start(k)
+        start = self.core.template.when(add).start(k)
         return start, len(ids), ids.slice(start).to_numpy()  # copies the tail only
 
     async def encode_batch(self, texts: list[str], add: bool) -> list[pa.Int32Array]:
@@ -226,7 +226,7 @@ class PoolOrchestrator:
             route = self.router.decide(t, batch=True)  # a row: no content reuse, each text once
             if route is POOL:
                 return await self._stateless_chunked(t, add)
-            return to_arrow(await asyncio.to_thread(self.local.encode_routed, route, t, None, add))
+            return to_arrow(await asyncio.to_thread(self.core.encode_routed, route, t, None, add))
         return list(await asyncio.gather(*(one(t) for t in texts)))
 
     def count(self, path: str) -> None:
@@ -242,7 +242,7 @@ class PoolOrchestrator:
 
     def _chunks(self, text: str) -> int:
         """The chunks the planner cuts ``text`` into on the pool (its one rule, at most the slots)."""
-        return chunk_count(len(text), self.local.planner, self._slots())
+        return chunk_count(len(text), self.core.planner, self._slots())
 
     async def _stateless_chunked(self, text: str, add: bool) -> pa.Int32Array:
         t0 = time.perf_counter()
@@ -253,19 +253,19 @@ class PoolOrchestrator:
 
     async def _stateless(self, text: str, add: bool) -> pa.Int32Array:
         slots = self._slots()
-        plan = self.local.plan(text, slots)
+        plan = self.core.plan(text, slots)
         if plan.by_reference:  # an unadmitted configuration's plan: whole, on a worker
             return to_arrow(await self._whole(text, add))
-        self._record.record_cut_misses(self.local.missed_cuts(text, plan, slots))
+        self._record.record_cut_misses(self.core.missed_cuts(text, plan, slots))
         arrays = await self._pieces(plan.pieces)
         self.count("chunked" if plan.cuts else "whole")
-        return to_arrow(self.local.finish(concat_ids(arrays), add))
+        return to_arrow(self.core.finish(concat_ids(arrays), add))
 
     async def _whole(self, text: str, add: bool) -> np.ndarray:
         """An unadmitted configuration's plan: the reference encodes the text whole, template included."""
         call = Call(ENCODE_WHOLE, WholeArgs(text, add_special_tokens=add))
         out = await self.calls.run("chunk", len(text), call, share_of=text,
-                                   fallback=lambda: self.local.encode_by_reference(text, add))
+                                   fallback=lambda: self.core.encode_by_reference(text, add))
         self.count("reference")
         return out
 
@@ -297,7 +297,7 @@ class PoolOrchestrator:
                     and (rec.worker if rec is not None else None) != home:
                 parts = await self._chunked_init(key, text)
                 self.count("chunked_init")
-                return self.local.session_arrow(parts, add)
+                return self.core.session_arrow(parts, add)
             sent, version = (rec.text, rec.version) if rec is not None else (None, None)
             sent_chars = sum(map(len, sent[1])) if sent is not None else 0
             if sent is not None and version is not None and sent[0] == version and len(text) > sent_chars \
@@ -315,14 +315,14 @@ class PoolOrchestrator:
                     # text == recorded + delta (checked above): keep the caller's string, no join
                     self.sessions.sent_now(key, (text,))
                     self.count("session_delta")
-                    return self.local.session_arrow(ids, add)
+                    return self.core.session_arrow(ids, add)
             known = rec.ids if rec is not None else None
             call = Call(ENCODE_SESSION, SessionArgs(key, text, known_version=known[0] if known else None), key)
             ids = await self.calls.run("session", len(text), call, share_of=text,
                                        fallback=lambda: self._encode_fallback(key, text))
             self.sessions.sent_now(key, (text,))
             self.count("session")
-            return self.local.session_arrow(ids, add)
+            return self.core.session_arrow(ids, add)
 
     @staticmethod
     def _extend_call(key: str, delta: str, rec) -> Call:
@@ -334,11 +334,11 @@ class PoolOrchestrator:
                                        expect_version=rec.version if rec is not None else None), key)
 
     def _encode_fallback(self, key: str, text: str) -> tuple:
-        return (self.local.encode_ids(text, session=key, add_special_tokens=False),)
+        return (self.core.encode_ids(text, session=key, add_special_tokens=False),)
 
     async def _chunked_init(self, key: str, text: str) -> tuple:
         """A long session's first encode: chunks in parallel, then the home worker adopts the state."""
-        plan = self.local.plan_session_init(text, self._slots())
+        plan = self.core.plan_session_init(text, self._slots())
         arrays = await self._pieces(plan.pieces)
         res = finish_repair(plan, arrays)
         self.sessions.set(key, "ids", None)
@@ -359,7 +359,7 @@ class PoolOrchestrator:
         async def one(piece: str) -> np.ndarray:
             out = await self.calls.run("chunk", len(piece), Call(ENCODE_PIECES, PiecesArgs([piece])),
                                        request_chars=max(1, total), share_of=piece,
-                                       fallback=lambda: self.local.run_pieces([piece]))
+                                       fallback=lambda: self.core.run_pieces([piece]))
             return out[0]
         return list(await asyncio.gather(*(one(p) for p in pieces)))
 

@@ -316,10 +316,10 @@ class TokenizerPool:
         return await self._run_async(self._orch.encode_batch(self._check_batch(texts), check_flag(add_special_tokens)))
 
     def decode(self, ids, *, skip_special_tokens: bool = True) -> str:
-        return self._orch.local.decode(ids, skip_special_tokens=skip_special_tokens)
+        return self._orch.core.decode(ids, skip_special_tokens=skip_special_tokens)
 
     def cuts(self, text: str) -> list[int]:
-        return self._orch.local.cuts(text)
+        return self._orch.core.cuts(text)
 
     def worker_stats(self) -> dict[str, dict]:
         """Per-worker session counts and paths taken (for metrics and tests)."""

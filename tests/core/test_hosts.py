@@ -9,8 +9,8 @@ from delta_ray._core.sessions import Sessions
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 # (file, how it reaches the core, the interface it is handed)
-USES = [("actors/orchestrator.py", "self.local", PoolLocal),
-        ("actors/pool.py", "self._orch.local", PoolLocal),
+USES = [("actors/orchestrator.py", "self.core", PoolLocal),
+        ("actors/pool.py", "self._orch.core", PoolLocal),
         ("actors/worker.py", "self.core", SessionHost),
         ("actors/worker.py", "self.sessions", Sessions),
         ("delta_ray/server/serve_handler.py", "self.core", SessionHost),
