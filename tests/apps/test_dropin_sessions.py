@@ -388,25 +388,13 @@ def test_a_disabled_engine_takes_its_kept_lists_with_it(stocks, real_texts):
     engine, its rejection simulated), the purge drops every kept list with its state, and the next
     turns of the same conversations equal stock's. Fails if a kept list outlived its purge (its IDs
     would be cut and extended) or a turn reused one made before it."""
-    from delta_ray._core.encoder import ReferenceEncoder
     from delta_ray._engine.engine import FastTier
-    from delta_ray._engine.native import PiecesEngine
-
-    class Wrong(PiecesEngine):  # the reference's IDs with the last one of each piece changed
-        def __init__(self, ref):
-            self.ref = ReferenceEncoder(ref)
-
-        def encode_pieces(self, texts):
-            out = self.ref.encode_pieces(texts)
-            for ids in out:
-                if len(ids):
-                    ids[-1] = (ids[-1] + 1) % 1000
-            return out
+    from wrong_engine import WrongEngine
 
     stock = stocks("qwen-3")
     probe = wrapped(stock)
     loaded = probe.__dict__[dropin_hf.STATE_ATTR].current(probe).tokenizer.core.loaded
-    tok = wrap_tokenizer(copy.copy(stock), encoder=FastTier(Wrong(loaded.tokenizer)), shadow_rate=0.0)
+    tok = wrap_tokenizer(copy.copy(stock), encoder=FastTier(WrongEngine(loaded.tokenizer)), shadow_rate=0.0)
     table = sessions_of(tok)
     chats = [[dict(m) for m in chat] for chat in agent_chat(real_texts, 6, first=30000)]
     for chat in chats[:3]:

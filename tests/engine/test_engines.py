@@ -9,11 +9,10 @@ import numpy as np
 import pytest
 
 from delta_ray import DeltaTokenizer
-from delta_ray._core.encoder import ReferenceEncoder
 from delta_ray._core.keys import session_key
 from delta_ray._engine.engine import FastTier
-from delta_ray._engine.native import PiecesEngine
 from exactness import ADVERSARIAL, special_fragments
+from wrong_engine import WrongEngine
 
 HAS_FAST = importlib.util.find_spec("fastokens") is not None
 HAS_GIGA = importlib.util.find_spec("gigatoken") is not None
@@ -77,23 +76,9 @@ def test_guard_confines_a_disagreeing_engine_to_its_chunk(tokenizer_paths, refer
     assert unguarded.encode(text).to_pylist() != ref.encode(text).ids  # what the guard prevents
 
 
-class _WrongEncoder(PiecesEngine):
-    """A deliberately wrong engine: the reference's IDs with the last one changed."""
-
-    def __init__(self, ref):
-        self.ref = ReferenceEncoder(ref)
-
-    def encode_pieces(self, texts):
-        out = self.ref.encode_pieces(texts)
-        for ids in out:
-            if len(ids):
-                ids[-1] = (ids[-1] + 1) % 1000
-        return out
-
-
 def test_shadow_verifier_switches_back_to_the_reference(tokenizer_paths, references):
     ref = references["glm-4"]
-    dt = DeltaTokenizer(tokenizer_paths["glm-4"], encoder=_WrongEncoder(ref), shadow_rate=1.0)
+    dt = DeltaTokenizer(tokenizer_paths["glm-4"], encoder=WrongEngine(ref), shadow_rate=1.0)
     text = "Hello shadow verification " * 20
     wrong = dt.encode(text).to_pylist()
     assert wrong != ref.encode(text).ids  # the injected engine is wrong, and sampled
@@ -122,7 +107,7 @@ def test_a_caught_mismatch_leaves_nothing_wrong_behind(tokenizer_paths, referenc
     monkeypatch.setenv("DELTA_RAY_CACHE", str(tmp_path / "cache"))
     name = "glm-4"
     ref = references[name]
-    wrong = FastTier(_WrongEncoder(ref),
+    wrong = FastTier(WrongEngine(ref),
                      verdict_key=verdict_key(open(tokenizer_paths[name], "rb").read(), "fastokens", "injected"))
     save_verdict(wrong.verdict_key, True, "admitted", [])
     dt = DeltaTokenizer(tokenizer_paths[name], encoder=wrong, shadow_rate=0.0, reuse="content")
@@ -148,7 +133,7 @@ def test_shadow_logs_carry_no_request_text(tokenizer_paths, references, caplog, 
     import logging
     monkeypatch.delenv("DELTA_RAY_LOG_TEXT", raising=False)
     ref = references["glm-4"]
-    dt = DeltaTokenizer(tokenizer_paths["glm-4"], encoder=_WrongEncoder(ref), shadow_rate=1.0)
+    dt = DeltaTokenizer(tokenizer_paths["glm-4"], encoder=WrongEngine(ref), shadow_rate=1.0)
     secret = "my password is hunter2 " * 3
     with caplog.at_level(logging.ERROR, logger="delta_ray.engine.shadow"):
         dt.encode(secret)
@@ -174,7 +159,7 @@ def test_a_rejection_elsewhere_disables_the_fast_tier_here(tokenizer_paths, refe
     monkeypatch.setattr(verdicts, "VERDICT_POLL_S", 0.05)
     name = "glm-4"
     ref = references[name]
-    enc = FastTier(_WrongEncoder(ref),
+    enc = FastTier(WrongEngine(ref),
                    verdict_key=verdict_key(open(tokenizer_paths[name], "rb").read(), "fastokens", "injected-2"))
     save_verdict(enc.verdict_key, True, "admitted", [])
     dt = DeltaTokenizer(tokenizer_paths[name], encoder=enc, shadow_rate=0.0)
@@ -197,7 +182,7 @@ def test_no_turn_reuses_a_disabled_engine_state_before_its_purge_has_run(tokeniz
     from delta_ray._engine import engine as engine_module
     monkeypatch.setenv("DELTA_RAY_CACHE", str(tmp_path / "cache"))
     ref = references["glm-4"]
-    dt = DeltaTokenizer(tokenizer_paths["glm-4"], encoder=_WrongEncoder(ref), shadow_rate=0.0, reuse="content")
+    dt = DeltaTokenizer(tokenizer_paths["glm-4"], encoder=WrongEngine(ref), shadow_rate=0.0, reuse="content")
     text = "A conversation the wrong engine encoded. " * 100
     assert dt.encode(text, session="a").to_pylist() != ref.encode(text).ids  # wrong, unchecked
     dt.encode(text * 3)  # a content entry too
