@@ -88,7 +88,6 @@ class Engine:
         self._on_disable: list[Callable[[str], None]] = []
         self.shadow = ShadowVerifier(self, shadow_rate)  # re-checks a share of the fast tier's answers
         self._now = _now_of(0, None)
-        self.confined = 0  # pieces cut around their guarded code points
 
     # -- the state, read once --------------------------------------------------------------
     def now(self) -> EngineNow:
@@ -198,20 +197,17 @@ class Engine:
             tier.fast.check_lists(background=True)
 
     # -- guarded texts ---------------------------------------------------------------------
-    def split(self, piece: str, tier: FastTier) -> list[str]:
+    def _split(self, piece: str, tier: FastTier) -> list[str]:
         """``piece`` cut at safe cuts around its guarded code points (``[piece]`` where nothing is
         guarded in it, or the configuration has no cut predicate)."""
         if self._predicate is None:
             return [piece]
-        subs = confine(piece, tier.guard, self._predicate, self._window)
-        if len(subs) > 1:
-            self.confined += 1
-        return subs
+        return confine(piece, tier.guard, self._predicate, self._window)
 
     def _guarded(self, tier: FastTier, texts: list[str]) -> list[np.ndarray]:
         """Texts some of which the guard refuses: each is cut around its guarded code points, the
         windows go to the reference and everything else to the fast engine, in one call each."""
-        splits = [self.split(t, tier) for t in texts]
+        splits = [self._split(t, tier) for t in texts]
         flat = [sub for s in splits for sub in s]
         allows = tier.guard.allows
         ok = [allows(sub) for sub in flat]
