@@ -109,7 +109,8 @@ class TokenizerCore:
         # The one owner of this process's session state (keyed, keyless, kept lists) and its turns.
         self.sessions = Sessions(self.engine, self._reference, self._predicate, self.router, self.template,
                                  self.planner, threads=self.threads, margin=self.margin,
-                                 max_bytes=cfg.max_session_bytes, max_sessions=cfg.max_sessions, stats=self.stats)
+                                 max_bytes=cfg.max_session_bytes, max_sessions=cfg.max_sessions, stats=self.stats,
+                                 post_processor=lambda: self._loaded.config.get("post_processor"))
 
     # -- public API -------------------------------------------------------------------------
     @property

@@ -128,3 +128,13 @@ class ReferenceEncoder(PiecesEncoder):
             out.append(ids_of(enc))
         del encs  # Encoding objects are heavy; free them before the caller goes on
         return out
+
+    def encode_offsets(self, text: str) -> tuple[np.ndarray, np.ndarray]:
+        """The reference's IDs of one text (no special tokens) and each one's character offsets,
+        an (n, 2) int32 array (``encode_batch``: it keeps offsets and releases the GIL)."""
+        try:
+            enc = self.tokenizer.encode_batch([text], add_special_tokens=False)[0]
+        except Exception as exc:  # the reference's own refusal (e.g. lone surrogates)
+            raise ValueError(f"the reference tokenizer rejected the text: {exc}") from exc
+        offsets = np.array(enc.offsets, dtype=np.int32).reshape(-1, 2)
+        return ids_of(enc), offsets

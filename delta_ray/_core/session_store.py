@@ -458,7 +458,8 @@ class SessionStore:
       most recent first, at most ``max_candidates`` (the oldest goes).
     - **Kept lists:** :meth:`attach` keeps a Python list of a state's IDs beside it (the drop-in's
       O(change) list), counted in the entry's bytes and forgotten with the state it belongs to: any
-      new state under the key, an eviction or a purge.
+      new state under the key, an eviction or a purge. :meth:`attach_offsets` keeps the character
+      offsets of those IDs the same way (a caller that asked for offsets).
     """
 
     def __init__(self, max_bytes: int = C.MAX_SESSION_BYTES, max_sessions: int = C.MAX_SESSIONS,
@@ -472,6 +473,7 @@ class SessionStore:
         self._data: OrderedDict[str, SessionState] = OrderedDict()
         self._sizes: dict[str, int] = {}
         self._kept: dict[str, tuple[int, list[int], int]] = {}  # key -> (state version, list, its bytes)
+        self._offsets: dict[str, tuple[int, np.ndarray]] = {}  # key -> (state version, (n, 2) offsets)
         self._heads: dict[str, list[str]] = {}  # keyless head -> its held conversations, most recent first
         self._bytes = 0
         self._lock = threading.Lock()  # the table: entries, sizes, kept lists, heads
@@ -552,6 +554,33 @@ class SessionStore:
         entry = self._kept.get(key)
         return entry[1] if entry is not None and entry[0] == version else None
 
+    def attach_offsets(self, key: str, version: int, offsets: np.ndarray) -> bool:
+        """Keep ``offsets`` (an (n, 2) array: the character offsets of state ``version``'s IDs)
+        beside that state while it is the key's, counted in the entry's bytes; False (nothing kept)
+        if the key holds another state now, or if the entry would then be over ``max_state_bytes``
+        (the state and its list stay)."""
+        nbytes = offsets.nbytes
+        with self._lock:
+            state = self._data.get(key)
+            if state is None or state.version != version:
+                return False
+            old = self._offsets.pop(key, None)
+            if old is not None:
+                self._sizes[key] -= old[1].nbytes
+                self._bytes -= old[1].nbytes
+            if self._sizes[key] + nbytes > self.max_state_bytes:
+                return False
+            self._offsets[key] = (version, offsets)
+            self._sizes[key] += nbytes
+            self._bytes += nbytes
+            self._evict_locked()
+            return key in self._data
+
+    def kept_offsets(self, key: str, version: int) -> np.ndarray | None:
+        """The offsets kept beside state ``version`` of ``key`` (None: none, or another state's)."""
+        entry = self._offsets.get(key)
+        return entry[1] if entry is not None and entry[0] == version else None
+
     def candidates(self, head: str) -> list[tuple[str, SessionState]]:
         """The held keyless conversations found under ``head``, most recent first. Read without the
         table's lock, as :meth:`peek` (a list's copy and each dict read are atomic under the GIL): a
@@ -586,11 +615,12 @@ class SessionStore:
             self.evictions += 1
 
     def _pop_locked(self, key: str) -> None:
-        """Remove ``key``'s entry: its state, its kept list, its listing under its head."""
+        """Remove ``key``'s entry: its state, its kept list and offsets, its listing under its head."""
         if self._data.pop(key, None) is None:
             return
         self._bytes -= self._sizes.pop(key)
         self._kept.pop(key, None)
+        self._offsets.pop(key, None)
         head = keyless_head(key) if self._heads else None
         keys = self._heads.get(head) if head is not None else None
         if keys is not None and key in keys:
@@ -612,6 +642,7 @@ class SessionStore:
             self._data.clear()
             self._sizes.clear()
             self._kept.clear()
+            self._offsets.clear()
             self._heads.clear()
             self._bytes = 0
             return n

@@ -10,8 +10,10 @@ empties the store, and every read checks the engine first (:meth:`Sessions.store
 """
 from __future__ import annotations
 
+import functools
+import logging
 import threading
-from typing import Callable, Counter, Protocol, cast
+from typing import Any, Callable, Counter, Protocol, cast
 
 import numpy as np
 import pyarrow as pa
@@ -23,6 +25,7 @@ from .encoder import Encoder, ReferenceEncoder
 from .id_lists import list_bytes, untrack_ints
 from .keyless import KeylessChoice, KeylessPolicy
 from .keys import describe
+from .offsets import offsets_refusal, splice_offsets
 from .plan import REENCODE, SESSION, Router
 from .planner import PlannerConfig
 from .repair import encode_turn
@@ -32,6 +35,7 @@ from .template import Template
 from .turn_path import TurnEngine, TurnPath
 
 _INT32 = pa.int32()
+log = logging.getLogger("delta_ray.core")
 
 
 class SessionEngine(Encoder, TurnEngine, Protocol):
@@ -42,6 +46,8 @@ class SessionEngine(Encoder, TurnEngine, Protocol):
     def disabled_reason(self) -> str | None: ...
 
     def add_disable_listener(self, fn: Callable[[str], None]) -> None: ...
+
+    def back_to_reference(self, reason: str) -> None: ...
 
 
 class Sessions:
@@ -54,9 +60,13 @@ class Sessions:
 
     def __init__(self, engine: SessionEngine, reference: ReferenceEncoder, predicate: CutPredicate | None,
                  router: Router, template: Template, planner: PlannerConfig, *, threads: int, margin: int,
-                 max_bytes: int, max_sessions: int, stats: Counter[str]):
+                 max_bytes: int, max_sessions: int, stats: Counter[str],
+                 post_processor: Callable[[], Any] = lambda: None):
+        """``post_processor``: reads the configuration's serialized post-processor (on the first
+        offsets call only: parsing a configuration costs a vocabulary's JSON)."""
         self._engine = engine
         self._reference = reference
+        self._post_processor = post_processor
         self._predicate = predicate
         self._router = router
         self._route = router.session_route()  # decided once: admission is fixed for this tokenizer
@@ -186,25 +196,48 @@ class Sessions:
         if self._route is not SESSION:
             raise RuntimeError("session lists need an admitted configuration")
         with self.lock_for(session):
+            state = self.store.peek(session)
+            ids, continued, _, _ = self._list_turn(session, state, text, add_special_tokens)
+        return ids, continued
+
+    def session_offsets(self, session: str, text: str, add_special_tokens: bool = True
+                        ) -> tuple[list[int], list[tuple[int, int]]] | None:
+        """A session turn's IDs as :meth:`session_list` gives them, and the reference's character
+        offsets of each (``(0, 0)`` for the template's), as transformers' ``offset_mapping`` holds
+        them. The offsets are kept beside the state with its list, so a turn asks the reference
+        only for the text after the checkpoint it resumed from (:mod:`delta_ray._core.offsets`).
+        None where this configuration's offsets do not splice, or the reference's IDs of that tail
+        are not the turn's: the caller then serves the reference's own whole encode."""
+        if self._route is not SESSION or self.offsets_refusal is not None:
+            return None
+        with self.lock_for(session):
             store = self.store
             state = store.peek(session)
-            keeper = _ListKeeper(store.kept(session, state.version) if state is not None else None)
-            new, _, _ = self._turn(session, state, text, None, peeked=True, keep=keeper)
-            ids, continued = keeper.ids, keeper.continued
-            if ids is None:  # a replay (nothing installed) or a state not kept
-                ids = keeper.old if new is state else None
-                continued = ids is not None
-                if ids is None:
-                    ids = untrack_ints(new.ids.tolist())
-                    if new is state:
-                        store.attach(session, new.version, ids, list_bytes(ids))
-            prefix, suffix = self._list_affix[add_special_tokens]
-            if prefix or suffix:
-                out = prefix + ids
-                out += suffix
-            else:
-                out = ids.copy()  # the kept list is never handed out
-        return out, continued
+            old = store.kept_offsets(session, state.version) if state is not None else None
+            ids, _, new, kept = self._list_turn(session, state, text, add_special_tokens)
+            offsets = old if new is state and old is not None else \
+                splice_offsets(text, new, kept, old, self._reference.encode_offsets)
+            if offsets is None:  # the reference disagrees with the IDs the turn kept or made
+                self.stats["offsets_mismatch"] += 1
+                reason = "the reference's IDs of a session's tail differ from the fast tier's (offsets call)"
+                if self._engine.now().tier is not None:
+                    self._engine.back_to_reference(reason)
+                else:
+                    log.error("delta-ray: %s, with no fast tier in use", reason)
+                return None
+            if offsets is not old:
+                store.attach_offsets(session, new.version, offsets)
+        prefix, suffix = self._list_affix[add_special_tokens]
+        pairs = list(zip(offsets[:, 0].tolist(), offsets[:, 1].tolist()))
+        if prefix or suffix:
+            pairs = [(0, 0)] * len(prefix) + pairs + [(0, 0)] * len(suffix)
+        return ids, pairs
+
+    @functools.cached_property
+    def offsets_refusal(self) -> str | None:
+        """Why :meth:`session_offsets` cannot splice this configuration's offsets (None: it can),
+        read from the configuration on first use (:func:`~delta_ray._core.offsets.offsets_refusal`)."""
+        return offsets_refusal(self._predicate, self._post_processor())
 
     # -- internals --------------------------------------------------------------------------
     def _purge(self, reason: str) -> None:
@@ -228,6 +261,30 @@ class Sessions:
         ids = self._reference.encode_texts([text], add_special_tokens)[0]
         self._store.put(key, SessionState(text, np.zeros(0, np.int32), *(np.zeros(0, np.int64),) * 3))
         return ids
+
+    def _list_turn(self, session: str, state: SessionState | None, text: str,
+                   add_special_tokens: bool) -> tuple[list[int], bool, SessionState, int]:
+        """:meth:`session_list`'s turn (under the key's lock, ``state`` just peeked): the caller's
+        list, whether it continued the kept one, the state now held and how many of ``state``'s
+        IDs it kept."""
+        store = self._store
+        keeper = _ListKeeper(store.kept(session, state.version) if state is not None else None)
+        new, reused, _ = self._turn(session, state, text, None, peeked=True, keep=keeper)
+        ids, continued = keeper.ids, keeper.continued
+        if ids is None:  # a replay (nothing installed) or a state not kept
+            ids = keeper.old if new is state else None
+            continued = ids is not None
+            if ids is None:
+                ids = untrack_ints(new.ids.tolist())
+                if new is state:
+                    store.attach(session, new.version, ids, list_bytes(ids))
+        prefix, suffix = self._list_affix[add_special_tokens]
+        if prefix or suffix:
+            out = prefix + ids
+            out += suffix
+        else:
+            out = ids.copy()  # the kept list is never handed out
+        return out, continued, new, reused
 
     def _chunked(self, state: SessionState, add_special_tokens: bool) -> pa.ChunkedArray:
         """A state's IDs as a ChunkedArray of its cached per-part arrays (a turn wraps only its new

@@ -577,3 +577,39 @@ def test_a_warm_turn_takes_two_locks(stocks, real_texts, monkeypatch, keyed):
     core = tok.__dict__[dropin_hf.STATE_ATTR].current(tok).tokenizer.core
     assert core.uses_fast_engine and core.stats["repair"] >= 3  # the compact turn ran
     assert taken <= 2, taken
+
+
+def _same_encoding(got, want) -> None:
+    assert type(got) is type(want) and list(got.keys()) == list(want.keys())
+    for k in want:
+        assert got[k] == want[k], k
+
+
+@pytest.mark.parametrize("name", ["llama3.2", "qwen-3"])
+def test_offsets_calls_of_a_conversation_equal_stock(stocks, real_texts, monkeypatch, name):
+    """``tok(text, return_offsets_mapping=True)`` of a growing conversation (keyed), with and
+    without special tokens and cut as vLLM cuts it: equal to stock's (IDs, mask, offsets). Where the
+    offsets splice (llama3.2) every call is served by the session, asking the reference only for
+    a tail (fails if one falls back to stock's whole encode); under Qwen's NFC normalizer every
+    call is stock's."""
+    stock = stocks(name)
+    tok = wrapped(stock)
+    table = sessions_of(tok)
+    served = []
+    real = dropin_hf._delta_encode_plus
+    monkeypatch.setattr(dropin_hf, "_delta_encode_plus", lambda *a: served.append(r := real(*a)) or r)
+    text = real_texts["english"][:20000]
+    splices = name == "llama3.2"
+    for turn in range(5):
+        text += " " + real_texts["code"][turn * 900:(turn + 1) * 900] + " caf\u00e9 \u65e5\u672c " + stock.eos_token
+        for kw in ({}, {"add_special_tokens": False}, {"truncation": True, "max_length": 3000}):
+            served.clear()
+            with request_scope(session="conv"):
+                got = tok(text, return_offsets_mapping=True, **kw)
+            _same_encoding(got, stock(text, return_offsets_mapping=True, **kw))
+            assert len(served) == 1 and (served[0] is not None) == splices, (turn, kw)
+    assert table.stats["offsets"] == (15 if splices else 0)
+    # a batch, or a keyless text not kept, is stock's call
+    served.clear()
+    _same_encoding(tok([text], return_offsets_mapping=True), stock([text], return_offsets_mapping=True))
+    assert not served

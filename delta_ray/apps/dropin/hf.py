@@ -12,7 +12,9 @@ transformers returns, or, for one text that is not a batch, from its conversatio
 (:mod:`~delta_ray.apps.dropin.sessions`, keyed by :func:`delta_ray.request_scope`); and
 ``encode_batch_ids`` for a list of texts; with the call's ``add_special_tokens``): one text or a
 list of texts; no pair, no pre-tokenized input, no padding,
-no ``split_special_tokens``, no offsets, special-tokens mask or overflow; truncation with
+no ``split_special_tokens``, special-tokens mask or overflow; offsets (``return_offsets_mapping``)
+for one text that is not a batch, from its session where the configuration's offsets splice at a
+checkpoint (:mod:`delta_ray._core.offsets`); truncation with
 ``longest_first``/``only_first`` where the post-processor's template is known (the IDs are cut as
 the reference cuts them: before the template, ``max_length`` minus the special tokens it adds);
 type ids where the template writes only 0. Everything else falls back to the original method.
@@ -198,10 +200,26 @@ def _delta_lists(snap: Snapshot, texts: list[str], is_batched: bool,
         return None
 
 
+def _delta_offsets(snap: Snapshot, text: str, is_batched: bool,
+                   add_special_tokens: bool) -> tuple[list[int], list[tuple[int, int]]] | None:
+    """One text's IDs and character offsets (templates in, untruncated) from its conversation's
+    session (:meth:`~delta_ray.apps.dropin.sessions.DropinSessions.encode_offsets`); None to fall
+    back: a batch, sessions off, a keyless text not kept, a configuration whose offsets do not splice,
+    a text the reference refuses."""
+    sessions = snap.sessions
+    if sessions is None or is_batched:
+        return None
+    try:
+        return sessions.encode_offsets(text, *(current_scope() or _NO_SCOPE), add_special_tokens)
+    except (TypeError, ValueError):
+        return None
+
+
 def _delta_encode_plus(self, state: DropinState, texts: list[str], is_batched: bool, add_special_tokens: bool,
                        trunc: dict | None, max_length, return_tensors, return_token_type_ids,
-                       return_attention_mask, return_length: bool, verbose: bool):
-    """The BatchEncoding stock ``_encode_plus`` builds, with IDs from delta-ray; None to fall back."""
+                       return_attention_mask, return_offsets_mapping: bool, return_length: bool, verbose: bool):
+    """The BatchEncoding stock ``_encode_plus`` builds, with IDs (and offsets) from delta-ray; None to
+    fall back."""
     from transformers.tokenization_utils_base import BatchEncoding
 
     if return_token_type_ids is None:
@@ -214,7 +232,15 @@ def _delta_encode_plus(self, state: DropinState, texts: list[str], is_batched: b
     template = snap.template
     if return_token_type_ids and (template is None or not template.zero_type_ids):
         return None
-    lists = _delta_lists(snap, texts, is_batched, add_special_tokens)
+    offsets = None
+    if return_offsets_mapping:  # one text (the hook's condition): its conversation's offsets, or stock's
+        pair = _delta_offsets(snap, texts[0], is_batched, add_special_tokens)
+        offsets = _truncated(pair[1], template, add_special_tokens, trunc) if pair is not None else None
+        if pair is None or offsets is None:
+            return None
+        lists = [pair[0]]
+    else:
+        lists = _delta_lists(snap, texts, is_batched, add_special_tokens)
     if lists is None:
         return None
     all_ids = []
@@ -228,6 +254,8 @@ def _delta_encode_plus(self, state: DropinState, texts: list[str], is_batched: b
         data["token_type_ids"] = [[0] * len(ids) for ids in all_ids]
     if return_attention_mask:
         data["attention_mask"] = [[1] * len(ids) for ids in all_ids]
+    if offsets is not None:  # stock's key order: the mask, then the offsets, then the length
+        data["offset_mapping"] = [offsets]
     if return_length:
         data["length"] = [len(ids) for ids in all_ids]
     encodings = [LazyEncoding(ids, t, add_special_tokens, trunc, snap) for ids, t in zip(all_ids, texts)]
@@ -269,7 +297,8 @@ def _make_encode_plus(original):
         if state is not None and type(add_special_tokens) is bool and text_pair is None \
                 and not is_split_into_words \
                 and padding_strategy == do_not_pad and truncation_strategy in covered_truncation \
-                and not (return_overflowing_tokens or return_special_tokens_mask or return_offsets_mapping) \
+                and not (return_overflowing_tokens or return_special_tokens_mask) \
+                and (not return_offsets_mapping or isinstance(text, str)) \
                 and not kwargs.get("sanitize_control_tokens") \
                 and not (self.split_special_tokens if split_special_tokens is None else split_special_tokens):
             if isinstance(text, str):
@@ -287,7 +316,7 @@ def _make_encode_plus(original):
                 if trunc is None or max_length is not None:
                     out = _delta_encode_plus(self, state, texts, is_batched, add_special_tokens, trunc, max_length,
                                              return_tensors, return_token_type_ids, return_attention_mask,
-                                             return_length, verbose)
+                                             return_offsets_mapping, return_length, verbose)
                     if out is not None:
                         return out
         return original(self, text, text_pair, add_special_tokens, padding_strategy, truncation_strategy,

@@ -49,26 +49,45 @@ class DropinSessions:
     def __init__(self, sessions: Sessions, *, content: bool = True):
         self.sessions = sessions
         self.content = content
-        self.stats = {"keyed": 0, "keyless": 0, "continued": 0, "forked": 0, "new": 0}
+        self.stats = {"keyed": 0, "keyless": 0, "continued": 0, "forked": 0, "new": 0, "offsets": 0}
 
     def encode(self, text: str, session: str | None, tenant: str | None, add_special_tokens: bool) -> list[int] | None:
         """The IDs of ``text`` (the template's around them when ``add_special_tokens``) as a fresh
         list, through the session ``session`` of ``tenant`` or, keyless, a conversation found by
         content; None where the caller's stateless path serves (a short keyless text, content
         lookup off)."""
-        fork = False
-        if session is not None:
-            self.stats["keyed"] += 1
-            key = session_key(session, tenant)
-        else:
-            choice = self.sessions.choose_keyless(text, tenant) if self.content else None
-            if choice is None:
-                return None
-            self.stats["keyless"] += 1
-            key, fork = choice.key, choice.fork is not None
+        found = self._key(text, session, tenant)
+        if found is None:
+            return None
+        key, fork = found
         ids, continued = self.sessions.session_list(key, text, add_special_tokens)
         self.stats[("forked" if fork else "continued") if continued else "new"] += 1
         return ids
+
+    def encode_offsets(self, text: str, session: str | None, tenant: str | None,
+                       add_special_tokens: bool) -> tuple[list[int], list[tuple[int, int]]] | None:
+        """As :meth:`encode`, with each ID's character offsets (``offset_mapping``); None where the
+        caller's stock path serves (as for :meth:`encode`, or offsets this configuration does not
+        splice: :meth:`Sessions.session_offsets <delta_ray._core.sessions.Sessions.session_offsets>`)."""
+        if self.sessions.offsets_refusal is not None:
+            return None
+        found = self._key(text, session, tenant)
+        if found is None:
+            return None
+        self.stats["offsets"] += 1
+        return self.sessions.session_offsets(found[0], text, add_special_tokens)
+
+    def _key(self, text: str, session: str | None, tenant: str | None) -> tuple[str, bool] | None:
+        """The session key ``text``'s turn runs under and whether it forked a held conversation;
+        None: keyless and not kept (too short, content lookup off)."""
+        if session is not None:
+            self.stats["keyed"] += 1
+            return session_key(session, tenant), False
+        choice = self.sessions.choose_keyless(text, tenant) if self.content else None
+        if choice is None:
+            return None
+        self.stats["keyless"] += 1
+        return choice.key, choice.fork is not None
 
     def clear(self) -> None:
         """Forget every conversation (the owner's sessions: one store)."""
