@@ -8,7 +8,7 @@ each turn is timed with four tokenizers loaded from the same folder:
 * ``stock``: transformers 5 as installed;
 * ``fastokens``: loaded under ``fastokens.patch_transformers()``;
 * ``fastokens+cache``: the same with fastokens' segment cache on (``enable_segment_cache``);
-* ``delta-ray``: loaded under ``delta_ray.patch_transformers()`` (content reuse off, the default;
+* ``delta-ray``: loaded under ``delta_ray.patch_transformers()`` (sessions and content reuse on, the defaults;
   ``--engine fast`` admits the fast tier first, about a minute the first time, cached after);
 * ``dr-stock-render``: the same with ``fast_render=False``: transformers' own template render, so
   the two delta-ray columns show what the memoized sandbox (docs/dropin.md §16) adds and what the encode does.
