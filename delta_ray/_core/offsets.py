@@ -16,7 +16,8 @@ of ``S[b:]`` (docs/proof.md §1-§4); their offsets are those of the two encodes
 * a ``ByteLevel`` post-processor that trims offsets with ``add_prefix_space``: it leaves one leading
   space on the first token of an encode, and the piece's first token is not the text's.
 
-A refused configuration's offsets come from the reference's whole encode (the caller's stock path).
+A refused configuration's offsets come from the reference's whole encode (the caller's stock path),
+and so do all offsets under tokenizers 1.x, whose encodings carry none.
 """
 from __future__ import annotations
 
@@ -25,6 +26,7 @@ from typing import Any, Callable
 import numpy as np
 
 from .cut_predicate import CutPredicate
+from .reference_api import OFFSETS_API
 from .session_store import SessionState
 
 EncodeOffsets = Callable[[str], "tuple[np.ndarray, np.ndarray]"]  # text -> (int32 IDs, (n, 2) offsets)
@@ -43,6 +45,8 @@ def offsets_refusal(predicate: CutPredicate | None, post_processor: Any) -> str 
     they can). ``post_processor``: the configuration's, as serialized."""
     if predicate is None:
         return "not admitted"
+    if not OFFSETS_API:
+        return "the reference gives no offsets (tokenizers 1.x)"
     if predicate.normalize is not None:
         return "an NFC normalizer"
     if predicate.piece_skip:

@@ -16,7 +16,9 @@ equivalent built from what 1.x exposes:
   no merges, a byte-level decoder): ``decode(encode(s))`` is then exactly the normalized ``s``,
   computed by the reference's normalizer (every byte has its own token and the byte-level decoder
   maps the tokens back to those bytes);
-* the vocabulary (``id_to_token``, its size) and the added tokens: read from ``tokenizer.json``.
+* the vocabulary (``id_to_token``, its size) and the added tokens: read from ``tokenizer.json``;
+* character offsets (``Encoding.offsets``): none under 1.x (:data:`OFFSETS_API`), so no session
+  splices them there.
 
 Nothing here guesses: where 1.x offers no exact equivalent, the caller falls back to whole
 reference encodes (see :mod:`delta_ray._core.charclass` for the class tables).
@@ -35,6 +37,8 @@ from tokenizers import Tokenizer
 
 #: The 0.x Python API (Regex, normalizers, pre_tokenizers) is available.
 FULL_API = all(hasattr(tokenizers, n) for n in ("Regex", "normalizers", "pre_tokenizers"))
+#: Encodings carry character offsets (``Encoding.offsets``): 0.x; 1.x's ``Encoding`` has none.
+OFFSETS_API = FULL_API
 
 
 def api_generation() -> int:
