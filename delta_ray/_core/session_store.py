@@ -476,7 +476,7 @@ class SessionStore:
         self._offsets: dict[str, tuple[int, np.ndarray]] = {}  # key -> (state version, (n, 2) offsets)
         self._heads: dict[str, list[str]] = {}  # keyless head -> its held conversations, most recent first
         self._bytes = 0
-        self._lock = threading.Lock()  # the table: entries, sizes, kept lists, heads
+        self._lock = threading.Lock()  # the table: entries, sizes, kept lists and offsets, heads
         self._key_locks = [threading.Lock() for _ in range(C.SESSION_LOCK_STRIPES)]
         self.evictions = 0
         self.refused = 0
