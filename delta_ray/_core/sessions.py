@@ -219,7 +219,7 @@ class Sessions:
                 splice_offsets(text, new, kept, old, self._reference.encode_offsets)
             if offsets is None:  # the reference disagrees with the IDs the turn kept or made
                 self.stats["offsets_mismatch"] += 1
-                reason = "the reference's IDs of a session's tail differ from the fast tier's (offsets call)"
+                reason = "the reference's IDs of a session's tail differ from the turn's (offsets call)"
                 if self._engine.now().tier is not None:
                     self._engine.back_to_reference(reason)
                 else:
