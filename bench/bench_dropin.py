@@ -36,8 +36,9 @@ times delta-ray with the pin kept.
 ``--vllm-calls`` adds two tables of raw prompts in the call shapes vLLM 0.34's renderer uses:
 ``tok(text, truncation=True, max_length=max_input_tokens + 1)`` for every prompt, and the same with
 ``return_offsets_mapping=True`` for a request that asks for offsets (the drop-in serves a
-conversation's offsets from its session where the tokenizer's offsets splice, docs/proof.md §17,
-e.g. ``--tokenizer llama3.2``; elsewhere, Qwen's NFC, by transformers' own encode, the stock column).
+conversation's offsets from its session where the tokenizer's offsets splice, docs/proof.md §17:
+Qwen's NFC and llama3.2 among them; elsewhere, Phi-3's ``Prepend``, by transformers' own encode, the
+stock column).
 
 ``--gc`` (issue 58): the session table and Python's cyclic collector. Two keyed drop-ins, each with
 the default table (1 GiB, ``--gc-bytes``) filled with conversations of ``--gc-chars`` characters:

@@ -12,7 +12,11 @@ composes with what precedes it. The NFC inside ``tokenizers`` uses Unicode 9.0 t
   ``NFC(c U+0335) == c U+0335`` (catches ccc > 1), so its combining class is 0;
 * no composition with a preceding Hangul probe (U+1100 for vowel jamo, U+AC00 for trailing jamo);
 * never a non-first character of any code point's canonical decomposition (``NFD``), which is a
-  superset of the characters that can compose with a preceding one.
+  superset of the characters that can compose with a preceding one;
+* the first character of its own ``NFD`` is an anchor too (true of every anchor under the Unicode
+  9 tables, and derived rather than assumed): the reference's NFC, which decomposes before it
+  composes, then starts afresh at an anchor, so the alignments it gives each character split there
+  as its output does (docs/proof.md §17, a session's offsets under NFC).
 
 The table is cached on disk keyed by the ``tokenizers`` version. Under tokenizers 1.x (no
 ``normalizers`` module) the same facts come from the reference's NFC and NFD run through synthetic
@@ -33,7 +37,7 @@ from .charclass import N_CODEPOINTS, M, all_codepoints_text, candidate_source, c
 from .reference_api import FULL_API, normalizer
 from .table_cache import cached_table
 
-TABLE_VERSION = 1
+TABLE_VERSION = 2  # 2: an anchor's NFD starts with an anchor
 _SEP = "\n"  # a starter that composes with nothing; the probes are joined with it and split back
 
 
@@ -67,6 +71,11 @@ def derive_anchor_table() -> np.ndarray:
     seconds = {ord(ch) for d in decomposed if len(d) > 1 for ch in d[1:]}
     for cp in seconds:
         anchors[cp] = False
+    # An anchor whose NFD starts with a non-anchor: not an anchor. One pass is the fixpoint, since a
+    # decomposition's first character decomposes to itself and so keeps its own flag here.
+    for c, d in zip(chars, decomposed):
+        if d != c and anchors[ord(c)] and not anchors[ord(d[0])]:
+            anchors[ord(c)] = False
     anchors[ord(_SEP)] = True  # LF: a control starter, no decomposition, composes with nothing
     return anchors
 

@@ -25,7 +25,7 @@ from .encoder import Encoder, ReferenceEncoder
 from .id_lists import list_bytes, untrack_ints
 from .keyless import KeylessChoice, KeylessPolicy
 from .keys import describe
-from .offsets import offsets_refusal, splice_offsets
+from .offsets import offsets_refusal, splice_offsets, splice_starts
 from .plan import REENCODE, SESSION, Router
 from .planner import PlannerConfig
 from .repair import encode_turn
@@ -215,8 +215,9 @@ class Sessions:
             state = store.peek(session)
             old = store.kept_offsets(session, state.version) if state is not None else None
             ids, _, new, kept = self._list_turn(session, state, text, add_special_tokens)
+            starts = splice_starts(cast(CutPredicate, self._predicate), text, state)
             offsets = old if new is state and old is not None else \
-                splice_offsets(text, new, kept, old, self._reference.encode_offsets)
+                splice_offsets(text, new, kept, old, self._reference.encode_offsets, starts)
             if offsets is None:  # the reference disagrees with the IDs the turn kept or made
                 self.stats["offsets_mismatch"] += 1
                 reason = "the reference's IDs of a session's tail differ from the turn's (offsets call)"

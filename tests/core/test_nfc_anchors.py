@@ -43,3 +43,16 @@ def test_known_non_anchors():
 def test_anchor_table_is_a_cached_bool_table():
     t = anchor_table()
     assert t is anchor_table() and t.dtype == np.bool_
+
+
+def test_an_anchors_decomposition_starts_with_an_anchor():
+    """For every anchor c, the first character of the reference's NFD(c) is an anchor (what a
+    session's offsets under NFC rely on, docs/proof.md §17); some anchors do decompose."""
+    nfd = normalizer("NFD")
+    table = anchor_table()
+    text, cps = all_codepoints_text()
+    anchors = [chr(c) for c in cps[table[cps]] if c != 0x0A]
+    decomposed = nfd("\n".join(anchors)).split("\n")
+    assert len(decomposed) == len(anchors)
+    assert [hex(ord(c)) for c, d in zip(anchors, decomposed) if not table[ord(d[0])]] == []
+    assert sum(d != c for c, d in zip(anchors, decomposed)) > 10000  # precomposed letters, Hangul syllables

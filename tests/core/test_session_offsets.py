@@ -5,6 +5,9 @@ docs/proof.md §17) against the reference's own offsets of the whole text.
   spaces, a rewritten tail, a replay, an unrelated text) gives the reference's IDs and offsets of
   the whole text, with and without special tokens, on every development tokenizer whose offsets
   splice, with the reference and the fast tier, and the warm turns re-encode only their tail.
+* Under NFC (qwen-3, minimax-m3) the same holds on texts dense in what NFC composes, reorders or
+  leaves apart (precomposed and decomposed letters, Hangul jamo, nuktas, stacked marks, singletons),
+  and a splice starts only at a checkpoint whose character is an NFC anchor in both texts.
 * The zoo's kinds whose offsets splice (Tekken, GPT-2, DeepSeek V2, Gemma 4, Llama 2) pass the
   same turns, and so does a ``ByteLevel`` post-processor that trims offsets without
   ``add_prefix_space``; refused configurations answer None.
@@ -24,15 +27,22 @@ from tools.wrong_engine import WrongEngine
 from delta_ray import DeltaTokenizer
 from delta_ray._core.encoder import ReferenceEncoder
 from delta_ray._core.loading import load_tokenizer
-from delta_ray._core.offsets import offsets_refusal
+from delta_ray._core.offsets import offsets_refusal, splice_offsets, splice_starts
 from delta_ray._core.reference_api import FULL_API
 from delta_ray._tokenizer_core import TokenizerCore
 from exactness import accepted_cuts
 
 pytestmark = pytest.mark.skipif(not FULL_API, reason="tokenizers 1.x's encodings carry no offsets")
 CUTS = {"cut_threshold": 4096, "chunk_size": 2048}
-SPLICED = ("llama3.2", "glm-4", "deepseek-v3")  # the development tokenizers whose offsets splice
-REFUSED = {"qwen-3": "NFC", "qwen-3.5": "NFC", "minimax-m3": "NFC"}
+SPLICED = ("llama3.2", "glm-4", "deepseek-v3", "qwen-3", "qwen-3.5", "minimax-m3")  # every development tokenizer
+NFC = ("qwen-3", "qwen-3.5", "minimax-m3")
+# What NFC composes, reorders, decomposes or leaves apart: precomposed and decomposed letters, Hangul
+# jamo (L V T and LV T), a nukta and its composition exclusion, marks out of canonical order, a
+# singleton (the angstrom sign), a mark that decomposes into two, Oriya's two-part vowel, a kana
+# voicing mark, a mark after a space, and a mark that composes with nothing.
+NFC_BITS = ("caf\u00e9", "cafe\u0301", "\u1100\u1161\u11a8", "\uac00\u11a8", "\u0915\u093c", "\u0958",
+            "a\u0323\u0301", "a\u0301\u0323", "\u212b", "\u0344", "o\u0308\u0304", "\u0b47\u0b3e",
+            "\u304b\u3099", " \u0301", "x\u0335\u0301", "\u1e9b\u0323", "\u00c5\u030a")
 
 
 def _turns(real_texts, specials: list[str]) -> list[str]:
@@ -65,15 +75,8 @@ def _check_turns(dt, ref, texts) -> None:
             assert offsets == want.offsets, (i, add)
 
 
-@pytest.mark.parametrize("engine", ["reference", "auto"])
-@pytest.mark.parametrize("tok_name", SPLICED)
-def test_every_turn_gives_the_references_offsets(tok_name, engine, tokenizer_paths, references, real_texts,
-                                                 monkeypatch):
-    """Turns of one session give the reference's IDs and offsets of each whole text, with and
-    without special tokens; a warm turn asks the reference only for its tail."""
-    ref = references[tok_name]
-    dt = DeltaTokenizer(tokenizer_paths[tok_name], engine=engine, shadow_rate=0.0, **CUTS)
-    assert dt.core.sessions.offsets_refusal is None
+def _counting(monkeypatch) -> list[int]:
+    """The length of every text the reference is asked for offsets of, from now on."""
     asked: list[int] = []
     encode_offsets = ReferenceEncoder.encode_offsets
 
@@ -82,6 +85,21 @@ def test_every_turn_gives_the_references_offsets(tok_name, engine, tokenizer_pat
         return encode_offsets(self, text)
 
     monkeypatch.setattr(ReferenceEncoder, "encode_offsets", counting)
+    return asked
+
+
+@pytest.mark.parametrize("engine", ["reference", "auto"])
+@pytest.mark.parametrize("tok_name", SPLICED)
+def test_every_turn_gives_the_references_offsets(tok_name, engine, tokenizer_paths, references, real_texts,
+                                                 monkeypatch):
+    """Turns of one session give the reference's IDs and offsets of each whole text, with and
+    without special tokens; a warm turn asks the reference only for its tail."""
+    if tok_name not in references:
+        pytest.skip(f"{tok_name} is not among this run's tokenizers")
+    ref = references[tok_name]
+    dt = DeltaTokenizer(tokenizer_paths[tok_name], engine=engine, shadow_rate=0.0, **CUTS)
+    assert dt.core.sessions.offsets_refusal is None
+    asked = _counting(monkeypatch)
     texts = _turns(real_texts, _specials(ref))
     _check_turns(dt, ref, texts)
     assert dt.stats["offsets_mismatch"] == 0
@@ -89,15 +107,87 @@ def test_every_turn_gives_the_references_offsets(tok_name, engine, tokenizer_pat
     assert asked[0] == len(texts[0]) and max(asked[2:4]) < 8000, asked
 
 
-@pytest.mark.parametrize("tok_name", sorted(REFUSED))
-def test_an_nfc_configuration_is_refused(tok_name, tokenizer_paths, real_texts):
-    """NFC composes characters: its alignments at a cut are not argued, so offsets go to the
-    caller's reference encode (None)."""
-    if tok_name not in tokenizer_paths:
+def _nfc_turns(real_texts, seed: int) -> list[str]:
+    """A conversation whose texts are dense in :data:`NFC_BITS`, next to spaces, newlines and each
+    other, so that checkpoints fall beside them."""
+    rng = np.random.default_rng(seed)
+    words = (real_texts["english"][:30000] + real_texts["code"][:10000]).split(" ")
+
+    def chunk(n: int) -> str:
+        out = []
+        for w in rng.choice(len(words), n):
+            out.append(words[w])
+            if rng.random() < 0.4:
+                out.append(NFC_BITS[rng.integers(len(NFC_BITS))] + ("\n" if rng.random() < 0.2 else ""))
+        return " ".join(out)
+
+    texts = [chunk(3000)]
+    for _ in range(6):
+        texts.append(texts[-1] + ("" if rng.random() < 0.5 else " ") + chunk(150))
+    texts.append(texts[-1][:-900] + chunk(100))  # a rewritten tail
+    texts.append(texts[-1] + NFC_BITS[3][1:] + chunk(50))  # a jamo continuing the last character
+    return texts
+
+
+@pytest.mark.parametrize("engine", ["reference", "auto"])
+@pytest.mark.parametrize("tok_name", NFC)
+def test_nfc_turns_dense_in_compositions_give_the_references_offsets(tok_name, engine, tokenizer_paths,
+                                                                     references, real_texts, monkeypatch):
+    """Under an NFC normalizer, turns over texts dense in what NFC composes and reorders give the
+    reference's IDs and offsets, and the warm appends still ask the reference only for a tail."""
+    if tok_name not in references:
         pytest.skip(f"{tok_name} is not among this run's tokenizers")
-    dt = DeltaTokenizer(tokenizer_paths[tok_name], engine="reference", **CUTS)
-    assert REFUSED[tok_name] in (dt.core.sessions.offsets_refusal or "")
-    assert dt.core.sessions.session_offsets("s", real_texts["english"][:5000], True) is None
+    ref = references[tok_name]
+    dt = DeltaTokenizer(tokenizer_paths[tok_name], engine=engine, shadow_rate=0.0, **CUTS)
+    assert dt.core.sessions.offsets_refusal is None and dt.core.sessions.store is not None
+    asked = _counting(monkeypatch)
+    for seed in (1, 2):
+        texts = _nfc_turns(real_texts, seed)
+        del asked[:]
+        _check_turns(dt, ref, texts)
+        assert asked[0] == len(texts[0]) and max(asked[2:6]) < 8000, (seed, asked)
+    assert dt.stats["offsets_mismatch"] == 0
+
+
+def test_an_nfc_splice_starts_only_at_an_anchor_of_both_texts(tokenizer_paths, references, real_texts, monkeypatch):
+    """:func:`splice_starts`: under NFC a splice may start where the character is an anchor in the
+    new text and in the kept offsets' text (or either's end), nowhere else; without NFC, anywhere.
+    ``splice_offsets`` passes over a checkpoint it may not start at and splices at an earlier one
+    (asking the reference for a longer tail), still the reference's offsets."""
+    ref = references["qwen-3"]
+    dt = DeltaTokenizer(tokenizer_paths["qwen-3"], engine="reference", shadow_rate=0.0, **CUTS)
+    pred, sessions = dt.core.predicate, dt.core.sessions
+    reference = ReferenceEncoder(dt.core.loaded)
+    assert splice_starts(DeltaTokenizer(tokenizer_paths["llama3.2"], engine="reference").core.predicate,
+                         "e\u0301", None) is None
+    starts = splice_starts(pred, "ab\u0301 c", None)
+    assert [starts(i) for i in range(6)] == [True, True, False, True, True, True]
+    head = real_texts["english"][:9000]
+    sessions.session_offsets("s", head + " \u0301x", False)
+    previous = sessions.store.peek("s")
+    starts = splice_starts(pred, head + " yx more", previous)  # ' ' in both, then U+0301 against 'y'
+    n = len(head)
+    assert starts(n) and not starts(n + 1) and starts(n + 3) and starts(n + 8)
+
+    # A turn whose last checkpoint is refused: the splice starts at the one before it.
+    text = head + " and then some more words"
+    ids, _ = sessions.session_list("t", text, False)
+    new = sessions.store.peek("t")
+    cps = [int(p) for p, t in zip(new.cp_pos, new.cp_tok) if t <= len(ids)]
+    assert len(cps) >= 2
+    want = ref.encode(text, add_special_tokens=False)
+    whole = np.asarray(want.offsets, dtype=np.int32)
+    asked = _counting(monkeypatch)
+    encode_offsets = reference.encode_offsets  # counted from here on
+    got = splice_offsets(text, new, len(ids), whole, encode_offsets)
+    assert got.tolist() == [list(o) for o in want.offsets] and asked == [len(text) - cps[-1]]
+    del asked[:]
+    got = splice_offsets(text, new, len(ids), whole, encode_offsets,
+                         lambda pos: pos != cps[-1])
+    assert got.tolist() == [list(o) for o in want.offsets] and asked == [len(text) - cps[-2]]
+    del asked[:]
+    assert splice_offsets(text, new, len(ids), whole, encode_offsets,
+                          lambda pos: False).tolist() == whole.tolist() and asked == [len(text)]
 
 
 def _trimming(tokenizer_paths, tmp_path, add_prefix_space: bool = True) -> str:
