@@ -139,7 +139,7 @@ def test_nfc_turns_dense_in_compositions_give_the_references_offsets(tok_name, e
         pytest.skip(f"{tok_name} is not among this run's tokenizers")
     ref = references[tok_name]
     dt = DeltaTokenizer(tokenizer_paths[tok_name], engine=engine, shadow_rate=0.0, **CUTS)
-    assert dt.core.sessions.offsets_refusal is None and dt.core.sessions.store is not None
+    assert dt.core.sessions.offsets_refusal is None
     asked = _counting(monkeypatch)
     for seed in (1, 2):
         texts = _nfc_turns(real_texts, seed)
