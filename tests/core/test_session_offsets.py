@@ -88,18 +88,23 @@ def _counting(monkeypatch) -> list[int]:
     return asked
 
 
+def _spliced(tok_name, engine, tokenizer_paths, references, monkeypatch):
+    """The reference, a delta-ray tokenizer whose offsets splice, and the lengths the reference is
+    asked for offsets of from now on (skipped where the installed tokenizers refuses the file)."""
+    if tok_name not in references:
+        pytest.skip(f"{tok_name} is not among this run's tokenizers")
+    dt = DeltaTokenizer(tokenizer_paths[tok_name], engine=engine, shadow_rate=0.0, **CUTS)
+    assert dt.core.sessions.offsets_refusal is None
+    return references[tok_name], dt, _counting(monkeypatch)
+
+
 @pytest.mark.parametrize("engine", ["reference", "auto"])
 @pytest.mark.parametrize("tok_name", SPLICED)
 def test_every_turn_gives_the_references_offsets(tok_name, engine, tokenizer_paths, references, real_texts,
                                                  monkeypatch):
     """Turns of one session give the reference's IDs and offsets of each whole text, with and
     without special tokens; a warm turn asks the reference only for its tail."""
-    if tok_name not in references:
-        pytest.skip(f"{tok_name} is not among this run's tokenizers")
-    ref = references[tok_name]
-    dt = DeltaTokenizer(tokenizer_paths[tok_name], engine=engine, shadow_rate=0.0, **CUTS)
-    assert dt.core.sessions.offsets_refusal is None
-    asked = _counting(monkeypatch)
+    ref, dt, asked = _spliced(tok_name, engine, tokenizer_paths, references, monkeypatch)
     texts = _turns(real_texts, _specials(ref))
     _check_turns(dt, ref, texts)
     assert dt.stats["offsets_mismatch"] == 0
@@ -135,12 +140,7 @@ def test_nfc_turns_dense_in_compositions_give_the_references_offsets(tok_name, e
                                                                      references, real_texts, monkeypatch):
     """Under an NFC normalizer, turns over texts dense in what NFC composes and reorders give the
     reference's IDs and offsets, and the warm appends still ask the reference only for a tail."""
-    if tok_name not in references:
-        pytest.skip(f"{tok_name} is not among this run's tokenizers")
-    ref = references[tok_name]
-    dt = DeltaTokenizer(tokenizer_paths[tok_name], engine=engine, shadow_rate=0.0, **CUTS)
-    assert dt.core.sessions.offsets_refusal is None
-    asked = _counting(monkeypatch)
+    ref, dt, asked = _spliced(tok_name, engine, tokenizer_paths, references, monkeypatch)
     for seed in (1, 2):
         texts = _nfc_turns(real_texts, seed)
         del asked[:]
